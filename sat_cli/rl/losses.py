@@ -1,0 +1,204 @@
+"""Clipped policy-gradient surrogates (PPO/GRPO, GSPO, GSPO-token) with optional SAT bounds.
+
+``policy_loss`` is a pure tensor function (ALGORITHMS.md §3-§4): it takes the trainer's log-probs
+``logp`` (with grad), the ratio denominator ``denom_logp``, detached advantages and the loss mask,
+and returns ``(loss, metrics)`` where ``loss`` is the negative aggregated surrogate and
+``metrics`` are detached Python floats.
+
+Levels:
+- ``"token"``: ``r = exp(logp - denom_logp)`` per token (PPO / GRPO).
+- ``"sequence"``: GSPO, ``s_b = exp(mean_{t in mask} log r)``, gradient through the mean;
+  every active token of ``y_b`` carries ``S_b``.
+- ``"sequence_token"``: GSPO-token, ``log s = sg[log s_b] + logp - sg[logp]`` (same value as
+  GSPO, per-token gradient path; allows per-token advantages).
+Both GSPO levels force ``agg = "seq-mean-token-mean"``.
+
+SAT (``adaptive=True``) replaces the clip interval by ``sat.sat_bounds_tensors`` computed from
+``d = sg[log r]`` of the same level (so SAT-GSPO has one ``c`` per response). With ``q == 0`` or
+no active tokens the PPO code path runs, so the result is bit-identical to ``adaptive=False``.
+
+Aggregation (``agg``): ``token-mean`` = sum over active tokens / their count;
+``seq-mean-token-mean`` = mean over sequences of per-sequence token means;
+``seq-mean-token-sum`` = mean over sequences of per-sequence token sums. "Sequences" are those
+with at least one active token **[choice]**: an all-padding row does not dilute the mean.
+
+Masking: every masked-out position is replaced with ``torch.where`` *before* ``exp`` and before
+any product, so NaN/inf there reach neither the loss nor the gradients. An empty mask gives
+``loss == 0`` that is still connected to ``logp`` (``backward`` yields zeros).
+
+Metrics: ``loss/policy``; ``loss/clipfrac`` = fraction of active tokens whose PPO clip binds
+(``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low``, i.e. gradient zeroed by PPO);
+``sat/clipfrac_sat_band`` = fraction clipped by SAT's interval but not by PPO's (0 without SAT);
+``staleness/abs_logratio_mean`` = mean ``|logp - denom_logp|`` on *token* ratios (also for
+GSPO); ``loss/kl_k3`` = mean of ``exp(-log r) - 1 + log r`` on token ratios; with SAT also
+``sat/q``, ``sat/gate_rate``, ``sat/eps_low_eff_mean``, ``sat/eps_high_eff_mean``, ``sat/c_min``
+and ``sat/active`` (1.0 iff ``q < ln(1 + eps_high)``, the regime where SAT can change a gradient).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sat_cli.rl.sat import sat_bounds_tensors
+
+LEVELS = ("token", "sequence", "sequence_token")
+AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() == 1:
+        if advantages.shape[0] != like.shape[0]:
+            raise ValueError(f"advantages {tuple(advantages.shape)} vs logp {tuple(like.shape)}")
+        return advantages[:, None].expand_as(like)
+    if advantages.shape != like.shape:
+        raise ValueError(f"advantages {tuple(advantages.shape)} vs logp {tuple(like.shape)}")
+    return advantages
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, n_active: int, agg: str) -> torch.Tensor:
+    """Aggregate a per-token quantity that is already 0 on masked positions (see module doc)."""
+    if agg == "token-mean":
+        return per_token.sum() / max(n_active, 1)
+    lens = mask.sum(-1)  # [B]
+    n_seq = (lens > 0).sum().clamp(min=1)
+    seq_sum = per_token.sum(-1)  # [B]
+    if agg == "seq-mean-token-mean":
+        return (seq_sum / lens.clamp(min=1)).sum() / n_seq
+    if agg == "seq-mean-token-sum":
+        return seq_sum.sum() / n_seq
+    raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGGS)}")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    denom_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str = "token",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    adaptive: bool = False,
+    quantile: float = 0.9,
+    exponent: float = 2.0,
+    agg: str = "token-mean",
+    dual_clip_c: float | None = None,
+    token_weights: torch.Tensor | None = None,
+    anchor: str = "q",
+):
+    """Negative clipped surrogate and detached metrics.
+
+    Args:
+        logp: ``[B, T]`` log pi_theta of the sampled tokens, with grad.
+        denom_logp: ``[B, T]`` ratio denominator (rollout or recomputed old log-probs); detached.
+        advantages: ``[B]`` (per sequence) or ``[B, T]``; detached.
+        mask: ``[B, T]``, nonzero on tokens that count in the loss.
+        level: ``"token"`` | ``"sequence"`` (GSPO) | ``"sequence_token"`` (GSPO-token).
+        eps_low, eps_high: clip radii (``math.inf`` disables the clip).
+        adaptive: use SAT bounds; ``quantile``, ``exponent``, ``anchor`` as in ``sat``.
+        agg: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum``.
+        dual_clip_c: if set (> 1), ``S = max(S, c * A)`` where ``A < 0``.
+        token_weights: ``[B, T]`` detached factors (IS weights, masks) on the per-token surrogate.
+
+    Returns:
+        ``(loss, metrics)``; ``loss`` is a 0-dim tensor, ``metrics`` a dict of Python floats.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown ratio level {level!r}; valid: {', '.join(LEVELS)}")
+    if agg not in AGGS:
+        raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGGS)}")
+    if dual_clip_c is not None and not dual_clip_c > 1.0:
+        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+    if logp.shape != denom_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp.shape)}, denom_logp {tuple(denom_logp.shape)},"
+            f" mask {tuple(mask.shape)}"
+        )
+    if level != "token":
+        agg = "seq-mean-token-mean"
+
+    mask = mask.bool()  # [B, T]
+    n_active = int(mask.sum())  # one host sync; needed for the order statistic anyway
+    adv = _broadcast_advantages(advantages.detach().to(logp.dtype), logp)
+    adv = torch.where(mask, adv, 0.0)  # [B, T]
+    token_lr = torch.where(mask, logp - denom_logp.detach(), 0.0)  # [B, T], 0 off-mask
+
+    if level == "token":
+        log_ratio = token_lr  # [B, T]
+    else:
+        lens = mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+        seq_lr = token_lr.sum(-1, keepdim=True) / lens  # [B, 1], log s_b
+        if level == "sequence":
+            log_ratio = seq_lr.expand_as(logp)  # [B, T], gradient through the mean
+        else:
+            logp_m = torch.where(mask, logp, 0.0)  # [B, T]
+            log_ratio = seq_lr.detach() + (logp_m - logp_m.detach())  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+
+    lower = upper = None
+    sat_stats = None
+    q = 0.0
+    if adaptive:
+        lower, upper, q, sat_stats = sat_bounds_tensors(
+            log_ratio.detach(),
+            mask,
+            n_active,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            quantile=quantile,
+            exponent=exponent,
+            anchor=anchor,
+        )
+    if lower is None:
+        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
+    else:
+        clipped = torch.clamp(ratio, lower, upper)  # [B, T]
+    surr = torch.minimum(ratio * adv, clipped * adv)  # [B, T]
+    if dual_clip_c is not None:
+        surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
+    if token_weights is not None:
+        surr = surr * torch.where(mask, token_weights.detach(), 0.0)
+    surr = torch.where(mask, surr, 0.0)  # [B, T]
+    loss = -aggregate(surr, mask, n_active, agg)
+
+    with torch.no_grad():
+        n = float(max(n_active, 1))
+        r = ratio.detach()
+        pos, neg = adv > 0, adv < 0
+        ppo_clip = mask & ((pos & (r > 1.0 + eps_high)) | (neg & (r < 1.0 - eps_low)))
+        vals = {
+            "loss/policy": loss.detach(),
+            "loss/clipfrac": ppo_clip.sum() / n,
+            "staleness/abs_logratio_mean": token_lr.detach().abs().sum() / n,
+            # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
+            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
+        }
+        if lower is not None:
+            sat_clip = mask & ((pos & (r > upper)) | (neg & (r < lower)))
+            vals["sat/clipfrac_sat_band"] = (sat_clip & ~ppo_clip).sum() / n
+        else:
+            vals["sat/clipfrac_sat_band"] = r.new_zeros(())
+        if sat_stats is not None:
+            for key, value in sat_stats.items():
+                vals[f"sat/{key}"] = value
+        keys = list(vals)
+        floats = torch.stack([vals[k].to(torch.float64) for k in keys]).tolist()
+        metrics = dict(zip(keys, floats, strict=True))
+        if sat_stats is not None:
+            metrics["sat/active"] = 1.0 if q < math.log1p(eps_high) else 0.0
+    return loss, metrics
+
+
+def kl_k3_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean"
+) -> torch.Tensor:
+    """``low_var_kl`` (k3) of pi_theta against a reference policy, with gradient (ALGORITHMS §5).
+
+    ``k3 = exp(ref - logp) - 1 + (logp - ref)`` per token, aggregated like the policy loss.
+    """
+    mask = mask.bool()
+    lr = torch.where(mask, logp - ref_logp.detach(), 0.0)  # [B, T]
+    k3 = torch.expm1(-lr) + lr  # [B, T], 0 off-mask
+    return aggregate(k3, mask, int(mask.sum()), agg)

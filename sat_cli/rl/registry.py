@@ -1,0 +1,258 @@
+"""Registry of policy-loss algorithms and mismatch corrections, composed per ALGORITHMS.md §5.
+
+A trainer calls ``compute_loss(algo, correction, logp=..., rollout_logp=..., old_logp=...,
+advantages=..., mask=..., <clip kwargs>, adaptive=...)`` with plain values. Each algorithm is
+registered with ``@register_algorithm`` together with its ratio level, its denominator and a
+function returning its extra per-token mask/weight; each correction with
+``@register_correction``. ``valid_names()`` lists both for config validation, and unknown names
+raise ``ValueError`` listing the valid ones.
+
+Which denominator each uses (``old`` = the recomputed ``pi_old``, ``rollout`` = ``mu``):
+
+| algo           | level          | denominator                          | extra per-token factor        |
+|----------------|----------------|--------------------------------------|-------------------------------|
+| ppo, grpo      | token          | ``ratio_denominator`` (default rollout) | —                          |
+| gspo           | sequence       | ``ratio_denominator``                | —                             |
+| gspo_token     | sequence_token | ``ratio_denominator``                | —                             |
+| dppo_tv        | token          | rollout (always)                     | TV keep-mask vs ``mu``        |
+| decoupled_ppo  | token          | old (always)                         | ``pi_old / mu`` (cap/mode)    |
+| m2po           | token, no clip | old (always)                         | M2 keep-mask of ``(old-mu)^2``|
+
+Corrections ``tis``, ``mis``, ``icepop`` apply to ppo/grpo/gspo/gspo_token only. They force the
+denominator to ``old`` whatever ``ratio_denominator`` says (the weight multiplies the PPO term
+whose ratio is ``pi_theta / pi_old``; ``mu`` enters only through the weight ``pi_old / mu``).
+``dppo_tv``, ``decoupled_ppo`` and ``m2po`` are mismatch treatments themselves and accept only
+``correction="none"``. ``ppo`` and ``grpo`` compute the same loss; they differ in how the caller
+builds advantages. ``m2po`` has no ratio clip (AReaL's M2PO objective), so SAT is rejected for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sat_cli.rl import corrections as corr
+from sat_cli.rl.losses import policy_loss
+
+DENOMINATORS = ("rollout", "recompute")
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    name: str
+    level: str  # "token" | "sequence" | "sequence_token"
+    denominator: str  # "config" (follows ratio_denominator) | "rollout" | "old"
+    clip: bool  # False: unclipped surrogate r * A
+    accepts_correction: bool
+    token_factor: Callable[..., torch.Tensor | None]  # extra detached [B, T] weight or None
+
+    @property
+    def always_needs_old_logp(self) -> bool:
+        return self.denominator == "old"
+
+
+@dataclass(frozen=True)
+class CorrectionSpec:
+    name: str
+    needs_old_logp: bool
+    weights: Callable[..., torch.Tensor | None]  # detached [B, T] weight or None
+
+
+ALGORITHMS: dict[str, AlgoSpec] = {}
+CORRECTIONS: dict[str, CorrectionSpec] = {}
+
+
+def register_algorithm(name, *, level, denominator, clip=True, accepts_correction=True):
+    def deco(fn):
+        ALGORITHMS[name] = AlgoSpec(name, level, denominator, clip, accepts_correction, fn)
+        return fn
+
+    return deco
+
+
+def register_correction(name, *, needs_old_logp):
+    def deco(fn):
+        CORRECTIONS[name] = CorrectionSpec(name, needs_old_logp, fn)
+        return fn
+
+    return deco
+
+
+def _none(**_):
+    return None
+
+
+for _name, _level in (
+    ("ppo", "token"),
+    ("grpo", "token"),
+    ("gspo", "sequence"),
+    ("gspo_token", "sequence_token"),
+):
+    register_algorithm(_name, level=_level, denominator="config")(_none)
+
+
+@register_algorithm("dppo_tv", level="token", denominator="rollout", accepts_correction=False)
+def _dppo_tv(*, logp, rollout_logp, advantages, p, **_):
+    return corr.dppo_tv_mask(logp, rollout_logp, advantages, delta=p["dppo_delta"])
+
+
+@register_algorithm("decoupled_ppo", level="token", denominator="old", accepts_correction=False)
+def _decoupled(*, old_logp, rollout_logp, p, **_):
+    return corr.behaviour_weights(old_logp, rollout_logp, cap=p["behav_cap"], mode=p["behav_mode"])
+
+
+@register_algorithm("m2po", level="token", denominator="old", clip=False, accepts_correction=False)
+def _m2po(*, old_logp, rollout_logp, mask, p, **_):
+    return corr.m2po_mask(old_logp, rollout_logp, mask, tau=p["m2po_tau"])
+
+
+register_correction("none", needs_old_logp=False)(_none)
+
+
+@register_correction("tis", needs_old_logp=True)
+def _tis(*, old_logp, rollout_logp, p, **_):
+    return corr.tis_weights(old_logp, rollout_logp, cap=p["tis_cap"])
+
+
+@register_correction("mis", needs_old_logp=True)
+def _mis(*, old_logp, rollout_logp, p, **_):
+    return corr.mis_weights(old_logp, rollout_logp, cap=p["tis_cap"])
+
+
+@register_correction("icepop", needs_old_logp=True)
+def _icepop(*, old_logp, rollout_logp, p, **_):
+    return corr.icepop_weights(old_logp, rollout_logp, low=p["icepop_low"], high=p["icepop_high"])
+
+
+def valid_names() -> dict[str, list[str]]:
+    """``{"algorithms": [...], "corrections": [...]}`` (sorted), for config validation."""
+    return {"algorithms": sorted(ALGORITHMS), "corrections": sorted(CORRECTIONS)}
+
+
+def get_algorithm(name: str) -> AlgoSpec:
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def get_correction(name: str) -> CorrectionSpec:
+    if name not in CORRECTIONS:
+        raise ValueError(f"unknown correction {name!r}; valid: {', '.join(sorted(CORRECTIONS))}")
+    return CORRECTIONS[name]
+
+
+def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollout"):
+    """Validate a combination; returns ``(AlgoSpec, CorrectionSpec, denominator)`` with
+    ``denominator in {"rollout", "old"}``."""
+    a, c = get_algorithm(algo), get_correction(correction)
+    if ratio_denominator not in DENOMINATORS:
+        raise ValueError(
+            f"unknown ratio_denominator {ratio_denominator!r}; valid: {', '.join(DENOMINATORS)}"
+        )
+    if c.name != "none" and not a.accepts_correction:
+        raise ValueError(
+            f"algorithm {algo!r} is itself a mismatch treatment; use correction='none'"
+        )
+    if a.denominator != "config":
+        denom = a.denominator
+    elif c.name != "none" or ratio_denominator == "recompute":
+        denom = "old"
+    else:
+        denom = "rollout"
+    return a, c, denom
+
+
+def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str = "rollout"):
+    """Whether the trainer must run the recompute pass (``old_logp``) for this combination."""
+    a, c, denom = resolve(algo, correction, ratio_denominator)
+    return denom == "old" or c.needs_old_logp
+
+
+def compute_loss(
+    algo_name: str,
+    correction_name: str = "none",
+    *,
+    logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    old_logp: torch.Tensor | None = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    adaptive: bool = False,
+    quantile: float = 0.9,
+    exponent: float = 2.0,
+    anchor: str = "q",
+    agg: str = "token-mean",
+    dual_clip_c: float | None = None,
+    ratio_denominator: str = "rollout",
+    tis_cap: float = 2.0,
+    icepop_low: float = 0.5,
+    icepop_high: float = 5.0,
+    dppo_delta: float = 1e-3,
+    m2po_tau: float = 0.04,
+    behav_cap: float | None = None,
+    behav_mode: str = "clip",
+):
+    """Compose the named algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``.
+
+    Extra metrics when a per-token factor is used: ``loss/token_weight_mean`` and
+    ``loss/token_weight_zero_frac`` over active tokens.
+    """
+    a, c, denom = resolve(algo_name, correction_name, ratio_denominator)
+    if (denom == "old" or c.needs_old_logp) and old_logp is None:
+        raise ValueError(
+            f"{algo_name!r} with correction {correction_name!r} needs old_logp (recompute pass)"
+        )
+    if adaptive and not a.clip:
+        raise ValueError(f"SAT contracts a clip interval; {algo_name!r} has none")
+    p = {
+        "tis_cap": tis_cap,
+        "icepop_low": icepop_low,
+        "icepop_high": icepop_high,
+        "dppo_delta": dppo_delta,
+        "m2po_tau": m2po_tau,
+        "behav_cap": behav_cap,
+        "behav_mode": behav_mode,
+    }
+    ctx = dict(
+        logp=logp,
+        rollout_logp=rollout_logp,
+        old_logp=old_logp,
+        advantages=advantages,
+        mask=mask,
+        p=p,
+    )
+    weight = None
+    for factor in (a.token_factor(**ctx), c.weights(**ctx)):
+        if factor is not None:
+            weight = factor if weight is None else weight * factor
+    if not a.clip:
+        eps_low = eps_high = math.inf
+    loss, metrics = policy_loss(
+        logp,
+        old_logp if denom == "old" else rollout_logp,
+        advantages,
+        mask,
+        level=a.level,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        adaptive=adaptive,
+        quantile=quantile,
+        exponent=exponent,
+        agg=agg,
+        dual_clip_c=dual_clip_c,
+        token_weights=weight,
+        anchor=anchor,
+    )
+    if weight is not None:
+        with torch.no_grad():
+            m = mask.bool()
+            w = weight[m].double()
+            n = max(w.numel(), 1)
+            metrics["loss/token_weight_mean"] = float(w.sum()) / n
+            metrics["loss/token_weight_zero_frac"] = float((w == 0).sum()) / n
+    return loss, metrics

@@ -1,0 +1,274 @@
+"""Hugging Face Qwen3-MoE ⇄ megatron-core GPTModel weight conversion (own converter).
+
+Why not mbridge: mbridge 0.15.1 maps HF names onto Transformer-Engine parameter names
+(``linear_qkv.layer_norm_weight`` …), while this backend uses megatron-core's *local* layer spec
+(``input_layernorm.weight``, ``local_experts.N.linear_fc1.weight``) so that it runs on CPU.
+The mapping is small and fully determined, so it lives here and is tested against HF logits
+(tests/test_megatron_convert.py).
+
+Mapping (``L`` = layer, ``e`` = expert; HF on-disk per-expert layout):
+
+=================================================  ===============================================
+megatron                                           HF
+=================================================  ===============================================
+embedding.word_embeddings.weight                   model.embed_tokens.weight
+decoder.layers.L.input_layernorm.weight            model.layers.L.input_layernorm.weight
+decoder.layers.L.self_attention.linear_qkv.weight  q_proj, k_proj, v_proj, interleaved per KV group
+decoder.layers.L.self_attention.linear_proj.weight model.layers.L.self_attn.o_proj.weight
+decoder.layers.L.self_attention.{q,k}_layernorm    model.layers.L.self_attn.{q,k}_norm.weight
+decoder.layers.L.pre_mlp_layernorm.weight          model.layers.L.post_attention_layernorm.weight
+decoder.layers.L.mlp.router.weight                 model.layers.L.mlp.gate.weight
+…mlp.experts.local_experts.e.linear_fc1.weight     cat(experts.e.gate_proj, experts.e.up_proj)
+…mlp.experts.local_experts.e.linear_fc2.weight     experts.e.down_proj.weight
+decoder.final_layernorm.weight                     model.norm.weight
+output_layer.weight                                lm_head.weight (absent when tied)
+=================================================  ===============================================
+
+``linear_qkv`` rows are ordered per KV group ``g``: the ``nh/ng`` query heads of the group, then
+its key head, then its value head (megatron's layout), each ``head_dim`` rows.
+
+Scope: tensor and pipeline parallel size 1. Expert parallelism: ``hf_to_megatron`` takes the
+slice of experts a rank owns (``ep_rank``/``ep_size``); export needs all experts on one rank
+(``megatron_to_hf`` of a full state). HF checkpoints may store experts either per expert (the
+on-disk layout of transformers 5 ``save_pretrained``) or fused (``mlp.experts.gate_up_proj``
+``[E, 2I, H]`` and ``mlp.experts.down_proj`` ``[E, H, I]``); both load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import _get
+
+# Files copied next to exported weights so that transformers / SGLang can load the directory.
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
+    nh = _get(hf_config, "num_attention_heads")
+    ng = _get(hf_config, "num_key_value_heads")
+    hd = _get(hf_config, "head_dim")
+    return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
+
+
+# --------------------------------------------------------------------------- HF checkpoints
+def load_hf_state(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a HF checkpoint directory (``*.safetensors``), experts per-expert."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return unfuse_experts(state)
+
+
+def unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rewrite fused expert tensors (transformers 5 in-memory layout) as per-expert keys."""
+    out: dict[str, torch.Tensor] = {}
+    for key, t in state.items():
+        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)", key)
+        if m is None:
+            out[key] = t
+            continue
+        prefix, kind = m.groups()
+        for e in range(t.shape[0]):
+            if kind == "gate_up_proj":  # [E, 2I, H]: gate rows then up rows
+                gate, up = t[e].chunk(2, dim=0)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate.contiguous()
+                out[f"{prefix}.{e}.up_proj.weight"] = up.contiguous()
+            else:  # [E, H, I]
+                out[f"{prefix}.{e}.down_proj.weight"] = t[e].contiguous()
+    return out
+
+
+def save_hf_checkpoint(
+    state: dict[str, torch.Tensor], out_dir: str | os.PathLike, source_dir: str | os.PathLike
+) -> Path:
+    """Write ``model.safetensors`` plus the config/tokenizer files of ``source_dir``.
+
+    The directory appears atomically: everything is written to a temporary sibling which is
+    then renamed to ``out_dir`` (an existing ``out_dir`` is replaced).
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in HF_SIDE_FILES:
+            src = Path(source_dir) / name
+            if src.exists():
+                shutil.copyfile(src, tmp / name)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
+    with open(Path(model_dir) / "config.json") as f:
+        cfg = json.load(f)
+    # transformers 5 writes num_local_experts; older configs use num_experts
+    cfg.setdefault("num_experts", cfg.get("num_local_experts"))
+    return cfg
+
+
+# --------------------------------------------------------------------------- conversion
+def hf_to_megatron(
+    hf_state: dict[str, torch.Tensor],
+    hf_config: Any,
+    *,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+) -> dict[str, torch.Tensor]:
+    """Megatron state dict (local spec, TP=PP=1) for the experts owned by ``ep_rank``."""
+    nh, ng, hd, n_layers, n_experts = _dims(hf_config)
+    if n_experts % ep_size:
+        raise ValueError(f"num_experts={n_experts} is not divisible by ep_size={ep_size}")
+    per_rank = n_experts // ep_size
+    hf = dict(hf_state)
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        if key not in hf:
+            raise KeyError(f"HF checkpoint lacks {key}")
+        used.add(key)
+        return hf[key]
+
+    mg: dict[str, torch.Tensor] = {
+        "embedding.word_embeddings.weight": take("model.embed_tokens.weight"),
+        "decoder.final_layernorm.weight": take("model.norm.weight"),
+    }
+    if not _get(hf_config, "tie_word_embeddings", False):
+        mg["output_layer.weight"] = take("lm_head.weight")
+    for layer in range(n_layers):
+        h, m = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+        q = take(h + "self_attn.q_proj.weight")  # [nh*hd, H]
+        k = take(h + "self_attn.k_proj.weight")  # [ng*hd, H]
+        v = take(h + "self_attn.v_proj.weight")  # [ng*hd, H]
+        hidden = q.shape[1]
+        qkv = torch.cat(
+            [q.view(ng, nh // ng * hd, hidden), k.view(ng, hd, hidden), v.view(ng, hd, hidden)],
+            dim=1,
+        )  # [ng, (nh/ng + 2)*hd, H]
+        mg[m + "self_attention.linear_qkv.weight"] = qkv.reshape(-1, hidden)
+        mg[m + "self_attention.linear_proj.weight"] = take(h + "self_attn.o_proj.weight")
+        mg[m + "self_attention.q_layernorm.weight"] = take(h + "self_attn.q_norm.weight")
+        mg[m + "self_attention.k_layernorm.weight"] = take(h + "self_attn.k_norm.weight")
+        mg[m + "input_layernorm.weight"] = take(h + "input_layernorm.weight")
+        mg[m + "pre_mlp_layernorm.weight"] = take(h + "post_attention_layernorm.weight")
+        mg[m + "mlp.router.weight"] = take(h + "mlp.gate.weight")
+        for e in range(n_experts):
+            gate = take(h + f"mlp.experts.{e}.gate_proj.weight")  # [I, H]
+            up = take(h + f"mlp.experts.{e}.up_proj.weight")  # [I, H]
+            down = take(h + f"mlp.experts.{e}.down_proj.weight")  # [H, I]
+            if e // per_rank != ep_rank:
+                continue
+            local = f"{m}mlp.experts.local_experts.{e % per_rank}."
+            mg[local + "linear_fc1.weight"] = torch.cat([gate, up], dim=0)  # [2I, H]
+            mg[local + "linear_fc2.weight"] = down
+    unused = sorted(set(hf) - used)
+    if unused:
+        raise KeyError(f"HF checkpoint has tensors the converter does not map: {unused[:5]}")
+    return mg
+
+
+def megatron_to_hf(
+    mg_state: dict[str, torch.Tensor],
+    hf_config: Any,
+    *,
+    expert_offset: int = 0,
+) -> dict[str, torch.Tensor]:
+    """HF per-expert state from a megatron state dict (``_extra_state`` entries are ignored).
+
+    ``expert_offset`` is the global index of local expert 0 (``ep_rank * E / ep_size``); for a
+    full (world size 1 or gathered) state it is 0.
+    """
+    nh, ng, hd, n_layers, _ = _dims(hf_config)
+    mg = {k: v for k, v in mg_state.items() if not k.endswith("_extra_state")}
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        used.add(key)
+        return mg[key].detach()
+
+    hf: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": take("embedding.word_embeddings.weight"),
+        "model.norm.weight": take("decoder.final_layernorm.weight"),
+    }
+    if "output_layer.weight" in mg and not _get(hf_config, "tie_word_embeddings", False):
+        hf["lm_head.weight"] = take("output_layer.weight")
+    expert_re = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.")
+    for layer in range(n_layers):
+        h, m = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+        qkv = take(m + "self_attention.linear_qkv.weight")
+        hidden = qkv.shape[1]
+        qkv = qkv.view(ng, (nh // ng + 2) * hd, hidden)
+        q, k, v = qkv.split([nh // ng * hd, hd, hd], dim=1)
+        hf[h + "self_attn.q_proj.weight"] = q.reshape(nh * hd, hidden)
+        hf[h + "self_attn.k_proj.weight"] = k.reshape(ng * hd, hidden)
+        hf[h + "self_attn.v_proj.weight"] = v.reshape(ng * hd, hidden)
+        hf[h + "self_attn.o_proj.weight"] = take(m + "self_attention.linear_proj.weight")
+        hf[h + "self_attn.q_norm.weight"] = take(m + "self_attention.q_layernorm.weight")
+        hf[h + "self_attn.k_norm.weight"] = take(m + "self_attention.k_layernorm.weight")
+        hf[h + "input_layernorm.weight"] = take(m + "input_layernorm.weight")
+        hf[h + "post_attention_layernorm.weight"] = take(m + "pre_mlp_layernorm.weight")
+        hf[h + "mlp.gate.weight"] = take(m + "mlp.router.weight")
+    for key in list(mg):
+        match = expert_re.match(key)
+        if match is None or not key.endswith("linear_fc1.weight"):
+            continue
+        layer, local = int(match.group(1)), int(match.group(2))
+        e = expert_offset + local
+        h = f"model.layers.{layer}.mlp.experts.{e}."
+        gate, up = take(key).chunk(2, dim=0)
+        hf[h + "gate_proj.weight"] = gate
+        hf[h + "up_proj.weight"] = up
+        hf[h + "down_proj.weight"] = take(key.replace("linear_fc1", "linear_fc2"))
+    unused = sorted(set(mg) - used)
+    if unused:
+        raise KeyError(f"megatron state has tensors the converter does not map: {unused[:5]}")
+    return {k: v.contiguous() for k, v in hf.items()}
+
+
+def load_hf_into_megatron(model: torch.nn.Module, model_dir: str | os.PathLike, **ep) -> None:
+    """Copy a HF checkpoint into a megatron GPTModel built by ``model.build_gpt_model``."""
+    cfg = read_hf_config(model_dir)
+    mg = hf_to_megatron(load_hf_state(model_dir), cfg, **ep)
+    params = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    missing = sorted(set(params) - set(mg))
+    extra = sorted(set(mg) - set(params))
+    if missing or extra:
+        raise KeyError(f"conversion mismatch: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for k, p in params.items():
+            if p.shape != mg[k].shape:
+                raise ValueError(f"{k}: model {tuple(p.shape)} vs converted {tuple(mg[k].shape)}")
+            p.copy_(mg[k].to(p.dtype))
+
+
+def megatron_state_to_hf(model: torch.nn.Module, hf_config: Any) -> dict[str, torch.Tensor]:
+    """HF state of a world-size-1 (or expert-complete) megatron model."""
+    return megatron_to_hf(model.state_dict(), hf_config)

@@ -1,0 +1,58 @@
+"""CPU shims that let megatron-core 0.16.1 run forward and backward without CUDA.
+
+megatron-core assumes a GPU in a few places that the CPU path (gloo, world size 1, the local
+layer spec) still reaches. ``apply_cpu_shims()`` patches exactly these, and only when CUDA is
+absent (on a GPU machine it does nothing):
+
+1. ``torch.cuda.current_device`` is called while building layers (``device=`` arguments); on CPU
+   it returns the string ``"cpu"`` so those tensors land on the CPU.
+2. ``fused_softmax.get_default_causal_mask`` builds its mask with ``device="cuda"``; replaced by
+   the same upper-triangular bool mask on CPU. (The worker also passes an explicit causal mask,
+   so this is only a safety net.)
+3. ``moe_utils.te_general_gemm`` is referenced but not defined when Transformer Engine is absent
+   (a 0.16.1 bug in the router GEMM); defined as ``None`` so the plain matmul path runs.
+4. The RNG tracker calls ``torch.cuda`` RNG functions; ``initialize_rng_tracker(
+   inference_rng_tracker=True, force_reset=True)`` installs the inference tracker, whose
+   ``fork()`` does not touch CUDA state (no dropout is used here: all dropouts are 0).
+
+The shims are idempotent. ``apply_cpu_shims()`` must run before the model is built.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_APPLIED = False
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=32)
+def _cpu_causal_mask(sq: int, skv: int) -> torch.Tensor:
+    # True = masked (future positions), as in megatron's get_default_causal_mask.
+    return torch.triu(torch.ones(sq, skv, dtype=torch.bool), diagonal=1)
+
+
+def apply_cpu_shims() -> bool:
+    """Patch megatron-core for CPU execution if CUDA is absent. Returns True if patched."""
+    global _APPLIED
+    if cuda_available():
+        return False
+    if _APPLIED:
+        return True
+
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as mp_random
+    from megatron.core.transformer.moe import moe_utils
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    fused_softmax.get_default_causal_mask = _cpu_causal_mask
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    mp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    _APPLIED = True
+    return True

@@ -1,0 +1,173 @@
+"""Build a megatron-core ``GPTModel`` with MoE layers from a Hugging Face Qwen3-MoE config.
+
+The model uses megatron-core's local (non-Transformer-Engine) layer spec,
+``get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=False, qk_layernorm=True,
+normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU alike. The
+``TransformerConfig`` reproduces Qwen3-MoE exactly:
+
+- RMSNorm (eps = ``rms_norm_eps``), SwiGLU experts (``gated_linear_unit=True``, SiLU), no
+  biases, per-head q/k RMSNorm, RoPE with ``rope_theta`` (no rope fusion);
+- router: softmax score function applied *after* top-k (``moe_router_pre_softmax=False``),
+  which equals HF's "softmax over all experts, take top-k, renormalise" when
+  ``norm_topk_prob=True``; with ``norm_topk_prob=False`` the softmax is taken first
+  (``moe_router_pre_softmax=True``) and not renormalised, as in HF;
+- no auxiliary load-balancing loss in the training objective (``moe_router_load_balancing_type
+  ="none"``, the RL setting), no token dropping, ``moe_token_dispatcher_type="allgather"``;
+- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs).
+
+Only Qwen3-MoE models whose every layer is an MoE layer are supported
+(``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs fail loudly.
+``routing_replay=True`` enables megatron-core's ``RouterReplay`` (R3); build only the trained
+actor with it, because RouterReplay registers every router instance in a global list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def _get(hf_config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(hf_config, dict):
+        return hf_config.get(key, default)
+    return getattr(hf_config, key, default)
+
+
+def rope_theta(hf_config: Any) -> float:
+    """RoPE base: ``rope_parameters["rope_theta"]`` in transformers 5, ``rope_theta`` before."""
+    params = _get(hf_config, "rope_parameters") or {}
+    if isinstance(params, dict) and "rope_theta" in params:
+        rope_type = params.get("rope_type", "default")
+        if rope_type not in (None, "default"):
+            raise NotImplementedError(f"RoPE scaling {rope_type!r} is not supported")
+        return float(params["rope_theta"])
+    theta = _get(hf_config, "rope_theta")
+    if theta is None:
+        raise ValueError("HF config has neither rope_parameters.rope_theta nor rope_theta")
+    return float(theta)
+
+
+def check_supported(hf_config: Any) -> None:
+    model_type = _get(hf_config, "model_type")
+    if model_type != "qwen3_moe":
+        raise NotImplementedError(f"megatron trainer supports qwen3_moe only, got {model_type!r}")
+    if _get(hf_config, "decoder_sparse_step", 1) != 1 or _get(hf_config, "mlp_only_layers"):
+        raise NotImplementedError("dense (non-MoE) layers in a Qwen3-MoE model are not supported")
+    if _get(hf_config, "attention_bias", False):
+        raise NotImplementedError("attention_bias=True is not supported")
+    if _get(hf_config, "use_sliding_window", False):
+        raise NotImplementedError("sliding-window attention is not supported")
+
+
+def transformer_config(
+    hf_config: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    routing_replay: bool = False,
+):
+    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config."""
+    from megatron.core.transformer import TransformerConfig
+
+    check_supported(hf_config)
+    return TransformerConfig(
+        num_layers=_get(hf_config, "num_hidden_layers"),
+        hidden_size=_get(hf_config, "hidden_size"),
+        num_attention_heads=_get(hf_config, "num_attention_heads"),
+        num_query_groups=_get(hf_config, "num_key_value_heads"),
+        kv_channels=_get(hf_config, "head_dim"),
+        ffn_hidden_size=_get(hf_config, "intermediate_size"),
+        layernorm_epsilon=_get(hf_config, "rms_norm_eps"),
+        normalization="RMSNorm",
+        qk_layernorm=True,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # MoE
+        num_moe_experts=_get(hf_config, "num_experts"),
+        moe_ffn_hidden_size=_get(hf_config, "moe_intermediate_size"),
+        moe_router_topk=_get(hf_config, "num_experts_per_tok"),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not _get(hf_config, "norm_topk_prob", True),
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="allgather",
+        moe_enable_routing_replay=routing_replay,
+        # parallelism
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        context_parallel_size=cp,
+        sequence_parallel=tp > 1,
+        # numerics / kernels: nothing fused, so the CPU path and the GPU path compute the same
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # weights always come from the HF checkpoint
+        apply_rope_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def build_gpt_model(
+    hf_config: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    routing_replay: bool = False,
+):
+    """A megatron-core ``GPTModel`` (uninitialised weights) shaped like the HF model.
+
+    ``parallel_state.initialize_model_parallel`` must have been called with the same sizes, and
+    on CPU ``cpu_shims.apply_cpu_shims()`` before this.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(
+        hf_config, dtype=dtype, tp=tp, pp=pp, ep=ep, cp=cp, routing_replay=routing_replay
+    )
+    if routing_replay:
+        from megatron.core.transformer.moe.router_replay import RouterReplay
+
+        # RouterReplay keeps every router it ever saw in a class-level list; a model built
+        # earlier in this process (a test, a rebuilt actor) would otherwise stay registered.
+        RouterReplay.clear_global_router_replay_instances()
+    spec = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=False,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=_get(hf_config, "vocab_size"),
+        max_sequence_length=_get(hf_config, "max_position_embeddings"),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=bool(_get(hf_config, "tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=rope_theta(hf_config),
+    )
+    return model.to(dtype)

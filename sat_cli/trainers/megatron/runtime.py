@@ -1,0 +1,137 @@
+"""Process setup and forward helpers shared by the megatron worker and the in-process tests.
+
+- ``init_distributed``: ``torch.distributed`` (gloo on CPU, NCCL on GPU) plus megatron's
+  ``parallel_state.initialize_model_parallel`` and, without CUDA, the CPU shims. Under
+  ``torchrun`` it reads the usual environment (``env://``); in a plain process (tests) it uses a
+  ``FileStore`` at a given path with world size 1.
+- ``token_logprobs``: per-token log-probs of ``input_ids[:, 1:]`` under a megatron ``GPTModel``
+  with logits divided by the sampling temperature (the ``labels=`` cross-entropy path of
+  ``GPTModel.forward`` cannot take a temperature, so logits are taken and ``log_softmax`` is
+  computed here, in fp32).
+- ``set_replay_routes`` / ``clear_replay``: R3 through megatron-core's ``RouterReplay``. Routes
+  arrive batch-major ``[B, S, L, K]`` (HF / SGLang order); megatron flattens tokens
+  sequence-major, so layer ``l`` gets ``routes[:, :, l].transpose(0, 1).reshape(S*B, K)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .cpu_shims import apply_cpu_shims
+
+
+class R3Error(RuntimeError):
+    """Recorded routes are missing or do not fit the batch / model."""
+
+
+def init_distributed(
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    file_store: str | os.PathLike | None = None,
+) -> None:
+    """Initialise torch.distributed and megatron's parallel state (idempotent)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    apply_cpu_shims()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if file_store is not None:
+            store = dist.FileStore(str(Path(file_store)), 1)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
+            context_parallel_size=cp,
+        )
+    if torch.cuda.is_available():
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)
+
+
+def causal_mask(batch: int, seq: int, device) -> torch.Tensor:
+    """Bool mask ``[B, 1, S, S]``, True = masked (future positions)."""
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)
+    return mask.view(1, 1, seq, seq).expand(batch, 1, seq, seq)
+
+
+def forward_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Logits ``[B, S, V]`` of a megatron GPTModel (causal; padding is handled by the caller).
+
+    Right padding needs nothing here: causal attention never lets a real token see a later pad.
+    Left-padded batches must pass ``position_ids`` that start at 0 at the first real token; the
+    pads before it are attended by real tokens unless masked, so left padding is rejected by
+    the worker (it is not produced by the batch builder).
+    """
+    b, s = input_ids.shape
+    return model(input_ids, position_ids, causal_mask(b, s, input_ids.device))
+
+
+def token_logprobs(
+    model, input_ids: torch.Tensor, position_ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[B, S-1]``: log p(input_ids[:, t+1] | input_ids[:, :t+1]) at ``temperature``."""
+    logits = forward_logits(model, input_ids, position_ids)[:, :-1].float()  # [B, S-1, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)  # [B, S-1, V]
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+
+
+# ----------------------------------------------------------------------------- R3
+def replay_tensors(routes: torch.Tensor, num_layers: int, top_k: int, num_experts: int):
+    """Per-layer ``[S*B, K]`` int64 tensors in megatron token order from ``[B, S, L, K]``."""
+    if routes is None:
+        raise R3Error("R3 is on but the batch carries no routed experts")
+    if routes.dim() != 4 or routes.shape[2] != num_layers or routes.shape[3] != top_k:
+        raise R3Error(
+            f"routed experts have shape {tuple(routes.shape)}; expected [B, S, {num_layers}, {top_k}]"
+        )
+    if routes.numel() and (int(routes.min()) < 0 or int(routes.max()) >= num_experts):
+        raise R3Error(f"routed expert ids out of range [0, {num_experts})")
+    b, s = routes.shape[:2]
+    routes = routes.long()
+    # Megatron's hidden states are [S, B, H]; the router flattens them to [S*B, E].
+    return [
+        routes[:, :, layer].transpose(0, 1).reshape(s * b, top_k) for layer in range(num_layers)
+    ]
+
+
+def set_replay_routes(routes: torch.Tensor, config, device=None) -> None:
+    """Force every MoE router of the (single, replay-enabled) model to ``routes [B, S, L, K]``."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+    per_layer = replay_tensors(
+        routes, config.num_layers, config.moe_router_topk, config.num_moe_experts
+    )
+    if device is not None:
+        per_layer = [t.to(device) for t in per_layer]
+    if len(RouterReplay.global_router_replay_instances) != len(per_layer):
+        raise R3Error(
+            f"{len(RouterReplay.global_router_replay_instances)} RouterReplay instances for "
+            f"{len(per_layer)} layers: build exactly one model with routing_replay=True"
+        )
+    RouterReplay.clear_global_indices()
+    RouterReplay.set_replay_data(per_layer)
+    RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+
+
+def clear_replay() -> None:
+    """Drop recorded/target routes and the replay action (call after every step)."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    RouterReplay.clear_global_indices()
+    RouterReplay.clear_global_router_replay_action()

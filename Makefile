@@ -1,0 +1,47 @@
+# sat — the command index. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install sat with dev tools (idempotent)
+
+install-megatron: $(STAMP) ## add the megatron-core extra (CPU-capable trainer backend)
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[megatron]'
+
+run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-MoE, toy task, CPU)
+	$(BIN)/sat train
+
+test: $(STAMP) ## install, then the default test suite (no slow tests; a few minutes on 2 cores)
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-full: $(STAMP) ## all CPU tests, slow integration tests included
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+bench: $(STAMP) ## run the benchmarks in bench/ (results are recorded in bench/README.md)
+	$(BIN)/python bench/cli_startup.py
+	$(BIN)/python bench/loss_overhead.py
+
+lint: $(STAMP) ## ruff check and format check
+	$(BIN)/ruff check sat_cli tests bench
+	$(BIN)/ruff format --check sat_cli tests bench
+
+clean: ## remove the venv, caches and build outputs (keeps runs/)
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+.PHONY: help install install-megatron run test test-full bench lint clean

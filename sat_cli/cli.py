@@ -1,0 +1,176 @@
+"""The `sat` command line: parse → compose config → build objects → call. Nothing else.
+
+Heavy libraries (torch, transformers, mlflow, hydra) are imported inside the commands so that
+`sat --help` stays instant. User errors (bad overrides, bad files) print one paragraph and exit
+with code 2; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from sat_cli import __version__
+
+app = typer.Typer(
+    name="sat",
+    help=(
+        "sat — asynchronous RL experiments with staleness-adaptive trust regions (SAT).\n\n"
+        "Overrides use Hydra syntax, e.g. `sat train algo=gspo lag=8 r3=true`."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+_OVERRIDES_HELP = "Hydra overrides, e.g. algo=gspo lag=8 r3=true clip=ppo trainer.lr=1e-4"
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"sat: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(overrides: list[str]):
+    from sat_cli.config import ConfigError, load
+
+    try:
+        return load(overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@app.command("config")
+def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+    """Print the composed, validated config (what a run would use)."""
+    from sat_cli.config import to_yaml
+
+    cfg, _ = _load(overrides or [])
+    typer.echo(to_yaml(cfg), nl=False)
+
+
+@app.command("train", context_settings=_EXTRA)
+def train_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+    """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
+    cfg, obj = _load(overrides or [])
+    from sat_cli.loop.run import train
+
+    _guard(lambda: train(cfg, obj, overrides or []))
+
+
+@app.command("pretrain", context_settings=_EXTRA)
+def pretrain_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+    """Build and warm-start the tiny model on the task (cached; `sat train` runs it when needed)."""
+    cfg, obj = _load(overrides or [])
+    from sat_cli.loop.run import pretrain
+
+    _guard(lambda: pretrain(obj))
+
+
+@app.command("eval", context_settings=_EXTRA)
+def eval_cmd(
+    benchmark: str = typer.Argument(..., help="toy | aime24 | aime25 | math500 | gsm8k | jsonl"),
+    overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP),
+) -> None:
+    """avg@k / pass@k of a model or checkpoint on a benchmark (e.g. `sat eval aime24 model.path=…`)."""
+    from sat_cli.config import group_options
+
+    if "=" in benchmark:
+        fail(f"the first argument is the benchmark, got {benchmark!r}; "
+             f"choose one of: {', '.join(group_options('eval'))}")
+    cfg, obj = _load([f"eval={benchmark}", *(overrides or [])])
+    from sat_cli.loop.run import evaluate
+
+    _guard(lambda: evaluate(cfg, obj))
+
+
+@app.command("sweep", context_settings=_EXTRA)
+def sweep_cmd(
+    sweep_file: str = typer.Argument(..., help="a sweep YAML, e.g. sweeps/smoke.yaml"),
+    overrides: list[str] = typer.Argument(None, help="overrides applied to every run"),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="runs at once"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and exit"),
+) -> None:
+    """Run a grid of `sat train` runs, resumable, grouped under one MLflow parent run."""
+    from sat_cli.sweep import run_sweep
+
+    _guard(lambda: run_sweep(sweep_file, overrides or [], jobs=jobs, dry_run=dry_run))
+
+
+@app.command("report")
+def report_cmd(
+    target: str = typer.Argument(..., help="a sweep id or an MLflow experiment name"),
+    out: str = typer.Option(None, "--out", help="output folder (default: runs/reports/<target>)"),
+    tracking_uri: str = typer.Option(None, "--tracking-uri", help="default: sqlite:///runs/mlflow.db"),
+) -> None:
+    """The paper-style table (best (step), last, d̄π per method × lag) and plots from MLflow."""
+    from sat_cli.report import run_report
+
+    _guard(lambda: run_report(target, out=out, tracking_uri=tracking_uri))
+
+
+@app.command("ui")
+def ui_cmd(
+    port: int = typer.Option(5000, help="port on 127.0.0.1"),
+    host: str = typer.Option("127.0.0.1", help="bind address (default loopback only)"),
+    run_dir: str = typer.Option("runs", "--run-dir", help="run.dir holding mlflow.db"),
+) -> None:
+    """Start the MLflow UI for the local store, bound to 127.0.0.1."""
+    import subprocess
+    from pathlib import Path
+
+    from sat_cli.tracking import ui_command
+
+    db = Path(run_dir) / "mlflow.db"
+    if not db.exists():
+        fail(f"no MLflow store at {db}: run `sat train` first or pass --run-dir")
+    cmd = ui_command(f"sqlite:///{db}", host=host, port=port)
+    typer.echo(f"MLflow UI on http://{host}:{port}  (Ctrl-C to stop)")
+    try:
+        raise typer.Exit(subprocess.call(cmd))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the version of sat."""
+    typer.echo(f"sat {__version__}")
+
+
+def _guard(fn) -> None:
+    """Run a command body: user errors → message + exit 2; Ctrl-C → exit 130."""
+    from sat_cli.config import ConfigError
+    from sat_cli.errors import RunFailed, UserError
+
+    try:
+        fn()
+    except (UserError, ConfigError, RunFailed) as exc:
+        fail(str(exc), getattr(exc, "code", 2))
+    except Exception as exc:
+        # Library errors that are the user's input or an expected runtime fault, by class name
+        # so that this module does not import the heavy modules that define them.
+        name = type(exc).__name__
+        if name in ("DataError", "TrackingError", "CheckpointError"):
+            fail(str(exc), 2)
+        if name in ("EngineError", "TrainerError"):
+            fail(str(exc), 1)
+        raise
+    except KeyboardInterrupt:
+        typer.echo("sat: interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Compose and validate `sat` configs.
+
+``compose(overrides)`` runs Hydra's compose API over ``conf/`` with the typed schema of
+:mod:`sat_cli.config.schema` first in the defaults list; ``load(overrides)`` also turns the
+result into dataclasses, which runs every bound check. Every failure — unknown group option,
+bad override syntax, unknown key, wrong type, out-of-range value — is raised as
+:class:`ConfigError` with a one-paragraph message naming the key and, where there is a choice,
+the valid options; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from sat_cli.config.schema import ConfigError, SatConfig
+
+__all__ = ["ConfigError", "SatConfig", "compose", "load", "conf_dir", "group_options", "to_yaml"]
+
+GROUPS = ("model", "task", "algo", "clip", "lag", "engine", "trainer", "eval", "tracking", "experiment")
+
+
+def conf_dir() -> Path:
+    """The config tree: $SAT_CONF_DIR, else the `conf/` shipped inside the package."""
+    env = os.environ.get("SAT_CONF_DIR")
+    if env:
+        return Path(env).resolve()
+    return (Path(__file__).resolve().parent.parent / "conf").resolve()
+
+
+def group_options(group: str) -> list[str]:
+    d = conf_dir() / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _preprocess(overrides: list[str]) -> list[str]:
+    """`lag=3` (no such option file) means `lag.n=3` with the default mode."""
+    out = []
+    for ov in overrides:
+        m = re.fullmatch(r"lag=(-?\d+)", ov.strip())
+        if m:  # an option file (quoted: Hydra wants a string group choice) or any other n
+            n = m.group(1)
+            out.append(f"lag='{n}'" if n in group_options("lag") else f"lag.n={n}")
+            continue
+        out.append(ov)
+    return out
+
+
+def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
+    """Turn a Hydra/OmegaConf exception into a short message naming the key."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    key_errors = (ConfigKeyError, ConfigAttributeError)
+
+    msg = str(exc).strip()
+    m = re.search(r"Could not find '([^/']+)/([^']*)'", msg)
+    if m:
+        group, opt = m.groups()
+        opts = group_options(group)
+        extra = " (or lag.n=<int> for any other value >= 0)" if group == "lag" else ""
+        return ConfigError(
+            f"{group}={opt!r} is not a known option. Valid options for '{group}': "
+            f"{', '.join(opts)}{extra}"
+        )
+    if "Error parsing override" in msg or "mismatched input" in msg or "no viable alternative" in msg:
+        first = msg.splitlines()[0]
+        bad = re.search(r"Error parsing override '([^']*)'", msg)
+        what = bad.group(1) if bad else " ".join(overrides)
+        return ConfigError(f"cannot parse override {what!r}: {first}. Use key=value (Hydra syntax).")
+    cause = exc.__cause__
+    if cause is not None and cause is not exc and not isinstance(exc, (*key_errors, ValidationError)):
+        if isinstance(cause, (*key_errors, ValidationError)):
+            return _translate(cause, overrides)
+    full_key = getattr(exc, "full_key", None)
+    if isinstance(exc, key_errors) or "not in struct" in msg:
+        key = full_key or "?"
+        hint = ""
+        if "." not in key and key not in GROUPS:
+            hint = (" Top-level keys are the groups (" + ", ".join(GROUPS) + ") and "
+                    "r3, seed, max_steps, resume, ckpt, run.*, checkpoint.*, data.*.")
+        return ConfigError(f"unknown config key {key!r}.{hint} To list every key: sat config")
+    if isinstance(exc, ValidationError):
+        key = full_key or "?"
+        vm = re.search(r"Value '([^']*)'", msg)
+        got = vm.group(1) if vm else "?"
+        low = msg.lower()
+        if "bool" in low:
+            return ConfigError(f"{key}: expected a boolean (true or false), got {got!r}")
+        if "integer" in low or "type int" in low:
+            return ConfigError(f"{key}: expected an integer, got {got!r}")
+        if "float" in low:
+            return ConfigError(f"{key}: expected a number, got {got!r}")
+        return ConfigError(f"{key}: {msg.splitlines()[0]}")
+    return ConfigError(msg.splitlines()[0] if msg else type(exc).__name__)
+
+
+def compose(overrides: list[str] | None = None):
+    """Compose the config (an OmegaConf DictConfig, interpolations resolved) or raise ConfigError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from sat_cli.config.schema import register
+
+    overrides = _preprocess(list(overrides or []))
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _translate(exc, overrides) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def load(overrides: list[str] | None = None) -> tuple[Any, SatConfig]:
+    """Compose, then build the dataclasses (runs every bound check). Returns (DictConfig, SatConfig)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = compose(overrides)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, ConfigError):
+            raise ConfigError(str(cause)) from None
+        raise _translate(exc, list(overrides or [])) from None
+    except ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return cfg, obj
+
+
+def to_yaml(cfg) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(cfg)

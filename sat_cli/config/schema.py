@@ -1,0 +1,345 @@
+"""Typed schema of every `sat` config: dataclasses registered in Hydra's ConfigStore.
+
+YAML files under `conf/` only set values; the types, defaults and bounds live here, beside a
+one-line description of each field. Bounds are checked in ``__post_init__``, which runs when the
+composed config is turned into objects (``OmegaConf.to_object``) by :func:`sat_cli.config.load`,
+so a typo or an out-of-range value fails at compose time, before any process starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po")
+CORRECTIONS = ("none", "tis", "mis", "icepop")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+DENOMINATORS = ("rollout", "recompute")
+SCHEDULES = ("constant", "linear", "cosine")
+ANCHORS = ("q", "min_q_eps")
+LAG_MODES = ("interval", "fixed", "bounded")
+ENGINES = ("local", "sglang")
+TRAINERS = ("local", "megatron")
+DTYPES = ("float32", "bfloat16")
+TRACKING_BACKENDS = ("mlflow", "none")
+
+
+class ConfigError(ValueError):
+    """A config value is out of range or not one of the allowed choices."""
+
+
+def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
+
+
+def _range(key: str, value: float, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False) -> None:
+    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
+        hi is not None and (value >= hi if hi_open else value > hi)
+    )
+    if bad:
+        lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
+        hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
+        raise ConfigError(f"{key}={value} is out of range: need {lo_s}{key}{hi_s}")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start of the tiny model (run once, cached by a hash of its config)."""
+
+    max_steps: int = 1500  # upper bound on SFT steps
+    batch_size: int = 128
+    lr: float = 3e-3
+    eval_every: int = 25  # evaluate sampled held-out accuracy this often
+    target_accuracy: float = 0.2  # stop once sampled (T=1) held-out accuracy reaches this
+    eval_size: int = 256
+
+    def __post_init__(self) -> None:
+        _range("model.warm_start.max_steps", self.max_steps, 1)
+        _range("model.warm_start.batch_size", self.batch_size, 1)
+        _range("model.warm_start.lr", self.lr, 0, lo_open=True)
+        _range("model.warm_start.eval_every", self.eval_every, 1)
+        _range("model.warm_start.target_accuracy", self.target_accuracy, 0, 1)
+        _range("model.warm_start.eval_size", self.eval_size, 1)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny_moe"
+    kind: str = "tiny"  # tiny: built and warm-started here; hf: an HF directory or hub id
+    path: str | None = None  # HF checkpoint dir or hub id; tiny: None = warm-start cache
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_experts: int = 8
+    top_k: int = 2
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def __post_init__(self) -> None:
+        _choice("model.kind", self.kind, ("tiny", "hf"))
+        if self.kind == "hf" and not self.path:
+            raise ConfigError(f"model.path must be set for model={self.name} (an HF dir or hub id)")
+        for k in ("num_layers", "hidden_size", "num_experts", "top_k"):
+            _range(f"model.{k}", getattr(self, k), 1)
+        if self.top_k > self.num_experts:
+            raise ConfigError("model.top_k must be <= model.num_experts")
+
+
+@dataclass
+class TaskConfig:
+    name: str = "toy_add"
+    kind: str = "toy"  # toy | dapo_math | gsm8k | jsonl
+    path: str | None = None  # jsonl / local file for dapo_math
+    digits: int = 3  # toy difficulty: digits per operand
+    template: str = "plain"  # prompt template (sat_cli/tasks/prompts.py) or a literal with {problem}
+    prompts_per_step: int = 32
+    samples_per_prompt: int = 8  # group size G
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    heldout_size: int = 256
+
+    def __post_init__(self) -> None:
+        _choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
+        _range("task.digits", self.digits, 1, 9)
+        _range("task.prompts_per_step", self.prompts_per_step, 1)
+        _range("task.samples_per_prompt", self.samples_per_prompt, 1)
+        _range("task.max_new_tokens", self.max_new_tokens, 1)
+        _range("task.temperature", self.temperature, 0, lo_open=True)
+        _range("task.top_p", self.top_p, 0, 1, lo_open=True)
+        if self.top_k != -1 and self.top_k < 1:
+            raise ConfigError("task.top_k must be -1 (off) or >= 1")
+        _range("task.heldout_size", self.heldout_size, 1)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"  # policy-loss family, see sat_cli/rl/registry.py
+    correction: str = "none"  # mismatch correction: none | tis | mis | icepop
+    eps_low: float = 0.2  # nominal PPO clip radii (the clip schedule scales them over steps)
+    eps_high: float = 0.2
+    dual_clip_c: float | None = None  # > 1 to cap the loss of A<0 tokens
+    loss_agg: str = "token-mean"
+    adv_std_norm: bool = True  # false: Dr.GRPO (no std division)
+    drop_zero_adv_groups: bool = False
+    ratio_denominator: str = "rollout"  # rollout (paper) | recompute
+    num_minibatches: int = 1  # optimizer steps per rollout batch (paper: 1)
+    kl_coef: float = 0.0  # low_var_kl (k3) against the reference policy
+    tis_cap: float = 2.0
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    dppo_delta: float = 1e-3
+    m2po_tau: float = 0.04
+
+    def __post_init__(self) -> None:
+        _choice("algo.name", self.name, ALGOS)
+        _choice("algo.correction", self.correction, CORRECTIONS)
+        _range("algo.eps_low", self.eps_low, 0, 1, lo_open=True, hi_open=True)
+        _range("algo.eps_high", self.eps_high, 0, 1, lo_open=True, hi_open=True)
+        if self.dual_clip_c is not None:
+            _range("algo.dual_clip_c", self.dual_clip_c, 1, lo_open=True)
+        _choice("algo.loss_agg", self.loss_agg, LOSS_AGGS)
+        _choice("algo.ratio_denominator", self.ratio_denominator, DENOMINATORS)
+        _range("algo.num_minibatches", self.num_minibatches, 1)
+        _range("algo.kl_coef", self.kl_coef, 0)
+        _range("algo.tis_cap", self.tis_cap, 0, lo_open=True)
+        if not 0 < self.icepop_low < self.icepop_high:
+            raise ConfigError("need 0 < algo.icepop_low < algo.icepop_high")
+        _range("algo.dppo_delta", self.dppo_delta, 0, lo_open=True)
+        _range("algo.m2po_tau", self.m2po_tau, 0, lo_open=True)
+
+
+@dataclass
+class ClipConfig:
+    name: str = "sat"
+    adaptive: bool = True  # SAT: staleness-adaptive interval (ALGORITHMS.md §4)
+    quantile: float = 0.9  # alpha of the batch reference q
+    exponent: float = 2.0  # Hill kernel exponent p
+    anchor: str = "q"  # q (paper) | min_q_eps (beyond the paper: bites when the whole batch is stale)
+    schedule: str = "constant"  # schedule of the nominal radii over steps
+    final_scale: float = 1.0  # radii at max_steps = eps * final_scale (linear/cosine)
+
+    def __post_init__(self) -> None:
+        _range("clip.quantile", self.quantile, 0, 1, lo_open=True, hi_open=True)
+        _range("clip.exponent", self.exponent, 0, lo_open=True)
+        _choice("clip.anchor", self.anchor, ANCHORS)
+        _choice("clip.schedule", self.schedule, SCHEDULES)
+        _range("clip.final_scale", self.final_scale, 0, 1, lo_open=True)
+
+
+@dataclass
+class LagConfig:
+    n: int = 1  # staleness bound / weight-push interval (ALGORITHMS.md §7); 0 = synchronous
+    mode: str = "interval"  # interval (paper, slime) | fixed | bounded (AReaL-style)
+    inflight_updates: bool = False  # bounded mode: update weights mid-generation
+
+    def __post_init__(self) -> None:
+        _range("lag.n", self.n, 0)
+        _choice("lag.mode", self.mode, LAG_MODES)
+
+
+@dataclass
+class EngineConfig:
+    name: str = "local"
+    dtype: str = "float32"  # bfloat16 reproduces engine/trainer numeric mismatch on CPU
+    num_threads: int = 1  # torch threads of the local engine process
+    host: str = "127.0.0.1"
+    python: str = "python"  # sglang: interpreter of the SGLang environment
+    launch_prefix: list[str] = field(default_factory=list)  # sglang: full launch command prefix
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    num_servers: int = 1
+    use_router: bool = False
+    mem_fraction_static: float | None = None
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 600.0
+    concurrency: int = 64
+    restart_on_failure: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("engine.name", self.name, ENGINES)
+        _choice("engine.dtype", self.dtype, DTYPES)
+        for k in ("num_threads", "tp", "dp", "ep", "num_servers", "concurrency"):
+            _range(f"engine.{k}", getattr(self, k), 1)
+        if self.mem_fraction_static is not None:
+            _range("engine.mem_fraction_static", self.mem_fraction_static, 0, 1, lo_open=True)
+        _range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
+
+
+@dataclass
+class TrainerConfig:
+    name: str = "local"
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # the paper's Adam betas
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    num_threads: int = 1
+    # megatron: torchrun layout and model parallel sizes
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0 = pick a free port
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        _choice("trainer.name", self.name, TRAINERS)
+        _range("trainer.lr", self.lr, 0, lo_open=True)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("trainer.betas must be two numbers in [0, 1)")
+        _range("trainer.weight_decay", self.weight_decay, 0)
+        _range("trainer.grad_clip", self.grad_clip, 0)
+        for k in ("num_threads", "nproc_per_node", "nnodes", "tp", "ep", "pp", "cp"):
+            _range(f"trainer.{k}", getattr(self, k), 1)
+
+
+@dataclass
+class EvalConfig:
+    name: str = "toy"
+    benchmark: str = "toy"  # toy | aime24 | aime25 | math500 | gsm8k | jsonl
+    path: str | None = None  # eval=jsonl: the file
+    every: int = 10  # in-training evaluation period in steps (0 = off)
+    at_start: bool = True  # evaluate the initial model too
+    n: int = 8  # samples per problem (avg@n, pass@k for k <= n)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 16
+    template: str = "plain"
+    limit: int | None = None  # evaluate only the first N problems
+    batch_size: int = 64  # prompts per engine request
+    grader_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _range("eval.every", self.every, 0)
+        _range("eval.n", self.n, 1)
+        _range("eval.temperature", self.temperature, 0, lo_open=True)
+        _range("eval.top_p", self.top_p, 0, 1, lo_open=True)
+        _range("eval.max_new_tokens", self.max_new_tokens, 1)
+        if self.limit is not None:
+            _range("eval.limit", self.limit, 1)
+        _range("eval.batch_size", self.batch_size, 1)
+        if self.benchmark == "jsonl" and not self.path:
+            raise ConfigError("eval=jsonl needs eval.path=<file.jsonl>")
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = "mlflow"
+    uri: str = "sqlite:///${run.dir}/mlflow.db"
+    histogram_every: int = 10
+
+    def __post_init__(self) -> None:
+        _choice("tracking.backend", self.backend, TRACKING_BACKENDS)
+        _range("tracking.histogram_every", self.histogram_every, 1)
+
+
+@dataclass
+class RunConfig:
+    name: str | None = None  # default: <algo>-<clip>-lag<n>-r3<bool>-s<seed>-<time>
+    dir: str = "runs"
+    experiment: str = "sat"
+
+    def __post_init__(self) -> None:
+        for key, value in (("run.name", self.name), ("run.experiment", self.experiment)):
+            if value is None:
+                continue
+            if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
+                raise ConfigError(
+                    f"{key}={value!r} is not a safe name: no path separators, '.' or '..'"
+                )
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 25  # steps between checkpoints (0 = only at the end)
+    keep: int = 2  # most recent checkpoints kept
+
+    def __post_init__(self) -> None:
+        _range("checkpoint.every", self.every, 0)
+        _range("checkpoint.keep", self.keep, 1)
+
+
+@dataclass
+class DataConfig:
+    dir: str | None = None  # benchmark data directory; falls back to $SAT_DATA_DIR
+
+
+@dataclass
+class SatConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    lag: LagConfig = field(default_factory=LagConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    r3: bool = False  # rollout routing replay (MoE): record routes at rollout, replay in training
+    seed: int = 0
+    max_steps: int = 150
+    resume: str | None = None  # auto | <run dir>: continue from the last complete checkpoint
+    ckpt: str | None = None  # sat eval: a training checkpoint dir to evaluate
+
+    def __post_init__(self) -> None:
+        _range("max_steps", self.max_steps, 1)
+        _range("seed", self.seed, 0)
+        if self.r3 and self.model.num_experts <= 1:
+            raise ConfigError("r3=true needs a Mixture-of-Experts model")
+
+
+def register() -> None:
+    """Register the schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="sat_schema", node=SatConfig)

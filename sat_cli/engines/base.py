@@ -1,0 +1,70 @@
+"""The rollout-engine interface shared by the local engine and SGLang.
+
+A sample is exactly what the trainer needs from the engine: the token ids, the per-token
+log-probs of the distribution the engine actually sampled from (``rollout_logp``, the behaviour
+policy ``mu`` of ALGORITHMS.md §1), the finish reason, the weight version that produced it and,
+with R3 on, the routed expert indices in SGLang's layout ``[prompt_len + response_len - 1,
+num_layers, top_k]`` (int32).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k filter (SGLang's convention)
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None  # engine-side RNG seed for this request (reproducible sampling)
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logp: list[float]  # [response_len], log mu(y_t | ...) as sampled (temperature applied)
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int  # version of the weights that generated the sample (first token)
+    routed_experts: np.ndarray | None = None  # int32 [prompt_len + response_len - 1, L, K]
+    token_versions: list[int] | None = None  # [response_len], only when versions mix in-flight
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.response_ids)
+
+
+class EngineError(RuntimeError):
+    """The rollout engine failed (process died, server unreachable, bad response)."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the training loop needs from a rollout engine.
+
+    ``generate_async`` returns at once; the future resolves to one list of ``n`` samples per
+    prompt, in prompt order. ``update_weights`` loads a published HF checkpoint directory and
+    tags later samples with ``version``; it is applied between requests.
+    """
+
+    def generate_async(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> Future[list[list[Sample]]]: ...
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Sample]]: ...
+
+    def update_weights(self, path: str, version: int) -> None: ...
+
+    def health(self) -> bool: ...
+
+    def close(self) -> None: ...

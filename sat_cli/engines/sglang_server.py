@@ -1,0 +1,369 @@
+"""Launch and supervise SGLang server processes (and `sglang-router`) without importing SGLang.
+
+SGLang pins its own CUDA torch and transformers, so it lives in a separate environment and is
+driven as a subprocess (see docs/sglang.md). This module only builds argument lists and manages
+processes:
+
+- :class:`SGLangServer` runs ``[*launch_prefix, "-m", "sglang.launch_server", "--model-path",
+  ..., "--host", "127.0.0.1", "--port", ...]`` in its own session (``start_new_session=True``,
+  so the server and every process it forks share one process group), with stdout and stderr
+  appended to a log file.
+- :class:`SGLangRouter` runs ``python -m sglang_router.launch_router --worker-urls ...`` in
+  front of several servers.
+- ``wait_ready()`` polls ``GET /health_generate`` (the router: ``GET /health``) until it answers
+  200, and raises :class:`EngineError` quoting the last 40 lines of the log when the process
+  exits first or the startup timeout passes (the process group is stopped before raising).
+- ``stop()`` sends SIGTERM to the whole process group, then SIGKILL after a grace period, and
+  returns only when no live process of the group is left.
+
+The launch prefix is anything that ends in a Python interpreter: ``["/opt/sglang-env/bin/python"]``
+or a container command such as ``["docker", "run", "--gpus", "all", ..., "python"]``. Tests use a
+loopback stand-in speaking SGLang's wire format (``tests/sglang_standin.py``) as the prefix.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sat_cli.engines.base import EngineError
+
+LOG_TAIL_LINES = 40
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a race is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def tail_lines(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
+    """The last ``n`` lines of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            lines = deque(f, maxlen=n)
+    except FileNotFoundError:
+        return ""
+    return b"".join(lines).decode("utf-8", errors="replace")
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs of the processes in process group ``pgid`` that are not zombies (Linux /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # the process went away while we looked
+            continue
+        # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces/parens.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+def http_get_status(host: str, port: int, path: str, timeout_s: float) -> int | None:
+    """Status code of ``GET path``, or None when the server cannot be reached."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+class ManagedProcess:
+    """A server subprocess in its own process group, logging to a file, with a health URL."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int | None,
+        log_path: str | os.PathLike,
+        health_path: str,
+        startup_timeout_s: float,
+        env: Mapping[str, str] | None,
+    ) -> None:
+        if host != "127.0.0.1":
+            # Servers are loopback-only in this project; several nodes go through the router.
+            raise ValueError(f"{self.name} must bind 127.0.0.1, got host={host!r}")
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.log_path = Path(log_path)
+        self.health_path = health_path
+        self.startup_timeout_s = startup_timeout_s
+        self.env = dict(env) if env is not None else None
+        self._proc: subprocess.Popen | None = None
+
+    # -- to be provided by subclasses -------------------------------------------------------
+    @property
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        # start_new_session=True makes the child a session and group leader: pgid == pid.
+        return self.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def start(self) -> ManagedProcess:
+        if self.alive():
+            raise EngineError(f"{self.name} at {self.url} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = None
+        if self.env is not None:
+            env = {**os.environ, **self.env}
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== sat: starting {self.name}: {self.command}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        return tail_lines(self.log_path, n)
+
+    def failure_message(self, what: str) -> str:
+        tail = self.log_tail()
+        return (
+            f"{self.name} at {self.url} {what}; log: {self.log_path}\n"
+            f"--- last {LOG_TAIL_LINES} lines of the log ---\n{tail}"
+        )
+
+    def wait_ready(self, timeout_s: float | None = None, poll_s: float = 0.5) -> None:
+        """Block until ``GET health_path`` answers 200; raise EngineError on exit or timeout."""
+        if self._proc is None:
+            raise EngineError(f"{self.name} was never started")
+        timeout_s = self.startup_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.returncode
+            if code is not None:
+                raise EngineError(self.failure_message(f"exited with code {code} before ready"))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                message = self.failure_message(f"was not healthy after {timeout_s:.0f} s")
+                self.stop()
+                raise EngineError(message)
+            status = http_get_status(
+                self.host, self.port, self.health_path, timeout_s=min(max(remaining, 0.1), 30.0)
+            )
+            if status == 200:
+                return
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``; return when none is left."""
+        if self._proc is None:
+            return
+        pgid = self.pgid
+        if self._proc.poll() is not None and not live_group_members(pgid):
+            return  # already stopped (or died with its whole group)
+        self._signal_group(pgid, signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children of the leader may outlive it (or ignore SIGTERM): wait for the group too.
+        deadline = time.monotonic() + grace_s
+        while live_group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if live_group_members(pgid):
+            self._signal_group(pgid, signal.SIGKILL)
+        self._proc.wait()
+        deadline = time.monotonic() + 5.0
+        while live_group_members(pgid):
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"{self.name}: processes {live_group_members(pgid)} of group {pgid} "
+                    "survived SIGKILL"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class SGLangServer(ManagedProcess):
+    """One ``sglang.launch_server`` process (one GPU group: set CUDA_VISIBLE_DEVICES via env)."""
+
+    name = "SGLang server"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        python: str = "python",
+        launch_prefix: Sequence[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        tp: int = 1,
+        dp: int = 1,
+        ep: int = 1,
+        mem_fraction_static: float | None = None,
+        enable_return_routed_experts: bool = False,
+        weight_version: int | None = 0,
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike,
+        startup_timeout_s: float = 600.0,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/health_generate",
+    ) -> None:
+        super().__init__(
+            host=host,
+            port=port,
+            log_path=log_path,
+            health_path=health_path,
+            startup_timeout_s=startup_timeout_s,
+            env=env,
+        )
+        for key, value in (("tp", tp), ("dp", dp), ("ep", ep)):
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+        if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
+        self.model_path = str(model_path)
+        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.tp, self.dp, self.ep = tp, dp, ep
+        self.mem_fraction_static = mem_fraction_static
+        self.enable_return_routed_experts = enable_return_routed_experts
+        self.weight_version = weight_version
+        self.extra_args = list(extra_args)
+
+    @property
+    def command(self) -> list[str]:
+        # Flag names as declared in sglang/srt/server_args.py (ServerArgs.add_cli_args):
+        # --model-path, --host, --port, --tp-size, --dp-size, --ep-size, --mem-fraction-static,
+        # --enable-return-routed-experts, --weight-version (the string reported back in
+        # meta_info["weight_version"] until /update_weights_from_disk sets another).
+        cmd = [
+            *self.launch_prefix,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--tp-size",
+            str(self.tp),
+            "--dp-size",
+            str(self.dp),
+            "--ep-size",
+            str(self.ep),
+        ]
+        if self.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        if self.enable_return_routed_experts:
+            cmd.append("--enable-return-routed-experts")
+        if self.weight_version is not None:
+            cmd += ["--weight-version", str(self.weight_version)]
+        return cmd + self.extra_args
+
+
+class SGLangRouter(ManagedProcess):
+    """``sglang_router.launch_router`` in front of several SGLang servers (generation only).
+
+    Weight updates and pause/continue must reach every worker, so the engine sends those to the
+    worker URLs directly, and only ``/generate`` goes through the router.
+    """
+
+    name = "sglang-router"
+
+    def __init__(
+        self,
+        worker_urls: Sequence[str],
+        *,
+        python: str = "python",
+        launch_prefix: Sequence[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: str = "round_robin",
+        extra_args: Sequence[str] = (),
+        log_path: str | os.PathLike,
+        startup_timeout_s: float = 120.0,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/health",
+    ) -> None:
+        super().__init__(
+            host=host,
+            port=port,
+            log_path=log_path,
+            health_path=health_path,
+            startup_timeout_s=startup_timeout_s,
+            env=env,
+        )
+        if not worker_urls:
+            raise ValueError("the router needs at least one worker URL")
+        self.worker_urls = list(worker_urls)
+        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.policy = policy
+        self.extra_args = list(extra_args)
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            *self.launch_prefix,
+            "-m",
+            "sglang_router.launch_router",
+            "--worker-urls",
+            *self.worker_urls,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--policy",
+            self.policy,
+            *self.extra_args,
+        ]

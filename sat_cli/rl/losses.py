@@ -71,6 +71,15 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, n_active: int, agg: s
     raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGGS)}")
 
 
+def clipped_surrogate(ratio, adv, lower, upper, dual_clip_c=None) -> torch.Tensor:
+    """Per-token ``S = min(r A, clip(r, lower, upper) A)`` (bounds: Python floats or ``[B, T]``),
+    then ``S = max(S, c A)`` where ``A < 0`` if ``dual_clip_c`` is set."""
+    surr = torch.minimum(ratio * adv, torch.clamp(ratio, lower, upper) * adv)  # [B, T]
+    if dual_clip_c is not None:
+        surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
+    return surr
+
+
 def policy_loss(
     logp: torch.Tensor,
     denom_logp: torch.Tensor,
@@ -152,12 +161,9 @@ def policy_loss(
             anchor=anchor,
         )
     if lower is None:
-        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)  # [B, T]
+        surr = clipped_surrogate(ratio, adv, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c)
     else:
-        clipped = torch.clamp(ratio, lower, upper)  # [B, T]
-    surr = torch.minimum(ratio * adv, clipped * adv)  # [B, T]
-    if dual_clip_c is not None:
-        surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
+        surr = clipped_surrogate(ratio, adv, lower, upper, dual_clip_c)  # [B, T]
     if token_weights is not None:
         surr = surr * torch.where(mask, token_weights.detach(), 0.0)
     surr = torch.where(mask, surr, 0.0)  # [B, T]

@@ -78,6 +78,7 @@ class StandinState:
         self.resumed = threading.Event()
         self.resumed.set()
         self.generated: list[dict] = []  # every /generate item sent, in order
+        self.routed_by_id: dict[str, list[int]] = {}  # meta_info id -> routed experts encoded
 
     def record(self, path: str, payload: object) -> None:
         with self.lock:
@@ -117,6 +118,8 @@ class StandinState:
                 for _ in range(layers):
                     flat.extend(rng.sample(range(experts), k))
             meta["routed_experts"] = encode_int32(flat)
+            with self.lock:
+                self.routed_by_id[meta["id"]] = flat
         return {
             "text": "".join(chr(33 + t % 90) for t in tokens),
             "output_ids": tokens,
@@ -281,7 +284,9 @@ class Standin:
             weight_version=weight_version,
         )
         self.server = make_server(self.state, "127.0.0.1", port)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -1,0 +1,247 @@
+"""The SGLang client and engine over real HTTP, against the loopback stand-in (tests/sglang_standin.py).
+
+The stand-in speaks SGLang's wire format with deterministic fake outputs and records what it
+received, so these tests check what goes over the wire (batches, seeds, versions) and that what
+comes back is decoded exactly (token ids, log-probs, routed experts bit for bit).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from sglang_standin import Standin
+
+from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
+from sat_cli.engines.sglang import SGLangClient, SGLangEngine
+from sat_cli.engines.sglang_server import free_port
+
+DIMS = {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 4, "vocab_size": 50}
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(DIMS))
+    return d
+
+
+@pytest.fixture
+def standin(model_dir):
+    with Standin(str(model_dir)) as s:
+        yield s
+
+
+def make_engine(model_dir, urls, **kw):
+    kw.setdefault("retries", 0)
+    return SGLangEngine(model_dir, urls=urls, **kw)
+
+
+def test_is_a_rollout_engine(model_dir, standin):
+    with make_engine(model_dir, [standin.url]) as engine:
+        assert isinstance(engine, RolloutEngine)
+
+
+def test_batched_generate_keeps_order_and_round_trips_routed_experts(model_dir, standin):
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=5, seed=100)
+    with make_engine(model_dir, [standin.url], r3=True, max_batch_size=4) as engine:
+        samples = engine.generate(prompts, n=3, sampling=sampling)
+
+    # 9 entries in batches of 4 -> 3 /generate requests of 4, 4 and 1 entries.
+    calls = sorted(
+        standin.calls("/generate"), key=lambda c: c["sampling_params"][0]["sampling_seed"]
+    )
+    assert [len(c["input_ids"]) for c in calls] == [4, 4, 1]
+    sent = [ids for c in calls for ids in c["input_ids"]]
+    assert sent == [[1, 2, 3]] * 3 + [[4, 5]] * 3 + [[6]] * 3  # prompt-major repetition
+    seeds = [sp["sampling_seed"] for c in calls for sp in c["sampling_params"]]
+    assert seeds == list(range(100, 109))
+    assert all(c["return_logprob"] and c["logprob_start_len"] == -1 for c in calls)
+    assert all(c["return_routed_experts"] is True for c in calls)
+    assert calls[0]["sampling_params"][0]["temperature"] == 0.8
+
+    sent_items = {item["meta_info"]["id"]: item for item in standin.state.generated}
+    assert [len(group) for group in samples] == [3, 3, 3]
+    for prompt, group in zip(prompts, samples, strict=True):
+        for s in group:
+            item = sent_items[s.meta["sglang_id"]]
+            assert s.prompt_ids == prompt
+            assert s.response_ids == item["output_ids"]
+            assert s.rollout_logp == [lp for lp, _, _ in item["meta_info"]["output_token_logprobs"]]
+            assert s.weight_version == 0
+            assert s.finish_reason == "length"
+            # Routed experts: exactly the int32 values the server encoded, in [T-1, L, K].
+            t = len(prompt) + len(s.response_ids) - 1
+            assert s.routed_experts.shape == (t, 2, 2)
+            assert (
+                s.routed_experts.reshape(-1).tolist()
+                == standin.state.routed_by_id[item["meta_info"]["id"]]
+            )
+
+
+def test_stop_token_ends_sample_with_stop(model_dir, standin):
+    # Stop on every token id: each sample ends after its first token with finish "stop".
+    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=tuple(range(50)), seed=1)
+    with make_engine(model_dir, [standin.url]) as engine:
+        (group,) = engine.generate([[1, 2]], n=2, sampling=sampling)
+    assert [s.finish_reason for s in group] == ["stop", "stop"]
+    assert [len(s.response_ids) for s in group] == [1, 1]
+    assert standin.calls("/generate")[0]["sampling_params"][0]["stop_token_ids"] == list(range(50))
+
+
+def test_generate_async_returns_a_future(model_dir, standin):
+    sampling = SamplingParams(max_new_tokens=3, seed=5)
+    with make_engine(model_dir, [standin.url]) as engine:
+        future = engine.generate_async([[1], [2]], 2, sampling)
+        result = future.result(timeout=30)
+        again = engine.generate([[1], [2]], 2, sampling)
+    # Same seeds, same (stand-in) weights -> same tokens.
+    assert [[s.response_ids for s in g] for g in result] == [
+        [s.response_ids for s in g] for g in again
+    ]
+
+
+def test_update_weights_sends_version_and_tags_later_samples(model_dir, standin, tmp_path):
+    weights = tmp_path / "weights" / "v5"
+    weights.mkdir(parents=True)
+    with make_engine(model_dir, [standin.url]) as engine:
+        engine.update_weights(str(weights), 5)
+        assert engine.version == 5
+        (group,) = engine.generate([[1, 2]], 2, SamplingParams(max_new_tokens=2))
+        with pytest.raises(ValueError, match="backwards"):
+            engine.update_weights(str(weights), 4)
+        with pytest.raises(EngineError, match="does not exist"):
+            engine.update_weights(str(tmp_path / "missing"), 6)
+    assert standin.calls("/update_weights_from_disk") == [
+        {"model_path": str(weights), "weight_version": "5", "flush_cache": True}
+    ]
+    assert [s.weight_version for s in group] == [5, 5]
+
+
+def test_version_not_set_by_engine_is_an_error(model_dir, standin):
+    standin.configure(report_version="9")
+    with make_engine(model_dir, [standin.url]) as engine:
+        with pytest.raises(EngineError, match="weight_version 9 but this engine set versions 0..0"):
+            engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
+
+
+def test_http_500_is_an_engine_error_with_body_and_no_retry(model_dir, standin):
+    standin.configure(status_code=500)
+    with make_engine(model_dir, [standin.url], retries=3, backoff_s=0.01) as engine:
+        with pytest.raises(EngineError, match=r"HTTP 500: .*stand-in failure"):
+            engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
+    assert len(standin.calls("/generate")) == 1
+
+
+def test_read_timeout_is_an_engine_error(model_dir, standin):
+    standin.configure(delay_s=3.0)
+    with make_engine(model_dir, [standin.url], request_timeout_s=0.5) as engine:
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match="no answer within 0.5 s"):
+            engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
+        assert time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.parametrize(
+    "malformed, message",
+    [
+        ("not_json", "malformed JSON"),
+        ("wrong_count", "answered 1 items for a batch of 2"),
+        ("bad_routed_size", "not divisible by num_layers"),
+        ("bad_routed_rows", "expected prompt_len \\+ completion_len - 1"),
+        ("no_logprobs", "lacks output_token_logprobs"),
+        ("version_text", "'default' is not an integer"),
+        ("logprob_ids", "disagree"),
+    ],
+)
+def test_malformed_answers_are_engine_errors(model_dir, standin, malformed, message):
+    standin.configure(malformed=malformed)
+    with make_engine(model_dir, [standin.url], r3=True) as engine:
+        with pytest.raises(EngineError, match=message):
+            engine.generate([[1, 2]], 2, SamplingParams(max_new_tokens=3))
+
+
+def test_r3_without_server_support_fails_loudly(model_dir):
+    with Standin(str(model_dir), routed_experts_enabled=False) as s:
+        with make_engine(model_dir, [s.url], r3=True) as engine:
+            with pytest.raises(EngineError, match="no routed_experts"):
+                engine.generate([[1, 2]], 1, SamplingParams(max_new_tokens=3))
+
+
+def test_aborted_entries_come_back_as_abort_samples(model_dir, standin):
+    standin.configure(abort_entries=[1])
+    with make_engine(model_dir, [standin.url], r3=True) as engine:
+        (group,) = engine.generate([[1, 2]], 3, SamplingParams(max_new_tokens=3))
+    assert [s.finish_reason for s in group] == ["length", "abort", "length"]
+    assert group[1].routed_experts is None and group[0].routed_experts is not None
+
+
+def test_connection_refused_is_retried_then_fails(model_dir):
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens here
+    client = SGLangClient(url, retries=2, backoff_s=0.01)
+    with pytest.raises(EngineError, match="after 3 attempts .*ConnectionRefusedError"):
+        client.post_json("/generate", {"input_ids": [[1]]})
+    client.close()
+
+
+def test_round_robin_over_servers_and_updates_reach_all(model_dir, tmp_path):
+    weights = tmp_path / "v1"
+    weights.mkdir()
+    with Standin(str(model_dir)) as a, Standin(str(model_dir)) as b:
+        with make_engine(model_dir, [a.url, b.url], max_batch_size=1) as engine:
+            engine.generate([[1], [2], [3], [4]], 1, SamplingParams(max_new_tokens=2))
+            engine.update_weights(str(weights), 1)
+            engine.flush_cache()
+        assert len(a.calls("/generate")) == 2 and len(b.calls("/generate")) == 2
+        for s in (a, b):
+            assert s.calls("/update_weights_from_disk")[0]["weight_version"] == "1"
+            assert len(s.calls("/flush_cache")) == 1
+
+
+def test_pause_holds_requests_until_resume(model_dir, standin):
+    with make_engine(model_dir, [standin.url]) as engine:
+        engine.pause()
+        future = engine.generate_async([[1]], 1, SamplingParams(max_new_tokens=2))
+        time.sleep(0.5)
+        assert not future.done()
+        engine.resume()
+        (group,) = future.result(timeout=30)
+    assert group[0].finish_reason == "length"
+    assert standin.calls("/pause_generation") == [{"mode": "retract"}]
+    assert standin.calls("/continue_generation") == [{}]
+
+
+def test_health(model_dir, standin):
+    with make_engine(model_dir, [standin.url]) as engine:
+        assert engine.health()
+        standin.configure(healthy=False)
+        assert not engine.health()
+    assert not engine.health()  # closed
+
+
+def test_abort_inflight_fails_blocked_calls_at_once(standin):
+    # The watchdog's mechanism: a dead server is reported to calls blocked on a read.
+    standin.configure(delay_s=5.0)
+    client = SGLangClient(standin.url, retries=0)
+    client.abort_reason = lambda: "SGLang server died; log: /x/sglang_0.log"
+    errors = []
+
+    def call():
+        try:
+            client.post_json("/generate", {"input_ids": [[1]]})
+        except EngineError as e:
+            errors.append(str(e))
+
+    thread = threading.Thread(target=call)
+    t0 = time.monotonic()
+    thread.start()
+    time.sleep(0.3)
+    client.abort_inflight()
+    thread.join(timeout=5)
+    assert time.monotonic() - t0 < 2.0
+    assert errors == ["SGLang server died; log: /x/sglang_0.log"]
+    client.close()

@@ -1,0 +1,188 @@
+"""Process supervision with real subprocesses: startup, crash detection, clean shutdown, restart.
+
+The "server command" is the loopback stand-in (tests/sglang_standin.py) run by this venv's
+Python in place of ``python -m sglang.launch_server``: it takes the same flags, ignores the ones
+it does not know, and has ``--standin-*`` flags to misbehave (never healthy, exit at startup,
+spawn a child like SGLang's scheduler, ignore SIGTERM).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.engines.sglang import SGLangEngine
+from sat_cli.engines.sglang_server import SGLangRouter, SGLangServer, live_group_members
+
+STANDIN = Path(__file__).resolve().parent / "sglang_standin.py"
+PREFIX = [sys.executable, str(STANDIN)]
+DIMS = {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 4, "vocab_size": 50}
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(DIMS))
+    return d
+
+
+def make_server(model_dir, tmp_path, *extra, name="s0", timeout=30.0, **kw):
+    return SGLangServer(
+        model_dir,
+        launch_prefix=PREFIX,
+        extra_args=list(extra),
+        log_path=tmp_path / "logs" / f"{name}.log",
+        startup_timeout_s=timeout,
+        **kw,
+    )
+
+
+def post(url: str, path: str, payload) -> dict:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request(
+        "POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"}
+    )
+    answer = json.loads(conn.getresponse().read())
+    conn.close()
+    return answer
+
+
+def get(url: str, path: str) -> dict:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path)
+    answer = json.loads(conn.getresponse().read())
+    conn.close()
+    return answer
+
+
+def test_start_ready_and_clean_shutdown_leaves_no_process(model_dir, tmp_path):
+    server = make_server(model_dir, tmp_path, "--standin-spawn-child", weight_version=0)
+    server.start()
+    try:
+        server.wait_ready()
+        assert server.alive()
+        pgid = server.pgid
+        assert len(live_group_members(pgid)) == 2  # the server and its child
+        assert get(server.url, "/get_weight_version") == {"weight_version": "0"}
+    finally:
+        server.stop()
+    assert live_group_members(pgid) == []
+    assert not server.alive()
+    assert "standin: starting as sglang.launch_server" in server.log_tail()
+
+
+def test_startup_timeout_quotes_the_log_and_stops_the_group(model_dir, tmp_path):
+    server = make_server(model_dir, tmp_path, "--standin-never-healthy", timeout=2.0)
+    server.start()
+    pgid = server.pgid
+    with pytest.raises(EngineError) as err:
+        server.wait_ready()
+    message = str(err.value)
+    assert "was not healthy after 2 s" in message
+    assert str(server.log_path) in message
+    assert "standin: serving on" in message  # a line quoted from the log
+    assert live_group_members(pgid) == []
+
+
+def test_exit_before_ready_reports_code_and_log(model_dir, tmp_path):
+    server = make_server(model_dir, tmp_path, "--standin-exit-code", "3")
+    server.start()
+    with pytest.raises(
+        EngineError, match=r"exited with code 3 before ready(.|\n)*simulated startup"
+    ):
+        server.wait_ready()
+    server.stop()
+
+
+def test_sigterm_ignored_escalates_to_sigkill(model_dir, tmp_path):
+    server = make_server(model_dir, tmp_path, "--standin-spawn-child", "--standin-ignore-sigterm")
+    server.start()
+    server.wait_ready()
+    pgid = server.pgid
+    t0 = time.monotonic()
+    server.stop(grace_s=0.5)
+    assert live_group_members(pgid) == []
+    assert server.returncode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_crash_is_detected_and_in_flight_requests_fail_naming_the_log(model_dir, tmp_path):
+    server = make_server(model_dir, tmp_path, "--standin-spawn-child")
+    engine = SGLangEngine(model_dir, servers=[server], watchdog_s=0.2, retries=1, backoff_s=0.05)
+    try:
+        pgid = server.pgid
+        post(server.url, "/standin/configure", {"delay_s": 30.0})
+        future = engine.generate_async([[1, 2]], 2, SamplingParams(max_new_tokens=4))
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(server.pid, signal.SIGKILL)
+        with pytest.raises(EngineError) as err:
+            future.result(timeout=10)
+        assert time.monotonic() - t0 < 5.0
+        assert "died (exit code -9)" in str(err.value)
+        assert str(server.log_path) in str(err.value)
+        assert not engine.health()
+        with pytest.raises(EngineError, match="died"):
+            engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
+        assert live_group_members(pgid)  # the orphaned child is still around ...
+    finally:
+        engine.close()
+    assert live_group_members(pgid) == []  # ... until close() stops the whole group
+
+
+def test_restart_on_failure_reloads_the_last_weights(model_dir, tmp_path):
+    weights = tmp_path / "weights" / "v2"
+    weights.mkdir(parents=True)
+    server = make_server(model_dir, tmp_path)
+    engine = SGLangEngine(
+        model_dir, servers=[server], watchdog_s=0.2, restart_on_failure=True, retries=0
+    )
+    try:
+        engine.update_weights(str(weights), 2)
+        first_pid = server.pid
+        os.kill(first_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not (server.pid != first_pid and engine.health()):
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.2)
+        (group,) = engine.generate([[1, 2]], 2, SamplingParams(max_new_tokens=3))
+        # The new process started at --weight-version 0; the engine pushed v2 again.
+        assert [s.weight_version for s in group] == [2, 2]
+        assert get(server.url, "/get_weight_version") == {"weight_version": "2"}
+    finally:
+        engine.close()
+
+
+def test_router_gets_generate_and_workers_get_weight_updates(model_dir, tmp_path):
+    # The stand-in also plays sglang_router.launch_router (it answers /generate itself).
+    weights = tmp_path / "v1"
+    weights.mkdir()
+    workers = [make_server(model_dir, tmp_path, name=f"w{i}") for i in range(2)]
+    router = SGLangRouter(
+        [w.url for w in workers],
+        launch_prefix=PREFIX,
+        extra_args=["--weight-version", "0"],  # for the stand-in; the real router has none
+        log_path=tmp_path / "logs" / "router.log",
+    )
+    engine = SGLangEngine(model_dir, servers=workers, router=router, retries=0)
+    try:
+        engine.generate([[1], [2]], 1, SamplingParams(max_new_tokens=2))
+        engine.update_weights(str(weights), 1)
+        calls = {p.url: get(p.url, "/standin/calls") for p in (router, *workers)}
+    finally:
+        engine.close()
+    assert [path for path, _ in calls[router.url]] == ["/generate"]
+    for w in workers:
+        assert [path for path, _ in calls[w.url]] == ["/update_weights_from_disk"]
+    assert "sglang_router.launch_router" in router.log_tail()

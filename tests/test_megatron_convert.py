@@ -68,9 +68,10 @@ def test_token_logprobs_with_temperature_match_hf(megatron_dist, tiny_dir, hf_mo
     model = _mg_model(tiny_dir).eval()
     ids, pos = _batch(1)
     with torch.no_grad():
-        got = runtime.token_logprobs(model, ids, pos, temperature=0.7)  # [B, S-1]
+        got, _ = runtime.token_logprobs(model, ids, pos, temperature=0.7)  # [B, S]
         ref_logits = hf_model(ids).logits[:, :-1] / 0.7
         ref = torch.log_softmax(ref_logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        ref = torch.cat([torch.zeros(B, 1), ref], dim=1)  # column 0 scores nothing
         # labels= path of GPTModel returns cross-entropy at temperature 1: check it too
         ce = model(ids, pos, runtime.causal_mask(B, S, ids.device), labels=torch.roll(ids, -1, 1))
         ref1 = torch.log_softmax(hf_model(ids).logits[:, :-1], -1).gather(-1, ids[:, 1:, None])

@@ -133,11 +133,14 @@ def build_gpt_model(
     ep: int = 1,
     cp: int = 1,
     routing_replay: bool = False,
+    clear_replay_registry: bool = True,
 ):
     """A megatron-core ``GPTModel`` (uninitialised weights) shaped like the HF model.
 
     ``parallel_state.initialize_model_parallel`` must have been called with the same sizes, and
-    on CPU ``cpu_shims.apply_cpu_shims()`` before this.
+    on CPU ``cpu_shims.apply_cpu_shims()`` before this. With ``routing_replay`` the global
+    RouterReplay registry is emptied first unless ``clear_replay_registry=False`` (used for a
+    second replay-enabled model, the KL reference, whose routers then follow the actor's).
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -146,7 +149,7 @@ def build_gpt_model(
     config = transformer_config(
         hf_config, dtype=dtype, tp=tp, pp=pp, ep=ep, cp=cp, routing_replay=routing_replay
     )
-    if routing_replay:
+    if routing_replay and clear_replay_registry:
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         # RouterReplay keeps every router it ever saw in a class-level list; a model built

@@ -62,33 +62,55 @@ def init_distributed(
         model_parallel_cuda_manual_seed(0)
 
 
-def causal_mask(batch: int, seq: int, device) -> torch.Tensor:
-    """Bool mask ``[B, 1, S, S]``, True = masked (future positions)."""
+def causal_mask(
+    batch: int, seq: int, device, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Bool mask ``[B, 1, S, S]``, True = masked: future positions, and padding keys when
+    ``key_valid [B, S]`` (1 on real tokens) is given, which matches HF's padding mask."""
     mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=device), diagonal=1)
-    return mask.view(1, 1, seq, seq).expand(batch, 1, seq, seq)
+    mask = mask.view(1, 1, seq, seq).expand(batch, 1, seq, seq)
+    if key_valid is not None:
+        mask = mask | ~key_valid.bool().to(device)[:, None, None, :]
+    return mask
 
 
-def forward_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Logits ``[B, S, V]`` of a megatron GPTModel (causal; padding is handled by the caller).
+def forward_logits(
+    model,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits ``[B, S, V]`` of a megatron GPTModel.
 
-    Right padding needs nothing here: causal attention never lets a real token see a later pad.
-    Left-padded batches must pass ``position_ids`` that start at 0 at the first real token; the
-    pads before it are attended by real tokens unless masked, so left padding is rejected by
-    the worker (it is not produced by the batch builder).
+    ``attention_mask [B, S]`` (1 = real token) masks padding keys, as HF does; with right
+    padding it changes only the (unscored) padding positions, since causal attention never lets
+    a real token see a later pad. Every query keeps at least one key (position 0 is real).
     """
     b, s = input_ids.shape
-    return model(input_ids, position_ids, causal_mask(b, s, input_ids.device))
+    return model(input_ids, position_ids, causal_mask(b, s, input_ids.device, attention_mask))
 
 
 def token_logprobs(
-    model, input_ids: torch.Tensor, position_ids: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
-    """``[B, S-1]``: log p(input_ids[:, t+1] | input_ids[:, :t+1]) at ``temperature``."""
-    logits = forward_logits(model, input_ids, position_ids)[:, :-1].float()  # [B, S-1, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)  # [B, S-1, V]
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+    model,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp, entropy)``, both ``[B, S]`` aligned like ``TrainBatch.rollout_logp``.
+
+    ``logp[b, s] = log_softmax(logits[b, s-1] / T)[input_ids[b, s]]``; ``entropy`` is the
+    (detached) entropy of that distribution; column 0 is 0 in both. Same definition as
+    ``sat_cli.trainers.local.token_logprobs``.
+    """
+    logits = forward_logits(model, input_ids, position_ids, attention_mask)
+    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
+    logsm = torch.log_softmax(z, dim=-1)  # [B, S-1, V]
+    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+    with torch.no_grad():
+        ent = -(logsm.exp() * logsm).sum(-1)  # [B, S-1]
+    zero = lp.new_zeros((lp.shape[0], 1))
+    return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
 
 
 # ----------------------------------------------------------------------------- R3
@@ -119,13 +141,15 @@ def set_replay_routes(routes: torch.Tensor, config, device=None) -> None:
     )
     if device is not None:
         per_layer = [t.to(device) for t in per_layer]
-    if len(RouterReplay.global_router_replay_instances) != len(per_layer):
+    n_inst = len(RouterReplay.global_router_replay_instances)
+    if n_inst == 0 or n_inst % len(per_layer):
         raise R3Error(
-            f"{len(RouterReplay.global_router_replay_instances)} RouterReplay instances for "
-            f"{len(per_layer)} layers: build exactly one model with routing_replay=True"
+            f"{n_inst} RouterReplay instances for {len(per_layer)} layers: build the actor "
+            "(and at most the KL reference after it) with routing_replay=True"
         )
     RouterReplay.clear_global_indices()
-    RouterReplay.set_replay_data(per_layer)
+    # one copy per replay-enabled model (actor, then the KL reference), in registration order
+    RouterReplay.set_replay_data(per_layer * (n_inst // len(per_layer)))
     RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
 

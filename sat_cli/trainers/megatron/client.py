@@ -1,0 +1,373 @@
+"""``MegatronTrainer``: the orchestrator side of the megatron-core trainer (``trainer=megatron``).
+
+It implements ``sat_cli.trainers.base.Trainer`` (``step``, ``logprobs``, ``publish_weights``,
+``save``, ``load``, ``close``, ``step_count``) by launching the worker under torchrun as a
+subprocess and driving it over the channel described in ``protocol.py``:
+
+    [python, -m, torch.distributed.run, --nproc_per_node, N, --nnodes, M,
+     --rdzv-backend, c10d, --rdzv-endpoint, HOST:PORT, --rdzv-id, ID, --max-restarts, 0,
+     --monitor-interval, 0.1, -m, sat_cli.trainers.megatron.worker,
+     --config, WORK/worker_config.json, --reply-fifo, WORK/reply.fifo]
+
+- ``work_dir`` (run-local) holds the config, the reply FIFO and the batch/result safetensors
+  files (deleted after use); ``logs_dir`` gets ``megatron_trainer.log`` (torchrun and worker
+  stdout/stderr).
+- Commands are JSON lines on torchrun's stdin (inherited by the worker); replies come back on
+  the FIFO. While waiting, the client polls torchrun and the worker process every 0.2 s: if
+  either dies, the call raises ``MegatronWorkerError`` with the exit code and the tail of the log
+  within about a second, and the remaining processes are ended (by pid). No call hangs on a
+  dead worker; a healthy but slow step has no time limit.
+- An error inside a command (a bad batch, missing R3 routes) comes back as ``ok: false`` and is
+  raised here (``R3Error`` for routing errors, ``MegatronWorkerError`` otherwise); the worker
+  keeps running.
+
+Trainer hyperparameters are the local trainer's keyword arguments (``lr``, ``betas``,
+``weight_decay``, ``grad_clip``, ``algo``, ``correction``, SAT/clip values, ``loss_agg``,
+``ratio_denominator``, ``kl_coef``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``,
+``loss_kwargs``) plus ``dtype``; they are forwarded to ``MegatronActor`` in the worker.
+Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``, ``nproc_per_node``, ``nnodes``) are passed
+through; the worker currently accepts world size 1 only and says so at start-up.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from sat_cli.trainers.batch import TrainBatch
+
+from . import protocol
+
+LOG_NAME = "megatron_trainer.log"
+
+
+class MegatronWorkerError(RuntimeError):
+    """The megatron worker died, failed to start, or failed a command."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie (a killed worker stays a zombie until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _actor_keys() -> set[str]:
+    from .actor import MegatronActor
+
+    return set(inspect.signature(MegatronActor.__init__).parameters) - {"self", "model_path"}
+
+
+class MegatronTrainer:
+    """Trainer backed by a megatron-core worker under torchrun (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        work_dir: str | os.PathLike,
+        logs_dir: str | os.PathLike | None = None,
+        nproc_per_node: int = 1,
+        nnodes: int = 1,
+        rdzv_endpoint: str | None = None,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+        cp: int = 1,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 600.0,
+        **actor_kwargs,
+    ):
+        unknown = set(actor_kwargs) - _actor_keys()
+        if unknown:
+            raise TypeError(
+                f"MegatronTrainer got unknown trainer options {sorted(unknown)}; "
+                f"valid: {sorted(_actor_keys())}"
+            )
+        from sat_cli.rl import registry
+
+        registry.resolve(
+            actor_kwargs.get("algo", "grpo"),
+            actor_kwargs.get("correction", "none"),
+            actor_kwargs.get("ratio_denominator", "rollout"),
+        )
+        self.step_count = 0
+        self._msg_id = 0
+        self._proc: subprocess.Popen | None = None
+        self._worker_pid: int | None = None
+        self._rfd: int | None = None
+        self._keep_fd: int | None = None
+        self._buf = b""
+        self.work_dir = Path(work_dir).resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir = Path(logs_dir).resolve() if logs_dir else self.work_dir / "logs"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.logs_dir / LOG_NAME
+        (self.work_dir / "io").mkdir(exist_ok=True)
+
+        config = {
+            "protocol": protocol.PROTOCOL_VERSION,
+            "model_path": str(Path(model_path).resolve()),
+            "tp": tp,
+            "pp": pp,
+            "ep": ep,
+            "cp": cp,
+            "actor": actor_kwargs,
+        }
+        config_path = self.work_dir / "worker_config.json"
+        config_path.write_text(json.dumps(config, indent=1))
+
+        fifo = self.work_dir / "reply.fifo"
+        if fifo.exists():
+            fifo.unlink()
+        os.mkfifo(fifo)
+        self._rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        # Our own idle writer keeps the FIFO from signalling EOF before the worker opens it;
+        # worker death is detected from the processes instead.
+        self._keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+
+        endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+        self.command = [
+            python or sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc_per_node),
+            "--nnodes",
+            str(nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            uuid.uuid4().hex[:12],
+            "--max-restarts",
+            "0",
+            "--monitor-interval",
+            "0.1",
+            "-m",
+            "sat_cli.trainers.megatron.worker",
+            "--config",
+            str(config_path),
+            "--reply-fifo",
+            str(fifo),
+        ]
+        run_env = dict(os.environ)
+        project_root = str(Path(__file__).resolve().parents[3])
+        run_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (project_root, run_env.get("PYTHONPATH")) if p
+        )
+        run_env["PYTHONUNBUFFERED"] = "1"
+        run_env.update(env or {})
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=run_env,
+            start_new_session=True,
+        )
+        try:
+            ready = self._read_reply(
+                lambda m: m.get("event") == "ready", "start-up", startup_timeout
+            )
+        except BaseException:
+            self._teardown()
+            raise
+        if not ready.get("ok"):
+            self._teardown()
+            raise MegatronWorkerError(
+                f"megatron worker failed to start: {ready.get('error')}\n"
+                f"{ready.get('traceback', '')}(log: {self.log_path})"
+            )
+        self._worker_pid = ready.get("pid")
+
+    # --- the channel ---------------------------------------------------------------------------
+    def _log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def _died(self, what: str) -> MegatronWorkerError:
+        code = self._proc.poll() if self._proc else None
+        self._teardown()
+        return MegatronWorkerError(
+            f"megatron worker died during {what} (torchrun exit code {code}); "
+            f"last lines of {self.log_path}:\n{self._log_tail()}"
+        )
+
+    def _read_reply(self, match, what: str, timeout: float | None = None) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        worker_gone_at = None
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                if line.strip():
+                    msg = protocol.decode(line)
+                    if match(msg):
+                        return msg
+            if self._proc is None:
+                raise MegatronWorkerError("megatron trainer is closed")
+            ready, _, _ = select.select([self._rfd], [], [], 0.2)
+            if ready:
+                chunk = os.read(self._rfd, 1 << 16)
+                self._buf += chunk
+                if chunk:
+                    continue
+            if self._proc.poll() is not None:
+                raise self._died(what)
+            if self._worker_pid is not None and not _pid_alive(self._worker_pid):
+                # torchrun notices within its monitor interval and exits; do not wait long
+                worker_gone_at = worker_gone_at or time.monotonic()
+                if time.monotonic() - worker_gone_at > 3.0:
+                    raise self._died(what)
+            if deadline is not None and time.monotonic() > deadline:
+                self._teardown()
+                raise MegatronWorkerError(
+                    f"megatron worker did not answer {what} within {timeout:.0f} s; "
+                    f"last lines of {self.log_path}:\n{self._log_tail()}"
+                )
+
+    def _request(self, cmd: str, timeout: float | None = None, **fields) -> dict:
+        if self._proc is None:
+            raise MegatronWorkerError("megatron trainer is closed")
+        self._msg_id += 1
+        msg_id = self._msg_id
+        try:
+            self._proc.stdin.write(protocol.encode({"id": msg_id, "cmd": cmd, **fields}))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died(cmd) from None
+        reply = self._read_reply(lambda m: m.get("id") == msg_id, cmd, timeout)
+        if not reply.get("ok"):
+            error = reply.get("error", "unknown error")
+            if error.startswith("R3Error"):
+                from sat_cli.models.r3 import R3Error
+
+                raise R3Error(error.split(": ", 1)[-1])
+            raise MegatronWorkerError(
+                f"megatron worker failed '{cmd}': {error}\n{reply.get('traceback', '')}"
+            )
+        return reply
+
+    def _io_path(self, kind: str) -> Path:
+        return self.work_dir / "io" / f"{kind}_{self._msg_id + 1}.safetensors"
+
+    # --- Trainer interface -----------------------------------------------------------------------
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        path = protocol.write_batch(batch, self._io_path("batch"))
+        try:
+            reply = self._request("step", batch=str(path))
+        finally:
+            path.unlink(missing_ok=True)
+        self.step_count = int(reply["step_count"])
+        return {k: float(v) for k, v in reply["metrics"].items()}
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        path = protocol.write_batch(batch, self._io_path("batch"))
+        out = self._io_path("logprobs")
+        try:
+            self._request("logprobs", batch=str(path), out=str(out))
+            return protocol.read_tensors(out)["logprobs"]
+        finally:
+            path.unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
+
+    def publish_weights(self, dir: str | os.PathLike, version: int) -> Path:
+        target = Path(dir).resolve() / f"v{int(version)}"
+        return Path(self._request("publish", dir=str(target), version=int(version))["path"])
+
+    def save(self, dir: str | os.PathLike) -> None:
+        self._request("save", dir=str(Path(dir).resolve()))
+
+    def load(self, dir: str | os.PathLike) -> None:
+        self.step_count = int(self._request("load", dir=str(Path(dir).resolve()))["step_count"])
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker_pid
+
+    @property
+    def launcher_pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the worker to exit, then make sure torchrun and the worker are gone."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            try:
+                self._request("close", timeout=timeout)
+            except MegatronWorkerError:
+                pass  # _teardown below ends whatever is left
+        self._teardown()
+
+    def _teardown(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()  # EOF: a worker still serving exits by itself
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if self._worker_pid is not None and _pid_alive(self._worker_pid):
+            try:
+                os.kill(self._worker_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for fd in (self._rfd, self._keep_fd):
+            if fd is not None:
+                os.close(fd)
+        self._rfd = self._keep_fd = None
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+        (self.work_dir / "reply.fifo").unlink(missing_ok=True)
+
+    def __enter__(self) -> MegatronTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_proc", None) is not None:
+            self._teardown()

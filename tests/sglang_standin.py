@@ -264,6 +264,8 @@ def read_dims(model_path: str | None) -> dict:
     if model_path and (Path(model_path) / "config.json").is_file():
         config = json.loads((Path(model_path) / "config.json").read_text())
         dims.update({k: config[k] for k in DEFAULT_DIMS if k in config})
+        if "num_local_experts" in config:  # transformers 5 spelling
+            dims["num_experts"] = config["num_local_experts"]
     return dims
 
 

@@ -218,6 +218,11 @@ def test_read_moe_dims_from_config(tmp_path):
         json.dumps({"num_hidden_layers": 4, "num_experts_per_tok": 2, "num_experts": 8})
     )
     assert read_moe_dims(tmp_path) == MoEDims(num_layers=4, top_k=2, num_experts=8)
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "num_experts_per_tok": 4, "num_local_experts": 16})
+    )
+    assert read_moe_dims(tmp_path) == MoEDims(num_layers=2, top_k=4, num_experts=16)
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
     with pytest.raises(EngineError, match="num_experts_per_tok"):
         read_moe_dims(tmp_path)

@@ -96,7 +96,15 @@ def read_moe_dims(model_path: str | os.PathLike) -> MoEDims:
     missing = [k for k in ("num_hidden_layers", "num_experts_per_tok") if k not in config]
     if missing:
         raise EngineError(f"{path} lacks {missing}: routed experts need an MoE config")
-    num_experts = config.get("num_experts", config.get("n_routed_experts"))
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts; older: num_experts.
+    num_experts = next(
+        (
+            config[k]
+            for k in ("num_experts", "num_local_experts", "n_routed_experts")
+            if k in config
+        ),
+        None,
+    )
     return MoEDims(
         num_layers=int(config["num_hidden_layers"]),
         top_k=int(config["num_experts_per_tok"]),
@@ -579,7 +587,8 @@ class SGLangEngine:
         self._update_lock = threading.Lock()
         self._last_weights: tuple[str, int] | None = None
         self._failure: str | None = None
-        self._state_lock = threading.RLock()
+        self._state_lock = threading.RLock()  # guards _failure
+        self._process_lock = threading.Lock()  # restart vs close
         self._closed = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sglang-engine")
 
@@ -686,44 +695,51 @@ class SGLangEngine:
         with self._state_lock:
             if self._failure is not None:
                 return self._failure
+        return self._dead_process_reason()
+
+    def _watch(self) -> None:
+        restart_failed = False
+        while not self._closed.wait(self.watchdog_s):
+            reason = self._dead_process_reason()
+            if reason is None:
+                continue
+            with self._state_lock:
+                newly_dead = self._failure is None
+                if newly_dead:
+                    self._failure = reason
+            if newly_dead:
+                log.error("%s", reason)
+                self.client.abort_inflight()
+            if self.restart_on_failure and not restart_failed:
+                restart_failed = not self._restart()
+
+    def _dead_process_reason(self) -> str | None:
         for proc in [*self.servers, *([self.router] if self.router else [])]:
             code = proc.returncode
             if code is not None:
                 return proc.failure_message(f"died (exit code {code})")
         return None
 
-    def _watch(self) -> None:
-        while not self._closed.wait(self.watchdog_s):
-            reason = None
-            for proc in [*self.servers, *([self.router] if self.router else [])]:
-                code = proc.returncode
-                if code is not None:
-                    reason = proc.failure_message(f"died (exit code {code})")
-                    break
-            if reason is None:
-                continue
+    def _restart(self) -> bool:
+        """Stop every process, start them again and reload the last weights (one attempt)."""
+        with self._process_lock:
+            if self._closed.is_set():
+                return False
+            log.warning("restarting SGLang servers after a failure")
+            try:
+                self._stop_processes()
+                self._start_processes()
+                if self._last_weights is not None:
+                    path, version = self._last_weights
+                    self.weight_sync.push(self.client, self.worker_urls, path, version)
+            except EngineError as e:
+                with self._state_lock:
+                    self._failure = f"restart after a server failure failed: {e}"
+                log.error("%s", self._failure)
+                return False
             with self._state_lock:
-                if self._failure is None:
-                    self._failure = reason
-                    log.error("%s", reason)
-            self.client.abort_inflight()
-            if self.restart_on_failure and not self._closed.is_set():
-                self._restart()
-
-    def _restart(self) -> None:
-        log.warning("restarting SGLang servers after a failure")
-        try:
-            self._stop_processes()
-            self._start_processes()
-            if self._last_weights is not None:
-                path, version = self._last_weights
-                self.weight_sync.push(self.client, self.worker_urls, path, version)
-        except EngineError as e:
-            with self._state_lock:
-                self._failure = f"restart after a server failure failed: {e}"
-            return
-        with self._state_lock:
-            self._failure = None
+                self._failure = None
+            return True
 
     def _check_usable(self) -> None:
         if self._closed.is_set():
@@ -866,7 +882,8 @@ class SGLangEngine:
             self._watchdog.join(timeout=5 * self.watchdog_s + 1)
         self.client.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._stop_processes()
+        with self._process_lock:  # waits for a restart in progress, then stops everything
+            self._stop_processes()
 
     def __enter__(self) -> SGLangEngine:
         return self

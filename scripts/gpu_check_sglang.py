@@ -1,0 +1,213 @@
+"""GPU check of the SGLang engine against a transformers recompute (one GPU, under 5 minutes).
+
+Run with the Python of the SGLang environment (it has CUDA torch and transformers), with the
+repository on PYTHONPATH; ``scripts/gpu_check_sglang.sh`` does both::
+
+    scripts/gpu_check_sglang.sh path/to/tiny_ckpt /opt/sglang-env/bin/python
+
+What it checks, printing one table row each (exit code 1 if any fails):
+1. the server starts (``--enable-return-routed-experts --weight-version 0``) and answers;
+2. SGLang's token log-probs equal a transformers recompute of ``log_softmax(logits / T)`` at the
+   sampled tokens (bf16 tolerance: mean |diff| < 0.03, max |diff| < 0.3; temperature 1, no
+   top-p/top-k so the sampled and the scored distribution are the same);
+3. routed experts have shape ``[prompt_len + completion_len - 1, num_layers, top_k]`` and agree
+   with the HF routers' top-k sets on most token-layer pairs (bf16 near-ties may flip a few);
+4. ``/update_weights_from_disk`` with a perturbed copy of the checkpoint (lm_head x 1.5): later
+   samples report version 1 and match the recompute under the new weights, not the old ones.
+
+``--launch-prefix`` replaces the interpreter (e.g. a container command). On a machine without
+CUDA the transformers side runs on CPU; with the test stand-in as the launch prefix this exercises
+the script's plumbing only (the numbers then fail by design).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from sat_cli.engines.base import SamplingParams
+from sat_cli.engines.sglang import SGLangEngine, read_moe_dims
+
+DEFAULT_SERVER_ARGS = (
+    "--attention-backend triton --sampling-backend pytorch --disable-cuda-graph "
+    "--dtype bfloat16 --mem-fraction-static 0.3"
+)
+
+
+def hf_score(model, prompt: list[int], response: list[int], temperature: float, top_k: int):
+    """Token log-probs of ``response`` under ``model`` (temperature-scaled, float32 softmax) and
+    the top-k expert indices per layer for every fed token ``[P + C - 1, L, K]``."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + response], device=device)
+    routes: list[torch.Tensor] = []
+
+    def hook(_module, _inputs, output):
+        if isinstance(output, tuple) and len(output) == 3:  # transformers 5: (logits, scores, idx)
+            routes.append(output[2].reshape(-1, top_k))
+        else:
+            logits = output[0] if isinstance(output, tuple) else output
+            routes.append(torch.topk(logits.float().reshape(-1, logits.shape[-1]), top_k).indices)
+
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            logits = model(ids[:, :-1]).logits[0].float()  # [P + C - 1, V]
+    finally:
+        for h in handles:
+            h.remove()
+    p = len(prompt)
+    logp = torch.log_softmax(logits[p - 1 :] / temperature, dim=-1)  # [C, V]
+    token_logp = logp.gather(1, torch.tensor(response, device=device)[:, None])[:, 0]
+    experts = torch.stack(routes, dim=1)  # [P + C - 1, L, K]
+    return token_logp.cpu().double().numpy(), experts.cpu().numpy()
+
+
+def load_hf(path: str, device: str):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    return model.to(device).eval()
+
+
+def perturbed_copy(src: str, dst: Path) -> None:
+    """A copy of checkpoint ``src`` with ``lm_head.weight`` scaled by 1.5 (safetensors only)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    for f in sorted(dst.glob("*.safetensors")):
+        tensors = load_file(f)
+        if "lm_head.weight" in tensors:
+            tensors["lm_head.weight"] = tensors["lm_head.weight"] * 1.5
+            save_file(tensors, f, metadata={"format": "pt"})
+            return
+    raise SystemExit(f"no lm_head.weight in {src}/*.safetensors (tied embeddings?)")
+
+
+def compare(model, samples, temperature, top_k):
+    diffs, agree, total, shapes_ok = [], 0, 0, True
+    for group in samples:
+        for s in group:
+            ref_logp, ref_experts = hf_score(
+                model, s.prompt_ids, s.response_ids, temperature, top_k
+            )
+            diffs.extend(abs(a - b) for a, b in zip(s.rollout_logp, ref_logp, strict=True))
+            if s.routed_experts is None or s.routed_experts.shape != ref_experts.shape:
+                shapes_ok = False
+                continue
+            got = torch.from_numpy(s.routed_experts).sort(-1).values
+            ref = torch.from_numpy(ref_experts).to(got.dtype).sort(-1).values
+            agree += int((got == ref).all(-1).sum())
+            total += got.shape[0] * got.shape[1]
+    diffs_t = torch.tensor(diffs, dtype=torch.float64)
+    return float(diffs_t.mean()), float(diffs_t.max()), shapes_ok, agree / max(total, 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "ckpt", help="HF checkpoint directory (config.json, safetensors, tokenizer)"
+    )
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the SGLang env")
+    parser.add_argument("--launch-prefix", default=None, help="full launch prefix (shell words)")
+    parser.add_argument("--server-args", default=DEFAULT_SERVER_ARGS)
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--startup-timeout", type=float, default=180.0)
+    args = parser.parse_args()
+
+    t_start = time.monotonic()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dims = read_moe_dims(args.ckpt)
+    vocab = json.loads((Path(args.ckpt) / "config.json").read_text())["vocab_size"]
+    work = Path(tempfile.mkdtemp(prefix="sat-gpu-check-"))
+    log_dir = Path(args.log_dir) if args.log_dir else work / "logs"
+    rows: list[tuple[str, str, str, bool]] = []
+
+    engine = SGLangEngine.launch(
+        args.ckpt,
+        python=args.python,
+        launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else None,
+        extra_args=shlex.split(args.server_args),
+        log_dir=log_dir,
+        startup_timeout_s=args.startup_timeout,
+        r3=True,
+        request_timeout_s=120.0,
+    )
+    try:
+        rows.append(
+            ("server ready", f"{time.monotonic() - t_start:.0f} s", "healthy", engine.health())
+        )
+        rng = random.Random(0)
+        # Token ids 3..vocab-1 avoid the tiny model's pad/eos/unk (ids 0..2).
+        prompts = [
+            [rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))]
+            for _ in range(args.prompts)
+        ]
+        sampling = SamplingParams(
+            temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=args.max_new_tokens
+        )
+
+        t0 = time.monotonic()
+        samples = engine.generate(prompts, args.n, sampling)
+        gen_s = time.monotonic() - t0
+        n_tokens = sum(s.response_len for g in samples for s in g)
+        rows.append(("generate", f"{n_tokens} tokens in {gen_s:.1f} s", "-", n_tokens > 0))
+
+        model = load_hf(args.ckpt, device)
+        mean_d, max_d, shapes_ok, agree = compare(model, samples, 1.0, dims.top_k)
+        rows.append(("logp |sglang - hf| mean", f"{mean_d:.4f}", "< 0.03", mean_d < 0.03))
+        rows.append(("logp |sglang - hf| max", f"{max_d:.4f}", "< 0.3", max_d < 0.3))
+        shape = samples[0][0].routed_experts.shape
+        rows.append(("routed experts shape", f"{shape} [P+C-1, L, K]", "all samples", shapes_ok))
+        rows.append(("routed experts = hf top-k", f"{agree:.3f}", "> 0.9", agree > 0.9))
+
+        new_ckpt = work / "v1"
+        perturbed_copy(args.ckpt, new_ckpt)
+        t0 = time.monotonic()
+        engine.update_weights(str(new_ckpt), 1)
+        rows.append(("update_weights_from_disk", f"{time.monotonic() - t0:.1f} s", "success", True))
+        samples = engine.generate(prompts, 1, sampling)
+        versions = sorted({s.weight_version for g in samples for s in g})
+        rows.append(("weight_version after update", str(versions), "[1]", versions == [1]))
+        old_mean, _, _, _ = compare(model, samples, 1.0, dims.top_k)
+        del model
+        new_model = load_hf(str(new_ckpt), device)
+        new_mean, new_max, _, _ = compare(new_model, samples, 1.0, dims.top_k)
+        rows.append(("v1 logp vs new weights mean", f"{new_mean:.4f}", "< 0.03", new_mean < 0.03))
+        rows.append(
+            ("v1 logp vs old weights mean", f"{old_mean:.4f}", "> 3x new", old_mean > 3 * new_mean)
+        )
+    finally:
+        engine.close()
+
+    rows.append(
+        (
+            "total wall time",
+            f"{time.monotonic() - t_start:.0f} s",
+            "< 300 s",
+            time.monotonic() - t_start < 300,
+        )
+    )
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'check':<{width}}  {'value':<28} {'wanted':<12} ok")
+    for name, value, wanted, ok in rows:
+        print(f"{name:<{width}}  {value:<28} {wanted:<12} {'PASS' if ok else 'FAIL'}")
+    print(f"server log: {log_dir}")
+    return 0 if all(r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -171,19 +171,21 @@ def policy_loss(
 
     with torch.no_grad():
         n = float(max(n_active, 1))
+        f64 = torch.float64
         r = ratio.detach()
         pos, neg = adv > 0, adv < 0
         ppo_clip = mask & ((pos & (r > 1.0 + eps_high)) | (neg & (r < 1.0 - eps_low)))
         vals = {
             "loss/policy": loss.detach(),
-            "loss/clipfrac": ppo_clip.sum() / n,
-            "staleness/abs_logratio_mean": token_lr.detach().abs().sum() / n,
+            "loss/clipfrac": ppo_clip.sum(dtype=f64) / n,
+            "staleness/abs_logratio_mean": token_lr.detach().abs().sum(dtype=f64) / n,
             # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
-            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
+            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum(dtype=f64)
+            / n,
         }
         if lower is not None:
             sat_clip = mask & ((pos & (r > upper)) | (neg & (r < lower)))
-            vals["sat/clipfrac_sat_band"] = (sat_clip & ~ppo_clip).sum() / n
+            vals["sat/clipfrac_sat_band"] = (sat_clip & ~ppo_clip).sum(dtype=f64) / n
         else:
             vals["sat/clipfrac_sat_band"] = r.new_zeros(())
         if sat_stats is not None:

@@ -145,7 +145,7 @@ def sat_bounds_tensors(
     # c == 1 off the gate, so the active-token sums only need the gated deficits (1 - c).
     stats = {
         "q": q_t,
-        "gate_rate": (g_hi | g_lo).sum() / n,
+        "gate_rate": (g_hi | g_lo).sum(dtype=f64) / n,
         "eps_low_eff_mean": eps_low * (1.0 - (1.0 - c_lo).sum(dtype=f64) / n),
         "eps_high_eff_mean": eps_high * (1.0 - (1.0 - c_hi).sum(dtype=f64) / n),
         "c_min": torch.minimum(c_hi.min(), c_lo.min()),

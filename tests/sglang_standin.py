@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     args, unknown = parser.parse_known_args(argv)
     print(f"standin: starting as {args.module} with {vars(args)}; ignoring {unknown}", flush=True)
+    print(f"standin: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     if args.standin_ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.standin_spawn_child:

@@ -32,6 +32,7 @@ import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.engines.sglang import (
+    DistributedWeightSync,
     MoEDims,
     build_generate_payload,
     decode_routed_experts,
@@ -306,3 +307,10 @@ def test_router_command(tmp_path):
         "round_robin",
     ]
     assert router.health_path == "/health"
+
+
+def test_distributed_weight_sync_is_an_explicit_placeholder():
+    with pytest.raises(
+        NotImplementedError, match="/init_weights_update_group.*/update_weights_from_distributed"
+    ):
+        DistributedWeightSync()

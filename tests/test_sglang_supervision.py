@@ -186,3 +186,25 @@ def test_router_gets_generate_and_workers_get_weight_updates(model_dir, tmp_path
     for w in workers:
         assert [path for path, _ in calls[w.url]] == ["/update_weights_from_disk"]
     assert "sglang_router.launch_router" in router.log_tail()
+
+
+def test_launch_one_server_per_gpu_group_with_r3(model_dir, tmp_path):
+    engine = SGLangEngine.launch(
+        model_dir,
+        launch_prefix=PREFIX,
+        gpu_groups=["0", "1"],
+        r3=True,
+        log_dir=tmp_path / "logs",
+        startup_timeout_s=30,
+        retries=0,
+    )
+    try:
+        groups = engine.generate([[1, 2, 3]], 2, SamplingParams(max_new_tokens=4, seed=3))
+        logs = [(tmp_path / "logs" / f"sglang_{i}.log").read_text() for i in range(2)]
+    finally:
+        engine.close()
+    for i, text in enumerate(logs):
+        assert f"standin: CUDA_VISIBLE_DEVICES={i}" in text
+        assert "--enable-return-routed-experts" in text
+    # R3 dims come from config.json (2 layers, top-2): [3 + 4 - 1, 2, 2].
+    assert [s.routed_experts.shape for s in groups[0]] == [(6, 2, 2), (6, 2, 2)]

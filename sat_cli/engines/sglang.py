@@ -65,7 +65,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from sat_cli.engines.base import EngineError, Sample, SamplingParams
-from sat_cli.engines.sglang_server import SGLangRouter, SGLangServer
+from sat_cli.engines.sglang_server import SGLangRouter, SGLangServer, free_port
 
 log = logging.getLogger(__name__)
 
@@ -528,6 +528,15 @@ class DistributedWeightSync:
         raise NotImplementedError
 
 
+def _distinct_ports(procs: Sequence[SGLangServer | SGLangRouter]) -> None:
+    """Free ports are picked one at a time and may repeat before any is bound: re-pick."""
+    used: set[int] = set()
+    for proc in procs:
+        while proc.port in used:
+            proc.port = free_port(proc.host)
+        used.add(proc.port)
+
+
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
@@ -656,6 +665,7 @@ class SGLangEngine:
                     env=server_env or None,
                 )
             )
+        _distinct_ports(servers)
         router = None
         if use_router:
             router = SGLangRouter(
@@ -665,6 +675,7 @@ class SGLangEngine:
                 log_path=log_dir / "sglang_router.log",
                 env=env,
             )
+            _distinct_ports([*servers, router])
         return cls(model_path, servers=servers, router=router, r3=r3, **engine_kwargs)
 
     # -- process supervision ----------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""The local rollout engine: an HF transformers model sampling in its own process.
+
+``LocalEngine`` starts ``sat_cli.engines.local_worker.worker_main`` in a separate process
+(multiprocessing ``spawn``), so generation overlaps training in the parent. Requests and replies
+travel over a pipe as plain data (lists, numbers, numpy arrays); nothing is written to disk. One
+background thread sends the requests in order, so ``generate_async`` returns a
+``concurrent.futures.Future`` at once and ``update_weights`` takes effect between requests.
+
+While waiting for a reply the client polls the worker's liveness: a worker that dies (crash, OOM
+kill) turns every pending and later call into ``EngineError`` within about a second instead of a
+hang. An exception inside the worker comes back as ``EngineError`` with the worker's traceback,
+and the worker keeps serving.
+
+Sampling semantics (temperature / top-p / top-k, the reported ``rollout_logp``, left padding,
+R3 route capture) are documented in ``local_worker``. Without a per-request ``seed`` the worker
+derives one from the engine ``seed`` and a request counter, so a fresh engine replays the same
+samples for the same sequence of requests.
+
+Example::
+
+    with LocalEngine("path/to/hf_dir", r3=True) as engine:
+        groups = engine.generate([[20, 21, 22]], n=4, sampling=SamplingParams(max_new_tokens=16))
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+
+import numpy as np
+
+from sat_cli.engines.base import EngineError, Sample, SamplingParams
+from sat_cli.engines.local_worker import worker_main
+
+_POLL_S = 0.1
+
+
+def _shutdown(proc, conn) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+
+
+class LocalEngine:
+    """HF-transformers rollout engine in its own process (implements ``RolloutEngine``)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        r3: bool = False,
+        seed: int = 0,
+        num_threads: int = 1,
+        device: str = "cpu",
+        log_file: str | None = None,
+        max_batch_size: int = 256,
+        weight_version: int = 0,
+        startup_timeout_s: float = 300.0,
+    ):
+        self.model_path = str(model_path)
+        self.dtype = dtype
+        self.r3 = r3
+        self.seed = seed
+        self.weight_version = weight_version
+        cfg = dict(
+            model_path=self.model_path,
+            dtype=dtype,
+            r3=r3,
+            seed=seed,
+            num_threads=num_threads,
+            device=device,
+            log_file=str(log_file) if log_file else None,
+            max_batch_size=max_batch_size,
+            version=weight_version,
+        )
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(
+            target=worker_main, args=(child, cfg), daemon=True, name="sat-engine"
+        )
+        self._proc.start()
+        child.close()
+        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._dead: str | None = None
+        info = self._recv(timeout=startup_timeout_s, what="engine startup")
+        self.pid = info["pid"]
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
+
+    # --- transport -------------------------------------------------------------------------
+    def _recv(self, timeout: float | None, what: str):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._conn.poll(_POLL_S):
+            if not self._proc.is_alive():
+                # the reply may have landed just before the exit
+                if self._conn.poll(0):
+                    break
+                self._dead = (
+                    f"engine process {self._proc.pid} died (exit code {self._proc.exitcode})"
+                )
+                raise EngineError(f"{self._dead} during {what}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineError(f"engine did not answer {what} within {timeout:.0f} s")
+        try:
+            status, payload = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._dead = f"engine process {self._proc.pid} closed its pipe"
+            raise EngineError(f"{self._dead} during {what}") from e
+        if status != "ok":
+            raise EngineError(f"engine failed during {what}:\n{payload}")
+        return payload
+
+    def _call(self, cmd: str, payload=None, timeout: float | None = None):
+        with self._lock:
+            self._check_usable()
+            try:
+                self._conn.send((cmd, payload))
+            except (BrokenPipeError, OSError) as e:
+                self._dead = f"engine process {self._proc.pid} is gone"
+                raise EngineError(self._dead) from e
+            return self._recv(timeout, what=cmd)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise EngineError("engine is closed")
+        if self._dead:
+            raise EngineError(self._dead)
+        if not self._proc.is_alive():
+            self._dead = f"engine process {self._proc.pid} died (exit code {self._proc.exitcode})"
+            raise EngineError(self._dead)
+
+    # --- RolloutEngine ---------------------------------------------------------------------
+    def generate_async(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> Future[list[list[Sample]]]:
+        self._check_usable()
+        request = {
+            "prompts": [list(map(int, p)) for p in prompts],
+            "n": int(n),
+            "sampling": asdict(sampling),
+        }
+        return self._executor.submit(self._generate, request, len(prompts), int(n))
+
+    def _generate(self, request: dict, num_prompts: int, n: int) -> list[list[Sample]]:
+        reply = self._call("generate", request)
+        version = int(reply["weight_version"])
+        groups: list[list[Sample]] = []
+        flat = reply["samples"]
+        for i in range(num_prompts):
+            group = []
+            for j in range(n):
+                r = flat[i * n + j]
+                routes = r["routed_experts"]
+                group.append(
+                    Sample(
+                        prompt_ids=request["prompts"][i],
+                        response_ids=r["response_ids"],
+                        rollout_logp=r["rollout_logp"],
+                        finish_reason=r["finish_reason"],
+                        weight_version=version,
+                        routed_experts=None if routes is None else np.asarray(routes, np.int32),
+                        meta={"gen_s": reply["gen_s"]},
+                    )
+                )
+            groups.append(group)
+        return groups
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        return self.generate_async(prompts, n, sampling).result()
+
+    def update_weights(self, path: str, version: int) -> None:
+        """Load the HF checkpoint at ``path`` after the requests already queued; tag later samples
+        with ``version``. Blocks until the worker has loaded it."""
+        self._check_usable()
+        reply = self._executor.submit(
+            self._call, "update_weights", {"path": str(path), "version": int(version)}
+        ).result()
+        self.weight_version = int(reply["weight_version"])
+        self.model_path = str(path)
+
+    def health(self) -> bool:
+        return not self._closed and self._dead is None and self._proc.is_alive()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._proc.is_alive() and self._dead is None:
+            try:
+                self._executor.submit(self._call, "close", None, 10.0).result(timeout=30)
+            except (EngineError, TimeoutError):
+                pass  # shutting down regardless; the finalizer terminates the process
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._proc.join(5)
+        self._finalizer()
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

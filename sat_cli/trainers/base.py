@@ -1,0 +1,36 @@
+"""The trainer interface shared by the local (HF + torch) and Megatron trainers.
+
+A trainer owns the policy being trained. ``step`` runs the optimizer steps of one rollout batch
+(a ``TrainBatch`` from ``sat_cli.trainers.batch.collate``) and returns namespaced float metrics
+(``loss/*``, ``sat/*``, ``staleness/*``, ``perf/*``). ``logprobs`` recomputes the per-token
+log-probs of a batch without gradient, aligned like ``TrainBatch.rollout_logp``.
+``publish_weights`` writes an HF checkpoint the rollout engines can load and returns its path;
+``save`` / ``load`` checkpoint the full training state (weights, optimizer, RNG, step counter)
+for resume, in safetensors + JSON (no pickles).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from sat_cli.trainers.batch import TrainBatch
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    step_count: int
+
+    def step(self, batch: TrainBatch) -> dict[str, float]: ...
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
+
+    def publish_weights(self, dir: str | Path, version: int) -> Path: ...
+
+    def save(self, dir: str | Path) -> None: ...
+
+    def load(self, dir: str | Path) -> None: ...
+
+    def close(self) -> None: ...

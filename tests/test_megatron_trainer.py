@@ -1,0 +1,249 @@
+"""megatron trainer vs the local trainer: same log-probs, same loss, same weights after a step.
+
+``MegatronActor`` (the worker's state) is compared in-process with ``LocalTrainer`` (CPU, gloo,
+world size 1); ``MegatronTrainer`` is then driven as the real torchrun subprocess over its
+protocol, including a worker killed mid-step. Skipped without the ``megatron`` extra.
+
+Tolerances: log-probs and losses agree to ~5e-7 (fp32, different kernels and summation order).
+Weights after a step agree to ~2e-8 x (lr / 1e-6): Adam divides each gradient by its own
+magnitude, so a float-level difference in a near-zero gradient moves that weight by a fraction
+of ``lr``. With ``lr = 1e-4`` the largest difference is ~2e-6 while the update is 2e-4, so
+``<= 1e-5`` is a real check (the test also asserts that the weights moved by >= 1e-4).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip(
+    "megatron.core", reason="megatron-core not installed (pip install '.[megatron]')"
+)
+
+from sat_cli.engines.base import Sample  # noqa: E402
+from sat_cli.models.r3 import R3Error  # noqa: E402
+from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.trainers.batch import collate  # noqa: E402
+from sat_cli.trainers.local import LocalTrainer  # noqa: E402
+from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
+from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
+from sat_cli.trainers.megatron.client import (  # noqa: E402
+    MegatronTrainer,
+    MegatronWorkerError,
+    _pid_alive,
+)
+
+SEED = 3
+LAYERS, EXPERTS, TOP_K = 4, 8, 2
+
+
+@pytest.fixture(scope="session")
+def megatron_dist(tmp_path_factory):
+    runtime.init_distributed(file_store=tmp_path_factory.mktemp("dist") / "store")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    save_hf(build_tiny_moe(seed=SEED), build_char_tokenizer(), path)
+    return path
+
+
+def make_samples(n=8, seed=0, max_prompt=8, max_resp=12):
+    """Right-padded variable lengths, stale-looking rollout log-probs, random valid routes."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        p = int(torch.randint(3, max_prompt + 1, (1,), generator=g))
+        r = int(torch.randint(2, max_resp + 1, (1,), generator=g))
+        ids = torch.randint(3, 100, (p + r,), generator=g).tolist()
+        routes = torch.rand(p + r - 1, LAYERS, EXPERTS, generator=g).argsort(-1)[..., :TOP_K]
+        samples.append(
+            Sample(
+                prompt_ids=ids[:p],
+                response_ids=ids[p:],
+                # near the tiny model's ~log(1/100): ratios spread around 1, some clipped
+                rollout_logp=(-4.6 + 0.3 * torch.randn(r, generator=g)).tolist(),
+                finish_reason="stop",
+                weight_version=0,
+                routed_experts=routes.numpy().astype(np.int32),
+            )
+        )
+    adv = torch.randn(n, generator=g)
+    return samples, adv
+
+
+def hf_weights_of_local(trainer: LocalTrainer) -> dict[str, torch.Tensor]:
+    return convert.unfuse_experts(dict(trainer.model.state_dict()))
+
+
+def initial_weights(tiny_dir) -> dict[str, torch.Tensor]:
+    return convert.load_hf_state(tiny_dir)
+
+
+def assert_same_step(loc_metrics, meg_metrics, loc_w, meg_w, init_w):
+    for key in ("loss/policy", "loss/total", "loss/kl_k3", "staleness/abs_logratio_mean"):
+        assert meg_metrics[key] == pytest.approx(loc_metrics[key], abs=2e-6), key
+    for key in ("loss/clipfrac", "loss/grad_norm", "loss/entropy", "perf/optimizer_steps"):
+        assert meg_metrics[key] == pytest.approx(loc_metrics[key], rel=1e-5), key
+    assert set(meg_w) == set(loc_w)
+    worst = max((meg_w[k] - loc_w[k]).abs().max().item() for k in loc_w)
+    moved = max((loc_w[k] - init_w[k]).abs().max().item() for k in loc_w)
+    assert moved >= 1e-4  # the step really changed the weights
+    assert worst <= 1e-5, worst
+
+
+CONFIGS = {
+    # SAT-GRPO, two optimizer steps per batch
+    "sat_grpo": dict(algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9),
+    # SAT-GRPO with R3 (RouterReplay in megatron vs forward hooks in HF)
+    "sat_grpo_r3": dict(algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9, r3=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_actor_matches_local_trainer(megatron_dist, tiny_dir, name):
+    kw = dict(lr=1e-4, **CONFIGS[name])
+    samples, adv = make_samples()
+    batch = collate(samples, adv, pad_id=0, need_routes=kw.get("r3", False))
+    local, actor = LocalTrainer(str(tiny_dir), **kw), MegatronActor(str(tiny_dir), **kw)
+    real = batch.attention_mask.bool()  # padding positions are never scored
+    lp_l, lp_m = local.logprobs(batch), actor.logprobs(batch)
+    torch.testing.assert_close(lp_m[real], lp_l[real], atol=1e-5, rtol=0)
+    loc_metrics, meg_metrics = local.step(batch), actor.step(batch)
+    assert_same_step(
+        loc_metrics,
+        meg_metrics,
+        hf_weights_of_local(local),
+        actor.hf_state(),
+        initial_weights(tiny_dir),
+    )
+    assert actor.step_count == local.step_count == 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        # GSPO with TIS (recompute pass), KL to a reference model, seq-mean-token-mean
+        dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2),
+        # the same with R3: the KL reference model replays the same routes
+        dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2, r3=True),
+        # DPPO-TV, weight decay, three minibatches
+        dict(algo="dppo_tv", weight_decay=0.1, num_minibatches=3, loss_agg="seq-mean-token-sum"),
+    ],
+    ids=["gspo_tis_kl", "gspo_tis_kl_r3", "dppo_tv_wd"],
+)
+def test_actor_matches_local_trainer_more_losses(megatron_dist, tiny_dir, kw):
+    kw = dict(lr=1e-4, **kw)
+    samples, adv = make_samples(n=9, seed=1)
+    batch = collate(samples, adv, pad_id=0, need_routes=kw.get("r3", False))
+    local, actor = LocalTrainer(str(tiny_dir), **kw), MegatronActor(str(tiny_dir), **kw)
+    loc_metrics, meg_metrics = local.step(batch), actor.step(batch)
+    for key in loc_metrics:
+        if not key.startswith("perf/train"):
+            assert meg_metrics[key] == pytest.approx(loc_metrics[key], rel=1e-4, abs=2e-6), key
+    loc_w, meg_w = hf_weights_of_local(local), actor.hf_state()
+    assert max((meg_w[k] - loc_w[k]).abs().max().item() for k in loc_w) <= 1e-5
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and _pid_alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
+    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    samples, adv = make_samples(seed=2)
+    batch = collate(samples, adv, pad_id=0, need_routes=True)
+    work = tmp_path / "megatron"
+    trainer = MegatronTrainer(tiny_dir, work_dir=work, logs_dir=tmp_path / "logs", **kw)
+    try:
+        local = LocalTrainer(str(tiny_dir), **kw)
+        real = batch.attention_mask.bool()
+        torch.testing.assert_close(
+            trainer.logprobs(batch)[real], local.logprobs(batch)[real], atol=1e-5, rtol=0
+        )
+        meg_metrics, loc_metrics = trainer.step(batch), local.step(batch)
+        assert trainer.step_count == 1
+        published = trainer.publish_weights(tmp_path / "weights", version=1)
+        assert published == (tmp_path / "weights" / "v1").resolve()
+        meg_w = convert.load_hf_state(published)
+        assert_same_step(
+            loc_metrics, meg_metrics, hf_weights_of_local(local), meg_w, initial_weights(tiny_dir)
+        )
+        # the published folder is a complete HF checkpoint
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        hf = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32)
+        assert AutoTokenizer.from_pretrained(published).eos_token == "<eos>"
+        assert torch.equal(hf.lm_head.weight, meg_w["lm_head.weight"])
+        # an error inside a command is reported and the worker keeps serving
+        no_routes = collate(samples, adv, pad_id=0)
+        no_routes.routed_experts = None
+        with pytest.raises(R3Error, match="no routed experts"):
+            trainer.step(no_routes)
+        # kill the worker in the middle of a (large) step: clear error within seconds
+        big = collate(*make_samples(n=48, seed=3, max_prompt=40, max_resp=80), 0, need_routes=True)
+        worker, launcher = trainer.worker_pid, trainer.launcher_pid
+        killer = threading.Timer(0.5, os.kill, (worker, signal.SIGKILL))
+        t0 = time.monotonic()
+        killer.start()
+        with pytest.raises(MegatronWorkerError, match="died during step"):
+            trainer.step(big)
+        assert time.monotonic() - t0 < 10.0
+        assert not _pid_alive(worker) and not _pid_alive(launcher)
+        assert _processes_mentioning(str(work)) == []  # no orphan torchrun or worker
+        with pytest.raises(MegatronWorkerError, match="closed"):
+            trainer.logprobs(batch)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_trainer_save_load_resumes_exactly(tiny_dir, tmp_path):
+    kw = dict(lr=1e-3, algo="grpo", num_minibatches=2)
+    b1 = collate(*make_samples(seed=4), 0)
+    b2 = collate(*make_samples(seed=5), 0)
+    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "a", **kw) as a:
+        a.step(b1)
+        a.save(tmp_path / "ckpt")
+        expect = a.step(b2)
+        expect_w = convert.load_hf_state(a.publish_weights(tmp_path / "wa", 2))
+    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "b", **kw) as b:
+        b.load(tmp_path / "ckpt")
+        assert b.step_count == 1
+        got = b.step(b2)
+        got_w = convert.load_hf_state(b.publish_weights(tmp_path / "wb", 2))
+    assert got["loss/policy"] == expect["loss/policy"]
+    for k in expect_w:
+        assert torch.equal(got_w[k], expect_w[k]), k
+
+
+@pytest.mark.slow
+def test_trainer_rejects_parallel_sizes_it_cannot_run(tiny_dir, tmp_path):
+    with pytest.raises(MegatronWorkerError, match="world size 1 only"):
+        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", ep=2)
+    assert _processes_mentioning(str(tmp_path / "w")) == []
+
+
+def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
+    with pytest.raises(TypeError, match="unknown trainer options"):
+        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", learning_rate=1.0)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", algo="nope")

@@ -80,8 +80,10 @@ def eval_cmd(
     from sat_cli.config import group_options
 
     if "=" in benchmark:
-        fail(f"the first argument is the benchmark, got {benchmark!r}; "
-             f"choose one of: {', '.join(group_options('eval'))}")
+        fail(
+            f"the first argument is the benchmark, got {benchmark!r}; "
+            f"choose one of: {', '.join(group_options('eval'))}"
+        )
     cfg, obj = _load([f"eval={benchmark}", *(overrides or [])])
     from sat_cli.loop.run import evaluate
 
@@ -105,7 +107,9 @@ def sweep_cmd(
 def report_cmd(
     target: str = typer.Argument(..., help="a sweep id or an MLflow experiment name"),
     out: str = typer.Option(None, "--out", help="output folder (default: runs/reports/<target>)"),
-    tracking_uri: str = typer.Option(None, "--tracking-uri", help="default: sqlite:///runs/mlflow.db"),
+    tracking_uri: str = typer.Option(
+        None, "--tracking-uri", help="default: sqlite:///runs/mlflow.db"
+    ),
 ) -> None:
     """The paper-style table (best (step), last, d̄π per method × lag) and plots from MLflow."""
     from sat_cli.report import run_report

@@ -19,7 +19,18 @@ from sat_cli.config.schema import ConfigError, SatConfig
 
 __all__ = ["ConfigError", "SatConfig", "compose", "load", "conf_dir", "group_options", "to_yaml"]
 
-GROUPS = ("model", "task", "algo", "clip", "lag", "engine", "trainer", "eval", "tracking", "experiment")
+GROUPS = (
+    "model",
+    "task",
+    "algo",
+    "clip",
+    "lag",
+    "engine",
+    "trainer",
+    "eval",
+    "tracking",
+    "experiment",
+)
 
 
 def conf_dir() -> Path:
@@ -64,13 +75,23 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
             f"{group}={opt!r} is not a known option. Valid options for '{group}': "
             f"{', '.join(opts)}{extra}"
         )
-    if "Error parsing override" in msg or "mismatched input" in msg or "no viable alternative" in msg:
+    if (
+        "Error parsing override" in msg
+        or "mismatched input" in msg
+        or "no viable alternative" in msg
+    ):
         first = msg.splitlines()[0]
         bad = re.search(r"Error parsing override '([^']*)'", msg)
         what = bad.group(1) if bad else " ".join(overrides)
-        return ConfigError(f"cannot parse override {what!r}: {first}. Use key=value (Hydra syntax).")
+        return ConfigError(
+            f"cannot parse override {what!r}: {first}. Use key=value (Hydra syntax)."
+        )
     cause = exc.__cause__
-    if cause is not None and cause is not exc and not isinstance(exc, (*key_errors, ValidationError)):
+    if (
+        cause is not None
+        and cause is not exc
+        and not isinstance(exc, (*key_errors, ValidationError))
+    ):
         if isinstance(cause, (*key_errors, ValidationError)):
             return _translate(cause, overrides)
     full_key = getattr(exc, "full_key", None)
@@ -78,8 +99,10 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
         key = full_key or "?"
         hint = ""
         if "." not in key and key not in GROUPS:
-            hint = (" Top-level keys are the groups (" + ", ".join(GROUPS) + ") and "
-                    "r3, seed, max_steps, resume, ckpt, run.*, checkpoint.*, data.*.")
+            hint = (
+                " Top-level keys are the groups (" + ", ".join(GROUPS) + ") and "
+                "r3, seed, max_steps, resume, ckpt, run.*, checkpoint.*, data.*."
+            )
         return ConfigError(f"unknown config key {key!r}.{hint} To list every key: sat config")
     if isinstance(exc, ValidationError):
         key = full_key or "?"

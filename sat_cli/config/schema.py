@@ -33,8 +33,15 @@ def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
 
 
-def _range(key: str, value: float, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False) -> None:
+def _range(
+    key: str,
+    value: float,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> None:
     bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
         hi is not None and (value >= hi if hi_open else value > hi)
     )
@@ -91,7 +98,9 @@ class TaskConfig:
     kind: str = "toy"  # toy | dapo_math | gsm8k | jsonl
     path: str | None = None  # jsonl / local file for dapo_math
     digits: int = 3  # toy difficulty: digits per operand
-    template: str = "plain"  # prompt template (sat_cli/tasks/prompts.py) or a literal with {problem}
+    template: str = (
+        "plain"  # prompt template (sat_cli/tasks/prompts.py) or a literal with {problem}
+    )
     prompts_per_step: int = 32
     samples_per_prompt: int = 8  # group size G
     max_new_tokens: int = 16
@@ -156,7 +165,9 @@ class ClipConfig:
     adaptive: bool = True  # SAT: staleness-adaptive interval (ALGORITHMS.md §4)
     quantile: float = 0.9  # alpha of the batch reference q
     exponent: float = 2.0  # Hill kernel exponent p
-    anchor: str = "q"  # q (paper) | min_q_eps (beyond the paper: bites when the whole batch is stale)
+    anchor: str = (
+        "q"  # q (paper) | min_q_eps (beyond the paper: bites when the whole batch is stale)
+    )
     schedule: str = "constant"  # schedule of the nominal radii over steps
     final_scale: float = 1.0  # radii at max_steps = eps * final_scale (linear/cosine)
 

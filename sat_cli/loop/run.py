@@ -1,20 +1,477 @@
-"""Entry points behind `sat train`, `sat pretrain` and `sat eval` (placeholder until the loop lands)."""
+"""Entry points behind `sat train`, `sat pretrain` and `sat eval`: build objects, then call.
+
+This is the edge of the program (STYLE.md §6): only here is the config read; the loop, engines,
+trainers and losses receive plain values and objects.
+
+Run directory: ``<run.dir>/<run.experiment>/<run.name>/`` with ``config.yaml`` (resolved),
+``checkpoints/step_N/``, ``weights/vN/`` (published, pruned) and ``logs/``. The MLflow store
+defaults to ``<run.dir>/mlflow.db``; the warm-start cache is ``<run.dir>/cache/``.
+"""
 
 from __future__ import annotations
 
-from sat_cli.errors import RunFailed
+import os
+import signal
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+from sat_cli import __version__
+from sat_cli.errors import UserError
 
 
-def train(cfg, obj, overrides):
-    from sat_cli.config import to_yaml
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like Ctrl-C (checkpointed state kept, MLflow run KILLED), exit 143."""
 
-    print(to_yaml(cfg))
-    raise RunFailed("training is not implemented yet (the training-loop issue adds it)")
-
-
-def pretrain(obj):
-    raise RunFailed("warm start is not wired yet (the embedded model stack issue adds it)")
+    code = 143
 
 
-def evaluate(cfg, obj):
-    raise RunFailed("evaluation is not wired yet (the evaluation issue adds it)")
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised by the fault tests
+    raise Terminated()
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def default_run_name(obj) -> str:
+    r3 = "-r3" if obj.r3 else ""
+    return (
+        f"{obj.algo.name}-{obj.clip.name}-lag{obj.lag.n}{r3}-s{obj.seed}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def model_path(obj, log=print) -> str:
+    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path."""
+    if obj.model.kind == "hf":
+        p = obj.model.path
+        if os.path.sep in p or p.startswith("."):
+            if not Path(p).is_dir():
+                raise UserError(f"model.path={p!r} is not a directory")
+            if not (Path(p) / "config.json").is_file():
+                raise UserError(f"model.path={p!r} has no config.json: not an HF checkpoint")
+        return p
+    if obj.model.path:
+        p = Path(obj.model.path)
+        if not (p / "config.json").is_file():
+            raise UserError(f"model.path={str(p)!r} has no config.json: not an HF checkpoint")
+        return str(p)
+    if obj.task.kind != "toy":
+        raise UserError(
+            "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
+        )
+    from sat_cli.models.warmstart import ensure_warm_start
+
+    ws = obj.model.warm_start
+    overrides = {}
+    if obj.model.num_layers != 4:
+        overrides["num_hidden_layers"] = obj.model.num_layers
+    if obj.model.num_experts != 8:
+        overrides["num_experts"] = obj.model.num_experts
+    if obj.model.top_k != 2:
+        overrides["num_experts_per_tok"] = obj.model.top_k
+    if obj.model.hidden_size != 128:
+        overrides["hidden_size"] = obj.model.hidden_size
+    return str(
+        ensure_warm_start(
+            Path(obj.run.dir) / "cache",
+            digits=obj.task.digits,
+            task_seed=0,
+            heldout_size=ws.eval_size,
+            seed=0,
+            batch_size=ws.batch_size,
+            lr=ws.lr,
+            eval_every=ws.eval_every,
+            target_accuracy=ws.target_accuracy,
+            max_steps=ws.max_steps,
+            model_overrides=overrides,
+            log=log,
+        )
+    )
+
+
+def build_task(obj):
+    """The training task: the toy generator, or a prompt set graded by the math grader."""
+    if obj.task.kind == "toy":
+        from sat_cli.tasks.toy import ToyTask
+
+        return ToyTask(
+            digits=obj.task.digits,
+            seed=0,
+            heldout_size=obj.task.heldout_size,
+            template=obj.task.template,
+        )
+    from sat_cli.tasks.dataset import DatasetTask
+
+    return DatasetTask.from_config(
+        obj.task.kind,
+        path=obj.task.path,
+        data_dir=obj.data.dir,
+        template=obj.task.template,
+        seed=obj.seed,
+    )
+
+
+def build_engine(obj, path: str, logs: Path, *, r3: bool):
+    if obj.engine.name == "local":
+        from sat_cli.engines.local import LocalEngine
+
+        return LocalEngine(
+            path,
+            dtype=obj.engine.dtype,
+            r3=r3,
+            seed=obj.seed,
+            num_threads=obj.engine.num_threads,
+            log_file=str(logs / "engine.log"),
+        )
+    from sat_cli.engines.sglang import build_sglang_engine
+
+    return build_sglang_engine(path, engine_cfg=obj.engine, r3=r3, log_dir=logs)
+
+
+def build_trainer(obj, path: str, logs: Path):
+    kwargs = dict(
+        lr=obj.trainer.lr,
+        betas=tuple(obj.trainer.betas),
+        weight_decay=obj.trainer.weight_decay,
+        grad_clip=obj.trainer.grad_clip,
+        algo=obj.algo.name,
+        correction=obj.algo.correction,
+        eps_low=obj.algo.eps_low,
+        eps_high=obj.algo.eps_high,
+        adaptive=obj.clip.adaptive,
+        quantile=obj.clip.quantile,
+        exponent=obj.clip.exponent,
+        anchor=obj.clip.anchor,
+        loss_agg=obj.algo.loss_agg,
+        ratio_denominator=obj.algo.ratio_denominator,
+        kl_coef=obj.algo.kl_coef,
+        temperature=obj.task.temperature,
+        r3=obj.r3,
+        num_minibatches=obj.algo.num_minibatches,
+        seed=obj.seed,
+        loss_kwargs=_loss_kwargs(obj),
+    )
+    if obj.trainer.name == "local":
+        from sat_cli.trainers.local import LocalTrainer
+
+        return LocalTrainer(path, **kwargs)
+    from sat_cli.trainers.megatron import MegatronTrainer
+
+    return MegatronTrainer(
+        path,
+        **kwargs,
+        parallel=dict(
+            nproc_per_node=obj.trainer.nproc_per_node,
+            nnodes=obj.trainer.nnodes,
+            node_rank=obj.trainer.node_rank,
+            master_addr=obj.trainer.master_addr,
+            master_port=obj.trainer.master_port,
+            tp=obj.trainer.tp,
+            ep=obj.trainer.ep,
+            pp=obj.trainer.pp,
+            cp=obj.trainer.cp,
+        ),
+        log_dir=str(logs),
+    )
+
+
+def _loss_kwargs(obj) -> dict:
+    a = obj.algo
+    out: dict = {}
+    if a.dual_clip_c is not None:
+        out["dual_clip_c"] = a.dual_clip_c
+    if a.correction in ("tis", "mis"):
+        out["tis_cap"] = a.tis_cap
+    if a.correction == "icepop":
+        out["icepop_low"], out["icepop_high"] = a.icepop_low, a.icepop_high
+    if a.name == "dppo_tv":
+        out["dppo_delta"] = a.dppo_delta
+    if a.name == "m2po":
+        out["m2po_tau"] = a.m2po_tau
+    return out
+
+
+def build_evaluator(obj, engine, tokenizer, task):
+    """In-training evaluation on the held-out set (toy) or the configured benchmark."""
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.evaluation import evaluate, metrics
+
+    e = obj.eval
+    if e.benchmark == "toy":
+        problems = task.heldout()
+        grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
+        template = obj.task.template
+    else:
+        from sat_cli.tasks.data import load_benchmark
+        from sat_cli.tasks.reward import grade
+
+        problems = load_benchmark(
+            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=e.limit
+        )
+        grader, template = grade, e.template
+    if e.limit:
+        problems = problems[: e.limit]
+    sampling = SamplingParams(
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_new_tokens=e.max_new_tokens,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=obj.seed + 7919,
+    )
+
+    def run() -> dict[str, float]:
+        res = evaluate(
+            engine,
+            tokenizer,
+            problems,
+            n=e.n,
+            sampling=sampling,
+            template=template,
+            grader=grader,
+            batch_size=e.batch_size,
+        )
+        return metrics(res, prefix=f"eval/{e.name}/")
+
+    return run
+
+
+def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None):
+    from sat_cli.tracking import Tracker, flatten_config
+
+    uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
+    tags = {
+        "sat.version": __version__,
+        "git_commit": _git_commit(),
+        "algo": obj.algo.name,
+        "clip": obj.clip.name,
+        "lag": obj.lag.n,
+        "lag_mode": obj.lag.mode,
+        "r3": obj.r3,
+        "seed": obj.seed,
+        "correction": obj.algo.correction,
+    }
+    sweep_id = os.environ.get("SAT_SWEEP_ID")
+    if sweep_id:
+        tags["sat.sweep_id"] = sweep_id
+        tags["sat.override_hash"] = os.environ.get("SAT_OVERRIDE_HASH", "")
+        if os.environ.get("SAT_SWEEP_PARENT_RUN_ID"):
+            tags["mlflow.parentRunId"] = os.environ["SAT_SWEEP_PARENT_RUN_ID"]
+        if os.environ.get("SAT_SWEEP_METHOD"):
+            tags["sat.method"] = os.environ["SAT_SWEEP_METHOD"]
+    return Tracker(
+        uri,
+        obj.run.experiment,
+        run_name,
+        run_id=run_id,
+        tags=tags,
+        params=flatten_config(cfg_container),
+    )
+
+
+# ----------------------------------------------------------------------------- run dirs
+
+
+def resolve_run_dir(obj) -> tuple[Path, Path | None]:
+    """(run dir, checkpoint to resume from or None). Refuses to overwrite a run silently."""
+    from sat_cli.loop.state import latest_checkpoint, read_loop_state
+
+    root = Path(obj.run.dir) / obj.run.experiment
+    resume = obj.resume
+    if resume not in (None, "auto"):
+        run_dir = Path(resume)
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise UserError(
+                f"resume={resume!r}: no complete checkpoint under {run_dir}/checkpoints"
+            )
+        return run_dir, ckpt
+    if resume == "auto" and obj.run.name is None:
+        cands = sorted(
+            (p for p in root.glob("*/checkpoints") if latest_checkpoint(p)),
+            key=lambda p: p.stat().st_mtime,
+        )
+        unfinished = [
+            p.parent for p in cands if not read_loop_state(latest_checkpoint(p)).get("finished")
+        ]
+        if unfinished:
+            return unfinished[-1], latest_checkpoint(unfinished[-1] / "checkpoints")
+    name = obj.run.name or default_run_name(obj)
+    run_dir = root / name
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is not None:
+        if resume != "auto":
+            raise UserError(
+                f"run {run_dir} already has checkpoints; continue it with resume=auto "
+                "or choose another run.name"
+            )
+        return run_dir, ckpt
+    return run_dir, None
+
+
+def _warn_recompute(obj, log) -> None:
+    if (
+        obj.algo.ratio_denominator == "recompute"
+        and obj.lag.n > 0
+        and obj.algo.correction == "none"
+        and obj.algo.name != "decoupled_ppo"
+    ):
+        msg = (
+            "WARNING: algo.ratio_denominator=recompute with lag > 0 and no correction "
+            "(tis, mis, icepop or decoupled_ppo): the ratio's denominator is the trainer's own "
+            "recompute, so the policy lag is silently IGNORED by the loss and SAT has nothing to act on."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log(msg)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def train(cfg, obj, overrides) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.loop.lag import LagPolicy
+    from sat_cli.loop.progress import Progress
+    from sat_cli.loop.state import atomic_write_text, read_loop_state
+    from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
+
+    if obj.lag.inflight_updates:
+        raise UserError(
+            "lag.inflight_updates=true is not supported yet: the local engine "
+            "generates each request with one weight version"
+        )
+    run_dir, ckpt = resolve_run_dir(obj)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    log = print
+    _warn_recompute(obj, log)
+    torch.set_num_threads(obj.trainer.num_threads)
+    state0 = read_loop_state(ckpt) if ckpt else {}
+    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
+
+    path = model_path(obj, log=log)
+    task = build_task(obj)
+    cfg_container = OmegaConf.to_container(cfg, resolve=True)
+    previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+    engine = trainer = tracker = None
+    status = "FAILED"
+    try:
+        tracker = _tracker(obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"))
+        tracker.log_artifact(str(run_dir / "config.yaml"))
+        trainer = build_trainer(obj, path, logs)
+        engine = build_engine(obj, path, logs, r3=obj.r3)
+        tokenizer = trainer.tokenizer
+        evaluator = build_evaluator(obj, engine, tokenizer, task) if obj.eval.every > 0 else None
+        sampling = SamplingParams(
+            temperature=obj.task.temperature,
+            top_p=obj.task.top_p,
+            top_k=obj.task.top_k,
+            max_new_tokens=obj.task.max_new_tokens,
+            stop_token_ids=(tokenizer.eos_token_id,),
+        )
+        settings = LoopSettings(
+            max_steps=obj.max_steps,
+            prompts_per_step=obj.task.prompts_per_step,
+            group_size=obj.task.samples_per_prompt,
+            sampling=sampling,
+            lag=LagPolicy(obj.lag.n, obj.lag.mode),
+            run_dir=run_dir,
+            seed=obj.seed,
+            adv_std_norm=obj.algo.adv_std_norm,
+            drop_zero_adv_groups=obj.algo.drop_zero_adv_groups,
+            r3=obj.r3,
+            clip=ClipSchedule(
+                obj.algo.eps_low, obj.algo.eps_high, obj.clip.schedule, obj.clip.final_scale
+            ),
+            sat_probe={
+                "adaptive": obj.clip.adaptive,
+                "quantile": obj.clip.quantile,
+                "exponent": obj.clip.exponent,
+                "anchor": obj.clip.anchor,
+                "level": "sequence" if obj.algo.name == "gspo" else "token",
+            },
+            eval_every=obj.eval.every,
+            eval_at_start=obj.eval.at_start,
+            checkpoint_every=obj.checkpoint.every,
+            checkpoint_keep=obj.checkpoint.keep,
+            histogram_every=obj.tracking.histogram_every,
+        )
+        progress = Progress(obj.max_steps, start=state0.get("step", 0))
+        t0 = time.perf_counter()
+        try:
+            st = train_loop(
+                settings,
+                task=task,
+                tokenizer=tokenizer,
+                engine=engine,
+                trainer=trainer,
+                tracker=tracker,
+                evaluator=evaluator,
+                progress=progress,
+                resume_from=ckpt,
+                meta={"mlflow_run_id": tracker.run_id},
+            )
+        finally:
+            progress.close()
+        wall = time.perf_counter() - t0
+        status = "FINISHED"
+        _summary(obj, run_dir, st, tracker, wall, log)
+        return st
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        if engine is not None:
+            engine.close()
+        if trainer is not None:
+            trainer.close()
+        if tracker is not None:
+            tracker.end(status)
+
+
+def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:
+    ev = st["eval"]
+    log("")
+    log(f"done: {obj.max_steps} steps in {wall:.1f} s  ({run_dir})")
+    if ev["best"] is not None:
+        log(
+            f"eval {ev['key']}: best {ev['best']:.2f} (step {ev['best_step']}), "
+            f"last {ev['last']:.2f} (step {ev['last_step']})"
+        )
+    if tracker.run_id:
+        log(
+            f"MLflow run {tracker.run_id} in experiment '{obj.run.experiment}' — open it with: "
+            f"sat ui --run-dir {obj.run.dir}"
+        )
+
+
+def pretrain(obj) -> None:
+    path = model_path(obj)
+    print(f"warm-start checkpoint: {path}")
+
+
+def evaluate(cfg, obj) -> None:
+    from sat_cli.loop.eval_cmd import run_eval_command
+
+    run_eval_command(cfg, obj)

@@ -1,0 +1,101 @@
+"""Run directory, atomic writes and checkpoints of the training loop.
+
+A checkpoint ``checkpoints/step_N/`` holds the trainer state (``trainer/``: weights, optimizer,
+RNG, as safetensors + JSON) and ``loop_state.json``: the next step, the data cursor, the batches
+requested but not yet consumed (with the weight version each was requested with, so resume
+regenerates exactly the same samples), the engine's weight version, eval best/last, counters and
+the MLflow run id. It is written to a temporary folder and renamed into place, so a crash never
+leaves a half checkpoint under a final name; ``latest_checkpoint`` only returns complete ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "loop_state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint or run directory is unusable (missing files, wrong format)."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True))
+
+
+def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Path:
+    """Write ``ckpt_root/step_<step>`` atomically: trainer state + loop state."""
+    final = ckpt_root / f"step_{step}"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=ckpt_root))
+    try:
+        trainer.save(tmp / "trainer")
+        atomic_write_json(tmp / STATE_FILE, loop_state)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    out = []
+    if ckpt_root.is_dir():
+        for p in ckpt_root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and (p / STATE_FILE).is_file() and (p / "trainer").is_dir():
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    ckpts = list_checkpoints(ckpt_root)
+    return ckpts[-1][1] if ckpts else None
+
+
+def prune_checkpoints(ckpt_root: Path, keep: int) -> None:
+    for _, p in list_checkpoints(ckpt_root)[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+    if ckpt_root.is_dir():  # leftovers of interrupted writes
+        for p in ckpt_root.glob(".step_*.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def read_loop_state(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {ckpt / STATE_FILE}: {exc}") from None
+
+
+def prune_weights(weights_root: Path, keep_versions: set[int]) -> None:
+    """Delete published weight versions not in ``keep_versions`` (and stale temp folders)."""
+    if not weights_root.is_dir():
+        return
+    for p in weights_root.iterdir():
+        m = re.fullmatch(r"v(\d+)", p.name)
+        if (m and int(m.group(1)) not in keep_versions) or p.name.startswith("."):
+            shutil.rmtree(p, ignore_errors=True)

@@ -132,7 +132,10 @@ def test_version_not_set_by_engine_is_an_error(model_dir, standin):
 def test_http_500_is_an_engine_error_with_body_and_no_retry(model_dir, standin):
     standin.configure(status_code=500)
     with make_engine(model_dir, [standin.url], retries=3, backoff_s=0.01) as engine:
-        with pytest.raises(EngineError, match=r"HTTP 500: .*stand-in failure"):
+        with pytest.raises(
+            EngineError,
+            match=r"POST http://127.0.0.1:\d+/generate answered HTTP 500: .*stand-in failure",
+        ):
             engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
     assert len(standin.calls("/generate")) == 1
 
@@ -245,3 +248,17 @@ def test_abort_inflight_fails_blocked_calls_at_once(standin):
     assert time.monotonic() - t0 < 2.0
     assert errors == ["SGLang server died; log: /x/sglang_0.log"]
     client.close()
+
+
+def test_close_fails_requests_in_flight(model_dir, standin):
+    standin.configure(delay_s=5.0)
+    engine = make_engine(model_dir, [standin.url])
+    future = engine.generate_async([[1]], 1, SamplingParams(max_new_tokens=2))
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    engine.close()
+    with pytest.raises(EngineError, match="closed"):
+        future.result(timeout=5)
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(EngineError, match="closed"):
+        engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))

@@ -375,13 +375,18 @@ class SGLangClient:
         retries: int | None = None,
     ) -> tuple[int, bytes]:
         """Send one request with retries on connection errors; return (status, body)."""
+        status, body, _ = self._request(method, path, payload, url, timeout_s, retries)
+        return status, body
+
+    def _request(self, method, path, payload, url, timeout_s, retries) -> tuple[int, bytes, str]:
         retries = self.retries if retries is None else retries
         body = json.dumps(payload).encode() if payload is not None else None
         attempt = 0
         while True:
             target = url or self.next_url()
             try:
-                return self._once(method, target, path, body, timeout_s or self.timeout_s)
+                status, answer = self._once(method, target, path, body, timeout_s or self.timeout_s)
+                return status, answer, target
             except (*_RETRYABLE, _ConnectTimeout) as e:
                 reason = self.abort_reason()
                 if reason is not None:
@@ -432,17 +437,21 @@ class SGLangClient:
 
     def post_json(self, path: str, payload: Any, *, url: str | None = None, **kw) -> Any:
         """POST JSON, demand 200 and a JSON answer; EngineError with a body excerpt otherwise."""
-        status, body = self.request("POST", path, payload, url=url, **kw)
-        return self._json_or_raise("POST", url, path, status, body)
+        status, body, target = self._request(
+            "POST", path, payload, url, kw.get("timeout_s"), kw.get("retries")
+        )
+        return self._json_or_raise("POST", target, path, status, body)
 
     def get_json(self, path: str, *, url: str | None = None, **kw) -> Any:
-        status, body = self.request("GET", path, url=url, **kw)
-        return self._json_or_raise("GET", url, path, status, body)
+        status, body, target = self._request(
+            "GET", path, None, url, kw.get("timeout_s"), kw.get("retries")
+        )
+        return self._json_or_raise("GET", target, path, status, body)
 
     @staticmethod
-    def _json_or_raise(method: str, url: str | None, path: str, status: int, body: bytes) -> Any:
+    def _json_or_raise(method: str, url: str, path: str, status: int, body: bytes) -> Any:
         text = body.decode("utf-8", errors="replace")
-        where = f"{method} {url or ''}{path}"
+        where = f"{method} {url}{path}"
         if status != 200:
             raise EngineError(f"{where} answered HTTP {status}: {_excerpt(text)}")
         try:
@@ -611,7 +620,7 @@ class SGLangEngine:
             retries=retries,
             backoff_s=backoff_s,
         )
-        self.client.abort_reason = self._dead_reason
+        self.client.abort_reason = self._abort_reason
         self._watchdog: threading.Thread | None = None
         if self.servers:
             self._watchdog = threading.Thread(
@@ -699,6 +708,11 @@ class SGLangEngine:
             self.router.stop()
         for server in self.servers:
             server.stop()
+
+    def _abort_reason(self) -> str | None:
+        if self._closed.is_set():
+            return "the SGLang engine was closed while the request ran"
+        return self._dead_reason()
 
     def _dead_reason(self) -> str | None:
         """Why calls cannot succeed now (a dead server), or None. Checked without waiting for

@@ -358,11 +358,11 @@ class Tracker:
         if _is_http(self.uri):
             _acquire_http_env(http_timeout_s, http_max_retries)
             self._uses_http_env = True
-        db = sqlite_db_path(self.uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
         self.artifact_root = artifact_root or default_artifact_root(self.uri)
         try:
+            db = sqlite_db_path(self.uri)
+            if db is not None:
+                db.parent.mkdir(parents=True, exist_ok=True)
             self._client = MlflowClient(tracking_uri=self.uri)
             self._start(run_id, dict(tags or {}), dict(params or {}))
         except TrackingError:
@@ -584,10 +584,10 @@ class Tracker:
             logy=logy,
             stats=table,
         )
+        log_image = self._client.log_image
         self._artifact_call(
-            "image", self._client.log_image, self.run_id, image, key=key, step=step,
-            synchronous=True,
-        )  # fmt: skip
+            "image", log_image, self.run_id, image, key=key, step=step, synchronous=True
+        )
         self._artifact_call(
             "table", self._client.log_dict, self.run_id, table, f"tables/{key}/step_{step}.json"
         )
@@ -606,6 +606,8 @@ class Tracker:
         if not self._active():
             return
         p = Path(path)
+        if not p.exists():  # a caller bug, not a store failure: do not count it as an outage
+            raise FileNotFoundError(f"artifact to log does not exist: {p}")
         fn = self._client.log_artifacts if p.is_dir() else self._client.log_artifact
         self._artifact_call("artifact", fn, self.run_id, str(p), artifact_path)
 

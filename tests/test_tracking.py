@@ -335,6 +335,9 @@ def test_artifacts_text_dict_tags(store, client, tmp_path):
         tr.log_text("lag: 8\n", "config.yaml")
         tr.set_tags({"sweep": "table1", "db_url": "mysql://u:pw9@h/db", "api_token": "abc"})
         run_id = tr.run_id
+    with Tracker(store, "artifacts", "missing") as tr, pytest.raises(FileNotFoundError):
+        tr.log_artifact(tmp_path / "nope.txt")
+    assert tr.dropped_artifacts == 0
     art = Path(client.get_run(run_id).info.artifact_uri)
     assert (art / "files/note.txt").read_text() == "hello"
     assert json.loads((art / "cfg/resolved.json").read_text()) == {"a": [1, 2]}

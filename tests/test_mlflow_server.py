@@ -1,0 +1,183 @@
+"""Integration tests: a real ``mlflow server`` subprocess, driven through ``Tracker`` over HTTP.
+
+The server is started with the argument list of ``sat ui`` (``ui_command``: sqlite store,
+artifacts served from ``<db dir>/mlartifacts``, bound to 127.0.0.1, one worker) in its own
+process group, polled on ``/health`` (~20 s to come up on 2 cores), and killed by process group
+in a ``finally``. The outage test stops and restarts the server mid-run and is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sat_cli.tracking import Tracker, ui_command
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+HEALTH_TIMEOUT_S = 120  # ~20 s on 2 idle cores; 50 s seen under load 9
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read()
+
+
+@contextmanager
+def mlflow_server(db: Path, port: int) -> Iterator[str]:
+    """Run ``sat ui``'s command for ``db`` on ``port``; yield its URL once /health answers."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    log_path = db.parent / f"server-{port}-{time.monotonic_ns()}.log"
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            ui_command(f"sqlite:///{db}", port=port),
+            cwd=db.parent,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # own process group: uvicorn workers die with it
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.monotonic()
+        deadline = t0 + HEALTH_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited ({proc.returncode}):\n{log_path.read_text()}")
+            try:
+                if _get(f"{url}/health")[0] == 200:
+                    print(f"mlflow server healthy after {time.monotonic() - t0:.1f} s")
+                    break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                tail = log_path.read_text()[-3000:]
+                pytest.fail(f"mlflow server not healthy after {HEALTH_TIMEOUT_S} s:\n{tail}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_tracker_over_http_server(tmp_path):
+    db = tmp_path / "store" / "mlflow.db"
+    rng = np.random.default_rng(1)
+    lag = rng.integers(0, 9, size=300).astype(np.float64)
+
+    # a run logged straight into the sqlite store, before the server exists
+    with Tracker(f"sqlite:///{db}", "local", "direct") as tr:
+        tr.log_histogram("staleness/version_lag", lag, 0, bins=9)
+        direct_run = tr.run_id
+
+    with mlflow_server(db, _free_port()) as url:
+        with Tracker(
+            url,
+            "srv",
+            "r",
+            params={"algo.name": "gspo", "lag": "8"},
+            tags={"sweep": "smoke"},
+            http_timeout_s=5,
+            http_max_retries=0,
+        ) as tr:
+            for step in range(3):
+                tr.log_metrics({"loss/policy": 0.25 * step, "eval/aime24/avg@8": step / 4}, step)
+            table = tr.log_histogram("staleness/version_lag", lag, 1, marks={"max": 8.0}, bins=9)
+            tr.log_dict({"step": 2}, "state.json")
+            run_id = tr.run_id
+
+        client = MlflowClient(tracking_uri=url)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert run.data.params == {"algo.name": "gspo", "lag": "8"}
+        assert run.data.tags["sweep"] == "smoke"
+        assert _history(client, run_id, "loss/policy") == [(0, 0.0), (1, 0.25), (2, 0.5)]
+        assert _history(client, run_id, "eval/aime24/avg_at_8") == [(0, 0.0), (1, 0.25), (2, 0.5)]
+        images = [f.path for f in client.list_artifacts(run_id, "images")]
+        assert sorted(p.rsplit(".", 1)[1] for p in images) == ["png", "webp"]
+        assert all(p.startswith("images/staleness~version_lag+step+1+") for p in images)
+
+        # the table, downloaded through the server, holds numpy.histogram of the input
+        dst = str(tmp_path / "dl")
+        local = client.download_artifacts(run_id, "tables/staleness/version_lag/step_1.json", dst)
+        got = json.loads(Path(local).read_text())
+        counts, edges = np.histogram(lag, bins=9)
+        assert got["counts"] == counts.tolist() == table["counts"]
+        assert got["edges"] == edges.tolist()
+        assert got["marks"] == {"max": 8.0}
+        # uploads went through the server into <db dir>/mlartifacts (its artifacts destination)
+        stored = sorted((db.parent / "mlartifacts").rglob("tables/staleness/version_lag/*.json"))
+        # the direct run's local write (step 0) and this run's upload (step 1)
+        assert [(p.name, run_id in str(p)) for p in stored] in (
+            [("step_0.json", False), ("step_1.json", True)],
+            [("step_1.json", True), ("step_0.json", False)],
+        )
+
+        # the UI can serve artifacts of runs that were logged straight into the sqlite store
+        status, body = _get(
+            f"{url}/get-artifact?path=tables/staleness/version_lag/step_0.json&run_uuid={direct_run}"
+        )
+        assert status == 200 and json.loads(body)["counts"] == counts.tolist()
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow
+def test_server_outage_mid_run_buffers_and_recovers(tmp_path, caplog):
+    db = tmp_path / "store" / "mlflow.db"
+    port = _free_port()
+    caplog.set_level(logging.WARNING, logger="sat_cli.tracking")
+    with mlflow_server(db, port) as url:
+        tr = Tracker(url, "outage", "r", http_timeout_s=2, http_max_retries=0, retry_interval_s=0)
+        tr.log_metrics({"loss/policy": 0.0}, 0)
+    # server is down: training must go on, metrics buffered, the histogram dropped and counted
+    tr.log_metrics({"loss/policy": 1.0}, 1)
+    tr.log_metrics({"loss/policy": 2.0, "rollout/reward_mean": 0.5}, 2)
+    assert tr.log_histogram("staleness/abs_logratio", [0.1, 0.2], 2) is not None
+    assert (tr.buffered_metrics, tr.dropped_artifacts) == (3, 2)  # 3 points; image + table
+    down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(down) == 1, [r.getMessage() for r in caplog.records]
+
+    with mlflow_server(db, port) as url:
+        tr.log_metrics({"loss/policy": 3.0}, 3)  # reconnects and flushes the buffer first
+        assert tr.buffered_metrics == 0
+        tr.end()
+        client = MlflowClient(tracking_uri=url)
+        assert _history(client, tr.run_id, "loss/policy") == [
+            (0, 0.0),
+            (1, 1.0),
+            (2, 2.0),
+            (3, 3.0),
+        ]
+        assert _history(client, tr.run_id, "rollout/reward_mean") == [(2, 0.5)]
+        assert _history(client, tr.run_id, "tracking/dropped_artifacts") == [(3, 2.0)]
+        assert client.get_run(tr.run_id).info.status == "FINISHED"

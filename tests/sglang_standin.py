@@ -56,6 +56,7 @@ DEFAULT_SWITCHES = {
     "healthy": True,  # /health_generate answers 200 (else 503)
     "update_delay_s": 0.0,
     "report_version": None,  # report this weight_version instead of the real one
+    "mixed_versions_at": None,  # k: report weight_versions spans, first k tokens at version-1
 }
 
 
@@ -110,6 +111,13 @@ class StandinState:
             "e2e_latency": 0.001,
             "output_token_logprobs": logprobs,
         }
+        k = self.switches["mixed_versions_at"]
+        if k is not None and len(tokens) > k:
+            # As newer SGLang reports an update during the request (utils/weight_versions.py).
+            meta["weight_versions"] = [
+                {"version": str(int(self.version) - 1), "start": 0, "end": k},
+                {"version": self.version, "start": k, "end": len(tokens)},
+            ]
         if want_routed and self.routed_experts_enabled:
             layers, k = int(self.dims["num_hidden_layers"]), int(self.dims["num_experts_per_tok"])
             experts = int(self.dims["num_experts"])

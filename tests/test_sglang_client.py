@@ -262,3 +262,20 @@ def test_close_fails_requests_in_flight(model_dir, standin):
     assert time.monotonic() - t0 < 2.0
     with pytest.raises(EngineError, match="closed"):
         engine.generate([[1]], 1, SamplingParams(max_new_tokens=2))
+
+
+def test_update_during_a_paused_request_gives_per_token_versions(model_dir, standin, tmp_path):
+    weights = tmp_path / "v1"
+    weights.mkdir()
+    standin.configure(delay_s=0.5, mixed_versions_at=2)
+    with make_engine(model_dir, [standin.url]) as engine:
+        future = engine.generate_async([[1, 2]], 1, SamplingParams(max_new_tokens=5))
+        time.sleep(0.1)
+        engine.pause(mode="in_place")
+        engine.update_weights(str(weights), 1)
+        engine.resume()
+        ((sample,),) = future.result(timeout=30)
+    # Submitted at v0, first 2 tokens by v0, the rest by v1 (the stand-in's spans).
+    assert sample.weight_version == 0
+    assert sample.token_versions == [0, 0, 1, 1, 1]
+    assert sample.meta["version_at_submit"] == 0

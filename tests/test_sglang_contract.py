@@ -39,6 +39,7 @@ from sat_cli.engines.sglang import (
     entry_seeds,
     parse_finish_reason,
     parse_generate_item,
+    parse_weight_version_spans,
     read_moe_dims,
     sampling_params_to_wire,
     update_weights_payload,
@@ -314,3 +315,24 @@ def test_distributed_weight_sync_is_an_explicit_placeholder():
         NotImplementedError, match="/init_weights_update_group.*/update_weights_from_distributed"
     ):
         DistributedWeightSync()
+
+
+def test_weight_version_spans_give_per_token_versions():
+    # Newer SGLang (utils/weight_versions.py): spans over output tokens when weights changed
+    # mid-request; weight_version is then the last span's. Tokens 0-1 by v3, token 2 by v4.
+    item = sglang_item([7, 8, 9], [-0.1, -0.2, -0.3], version="4")
+    item["meta_info"]["weight_versions"] = [
+        {"version": "3", "start": 0, "end": 2},
+        {"version": "4", "start": 2, "end": 3},
+    ]
+    s = parse_generate_item(item, [1])
+    assert s.weight_version == 3  # the first token's version (base.Sample's convention)
+    assert s.token_versions == [3, 3, 4]
+    # A single span: no mixing, token_versions stays None.
+    assert parse_weight_version_spans([{"version": "5", "start": 0, "end": 2}], 2) == (5, None)
+    with pytest.raises(EngineError, match="do not tile"):
+        parse_weight_version_spans(
+            [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 2, "end": 3}], 3
+        )
+    with pytest.raises(EngineError, match="cover 2 tokens, the output has 3"):
+        parse_weight_version_spans([{"version": "3", "start": 0, "end": 2}], 3)

@@ -25,9 +25,12 @@ _MARK_COLORS = ("tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown",
 def histogram_stats(values: Any, bins: int | Sequence[float] | str = 50) -> dict[str, Any]:
     """Bin edges, counts and summary statistics of the finite entries of ``values``.
 
+    ``values``: anything ``numpy.asarray`` takes, or a torch tensor.
     ``bins`` is passed to ``numpy.histogram`` unchanged (an int, explicit edges, or a numpy rule
     name such as ``"auto"``). An empty input gives empty ``counts``/``edges`` and ``None`` stats.
     """
+    if hasattr(values, "detach"):  # a torch tensor (possibly on GPU / requiring grad)
+        values = values.detach().float().cpu().numpy()
     arr = np.asarray(values, dtype=np.float64).ravel()
     finite = arr[np.isfinite(arr)]
     out: dict[str, Any] = {"n": int(finite.size), "nonfinite": int(arr.size - finite.size)}

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -226,6 +227,9 @@ def test_histogram_helpers_hand_case():
     assert (s["counts"], s["edges"], s["n"], s["nonfinite"]) == ([1, 3], [0.0, 1.0, 2.0], 4, 1)
     assert s["mean"] == 1.0 and s["min"] == 0.0 and s["max"] == 2.0
     assert s["std"] == pytest.approx(np.sqrt(0.5))  # deviations -1,0,0,1 → var 2/4
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([0.0, 1.0, 1.0, 2.0], requires_grad=True)
+    assert histogram_stats(t, bins=[0.0, 1.0, 2.0])["counts"] == [1, 3]
     empty = histogram_stats([])
     assert empty["counts"] == [] and empty["mean"] is None
     from PIL import Image
@@ -395,3 +399,22 @@ def test_ui_command_binds_localhost(store):
     ]
     with pytest.raises(ValueError, match="local sqlite store"):
         ui_command("http://127.0.0.1:5000")
+
+
+def test_two_trackers_in_threads_do_not_clash(store, client):
+    results: dict[str, str] = {}
+
+    def work(name: str, offset: float) -> None:
+        with Tracker(store, "threads", name, retry_interval_s=0) as tr:
+            for step in range(15):
+                tr.log_metrics({"loss/policy": offset + step}, step)
+            results[name] = tr.run_id
+
+    threads = [threading.Thread(target=work, args=(n, o)) for n, o in (("a", 0.0), ("b", 100.0))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert results["a"] != results["b"]
+    assert _history(client, results["a"], "loss/policy") == [(s, float(s)) for s in range(15)]
+    assert _history(client, results["b"], "loss/policy") == [(s, 100.0 + s) for s in range(15)]

@@ -83,15 +83,15 @@ def test_start_ready_and_clean_shutdown_leaves_no_process(model_dir, tmp_path):
 
 
 def test_startup_timeout_quotes_the_log_and_stops_the_group(model_dir, tmp_path):
-    server = make_server(model_dir, tmp_path, "--standin-never-healthy", timeout=2.0)
+    server = make_server(model_dir, tmp_path, "--standin-never-healthy", timeout=5.0)
     server.start()
     pgid = server.pgid
     with pytest.raises(EngineError) as err:
         server.wait_ready()
     message = str(err.value)
-    assert "was not healthy after 2 s" in message
+    assert "was not healthy after 5 s" in message
     assert str(server.log_path) in message
-    assert "standin: serving on" in message  # a line quoted from the log
+    assert "standin: starting as sglang.launch_server" in message  # quoted from the log
     assert live_group_members(pgid) == []
 
 
@@ -129,7 +129,7 @@ def test_crash_is_detected_and_in_flight_requests_fail_naming_the_log(model_dir,
         os.kill(server.pid, signal.SIGKILL)
         with pytest.raises(EngineError) as err:
             future.result(timeout=10)
-        assert time.monotonic() - t0 < 5.0
+        assert time.monotonic() - t0 < 6.0  # the request itself would take 30 s
         assert "died (exit code -9)" in str(err.value)
         assert str(server.log_path) in str(err.value)
         assert not engine.health()

@@ -10,7 +10,9 @@ absent (on a GPU machine it does nothing):
    the same upper-triangular bool mask on CPU. (The worker also passes an explicit causal mask,
    so this is only a safety net.)
 3. ``moe_utils.te_general_gemm`` is referenced but not defined when Transformer Engine is absent
-   (a 0.16.1 bug in the router GEMM); defined as ``None`` so the plain matmul path runs.
+   (a 0.16.1 bug in the router GEMM); defined as ``None`` so the plain matmul path runs. This
+   one is about Transformer Engine, not CUDA: ``apply_te_absent_fix()`` applies it alone, and
+   ``apply_cpu_shims()`` calls it on every machine (it only fills a missing name).
 4. The RNG tracker calls ``torch.cuda`` RNG functions; ``initialize_rng_tracker(
    inference_rng_tracker=True, force_reset=True)`` installs the inference tracker, whose
    ``fork()`` does not touch CUDA state (no dropout is used here: all dropouts are 0).
@@ -37,9 +39,21 @@ def _cpu_causal_mask(sq: int, skv: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, skv, dtype=torch.bool), diagonal=1)
 
 
+def apply_te_absent_fix() -> None:
+    """Define ``moe_utils.te_general_gemm = None`` when Transformer Engine is not installed."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def apply_cpu_shims() -> bool:
-    """Patch megatron-core for CPU execution if CUDA is absent. Returns True if patched."""
+    """Patch megatron-core for CPU execution if CUDA is absent. Returns True if patched.
+
+    With CUDA present only the Transformer-Engine fix (3) is applied.
+    """
     global _APPLIED
+    apply_te_absent_fix()
     if cuda_available():
         return False
     if _APPLIED:
@@ -47,12 +61,9 @@ def apply_cpu_shims() -> bool:
 
     from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random as mp_random
-    from megatron.core.transformer.moe import moe_utils
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
     mp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     _APPLIED = True
     return True

@@ -56,10 +56,11 @@ def init_distributed(
             expert_model_parallel_size=ep,
             context_parallel_size=cp,
         )
-    if torch.cuda.is_available():
-        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        if torch.cuda.is_available():
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(0)
+            # megatron's CUDA RNG tracker (dropout is 0 here, but layers fork the tracker)
+            model_parallel_cuda_manual_seed(0)
 
 
 def causal_mask(

@@ -1,0 +1,281 @@
+"""GPU check of the megatron trainer backend (docs/megatron.md): parity with HF and the local
+trainer on one GPU, in fp32 and bf16, plus a few training steps and one step through torchrun.
+
+    python scripts/gpu_check_megatron.py                  # on the GPU machine (via the .sh)
+    python scripts/gpu_check_megatron.py --device cpu     # CPU smoke of this script (tiny only)
+
+Models: the tiny Qwen3-MoE (STACK.md) and a "medium" one (8 layers, hidden 1024, 64 experts,
+top-8, vocab 4096, ~0.4 B parameters), randomly initialised. Checks, each a row of the table:
+
+- ``logits fp32``: max |Δ log-prob| megatron vs HF (TF32 off), free routing;
+- ``logits bf16 R3``: mean |Δ log-prob| with HF's own routes replayed through RouterReplay
+  (bf16 near-ties flip routing between kernels, so free-routing bf16 is only reported:
+  ``route agree bf16`` = fraction of token x layer top-k sets that megatron and HF agree on);
+- ``train fp32 R3``: SAT-GRPO + R3, ``--steps`` steps of MegatronActor vs LocalTrainer from the
+  same weights and batches: max |Δ loss| over steps and max |Δ weight| at the end;
+- ``train bf16``: megatron in bf16, ``--steps`` steps: losses finite, weights moved;
+- ``torchrun``: one step through ``MegatronTrainer`` (NCCL, world size 1) equals the in-process
+  fp32 step.
+
+Exit status 0 iff every gated row passes. Tolerances are in the table (``tol``); rows with
+``-`` are reported, not gated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sat_cli.engines.base import Sample  # noqa: E402
+from sat_cli.models.r3 import RouteCapture  # noqa: E402
+from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.trainers.batch import collate  # noqa: E402
+from sat_cli.trainers.local import LocalTrainer  # noqa: E402
+from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
+from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
+from sat_cli.trainers.megatron.model import build_gpt_model  # noqa: E402
+
+MEDIUM = dict(
+    vocab_size=4096,
+    hidden_size=1024,
+    intermediate_size=2048,
+    moe_intermediate_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    num_experts=64,
+    num_experts_per_tok=8,
+    max_position_embeddings=2048,
+)
+
+ROWS: list[tuple[str, str, str, float, float | None]] = []
+
+
+def row(check: str, model: str, metric: str, value: float, tol: float | None) -> None:
+    ROWS.append((check, model, metric, float(value), tol))
+    ok = "" if tol is None else ("PASS" if value <= tol else "FAIL")
+    print(f"  {check:<18} {model:<7} {metric:<24} {value:10.3g} {ok}", flush=True)
+
+
+def make_batch(cfg, n, seed, max_prompt, max_resp, routes=True):
+    g = torch.Generator().manual_seed(seed)
+    L, E, K = cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok
+    samples = []
+    for _ in range(n):
+        p = int(torch.randint(4, max_prompt + 1, (1,), generator=g))
+        r = int(torch.randint(4, max_resp + 1, (1,), generator=g))
+        ids = torch.randint(3, cfg.vocab_size, (p + r,), generator=g).tolist()
+        rec = torch.rand(p + r - 1, L, E, generator=g).argsort(-1)[..., :K] if routes else None
+        samples.append(
+            Sample(
+                prompt_ids=ids[:p],
+                response_ids=ids[p:],
+                rollout_logp=(
+                    -math.log(cfg.vocab_size) + 0.3 * torch.randn(r, generator=g)
+                ).tolist(),
+                finish_reason="stop",
+                weight_version=0,
+                routed_experts=None if rec is None else rec.numpy().astype(np.int32),
+            )
+        )
+    adv = torch.randn(n, generator=g)
+    return collate(samples, adv, pad_id=0, need_routes=routes)
+
+
+def hf_logp(model, ids):
+    logits = model(ids).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def mg_logp(model, ids):
+    b, s = ids.shape
+    pos = torch.arange(s, device=ids.device).expand(b, s)
+    return runtime.token_logprobs(model, ids, pos)[0][:, 1:]
+
+
+def check_logits(name, ckpt, dev, bf16: bool):
+    from transformers import AutoModelForCausalLM
+
+    cfg = convert.read_hf_config(ckpt)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, cfg["vocab_size"], (4, 256), generator=g).to(dev)
+    for dtype in [torch.float32] + ([torch.bfloat16] if bf16 else []):
+        hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(dev).eval()
+        mg = build_gpt_model(cfg, dtype=dtype, routing_replay=True).to(dev)
+        convert.load_hf_into_megatron(mg, ckpt)
+        mg.eval()
+        with torch.no_grad(), RouteCapture(hf) as cap:
+            ref = hf_logp(hf, ids)
+        hf_routes = cap.last_call().view(ids.shape[0], ids.shape[1], -1, cfg["num_experts_per_tok"])
+        seen: list[torch.Tensor] = []
+        hooks = [
+            layer.mlp.router.register_forward_hook(lambda m, a, o, seen=seen: seen.append(o[1]))
+            for layer in mg.decoder.layers
+        ]
+        with torch.no_grad():
+            free = mg_logp(mg, ids)  # free routing, routing maps recorded by the hooks
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            runtime.set_replay_routes(hf_routes, mg.config, device=dev)
+            replayed = mg_logp(mg, ids)
+            runtime.clear_replay()
+        # routing agreement of free routing: megatron routing maps [S*B, E] vs HF sets
+        agree = []
+        for layer, rmap in enumerate(seen):
+            hf_map = torch.zeros_like(rmap)
+            r = hf_routes[:, :, layer].transpose(0, 1).reshape(-1, hf_routes.shape[-1]).long()
+            hf_map.scatter_(-1, r.to(dev), True)
+            agree.append((rmap == hf_map).all(-1).float().mean().item())
+        tag = "fp32" if dtype == torch.float32 else "bf16"
+        if dtype == torch.float32:
+            row("logits fp32", name, "max abs dlogp free", (free - ref).abs().max().item(), 1e-3)
+            row(
+                "logits fp32 R3",
+                name,
+                "max abs dlogp replay",
+                (replayed - ref).abs().max().item(),
+                1e-3,
+            )
+        else:
+            row(
+                "logits bf16 R3",
+                name,
+                "mean abs dlogp replay",
+                (replayed - ref).abs().mean().item(),
+                2e-2,
+            )
+            row(
+                "logits bf16 R3",
+                name,
+                "max abs dlogp replay",
+                (replayed - ref).abs().max().item(),
+                None,
+            )
+            row("logits bf16", name, "mean abs dlogp free", (free - ref).abs().mean().item(), None)
+        row(f"route agree {tag}", name, "1 - frac agree", 1 - float(np.mean(agree)), None)
+        del hf, mg
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def check_training(name, ckpt, dev, steps, bf16: bool, big: bool):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(ckpt)
+    kw = dict(lr=1e-5, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    shape = (16, 64, 192) if big else (16, 16, 48)
+    batches = [make_batch(cfg, shape[0], 10 + i, shape[1], shape[2]) for i in range(steps)]
+    local = LocalTrainer(str(ckpt), device=str(dev), **kw)
+    actor = MegatronActor(str(ckpt), **kw)
+    dloss, t_loc, t_meg = 0.0, 0.0, 0.0
+    for b in batches:
+        t0 = time.perf_counter()
+        ml = local.step(b)
+        t1 = time.perf_counter()
+        mm = actor.step(b)
+        t2 = time.perf_counter()
+        t_loc, t_meg = t_loc + t1 - t0, t_meg + t2 - t1
+        dloss = max(dloss, abs(ml["loss/total"] - mm["loss/total"]))
+    lw = convert.unfuse_experts(dict(local.model.state_dict()))
+    mw = actor.hf_state()
+    w0 = convert.load_hf_state(ckpt)
+    dw = max((lw[k].float() - mw[k].float()).abs().max().item() for k in lw)
+    upd = max((lw[k].float() - w0[k].float()).abs().max().item() for k in lw)
+    row("train fp32 R3", name, f"max abs dloss {steps} st", dloss, 1e-4)
+    row("train fp32 R3", name, "max abs dweight", dw, None)
+    # Adam normalises each gradient, so a float-level difference in a near-zero gradient moves
+    # a weight by a fraction of lr: gate the difference relative to the largest update.
+    row("train fp32 R3", name, "dweight / max update", dw / max(upd, 1e-30), 0.1)
+    row("train fp32 R3", name, "s/step local", t_loc / steps, None)
+    row("train fp32 R3", name, "s/step megatron", t_meg / steps, None)
+    del local, actor
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    if bf16:
+        actor = MegatronActor(str(ckpt), dtype="bfloat16", **kw)
+        before = {k: v.clone() for k, v in actor.hf_state().items()}
+        losses = [actor.step(b)["loss/total"] for b in batches]
+        after = actor.hf_state()
+        moved = max((after[k].float() - before[k].float()).abs().max().item() for k in after)
+        row("train bf16", name, "non-finite losses", sum(not math.isfinite(x) for x in losses), 0)
+        row("train bf16", name, "weights moved (1=yes)", float(moved > 0), None)
+        del actor
+    return batches[0]
+
+
+def check_torchrun(ckpt, batch, work):
+    from sat_cli.trainers.megatron.client import MegatronTrainer
+
+    kw = dict(lr=1e-5, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    actor = MegatronActor(str(ckpt), **kw)
+    expect = actor.step(batch)["loss/total"]
+    del actor
+    t0 = time.perf_counter()
+    with MegatronTrainer(ckpt, work_dir=work, **kw) as trainer:
+        startup = time.perf_counter() - t0
+        got = trainer.step(batch)["loss/total"]
+        pub = trainer.publish_weights(Path(work) / "weights", 1)
+    row("torchrun", "tiny", "abs dloss vs in-proc", abs(got - expect), 1e-5)
+    row("torchrun", "tiny", "startup s", startup, None)
+    row("torchrun", "tiny", "published files", len(list(Path(pub).iterdir())), None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--models", default="tiny,medium", help="comma list of tiny, medium")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --device cpu for a smoke of this script", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    on_gpu = dev.type == "cuda"
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_megatron_") as tmp:
+        runtime.init_distributed(file_store=Path(tmp) / "store")
+        print(f"torch {torch.__version__}, device {dev}", flush=True)
+        print(f"  {'check':<18} {'model':<7} {'metric':<24} {'value':>10}", flush=True)
+        first_batch = None
+        for name in args.models.split(","):
+            overrides = MEDIUM if name == "medium" else {}
+            if name == "medium" and not on_gpu:
+                print("  (medium skipped on CPU)")
+                continue
+            ckpt = Path(tmp) / name
+            tok = build_char_tokenizer() if name == "tiny" else None
+            save_hf(build_tiny_moe(seed=0, **overrides), tok, ckpt)
+            check_logits(name, ckpt, dev, bf16=on_gpu)
+            batch = check_training(name, ckpt, dev, args.steps, bf16=on_gpu, big=name == "medium")
+            if name == "tiny":
+                first_batch = batch
+        if first_batch is not None:
+            check_torchrun(Path(tmp) / "tiny", first_batch, Path(tmp) / "torchrun")
+    failed = [r for r in ROWS if r[4] is not None and not r[3] <= r[4]]
+    print("\n| check | model | metric | value | tol | ok |")
+    print("|---|---|---|---|---|---|")
+    for check, model, metric, value, tol in ROWS:
+        ok = "-" if tol is None else ("PASS" if value <= tol else "FAIL")
+        print(
+            f"| {check} | {model} | {metric} | {value:.3g} | {'-' if tol is None else tol} | {ok} |"
+        )
+    print(f"\n{len(ROWS)} rows, {len(failed)} failed, {time.perf_counter() - t_start:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

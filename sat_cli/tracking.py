@@ -38,7 +38,8 @@ What it does:
   images, tables, artifacts and tags that fail are dropped and counted in ``dropped_artifacts``.
   On a successful reconnect the buffer is flushed; ``end`` logs the counters as metrics
   ``tracking/dropped_metrics`` / ``tracking/dropped_artifacts`` (at the last step) when non-zero.
-  Invalid arguments (MLflow ``INVALID_PARAMETER_VALUE``) are programming errors and are raised.
+  Invalid arguments (MLflow ``INVALID_PARAMETER_VALUE``) are programming errors and are raised
+  (at start as :class:`TrackingError`: a bad experiment name or a deleted run is user input).
 * **HTTP timeouts.** For server URIs the MLflow client reads ``MLFLOW_HTTP_REQUEST_TIMEOUT``,
   ``…_MAX_RETRIES`` and ``…_BACKOFF_FACTOR`` from the environment at every request. The tracker
   sets the ones the user has not set (to ``http_timeout_s``/``http_max_retries``/1) while at least
@@ -299,6 +300,14 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return errors
 
 
+def _check_step(step: Any) -> int:
+    """MLflow steps are int64; a bad one would be rejected by the store at every retry."""
+    value = int(step)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"MLflow step must fit in int64, got {step!r}")
+    return value
+
+
 def _is_caller_error(exc: BaseException) -> bool:
     return getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
@@ -370,8 +379,10 @@ class Tracker:
             raise
         except self._errors as exc:
             self._release()
-            if _is_caller_error(exc):
-                raise
+            if _is_caller_error(exc):  # e.g. a bad experiment name, a deleted run: user input
+                raise TrackingError(
+                    f"MLflow rejected the run setup at {redact_uri(self.uri)}: {exc}"
+                ) from exc
             raise TrackingError(
                 f"cannot use the MLflow tracking store at {redact_uri(self.uri)}: "
                 f"{type(exc).__name__}: {redact_uri(str(exc))[:500]}. "
@@ -501,7 +512,7 @@ class Tracker:
             return
         from mlflow.entities import Metric
 
-        step = int(step)
+        step = _check_step(step)
         self._last_step = max(self._last_step, step)
         ts = int(time.time() * 1000)
         points: dict[str, float] = {}
@@ -533,7 +544,15 @@ class Tracker:
             while self._buffer:
                 n = min(METRICS_PER_BATCH, len(self._buffer))
                 batch = [self._buffer[i] for i in range(n)]
-                if not self._call("metrics", self._client.log_batch, self.run_id, metrics=batch):
+                sent = None
+                try:
+                    sent = self._call("metrics", self._client.log_batch, self.run_id, metrics=batch)
+                finally:
+                    if sent is None:  # rejected as invalid (raised): drop it, or it blocks the rest
+                        self.dropped_metrics += n
+                        for _ in range(n):
+                            self._buffer.popleft()
+                if not sent:
                     return
                 for _ in range(n):
                     self._buffer.popleft()
@@ -568,7 +587,7 @@ class Tracker:
             return None
         from sat_cli.plots import histogram_image, histogram_stats
 
-        step = int(step)
+        step = _check_step(step)
         if step <= self._resume_max_step:  # already logged before the resume
             self.skipped_relogged += 1
             return None

@@ -171,6 +171,9 @@ def test_metrics_one_point_per_step_and_nonfinite(store, client):
     assert _history(client, run_id, "loss/kl_k3") == []
     assert _history(client, run_id, NONFINITE_KEY) == [(4, 2.0)]
     assert len(client.get_run(run_id).data.metrics) == 1100 + 5
+    with Tracker(store, "metrics", "bad-step") as tr, pytest.raises(ValueError, match="int64"):
+        tr.log_metrics({"a": 1.0}, 2**63)  # would poison the retry buffer if it reached the store
+    assert tr.buffered_metrics == 0
 
 
 # --------------------------------------------------------------------------- histograms
@@ -272,9 +275,14 @@ def test_resume_continues_same_run(store, client):
     assert len(client.search_runs([run.info.experiment_id])) == 1
 
 
-def test_resume_unknown_run_raises(store):
+def test_resume_unknown_or_deleted_run_raises(store, client):
     with pytest.raises(TrackingError, match="cannot resume MLflow run 0123456789abcdef"):
         Tracker(store, "resume", "r", run_id="0123456789abcdef")
+    with Tracker(store, "resume", "deleted") as tr:
+        pass
+    client.delete_run(tr.run_id)
+    with pytest.raises(TrackingError, match="MLflow rejected the run setup"):
+        Tracker(store, "resume", "deleted", run_id=tr.run_id)
 
 
 def test_end_statuses(store, client):

@@ -10,8 +10,9 @@ What it checks, printing one table row each (exit code 1 if any fails):
 2. SGLang's token log-probs equal a transformers recompute of ``log_softmax(logits / T)`` at the
    sampled tokens (bf16 tolerance: mean |diff| < 0.03, max |diff| < 0.3; temperature 1, no
    top-p/top-k so the sampled and the scored distribution are the same);
-3. routed experts have shape ``[prompt_len + completion_len - 1, num_layers, top_k]`` and agree
-   with the HF routers' top-k sets on most token-layer pairs (bf16 near-ties may flip a few);
+3. routed experts have shape ``[prompt_len + completion_len - 1, num_layers, top_k]`` and match
+   the HF routers' top-k sets wherever the choice is not a near-tie (router-logit gap < 0.1;
+   the agreement fraction is printed for information);
 4. ``/update_weights_from_disk`` with a perturbed copy of the checkpoint (lm_head x 1.5): later
    samples report version 1 and match the recompute under the new weights, not the old ones.
 
@@ -43,19 +44,17 @@ DEFAULT_SERVER_ARGS = (
 )
 
 
-def hf_score(model, prompt: list[int], response: list[int], temperature: float, top_k: int):
-    """Token log-probs of ``response`` under ``model`` (temperature-scaled, float32 softmax) and
-    the top-k expert indices per layer for every fed token ``[P + C - 1, L, K]``."""
+def hf_score(model, prompt: list[int], response: list[int], temperature: float):
+    """Token log-probs of ``response`` under ``model`` (temperature-scaled, float32 softmax)
+    and the router logits of every MoE layer for every fed token, ``[P + C - 1, L, E]``."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt + response], device=device)
-    routes: list[torch.Tensor] = []
+    router_logits: list[torch.Tensor] = []
 
     def hook(_module, _inputs, output):
-        if isinstance(output, tuple) and len(output) == 3:  # transformers 5: (logits, scores, idx)
-            routes.append(output[2].reshape(-1, top_k))
-        else:
-            logits = output[0] if isinstance(output, tuple) else output
-            routes.append(torch.topk(logits.float().reshape(-1, logits.shape[-1]), top_k).indices)
+        # transformers 5 Qwen3-MoE gate returns (logits, scores, indices); older: logits.
+        logits = output[0] if isinstance(output, tuple) else output
+        router_logits.append(logits.float().reshape(-1, logits.shape[-1]))
 
     handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
     try:
@@ -67,8 +66,7 @@ def hf_score(model, prompt: list[int], response: list[int], temperature: float, 
     p = len(prompt)
     logp = torch.log_softmax(logits[p - 1 :] / temperature, dim=-1)  # [C, V]
     token_logp = logp.gather(1, torch.tensor(response, device=device)[:, None])[:, 0]
-    experts = torch.stack(routes, dim=1)  # [P + C - 1, L, K]
-    return token_logp.cpu().double().numpy(), experts.cpu().numpy()
+    return token_logp.cpu().double().numpy(), torch.stack(router_logits, dim=1).cpu()
 
 
 def load_hf(path: str, device: str):
@@ -95,22 +93,36 @@ def perturbed_copy(src: str, dst: Path) -> None:
 
 
 def compare(model, samples, temperature, top_k):
-    diffs, agree, total, shapes_ok = [], 0, 0, True
+    """Log-prob differences, and how SGLang's routed experts compare with HF's routers.
+
+    A routing disagreement is acceptable only as a near-tie: ``gap`` is the HF router-logit sum
+    of HF's top-k set minus that of SGLang's set (0 when they agree); bf16 noise makes small
+    gaps, a wrong layout or layer order makes large ones.
+    """
+    diffs, agree, total, max_gap, shapes_ok = [], 0, 0, 0.0, True
     for group in samples:
         for s in group:
-            ref_logp, ref_experts = hf_score(
-                model, s.prompt_ids, s.response_ids, temperature, top_k
-            )
+            ref_logp, router = hf_score(model, s.prompt_ids, s.response_ids, temperature)
             diffs.extend(abs(a - b) for a, b in zip(s.rollout_logp, ref_logp, strict=True))
-            if s.routed_experts is None or s.routed_experts.shape != ref_experts.shape:
+            expected = (router.shape[0], router.shape[1], top_k)
+            if s.routed_experts is None or s.routed_experts.shape != expected:
                 shapes_ok = False
                 continue
-            got = torch.from_numpy(s.routed_experts).sort(-1).values
-            ref = torch.from_numpy(ref_experts).to(got.dtype).sort(-1).values
-            agree += int((got == ref).all(-1).sum())
+            got = torch.from_numpy(s.routed_experts).long()  # [T, L, K]
+            best = router.topk(top_k, dim=-1)
+            gap = best.values.sum(-1) - router.gather(-1, got).sum(-1)  # [T, L]
+            same = got.sort(-1).values == best.indices.sort(-1).values
+            agree += int(same.all(-1).sum())
             total += got.shape[0] * got.shape[1]
+            max_gap = max(max_gap, float(gap.max()))
     diffs_t = torch.tensor(diffs, dtype=torch.float64)
-    return float(diffs_t.mean()), float(diffs_t.max()), shapes_ok, agree / max(total, 1)
+    return {
+        "mean": float(diffs_t.mean()),
+        "max": float(diffs_t.max()),
+        "shapes_ok": shapes_ok,
+        "agree": agree / max(total, 1),
+        "max_gap": max_gap,
+    }
 
 
 def main() -> int:
@@ -167,12 +179,17 @@ def main() -> int:
         rows.append(("generate", f"{n_tokens} tokens in {gen_s:.1f} s", "-", n_tokens > 0))
 
         model = load_hf(args.ckpt, device)
-        mean_d, max_d, shapes_ok, agree = compare(model, samples, 1.0, dims.top_k)
-        rows.append(("logp |sglang - hf| mean", f"{mean_d:.4f}", "< 0.03", mean_d < 0.03))
-        rows.append(("logp |sglang - hf| max", f"{max_d:.4f}", "< 0.3", max_d < 0.3))
+        c = compare(model, samples, 1.0, dims.top_k)
+        rows.append(("logp |sglang - hf| mean", f"{c['mean']:.4f}", "< 0.03", c["mean"] < 0.03))
+        rows.append(("logp |sglang - hf| max", f"{c['max']:.4f}", "< 0.3", c["max"] < 0.3))
         shape = samples[0][0].routed_experts.shape
-        rows.append(("routed experts shape", f"{shape} [P+C-1, L, K]", "all samples", shapes_ok))
-        rows.append(("routed experts = hf top-k", f"{agree:.3f}", "> 0.9", agree > 0.9))
+        rows.append(
+            ("routed experts shape", f"{shape} [P+C-1, L, K]", "all samples", c["shapes_ok"])
+        )
+        rows.append(("routed experts = hf top-k", f"{c['agree']:.3f}", "(info)", True))
+        rows.append(
+            ("router gap where they differ", f"{c['max_gap']:.4f}", "< 0.1", c["max_gap"] < 0.1)
+        )
 
         new_ckpt = work / "v1"
         perturbed_copy(args.ckpt, new_ckpt)
@@ -182,10 +199,10 @@ def main() -> int:
         samples = engine.generate(prompts, 1, sampling)
         versions = sorted({s.weight_version for g in samples for s in g})
         rows.append(("weight_version after update", str(versions), "[1]", versions == [1]))
-        old_mean, _, _, _ = compare(model, samples, 1.0, dims.top_k)
+        old_mean = compare(model, samples, 1.0, dims.top_k)["mean"]
         del model
         new_model = load_hf(str(new_ckpt), device)
-        new_mean, new_max, _, _ = compare(new_model, samples, 1.0, dims.top_k)
+        new_mean = compare(new_model, samples, 1.0, dims.top_k)["mean"]
         rows.append(("v1 logp vs new weights mean", f"{new_mean:.4f}", "< 0.03", new_mean < 0.03))
         rows.append(
             ("v1 logp vs old weights mean", f"{old_mean:.4f}", "> 3x new", old_mean > 3 * new_mean)

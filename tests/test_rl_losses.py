@@ -63,7 +63,7 @@ def ref_policy_loss(
     for (b, t), v in x.items():
         r = torch.exp(v)
         lo, hi = 1 - eps_low, 1 + eps_high
-        dv = float(v)
+        dv = float(v.detach())
         if adaptive and q > 0 and abs(dv) > q:
             psi = 1 / (1 + (abs(dv) / q) ** exponent)
             if dv > 0:

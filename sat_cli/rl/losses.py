@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from sat_cli.rl.sat import sat_bounds_tensors
+from sat_cli.rl.sat import sat_sequence_bounds, sat_token_bounds
 
 LEVELS = ("token", "sequence", "sequence_token")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -71,13 +71,26 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, n_active: int, agg: s
     raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGGS)}")
 
 
-def clipped_surrogate(ratio, adv, lower, upper, dual_clip_c=None) -> torch.Tensor:
-    """Per-token ``S = min(r A, clip(r, lower, upper) A)`` (bounds: Python floats or ``[B, T]``),
-    then ``S = max(S, c A)`` where ``A < 0`` if ``dual_clip_c`` is set."""
-    surr = torch.minimum(ratio * adv, torch.clamp(ratio, lower, upper) * adv)  # [B, T]
+def _surrogate(ratio, adv, lower, upper, dual_clip_c):
+    """``S = r_eff * A`` with ``r_eff`` the bound where the clip binds (``A > 0, r > upper`` or
+    ``A < 0, r < lower``: no gradient) and ``r`` elsewhere. Bit for bit the value of
+    ``min(r A, clip(r, lower, upper) A)`` with the same gradient, without ``minimum``'s tie
+    splitting in backward. Returns ``(S, clip mask)``; bounds are Python floats or tensors
+    broadcastable to ``ratio``."""
+    r = ratio.detach()
+    clip_hi = (adv > 0) & (r > upper)  # [B, T]
+    clip_lo = (adv < 0) & (r < lower)  # [B, T]
+    r_eff = torch.where(clip_hi, upper, torch.where(clip_lo, lower, ratio))  # [B, T]
+    surr = r_eff * adv  # [B, T]
     if dual_clip_c is not None:
         surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
-    return surr
+    return surr, clip_hi | clip_lo
+
+
+def clipped_surrogate(ratio, adv, lower, upper, dual_clip_c=None) -> torch.Tensor:
+    """Per-token ``S = min(r A, clip(r, lower, upper) A)`` (bounds: Python floats or tensors
+    broadcastable to ``ratio``), then ``S = max(S, c A)`` where ``A < 0`` if ``dual_clip_c``."""
+    return _surrogate(ratio, adv, lower, upper, dual_clip_c)[0]
 
 
 def policy_loss(
@@ -127,6 +140,9 @@ def policy_loss(
         )
     if level != "token":
         agg = "seq-mean-token-mean"
+    sat_kw = dict(
+        eps_low=eps_low, eps_high=eps_high, quantile=quantile, exponent=exponent, anchor=anchor
+    )
 
     mask = mask.bool()  # [B, T]
     n_active = int(mask.sum())  # one host sync; needed for the order statistic anyway
@@ -134,36 +150,26 @@ def policy_loss(
     adv = torch.where(mask, adv, 0.0)  # [B, T]
     token_lr = torch.where(mask, logp - denom_logp.detach(), 0.0)  # [B, T], 0 off-mask
 
+    sat = None
     if level == "token":
-        log_ratio = token_lr  # [B, T]
+        ratio = torch.exp(token_lr)  # [B, T]
+        if adaptive:
+            sat = sat_token_bounds(token_lr.detach(), n_active, **sat_kw)
     else:
-        lens = mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
-        seq_lr = token_lr.sum(-1, keepdim=True) / lens  # [B, 1], log s_b
+        lens = mask.sum(-1, keepdim=True)  # [B, 1]
+        seq_lr = token_lr.sum(-1, keepdim=True) / lens.clamp(min=1)  # [B, 1], log s_b
         if level == "sequence":
-            log_ratio = seq_lr.expand_as(logp)  # [B, T], gradient through the mean
+            ratio = torch.exp(seq_lr).expand_as(logp)  # [B, T], gradient through the mean
         else:
             logp_m = torch.where(mask, logp, 0.0)  # [B, T]
-            log_ratio = seq_lr.detach() + (logp_m - logp_m.detach())  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
+            ratio = torch.exp(seq_lr.detach() + (logp_m - logp_m.detach()))  # [B, T]
+        if adaptive:
+            sat = sat_sequence_bounds(seq_lr.detach(), lens, n_active, **sat_kw)
 
-    lower = upper = None
-    sat_stats = None
-    q = 0.0
-    if adaptive:
-        lower, upper, q, sat_stats = sat_bounds_tensors(
-            log_ratio.detach(),
-            mask,
-            n_active,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            quantile=quantile,
-            exponent=exponent,
-            anchor=anchor,
-        )
-    if lower is None:
-        surr = clipped_surrogate(ratio, adv, 1.0 - eps_low, 1.0 + eps_high, dual_clip_c)
-    else:
-        surr = clipped_surrogate(ratio, adv, lower, upper, dual_clip_c)  # [B, T]
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    sat_on = sat is not None and sat.lower is not None
+    lower, upper = (sat.lower, sat.upper) if sat_on else (lo, hi)
+    surr, clipped = _surrogate(ratio, adv, lower, upper, dual_clip_c)  # [B, T]
     if token_weights is not None:
         surr = surr * torch.where(mask, token_weights.detach(), 0.0)
     surr = torch.where(mask, surr, 0.0)  # [B, T]
@@ -171,31 +177,28 @@ def policy_loss(
 
     with torch.no_grad():
         n = float(max(n_active, 1))
-        f64 = torch.float64
-        r = ratio.detach()
-        pos, neg = adv > 0, adv < 0
-        ppo_clip = mask & ((pos & (r > 1.0 + eps_high)) | (neg & (r < 1.0 - eps_low)))
+        n_clip = clipped.sum()  # masked slots have A == 0 and are never clipped
+        if sat_on:  # SAT's interval lies inside PPO's: PPO-clipped tokens are SAT-clipped too
+            r = ratio.detach()
+            n_ppo = (((adv > 0) & (r > hi)) | ((adv < 0) & (r < lo))).sum()
+        else:
+            n_ppo = n_clip
+        abs_lr = token_lr.detach().abs()
         vals = {
             "loss/policy": loss.detach(),
-            "loss/clipfrac": ppo_clip.sum(dtype=f64) / n,
-            "staleness/abs_logratio_mean": token_lr.detach().abs().sum(dtype=f64) / n,
+            "loss/clipfrac": n_ppo.double() / n,
+            "sat/clipfrac_sat_band": (n_clip - n_ppo).double() / n,
+            "staleness/abs_logratio_mean": abs_lr.sum() / n,
             # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
-            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum(dtype=f64)
-            / n,
+            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
         }
-        if lower is not None:
-            sat_clip = mask & ((pos & (r > upper)) | (neg & (r < lower)))
-            vals["sat/clipfrac_sat_band"] = (sat_clip & ~ppo_clip).sum(dtype=f64) / n
-        else:
-            vals["sat/clipfrac_sat_band"] = r.new_zeros(())
-        if sat_stats is not None:
-            for key, value in sat_stats.items():
-                vals[f"sat/{key}"] = value
+        if sat is not None:
+            vals.update({f"sat/{k}": v for k, v in sat.stats.items()})
         keys = list(vals)
         floats = torch.stack([vals[k].to(torch.float64) for k in keys]).tolist()
         metrics = dict(zip(keys, floats, strict=True))
-        if sat_stats is not None:
-            metrics["sat/active"] = 1.0 if q < math.log1p(eps_high) else 0.0
+        if sat is not None:
+            metrics["sat/active"] = 1.0 if sat.q < math.log1p(eps_high) else 0.0
     return loss, metrics
 
 

@@ -40,6 +40,7 @@ alpha`` bound (that bound is exactly what makes plain SAT inert on a uniformly s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
@@ -51,20 +52,6 @@ def order_statistic_k(quantile: float, n: int) -> int:
     """``k = ceil(quantile * n)`` computed exactly (decimal reading of ``quantile``), in [1, n]."""
     k = math.ceil(Fraction(repr(float(quantile))) * n)
     return min(max(k, 1), n)
-
-
-def batch_reference(abs_d: torch.Tensor, mask: torch.Tensor, n_active: int, quantile: float):
-    """``q``: the k-th smallest ``|d|`` over active tokens (0-dim tensor; 0 when none active)."""
-    if n_active == 0:
-        return abs_d.new_zeros(())
-    k = order_statistic_k(quantile, n_active)
-    # Inactive slots are pushed below every |d| (which is >= 0) so the k-th smallest active
-    # value is the (k + n_inactive)-th smallest overall; avoids a boolean-index copy.
-    n_inactive = mask.numel() - n_active
-    if n_inactive == 0:
-        return abs_d.reshape(-1).kthvalue(k).values
-    flat = torch.where(mask, abs_d, -1.0).reshape(-1)
-    return flat.kthvalue(k + n_inactive).values
 
 
 def _validate(eps_low, eps_high, quantile, exponent, anchor):
@@ -82,9 +69,81 @@ def _validate(eps_low, eps_high, quantile, exponent, anchor):
         )
 
 
-def sat_bounds_tensors(
+@dataclass
+class SatBounds:
+    """Result of the SAT computation. ``lower``/``upper`` are ``None`` when nothing is gated
+    because ``q == 0`` (the caller then clips with PPO's Python scalars, bit for bit); ``stats``
+    are 0-dim tensors (converted to floats by the caller in one host sync)."""
+
+    lower: torch.Tensor | None
+    upper: torch.Tensor | None
+    q: float
+    stats: dict[str, torch.Tensor]
+
+
+def _psi(u: torch.Tensor, scale: float, exponent: float) -> torch.Tensor:
+    """Hill kernel ``1 / (1 + (u / scale)**p)`` (no grad; in-place on a fresh tensor)."""
+    x = u / scale
+    x = x.mul_(x) if exponent == 2.0 else x.pow_(exponent)
+    return x.add_(1.0).reciprocal_()
+
+
+def _contract(d, q_t, q, n_active, weight, eps_low, eps_high, exponent, anchor) -> SatBounds:
+    """Bounds and stats from ``q``. ``d`` is 0 on inactive entries; ``weight`` (``None`` or the
+    number of active tokens each entry stands for) makes the stats token-weighted."""
+    abs_d = d.abs()
+    if not q > 0.0:  # also catches a NaN q (non-finite d on active tokens): no contraction
+        stats = {
+            "q": q_t,
+            "gate_rate": abs_d.new_zeros((), dtype=torch.float64),
+            "eps_low_eff_mean": abs_d.new_tensor(eps_low, dtype=torch.float64),
+            "eps_high_eff_mean": abs_d.new_tensor(eps_high, dtype=torch.float64),
+            "c_min": abs_d.new_ones((), dtype=torch.float64),
+        }
+        return SatBounds(None, None, q, stats)
+    if anchor == "q":
+        a_hi = a_lo = t_hi = t_lo = q
+    else:  # "min_q_eps", see the module docstring
+        ell_hi, ell_lo = math.log1p(eps_high), -math.log1p(-eps_low)
+        a_hi, a_lo = min(q, ell_hi), min(q, ell_lo)
+        t_hi = q if q < ell_hi else 0.0
+        t_lo = q if q < ell_lo else 0.0
+    hi, lo = 1.0 + eps_high, 1.0 - eps_low
+    # Inactive entries have d == 0 and every threshold is >= 0, so they are never gated;
+    # gating with t == 0 (min_q_eps) needs d != 0, hence strictly > / <.
+    g_hi = d > t_hi  # gated, upper side (t >= 0 implies d > 0)
+    g_lo = d < -t_lo  # gated, lower side
+    psi_hi = _psi(abs_d, a_hi, exponent)
+    psi_lo = psi_hi if a_lo == a_hi else _psi(abs_d, a_lo, exponent)
+    # Off the gate the bound is the very Python scalar PPO clips with (bit-identical); on it,
+    # the clamp keeps the contracted bound inside PPO's even after float rounding.
+    upper = torch.where(g_hi, (psi_hi * eps_high).add_(1.0).clamp_(max=hi), hi)
+    lower = torch.where(g_lo, (psi_lo * -eps_low).add_(1.0).clamp_(min=lo), lo)
+
+    def wsum(x):
+        return (x if weight is None else x * weight).sum(dtype=torch.float64)
+
+    n = float(n_active)
+    # c == 1 off the gate, so active-token means only need the gated sums of psi.
+    cnt_hi, cnt_lo = wsum(g_hi), wsum(g_lo)
+    sum_hi = wsum(torch.where(g_hi, psi_hi, 0.0))
+    sum_lo = wsum(torch.where(g_lo, psi_lo, 0.0))
+    # psi decreases in |d|: the smallest c on a side belongs to that side's most extreme d.
+    d_max, d_min = d.max().double(), d.min().double()
+    c_hi_min = torch.where(d_max > t_hi, 1.0 / (1.0 + (d_max / a_hi) ** exponent), 1.0)
+    c_lo_min = torch.where(-d_min > t_lo, 1.0 / (1.0 + (-d_min / a_lo) ** exponent), 1.0)
+    stats = {
+        "q": q_t,
+        "gate_rate": (cnt_hi + cnt_lo) / n,
+        "eps_low_eff_mean": eps_low * (1.0 - (cnt_lo - sum_lo) / n),
+        "eps_high_eff_mean": eps_high * (1.0 - (cnt_hi - sum_hi) / n),
+        "c_min": torch.minimum(c_hi_min, c_lo_min),
+    }
+    return SatBounds(lower, upper, q, stats)
+
+
+def sat_token_bounds(
     d: torch.Tensor,
-    mask: torch.Tensor,
     n_active: int,
     *,
     eps_low: float,
@@ -92,65 +151,47 @@ def sat_bounds_tensors(
     quantile: float = 0.9,
     exponent: float = 2.0,
     anchor: str = "q",
-):
-    """Core of ``sat_clip_bounds`` with statistics left as 0-dim tensors (one host sync fewer).
+) -> SatBounds:
+    """SAT on token-level ``d`` ``[B, T]`` that is already 0 on every inactive slot.
 
-    ``mask`` must be boolean and ``n_active == mask.sum()``. Returns ``(lower, upper, q, stats)``
-    where ``lower``/``upper`` are ``None`` when ``q == 0`` (the caller then uses PPO's scalars);
-    ``q`` is a Python float.
+    ``q`` = k-th smallest active ``|d|``: the inactive zeros sort below or tie with every
+    active value, so it is the ``(k + n_inactive)``-th smallest of the whole tensor.
     """
     _validate(eps_low, eps_high, quantile, exponent, anchor)
     d = d.detach()
-    abs_d = d.abs()  # [B, T]
-    q_t = batch_reference(abs_d, mask, n_active, quantile)
-    q = float(q_t)
-    one = abs_d.new_ones(())
-    if not q > 0.0:  # also catches NaN q (non-finite d on active tokens): no contraction
-        zero = abs_d.new_zeros(())
-        stats = {
-            "q": q_t,
-            "gate_rate": zero,
-            "eps_low_eff_mean": abs_d.new_tensor(eps_low, dtype=torch.float64),
-            "eps_high_eff_mean": abs_d.new_tensor(eps_high, dtype=torch.float64),
-            "c_min": one,
-        }
-        return None, None, q, stats
-
-    ell_hi = math.log1p(eps_high)
-    ell_lo = -math.log1p(-eps_low) if eps_low < 1.0 else math.inf
-    if anchor == "q":
-        a_hi = a_lo = q
-        t_hi = t_lo = q
-    else:  # "min_q_eps": see the module docstring
-        a_hi, a_lo = min(q, ell_hi), min(q, ell_lo)
-        t_hi = q if q < ell_hi else 0.0
-        t_lo = q if q < ell_lo else 0.0
-
-    g_hi = mask & (d > t_hi)  # [B, T] gated, upper side (d > t >= 0 implies d > 0)
-    g_lo = mask & (d < -t_lo)  # [B, T] gated, lower side
-    if a_hi == a_lo:
-        psi = torch.reciprocal(1.0 + (abs_d / a_hi).pow(exponent))  # [B, T]
-        psi_hi = psi_lo = psi
+    if n_active == 0:
+        q_t = d.new_zeros(())
     else:
-        psi_hi = torch.reciprocal(1.0 + (abs_d / a_hi).pow(exponent))
-        psi_lo = torch.reciprocal(1.0 + (abs_d / a_lo).pow(exponent))
-    c_hi = torch.where(g_hi, psi_hi, 1.0)  # [B, T]
-    c_lo = torch.where(g_lo, psi_lo, 1.0)  # [B, T]
-    # Ungated tokens get PPO's bound through the very same Python scalar PPO clamps with.
-    upper = torch.where(g_hi, 1.0 + eps_high * psi_hi, 1.0 + eps_high)  # [B, T]
-    lower = torch.where(g_lo, 1.0 - eps_low * psi_lo, 1.0 - eps_low)  # [B, T]
+        k = order_statistic_k(quantile, n_active) + (d.numel() - n_active)
+        q_t = d.abs().reshape(-1).kthvalue(k).values
+    return _contract(d, q_t, float(q_t), n_active, None, eps_low, eps_high, exponent, anchor)
 
-    n = float(n_active)
-    f64 = torch.float64
-    # c == 1 off the gate, so the active-token sums only need the gated deficits (1 - c).
-    stats = {
-        "q": q_t,
-        "gate_rate": (g_hi | g_lo).sum(dtype=f64) / n,
-        "eps_low_eff_mean": eps_low * (1.0 - (1.0 - c_lo).sum(dtype=f64) / n),
-        "eps_high_eff_mean": eps_high * (1.0 - (1.0 - c_hi).sum(dtype=f64) / n),
-        "c_min": torch.minimum(c_hi.min(), c_lo.min()),
-    }
-    return lower, upper, q, stats
+
+def sat_sequence_bounds(
+    d_seq: torch.Tensor,
+    lens: torch.Tensor,
+    n_active: int,
+    *,
+    eps_low: float,
+    eps_high: float,
+    quantile: float = 0.9,
+    exponent: float = 2.0,
+    anchor: str = "q",
+) -> SatBounds:
+    """SAT-GSPO: ``d_seq`` ``[B, 1]`` sequence log-ratios (0 for empty rows), ``lens`` ``[B, 1]``
+    active tokens per row. ``q`` is the same token-level order statistic as for the broadcast
+    ``d`` (each ``|d_b|`` counted ``lens_b`` times), found by sorting the ``B`` values; bounds
+    come back as ``[B, 1]``: one ``c`` per response."""
+    _validate(eps_low, eps_high, quantile, exponent, anchor)
+    d_seq = d_seq.detach()
+    if n_active == 0:
+        q_t = d_seq.new_zeros(())
+    else:
+        k = order_statistic_k(quantile, n_active)
+        vals, order = torch.sort(d_seq.abs().reshape(-1))
+        cum = torch.cumsum(lens.reshape(-1)[order], 0)  # [B], active tokens at or below vals
+        q_t = vals[torch.searchsorted(cum, cum.new_tensor([k]))[0]]
+    return _contract(d_seq, q_t, float(q_t), n_active, lens, eps_low, eps_high, exponent, anchor)
 
 
 def sat_clip_bounds(
@@ -178,22 +219,20 @@ def sat_clip_bounds(
         ``gate_rate``, ``eps_low_eff_mean``, ``eps_high_eff_mean``, ``c_min`` (means and min
         over active tokens; fractions of active tokens).
     """
-    mask_b = mask.bool()
-    n_active = int(mask_b.sum())
-    lower, upper, _, stats = sat_bounds_tensors(
-        d,
-        mask_b,
-        n_active,
+    mask = mask.bool()
+    res = sat_token_bounds(
+        torch.where(mask, d.detach(), 0.0),
+        int(mask.sum()),
         eps_low=eps_low,
         eps_high=eps_high,
         quantile=quantile,
         exponent=exponent,
         anchor=anchor,
     )
+    lower, upper = res.lower, res.upper
     if lower is None:
-        d = d.detach()
-        lower = torch.full_like(d, 1.0 - eps_low)
-        upper = torch.full_like(d, 1.0 + eps_high)
-    keys = list(stats)
-    values = torch.stack([stats[k].to(torch.float64) for k in keys]).tolist()
+        lower = torch.full_like(d, 1.0 - eps_low, requires_grad=False)
+        upper = torch.full_like(d, 1.0 + eps_high, requires_grad=False)
+    keys = list(res.stats)
+    values = torch.stack([res.stats[k].to(torch.float64) for k in keys]).tolist()
     return lower, upper, dict(zip(keys, values, strict=True))

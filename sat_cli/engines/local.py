@@ -117,7 +117,8 @@ class LocalEngine:
         try:
             status, payload = self._conn.recv()
         except (EOFError, OSError) as e:
-            self._dead = f"engine process {self._proc.pid} closed its pipe"
+            self._proc.join(2)
+            self._dead = f"engine process {self._proc.pid} died (pipe closed, exit code {self._proc.exitcode})"
             raise EngineError(f"{self._dead} during {what}") from e
         if status != "ok":
             raise EngineError(f"engine failed during {what}:\n{payload}")

@@ -1,0 +1,178 @@
+"""The local trainer: log-prob alignment, one update against a hand-built reference, minibatches,
+R3 errors, publish and checkpoint round trips (safetensors + JSON only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sat_cli.engines.base import Sample
+from sat_cli.engines.local_worker import sample_batch
+from sat_cli.models.r3 import R3Error
+from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
+from sat_cli.trainers.batch import collate
+from sat_cli.trainers.local import LocalTrainer, token_logprobs
+
+PROMPTS = [[20, 21, 22, 14, 23, 24, 25, 32], [40, 41, 14, 42, 32], [50, 32], [60, 61, 62]]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_hf(build_tiny_moe(2), build_char_tokenizer(), tmp_path_factory.mktemp("m") / "v0")
+
+
+@pytest.fixture(scope="module")
+def samples(ckpt):
+    """On-policy samples of the checkpoint (rollout_logp = the model's own log-probs)."""
+    model = build_tiny_moe(2)
+    outs = sample_batch(
+        model,
+        PROMPTS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=8,
+        stop_token_ids={1},
+        pad_id=0,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return [
+        Sample(p, o["response_ids"], o["rollout_logp"], o["finish_reason"], 0)
+        for p, o in zip(PROMPTS, outs, strict=True)
+    ]
+
+
+def test_collate_alignment_hand_case():
+    s1 = Sample([5, 6], [7, 1], [-0.5, -0.25], "stop", 3)
+    s2 = Sample([8], [9, 10, 11], [-1.0, -2.0, -3.0], "length", 2, token_versions=[2, 2, 3])
+    b = collate([s1, s2], [2.0, -1.0], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 1], [8, 9, 10, 11]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    b = collate([s1, Sample([8], [9], [-1.0], "length", 2)], [2.0, -1.0], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 1], [8, 9, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 0]]
+    assert b.loss_mask.tolist() == [[0, 0, 1, 1], [0, 1, 0, 0]]
+    # rollout_logp[b, s] scores input_ids[b, s]
+    assert b.rollout_logp.tolist() == [[0, 0, -0.5, -0.25], [0, -1.0, 0, 0]]
+    assert b.advantages.tolist() == [[0, 0, 2.0, 2.0], [0, -1.0, 0, 0]]
+    assert b.versions.tolist() == [3, 2] and b.token_versions is None and b.routed_experts is None
+    b = collate([s1, s2], [2.0, -1.0], pad_id=0)
+    assert b.token_versions.tolist() == [[0, 0, 3, 3], [0, 2, 2, 3]]
+
+
+def test_token_logprobs_against_a_float64_loop():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    lp, ent = token_logprobs(logits, ids, temperature=0.8)
+    for b in range(2):
+        assert lp[b, 0] == 0 and ent[b, 0] == 0
+        for s in range(1, 5):
+            z = logits[b, s - 1].double() / 0.8
+            p = torch.softmax(z, -1)
+            assert lp[b, s].item() == pytest.approx(float(torch.log(p[ids[b, s]])), abs=1e-6)
+            assert ent[b, s].item() == pytest.approx(float(-(p * p.log()).sum()), abs=1e-6)
+
+
+def test_on_policy_recompute_matches_rollout_logp(ckpt, samples):
+    batch = collate(samples, [1.0, 0.0, -1.0, 0.5], pad_id=0)
+    lp = LocalTrainer(str(ckpt)).logprobs(batch)
+    m = batch.loss_mask.bool()
+    assert (lp - batch.rollout_logp)[m].abs().max() <= 1e-5
+
+
+def test_one_grpo_step_equals_a_hand_built_adamw_update(ckpt, samples):
+    adv = [1.0, -0.5, 2.0, -1.0]
+    batch = collate(samples, adv, pad_id=0)
+    lr = 1e-3
+    trainer = LocalTrainer(str(ckpt), lr=lr, grad_clip=0.0, weight_decay=0.0, algo="grpo")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.step(batch)
+
+    # reference: at lag 0 with the rollout denominator r = 1, the clip is inactive and the
+    # token-mean loss is -sum(A * logp) / N with gradient -sum(A * grad logp) / N
+    ref = build_tiny_moe(2).train()
+    out = ref(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+    )
+    lp, _ = token_logprobs(out.logits, batch.input_ids, 1.0)
+    m = batch.loss_mask.bool()
+    loss = -(batch.advantages[m] * lp[m]).sum() / m.sum()
+    loss.backward()
+    assert metrics["loss/policy"] == pytest.approx(
+        -(batch.advantages[m]).sum().item() / m.sum().item(), abs=1e-5
+    )
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in ref.parameters()))
+    assert metrics["loss/grad_norm"] == pytest.approx(norm.item(), rel=1e-4)
+    # first AdamW step: m_hat = g, v_hat = g^2 -> delta = -lr * g / (|g| + eps)
+    for n, p in ref.named_parameters():
+        g = p.grad
+        expected = -lr * g / (g.abs() + 1e-8)
+        delta = dict(trainer.model.named_parameters())[n].detach() - before[n]
+        big = g.abs() > 1e-5  # where |g| >> eps the update is -lr * sign(g)
+        torch.testing.assert_close(delta[big], expected[big], atol=2e-6, rtol=1e-3)
+    assert metrics["perf/optimizer_steps"] == 1.0
+    assert metrics["staleness/abs_logratio_mean"] < 1e-5
+    assert metrics["loss/entropy"] > 0
+
+
+def test_minibatches_tis_and_kl(ckpt, samples):
+    batch = collate(samples, [1.0, -0.5, 2.0, -1.0], pad_id=0)
+    tr = LocalTrainer(
+        str(ckpt), lr=1e-2, algo="grpo", correction="tis", num_minibatches=2, kl_coef=0.1
+    )
+    assert tr.needs_old
+    metrics = tr.step(batch)
+    assert metrics["perf/optimizer_steps"] == 2.0
+    # pi_old is recomputed once at the start, at the rollout weights: no mismatch
+    assert metrics["staleness/mismatch_abs_logratio_mean"] < 1e-5
+    # the first minibatch's KL to the (identical) reference is 0, the second's is positive
+    assert 0 < metrics["loss/kl_ref"] < 1.0
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        LocalTrainer(str(ckpt), algo="nope")
+
+
+def test_r3_trainer_needs_routes(ckpt, samples):
+    batch = collate(samples, [1.0] * 4, pad_id=0)
+    tr = LocalTrainer(str(ckpt), r3=True)
+    with pytest.raises(R3Error, match="no routed experts"):
+        tr.step(batch)
+    batch.routed_experts = torch.zeros(4, batch.input_ids.shape[1] - 1, 4, 2, dtype=torch.long)
+    with pytest.raises(R3Error, match="do not match"):
+        tr.logprobs(batch)
+
+
+def test_publish_weights_is_a_loadable_hf_checkpoint(ckpt, samples, tmp_path):
+    tr = LocalTrainer(str(ckpt), lr=1e-2)
+    tr.step(collate(samples, [1.0, -1.0, 1.0, -1.0], pad_id=0))
+    path = tr.publish_weights(tmp_path, 7)
+    assert path == tmp_path / "v7" and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    plain = AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        assert torch.equal(plain(ids).logits, tr.model.eval()(ids).logits)
+
+
+def test_save_load_resumes_bit_identically(ckpt, samples, tmp_path):
+    b1 = collate(samples, [1.0, -1.0, 0.5, -0.5], pad_id=0)
+    b2 = collate(samples, [-1.0, 1.0, 0.0, 2.0], pad_id=0)
+    a = LocalTrainer(str(ckpt), lr=1e-2, weight_decay=0.01)
+    a.step(b1)
+    a.save(tmp_path / "ck")
+    files = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert files == ["model", "optimizer.safetensors", "trainer_state.json"]
+    assert json.loads((tmp_path / "ck" / "trainer_state.json").read_text())["step_count"] == 1
+    a.step(b2)
+    b = LocalTrainer(str(ckpt), lr=1e-2, weight_decay=0.01)
+    b.load(tmp_path / "ck")
+    assert b.step_count == 1
+    b.step(b2)
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert b.step_count == 2

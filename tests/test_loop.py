@@ -1,0 +1,223 @@
+"""The training loop: lag arithmetic, clip schedules, and lag 0 == a plain synchronous loop."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from sat_cli.engines.base import SamplingParams
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.train import ClipSchedule, LoopSettings, request_seed, train_loop
+
+# ----------------------------------------------------------------------------- lag policy
+
+
+def staleness(policy: LagPolicy, steps: int) -> list[int]:
+    # batch k is requested one step ahead (at trainer version k-1) and consumed at step k
+    return [k - policy.version_for(k, max(k - 1, 0)) for k in range(steps)]
+
+
+def test_interval_staleness_cycles_through_1_to_n():
+    # paper / slime: weights pushed every n steps; batch k>=1 from version n*floor((k-1)/n)
+    assert staleness(LagPolicy(8, "interval"), 25) == [0] + list(range(1, 9)) * 3
+    assert staleness(LagPolicy(1, "interval"), 6) == [0, 1, 1, 1, 1, 1]
+    p = LagPolicy(4, "interval")
+    assert [v for v in range(1, 13) if p.publish_after(v, 100)] == [4, 8, 12]
+
+
+def test_fixed_mode_is_exactly_n_after_warmup():
+    assert staleness(LagPolicy(3, "fixed"), 8) == [0, 1, 2, 3, 3, 3, 3, 3]
+    p = LagPolicy(3, "fixed")
+    assert all(p.publish_after(v, 100) for v in range(1, 10))
+
+
+def test_lag0_is_synchronous():
+    p = LagPolicy(0, "interval")
+    assert staleness(p, 5) == [0, 0, 0, 0, 0]
+    # batch t+1 cannot be requested before step t has produced version t+1
+    assert not any(p.can_submit(t + 1, t) for t in range(5))
+    assert all(p.can_submit(t, t) for t in range(5))
+
+
+def test_versions_requested_ahead_already_exist():
+    for mode in ("interval", "fixed"):
+        for n in (1, 2, 4, 8):
+            p = LagPolicy(n, mode)
+            for t in range(30):
+                assert p.can_submit(t + 1, t)
+                assert p.version_for(t + 1, t) <= t
+
+
+def test_bounded_admission():
+    p = LagPolicy(2, "bounded")
+    assert p.can_submit(7, 5) and not p.can_submit(8, 5)
+    assert p.version_for(7, 5) == 5  # the newest weights
+
+
+def test_bad_lag():
+    with pytest.raises(ValueError):
+        LagPolicy(-1)
+    with pytest.raises(ValueError):
+        LagPolicy(1, "sometimes")
+
+
+# ----------------------------------------------------------------------------- clip schedule
+
+
+def test_clip_schedules():
+    c = ClipSchedule(0.2, 0.28, "constant")
+    assert c.radii(0, 10) == (0.2, 0.28) and c.radii(9, 10) == (0.2, 0.28)
+    lin = ClipSchedule(0.2, 0.2, "linear", final_scale=0.5)
+    assert lin.radii(0, 11) == (0.2, 0.2)
+    assert lin.radii(10, 11) == pytest.approx((0.1, 0.1))
+    assert lin.radii(5, 11) == pytest.approx((0.15, 0.15))  # halfway: 1 + (0.5-1)*0.5 = 0.75
+    cos = ClipSchedule(0.2, 0.2, "cosine", final_scale=0.5)
+    assert cos.radii(0, 11) == pytest.approx((0.2, 0.2))
+    assert cos.radii(10, 11) == pytest.approx((0.1, 0.1))
+    # cosine at 1/4: 0.5 + 0.5*0.5*(1+cos(pi/4)) = 0.5 + 0.25*(1.7071) = 0.926777
+    assert cos.scale(2.5, 11) == pytest.approx(0.5 + 0.25 * (1 + math.cos(math.pi / 4)))
+
+
+# ----------------------------------------------------------------------------- loop vs reference
+
+
+class SevensTask:
+    """Prompts "NNN+" with reward = share of '7's in the response: a non-degenerate signal
+    for a randomly initialised model, so advantages and updates are non-zero."""
+
+    def sample_prompts(self, n: int, cursor: int) -> list[dict]:
+        return [{"id": str(i), "prompt": f"{i % 1000:03d}+", "answer": "7"} for i in range(cursor, cursor + n)]
+
+    @staticmethod
+    def reward(text: str, answer: str) -> float:
+        return text.count("7") / max(len(text), 1)
+
+
+class Recorder:
+    """A metrics sink that keeps what the loop logs (the MLflow store is tested in test_train_cli)."""
+
+    def __init__(self):
+        self.metrics: dict[int, dict] = {}
+        self.histograms: list[tuple[str, int]] = []
+
+    def log_metrics(self, m: dict, step: int) -> None:
+        self.metrics.setdefault(step, {}).update(m)
+
+    def log_histogram(self, key, values, step, **kw) -> None:
+        self.histograms.append((key, step))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
+    return path
+
+
+P, G, STEPS = 4, 4, 3
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=6)
+
+
+def _trainer(path):
+    from sat_cli.trainers.local import LocalTrainer
+
+    return LocalTrainer(str(path), lr=1e-2, algo="grpo", adaptive=True, seed=0)
+
+
+def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
+    from sat_cli.engines.local import LocalEngine
+    from sat_cli.rl.advantages import group_advantages
+    from sat_cli.trainers.batch import collate
+
+    task = SevensTask()
+    # the loop at lag 0
+    trainer = _trainer(tiny_dir)
+    rec = Recorder()
+    sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
+    settings = LoopSettings(max_steps=STEPS, prompts_per_step=P, group_size=G, sampling=sampling,
+                            lag=LagPolicy(0), run_dir=tmp_path / "loop", seed=5,
+                            histogram_every=0)
+    with LocalEngine(str(tiny_dir), seed=0) as engine:
+        train_loop(settings, task=task, tokenizer=trainer.tokenizer, engine=engine,
+                   trainer=trainer, tracker=rec)
+    loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    # the plain synchronous loop, written out by hand
+    ref = _trainer(tiny_dir)
+    tok = ref.tokenizer
+    ref_rewards, ref_loss = [], []
+    with LocalEngine(str(tiny_dir), seed=0) as engine:
+        for t in range(STEPS):
+            rows = task.sample_prompts(P, cursor=t * P)
+            ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+            groups = engine.generate(ids, G, replace(sampling, seed=request_seed(5, "rollout", t)))
+            samples = [s for g in groups for s in g]
+            assert all(s.weight_version == t for s in samples)  # lag 0: fresh weights
+            texts = tok.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+            rewards = torch.tensor([task.reward(x, "7") for x in texts])
+            adv = group_advantages(rewards, G, std_norm=True)
+            m = ref.step(collate(samples, adv, tok.pad_token_id))
+            ref_rewards.append(float(rewards.mean()))
+            ref_loss.append(m["loss/policy"])
+            path = ref.publish_weights(tmp_path / "ref_weights", t + 1)
+            engine.update_weights(str(path), t + 1)
+
+    assert [rec.metrics[t + 1]["rollout/reward_mean"] for t in range(STEPS)] == ref_rewards
+    assert [rec.metrics[t + 1]["loss/policy"] for t in range(STEPS)] == ref_loss
+    assert [rec.metrics[t + 1]["staleness/version_lag_max"] for t in range(STEPS)] == [0.0] * STEPS
+    assert any(r > 0 for r in ref_rewards) and any(abs(x) > 0 for x in ref_loss)
+    for k, v in ref.model.state_dict().items():
+        assert torch.equal(v, loop_params[k]), k
+    # the weights moved: the comparison is not between two untouched models
+    from sat_cli.models.tiny_moe import load_model
+
+    init = load_model(str(tiny_dir)).state_dict()
+    assert any(not torch.equal(init[k], loop_params[k]) for k in init)
+
+
+def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
+    """Interval lag 2: staleness 0,1,2,1,2; a run resumed from its step-2 checkpoint ends with the
+    same weights and per-step metrics as the uninterrupted run."""
+    from sat_cli.engines.local import LocalEngine
+    from sat_cli.loop.state import latest_checkpoint, list_checkpoints
+
+    task = SevensTask()
+
+    def run(run_dir: Path, steps: int, resume=None) -> tuple[Recorder, dict]:
+        trainer = _trainer(tiny_dir)
+        rec = Recorder()
+        sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
+        s = LoopSettings(max_steps=steps, prompts_per_step=P, group_size=G, sampling=sampling,
+                         lag=LagPolicy(2, "interval"), run_dir=run_dir, seed=1,
+                         checkpoint_every=2, checkpoint_keep=5, histogram_every=0)
+        with LocalEngine(str(tiny_dir), seed=0) as engine:
+            train_loop(s, task=task, tokenizer=trainer.tokenizer, engine=engine,
+                       trainer=trainer, tracker=rec, resume_from=resume)
+        return rec, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    full, w_full = run(tmp_path / "full", 5)
+    lags = [full.metrics[t]["staleness/version_lag_max"] for t in range(1, 6)]
+    assert lags == [0.0, 1.0, 2.0, 1.0, 2.0]
+    ckpts = [s for s, _ in list_checkpoints(tmp_path / "full" / "checkpoints")]
+    assert ckpts == [2, 4, 5]
+
+    # interrupted after step 3 (checkpoint at 2), then resumed from that checkpoint
+    run(tmp_path / "cut", 3)
+    import shutil
+
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_3")
+    ck = latest_checkpoint(tmp_path / "cut" / "checkpoints")
+    assert ck.name == "step_2"
+    resumed, w_res = run(tmp_path / "cut", 5, resume=ck)
+    assert sorted(resumed.metrics) == [3, 4, 5]
+    for t in (3, 4, 5):
+        for key in ("rollout/reward_mean", "loss/policy", "staleness/version_lag_max"):
+            assert resumed.metrics[t][key] == full.metrics[t][key], (t, key)
+    for k in w_full:
+        assert torch.equal(w_full[k], w_res[k]), k

@@ -55,12 +55,12 @@ def _range(
 class WarmStartConfig:
     """Supervised warm start of the tiny model (run once, cached by a hash of its config)."""
 
-    max_steps: int = 1500  # upper bound on SFT steps
+    max_steps: int = 3000  # upper bound on SFT steps
     batch_size: int = 128
     lr: float = 3e-3
     eval_every: int = 25  # evaluate sampled held-out accuracy this often
     target_accuracy: float = 0.2  # stop once sampled (T=1) held-out accuracy reaches this
-    eval_size: int = 256
+    eval_size: int = 200  # held-out problems for the sampled accuracy
 
     def __post_init__(self) -> None:
         _range("model.warm_start.max_steps", self.max_steps, 1)

@@ -113,6 +113,10 @@ def save_hf(model, tokenizer, path: str | os.PathLike) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        # mkdtemp makes the folder private; published weights are read by other processes
+        tmp.chmod(0o755)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

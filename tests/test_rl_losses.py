@@ -56,7 +56,7 @@ def ref_policy_loss(
                     x[(b, t)] = seq.detach() + (logp[b, t] - logp[b, t].detach())
     q = 0.0
     if adaptive and x:
-        absd = sorted(abs(float(v)) for v in x.values())
+        absd = sorted(abs(float(v.detach())) for v in x.values())
         k = min(max(math.ceil(Fraction(str(quantile)) * len(absd)), 1), len(absd))
         q = absd[k - 1]
     S = {}
@@ -411,6 +411,38 @@ def test_kl_k3_penalty_hand_case():
     logp = torch.tensor([[0.5, -0.5, float("nan")]], dtype=F64, requires_grad=True)
     kl = kl_k3_penalty(logp, torch.zeros(1, 3, dtype=F64), torch.tensor([[1, 1, 0]]))
     kl.backward()
-    assert float(kl) == pytest.approx((math.exp(-0.5) - 0.5 + math.exp(0.5) - 1.5) / 2)
+    assert kl.item() == pytest.approx((math.exp(-0.5) - 0.5 + math.exp(0.5) - 1.5) / 2)
     exp_g = torch.tensor([[1 - math.exp(-0.5), 1 - math.exp(0.5), 0.0]], dtype=F64) / 2
     torch.testing.assert_close(logp.grad, exp_g)
+
+
+@pytest.mark.parametrize("level", ["sequence", "sequence_token"])
+def test_sat_gspo_metrics_against_dense_computation(level):
+    from sat_cli.rl.sat import sat_clip_bounds
+
+    g = torch.Generator().manual_seed(2)
+    B, T = 40, 12
+    d = 0.1 * torch.randn(B, T, generator=g, dtype=F64)
+    mask = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B, 1), generator=g)
+    adv = torch.randn(B, generator=g, dtype=F64)
+    _, m = policy_loss(
+        d.clone().requires_grad_(),
+        torch.zeros_like(d),
+        adv,
+        mask,
+        level=level,
+        adaptive=True,
+        quantile=0.7,
+    )
+    seq = (torch.where(mask, d, 0.0).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)).expand(
+        B, T
+    )
+    lower, upper, st = sat_clip_bounds(seq, mask, eps_low=0.2, eps_high=0.2, quantile=0.7)
+    for key in ("q", "gate_rate", "c_min", "eps_low_eff_mean", "eps_high_eff_mean"):
+        assert m[f"sat/{key}"] == pytest.approx(st[key], rel=1e-12, abs=1e-15)
+    r, a = torch.exp(seq), adv[:, None].expand(B, T)
+    ppo = mask & (((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8)))
+    sat = mask & (((a > 0) & (r > upper)) | ((a < 0) & (r < lower)))
+    n = int(mask.sum())
+    assert m["loss/clipfrac"] == pytest.approx(float(ppo.sum()) / n)
+    assert m["sat/clipfrac_sat_band"] == pytest.approx(float((sat & ~ppo).sum()) / n)

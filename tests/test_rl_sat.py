@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from sat_cli.rl.sat import order_statistic_k, sat_clip_bounds
+from sat_cli.rl.losses import policy_loss
+from sat_cli.rl.sat import kth_smallest, order_statistic_k, sat_clip_bounds
 from sat_cli.rl.staleness import active_abs_logratio, logratio_stats
 
 F64 = torch.float64
@@ -187,3 +188,63 @@ def test_logratio_p90_matches_sat_q():
     mask = torch.rand(8, 16) > 0.3
     _, _, st = sat_clip_bounds(logp - denom, mask, eps_low=0.2, eps_high=0.2, quantile=0.9)
     assert logratio_stats(logp, denom, mask)["staleness/abs_logratio_p90"] == st["q"]
+
+
+@pytest.mark.parametrize("layout", ["random", "zeros", "ties", "adversarial"])
+def test_kth_smallest_is_exact_on_large_inputs(layout):
+    # n >= 2^16 takes the subsample-then-select path; "adversarial" puts every large value on
+    # the subsample's stride so its threshold is too high and the full kthvalue fallback runs.
+    g = torch.Generator().manual_seed(0)
+    n = 80_000
+    x = torch.randn(n, generator=g).abs()
+    if layout == "zeros":
+        x[: n // 2] = 0.0
+    elif layout == "ties":
+        x = torch.round(x * 4) / 4
+    elif layout == "adversarial":
+        x = torch.rand(n, generator=g) * 0.01
+        x[::16] += 10.0
+    for quantile in (0.5, 0.9, 0.99):
+        k = order_statistic_k(quantile, n)
+        value, idx = kth_smallest(x, k)
+        assert float(value) == float(torch.sort(x).values[k - 1])
+        if idx is not None:  # every element above the result is a candidate
+            assert set((x > value).nonzero().view(-1).tolist()) <= set(idx.tolist())
+    if layout == "adversarial":
+        assert kth_smallest(x, order_statistic_k(0.9, n))[1] is None
+
+
+def test_large_batch_bounds_and_metrics_against_dense_computation():
+    # 320 x 256 tokens (> 2^16): the sparse path (subsample selection, gathered kernel) must
+    # give exactly the dense formulas of ALGORITHMS.md §4.
+    g = torch.Generator().manual_seed(1)
+    B, T = 320, 256
+    d = 0.05 * torch.randn(B, T, generator=g, dtype=F64)
+    mask = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (B, 1), generator=g)
+    lower, upper, st = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.28)
+    a = d[mask].abs()
+    k = order_statistic_k(0.9, a.numel())
+    q = float(torch.sort(a).values[k - 1])
+    gate = mask & (d.abs() > q)
+    psi = 1 / (1 + (d.abs() / q) ** 2)
+    exp_upper = torch.where(gate & (d > 0), 1 + 0.28 * psi, torch.tensor(1.28, dtype=F64))
+    exp_lower = torch.where(gate & (d < 0), 1 - 0.2 * psi, torch.tensor(0.8, dtype=F64))
+    assert st["q"] == q and st["gate_rate"] == pytest.approx(float(gate.sum()) / a.numel())
+    torch.testing.assert_close(upper, exp_upper, rtol=0, atol=1e-15)
+    torch.testing.assert_close(lower, exp_lower, rtol=0, atol=1e-15)
+    assert st["c_min"] == pytest.approx(float(psi[gate].min()))
+    c_hi = torch.where(gate & (d > 0), psi, torch.ones_like(psi))[mask]
+    assert st["eps_high_eff_mean"] == pytest.approx(0.28 * float(c_hi.mean()), rel=1e-12)
+    # policy_loss metrics: PPO clip fraction and the SAT-only band, densely
+    adv = torch.randn(B, 1, generator=g, dtype=F64).expand(B, T)
+    logp = d.clone().requires_grad_()
+    _, m = policy_loss(
+        logp, torch.zeros_like(d), adv[:, 0], mask, eps_low=0.2, eps_high=0.28, adaptive=True
+    )
+    r = torch.exp(d)
+    ppo = mask & (((adv > 0) & (r > 1.28)) | ((adv < 0) & (r < 0.8)))
+    sat = mask & (((adv > 0) & (r > exp_upper)) | ((adv < 0) & (r < exp_lower)))
+    n = a.numel()
+    assert m["loss/clipfrac"] == pytest.approx(float(ppo.sum()) / n)
+    assert m["sat/clipfrac_sat_band"] == pytest.approx(float((sat & ~ppo).sum()) / n)
+    assert m["sat/clipfrac_sat_band"] > 0

@@ -71,20 +71,39 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, n_active: int, agg: s
     raise ValueError(f"unknown loss aggregation {agg!r}; valid: {', '.join(AGGS)}")
 
 
-def _surrogate(ratio, adv, lower, upper, dual_clip_c):
+def _surrogate(ratio, adv, lower, upper, dual_clip_c, patch=None):
     """``S = r_eff * A`` with ``r_eff`` the bound where the clip binds (``A > 0, r > upper`` or
     ``A < 0, r < lower``: no gradient) and ``r`` elsewhere. Bit for bit the value of
     ``min(r A, clip(r, lower, upper) A)`` with the same gradient, without ``minimum``'s tie
-    splitting in backward. Returns ``(S, clip mask)``; bounds are Python floats or tensors
-    broadcastable to ``ratio``."""
+    splitting in backward. Bounds are Python floats or tensors broadcastable to ``ratio``.
+
+    ``patch = (index, bound, upper_side)`` (sparse SAT on a ``[B, T]`` token ratio) replaces
+    the bound of those flat entries; only entries whose contracted endpoint is the one their
+    advantage sign uses can change. Returns ``(S, n_clipped, n_band)``: tokens clipped by the
+    interval actually used, and among them those clipped only because of the patch.
+    """
     r = ratio.detach()
     clip_hi = (adv > 0) & (r > upper)  # [B, T]
     clip_lo = (adv < 0) & (r < lower)  # [B, T]
     r_eff = torch.where(clip_hi, upper, torch.where(clip_lo, lower, ratio))  # [B, T]
+    n_clip = (clip_hi | clip_lo).sum()
+    n_band = n_clip.new_zeros(())
+    if patch is not None:
+        idx, bound, side = patch
+        a_g, r_g = adv.reshape(-1)[idx], r.reshape(-1)[idx]  # [G]
+        hit = torch.where(side, (a_g > 0) & (r_g > bound), (a_g < 0) & (r_g < bound))
+        was = torch.where(side, (a_g > 0) & (r_g > upper), (a_g < 0) & (r_g < lower))
+        n_band = (hit & ~was).sum()
+        n_clip = n_clip + n_band
+        cols = ratio.shape[-1]
+        idx, bound = idx[hit], bound[hit]
+        # In place on where()'s fresh output (its backward does not need it): the patched
+        # entries become constants, so their gradient is exactly 0.
+        r_eff = r_eff.index_put_((idx // cols, idx % cols), bound)
     surr = r_eff * adv  # [B, T]
     if dual_clip_c is not None:
         surr = torch.where(adv < 0, torch.maximum(surr, dual_clip_c * adv), surr)
-    return surr, clip_hi | clip_lo
+    return surr, n_clip, n_band
 
 
 def clipped_surrogate(ratio, adv, lower, upper, dual_clip_c=None) -> torch.Tensor:
@@ -151,10 +170,11 @@ def policy_loss(
     token_lr = torch.where(mask, logp - denom_logp.detach(), 0.0)  # [B, T], 0 off-mask
 
     sat = None
+    abs_lr = token_lr.detach().abs()  # [B, T], also the staleness metric
     if level == "token":
         ratio = torch.exp(token_lr)  # [B, T]
         if adaptive:
-            sat = sat_token_bounds(token_lr.detach(), n_active, **sat_kw)
+            sat = sat_token_bounds(token_lr.detach(), n_active, abs_d=abs_lr, **sat_kw)
     else:
         lens = mask.sum(-1, keepdim=True)  # [B, 1]
         seq_lr = token_lr.sum(-1, keepdim=True) / lens.clamp(min=1)  # [B, 1], log s_b
@@ -167,9 +187,13 @@ def policy_loss(
             sat = sat_sequence_bounds(seq_lr.detach(), lens, n_active, **sat_kw)
 
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    sat_on = sat is not None and sat.lower is not None
-    lower, upper = (sat.lower, sat.upper) if sat_on else (lo, hi)
-    surr, clipped = _surrogate(ratio, adv, lower, upper, dual_clip_c)  # [B, T]
+    lower, upper, patch = lo, hi, None
+    sat_on = sat is not None and sat.index is not None
+    if sat_on and level == "token":  # sparse: patch the gated tokens only
+        patch = (sat.index, sat.bound, sat.upper_side)
+    elif sat_on:  # one bound pair per response
+        lower, upper = sat.dense(seq_lr.detach(), eps_low, eps_high)  # [B, 1]
+    surr, n_clip, n_band = _surrogate(ratio, adv, lower, upper, dual_clip_c, patch)  # [B, T]
     if token_weights is not None:
         surr = surr * torch.where(mask, token_weights.detach(), 0.0)
     surr = torch.where(mask, surr, 0.0)  # [B, T]
@@ -177,17 +201,20 @@ def policy_loss(
 
     with torch.no_grad():
         n = float(max(n_active, 1))
-        n_clip = clipped.sum()  # masked slots have A == 0 and are never clipped
-        if sat_on:  # SAT's interval lies inside PPO's: PPO-clipped tokens are SAT-clipped too
-            r = ratio.detach()
-            n_ppo = (((adv > 0) & (r > hi)) | ((adv < 0) & (r < lo))).sum()
-        else:
-            n_ppo = n_clip
-        abs_lr = token_lr.detach().abs()
+        # masked slots have A == 0 and are never clipped
+        if sat_on and level != "token":
+            # SAT's interval lies inside PPO's: its extra clips are in gated responses.
+            g = sat.index
+            r_g, a_g = ratio.detach()[g], adv[g]  # [G, T]
+            up_g, lo_g = upper[g], lower[g]  # [G, 1]
+            pos, neg = a_g > 0, a_g < 0
+            sat_g = (pos & (r_g > up_g)) | (neg & (r_g < lo_g))
+            ppo_g = (pos & (r_g > hi)) | (neg & (r_g < lo))
+            n_band = (sat_g & ~ppo_g).sum()
         vals = {
             "loss/policy": loss.detach(),
-            "loss/clipfrac": n_ppo.double() / n,
-            "sat/clipfrac_sat_band": (n_clip - n_ppo).double() / n,
+            "loss/clipfrac": (n_clip - n_band).double() / n,
+            "sat/clipfrac_sat_band": n_band.double() / n,
             "staleness/abs_logratio_mean": abs_lr.sum() / n,
             # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
             "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,

@@ -13,8 +13,12 @@ into per-token clip bounds ``lower, upper`` that replace PPO's ``1 - eps_low, 1 
 3. Hill kernel ``psi(u) = 1 / (1 + (u / q)**p)``; ``psi(q) = 1/2``.
 4. Sign-selected contraction: a gated token with ``d > 0`` gets ``upper = 1 + eps_high * psi``,
    one with ``d < 0`` gets ``lower = 1 - eps_low * psi``; the other endpoint and every ungated
-   token keep PPO's value exactly (``torch.where`` with the same Python scalar PPO clamps with,
-   so ungated tokens and ``q == 0`` are bit-identical to PPO).
+   token keep PPO's value exactly (the same Python scalar PPO clips with, so ungated tokens and
+   ``q == 0`` are bit-identical to PPO).
+
+Cost: the kernel runs on the gated entries only (gathered by index); ``q`` comes from
+``kth_smallest``, an exact selection that first narrows the candidates with a strided
+subsample. SAT-GSPO (``sat_sequence_bounds``) works on the ``B`` sequence values.
 
 Nothing here carries gradient: ``d`` is detached on entry and all outputs are constants.
 
@@ -71,36 +75,86 @@ def _validate(eps_low, eps_high, quantile, exponent, anchor):
 
 @dataclass
 class SatBounds:
-    """Result of the SAT computation. ``lower``/``upper`` are ``None`` when nothing is gated
-    because ``q == 0`` (the caller then clips with PPO's Python scalars, bit for bit); ``stats``
-    are 0-dim tensors (converted to floats by the caller in one host sync)."""
+    """Result of the SAT computation, sparse: only gated entries carry a contracted bound.
 
-    lower: torch.Tensor | None
-    upper: torch.Tensor | None
+    ``index`` holds flat indices into ``d`` of the gated entries, ``bound`` their contracted
+    bound and ``upper_side`` which endpoint it replaces (True: upper, ``d > 0``; False: lower).
+    All three are ``None`` when nothing can be gated because ``q == 0``. ``stats`` are 0-dim
+    tensors (converted to floats by the caller in one host sync)."""
+
     q: float
     stats: dict[str, torch.Tensor]
+    index: torch.Tensor | None = None
+    bound: torch.Tensor | None = None
+    upper_side: torch.Tensor | None = None
+
+    def dense(self, like: torch.Tensor, eps_low: float, eps_high: float):
+        """Full ``(lower, upper)`` tensors shaped like ``like``; PPO's values off the gate."""
+        lower = torch.full_like(like, 1.0 - eps_low)
+        upper = torch.full_like(like, 1.0 + eps_high)
+        if self.index is not None:
+            side = self.upper_side
+            upper.view(-1)[self.index[side]] = self.bound[side]
+            lower.view(-1)[self.index[~side]] = self.bound[~side]
+        return lower, upper
+
+
+def kth_smallest(x: torch.Tensor, k: int):
+    """Exact ``k``-th smallest (1-based) of a 1-D tensor of values ``>= 0``.
+
+    Returns ``(value, idx)``; ``idx`` is ``None`` or the indices of every element ``>= t`` for
+    some ``t <= value`` (so it contains every element above the result). For large inputs
+    whose top ``m = n - k + 1`` is small, a strided subsample gives a threshold ``t`` with a
+    few percent more than ``m`` elements above it; the selection runs on those only. If the
+    subsample misjudged (fewer than ``m`` elements ``>= t``), it falls back to a full
+    ``kthvalue``; the result is the same order statistic either way.
+    """
+    n = x.numel()
+    m = n - k + 1
+    stride = 16
+    if n >= 1 << 16 and m <= n // 4:
+        sub = x[::stride]
+        # ~m / stride sample points lie above q; 4 standard deviations of margin more.
+        m_sub = min(sub.numel(), math.ceil(m / stride + 4 * math.sqrt(m / stride) + 8))
+        t = sub.kthvalue(sub.numel() - m_sub + 1).values
+        idx = (x >= t).nonzero().view(-1)
+        if idx.numel() >= m:
+            # at least m elements are >= t, so the m-th largest is >= t and lies in idx
+            cand = x[idx]
+            j = idx.numel() - m + 1  # q is the j-th smallest candidate; j is small
+            if j <= cand.numel() // 4:
+                return cand.topk(j, largest=False, sorted=False).values.max(), idx
+            return cand.kthvalue(j).values, idx
+    return x.kthvalue(k).values, None
+
+
+def _noop(q_t, q, eps_low, eps_high) -> SatBounds:
+    f64 = dict(dtype=torch.float64, device=q_t.device)
+    stats = {
+        "q": q_t,
+        "gate_rate": torch.zeros((), **f64),
+        "eps_low_eff_mean": torch.tensor(eps_low, **f64),
+        "eps_high_eff_mean": torch.tensor(eps_high, **f64),
+        "c_min": torch.ones((), **f64),
+    }
+    return SatBounds(q, stats)
 
 
 def _psi(u: torch.Tensor, scale: float, exponent: float) -> torch.Tensor:
-    """Hill kernel ``1 / (1 + (u / scale)**p)`` (no grad; in-place on a fresh tensor)."""
+    """Hill kernel ``1 / (1 + (u / scale)**p)`` (no grad)."""
     x = u / scale
     x = x.mul_(x) if exponent == 2.0 else x.pow_(exponent)
     return x.add_(1.0).reciprocal_()
 
 
-def _contract(d, q_t, q, n_active, weight, eps_low, eps_high, exponent, anchor) -> SatBounds:
-    """Bounds and stats from ``q``. ``d`` is 0 on inactive entries; ``weight`` (``None`` or the
-    number of active tokens each entry stands for) makes the stats token-weighted."""
-    abs_d = d.abs()
+def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, anchor):
+    """Bounds and stats from ``q``, computed on the gated entries only (at most ``1 - alpha``
+    of the tokens for the paper's anchor). ``d`` is 0 on inactive entries; ``weight`` (``None``
+    or the number of active tokens each entry stands for) makes the stats token-weighted;
+    ``cand`` (``None`` or indices of all entries with ``|d| >= t``, some ``t <= q``) saves a
+    pass over ``d``."""
     if not q > 0.0:  # also catches a NaN q (non-finite d on active tokens): no contraction
-        stats = {
-            "q": q_t,
-            "gate_rate": abs_d.new_zeros((), dtype=torch.float64),
-            "eps_low_eff_mean": abs_d.new_tensor(eps_low, dtype=torch.float64),
-            "eps_high_eff_mean": abs_d.new_tensor(eps_high, dtype=torch.float64),
-            "c_min": abs_d.new_ones((), dtype=torch.float64),
-        }
-        return SatBounds(None, None, q, stats)
+        return _noop(q_t, q, eps_low, eps_high)
     if anchor == "q":
         a_hi = a_lo = t_hi = t_lo = q
     else:  # "min_q_eps", see the module docstring
@@ -109,37 +163,45 @@ def _contract(d, q_t, q, n_active, weight, eps_low, eps_high, exponent, anchor) 
         t_hi = q if q < ell_hi else 0.0
         t_lo = q if q < ell_lo else 0.0
     hi, lo = 1.0 + eps_high, 1.0 - eps_low
-    # Inactive entries have d == 0 and every threshold is >= 0, so they are never gated;
-    # gating with t == 0 (min_q_eps) needs d != 0, hence strictly > / <.
-    g_hi = d > t_hi  # gated, upper side (t >= 0 implies d > 0)
-    g_lo = d < -t_lo  # gated, lower side
-    psi_hi = _psi(abs_d, a_hi, exponent)
-    psi_lo = psi_hi if a_lo == a_hi else _psi(abs_d, a_lo, exponent)
-    # Off the gate the bound is the very Python scalar PPO clips with (bit-identical); on it,
-    # the clamp keeps the contracted bound inside PPO's even after float rounding.
-    upper = torch.where(g_hi, (psi_hi * eps_high).add_(1.0).clamp_(max=hi), hi)
-    lower = torch.where(g_lo, (psi_lo * -eps_low).add_(1.0).clamp_(min=lo), lo)
+    flat = d.reshape(-1)
+    t_min = min(t_hi, t_lo)
+    # Inactive entries have d == 0 and every threshold is >= 0: never gated (strict >).
+    if cand is not None and t_min >= q:
+        idx = cand[flat[cand].abs() > t_min]
+    else:
+        idx = (flat.abs() > t_min).nonzero().view(-1)
+    d_g = flat[idx]  # [G]
+    sel_hi, sel_lo = d_g > t_hi, d_g < -t_lo
+    idx_hi, idx_lo = idx[sel_hi], idx[sel_lo]
+    psi_hi = _psi(d_g[sel_hi], a_hi, exponent)  # [G_hi]
+    psi_lo = _psi(-d_g[sel_lo], a_lo, exponent)  # [G_lo]
+    # Off the gate the bound stays the very Python scalar PPO clips with (bit-identical); on
+    # it, the clamp keeps the contracted bound inside PPO's even after float rounding.
+    val_hi = (psi_hi * eps_high).add_(1.0).clamp_(max=hi)
+    val_lo = (psi_lo * -eps_low).add_(1.0).clamp_(min=lo)
 
-    def wsum(x):
-        return (x if weight is None else x * weight).sum(dtype=torch.float64)
-
+    f64 = torch.float64
+    if weight is None:
+        w_hi = w_lo = None
+        cnt_hi, cnt_lo = float(idx_hi.numel()), float(idx_lo.numel())
+    else:
+        w = weight.reshape(-1).to(f64)
+        w_hi, w_lo = w[idx_hi], w[idx_lo]
+        cnt_hi, cnt_lo = w_hi.sum(), w_lo.sum()
+    sum_hi = psi_hi.double().sum() if w_hi is None else (psi_hi.double() * w_hi).sum()
+    sum_lo = psi_lo.double().sum() if w_lo is None else (psi_lo.double() * w_lo).sum()
+    ones = torch.ones(1, dtype=f64, device=d.device)
     n = float(n_active)
     # c == 1 off the gate, so active-token means only need the gated sums of psi.
-    cnt_hi, cnt_lo = wsum(g_hi), wsum(g_lo)
-    sum_hi = wsum(torch.where(g_hi, psi_hi, 0.0))
-    sum_lo = wsum(torch.where(g_lo, psi_lo, 0.0))
-    # psi decreases in |d|: the smallest c on a side belongs to that side's most extreme d.
-    d_max, d_min = d.max().double(), d.min().double()
-    c_hi_min = torch.where(d_max > t_hi, 1.0 / (1.0 + (d_max / a_hi) ** exponent), 1.0)
-    c_lo_min = torch.where(-d_min > t_lo, 1.0 / (1.0 + (-d_min / a_lo) ** exponent), 1.0)
     stats = {
         "q": q_t,
-        "gate_rate": (cnt_hi + cnt_lo) / n,
+        "gate_rate": torch.as_tensor((cnt_hi + cnt_lo) / n, dtype=f64, device=d.device),
         "eps_low_eff_mean": eps_low * (1.0 - (cnt_lo - sum_lo) / n),
         "eps_high_eff_mean": eps_high * (1.0 - (cnt_hi - sum_hi) / n),
-        "c_min": torch.minimum(c_hi_min, c_lo_min),
+        "c_min": torch.cat([ones, psi_hi.double(), psi_lo.double()]).min(),
     }
-    return SatBounds(lower, upper, q, stats)
+    side = torch.cat([torch.ones_like(sel_hi[sel_hi]), torch.zeros_like(sel_lo[sel_lo])])
+    return SatBounds(q, stats, torch.cat([idx_hi, idx_lo]), torch.cat([val_hi, val_lo]), side)
 
 
 def sat_token_bounds(
@@ -151,20 +213,24 @@ def sat_token_bounds(
     quantile: float = 0.9,
     exponent: float = 2.0,
     anchor: str = "q",
+    abs_d: torch.Tensor | None = None,
 ) -> SatBounds:
-    """SAT on token-level ``d`` ``[B, T]`` that is already 0 on every inactive slot.
+    """SAT on token-level ``d`` ``[B, T]`` that is already 0 on every inactive slot
+    (``abs_d = d.abs()`` may be passed in when the caller has it).
 
     ``q`` = k-th smallest active ``|d|``: the inactive zeros sort below or tie with every
     active value, so it is the ``(k + n_inactive)``-th smallest of the whole tensor.
     """
     _validate(eps_low, eps_high, quantile, exponent, anchor)
     d = d.detach()
+    cand = None
     if n_active == 0:
         q_t = d.new_zeros(())
     else:
         k = order_statistic_k(quantile, n_active) + (d.numel() - n_active)
-        q_t = d.abs().reshape(-1).kthvalue(k).values
-    return _contract(d, q_t, float(q_t), n_active, None, eps_low, eps_high, exponent, anchor)
+        abs_flat = (d.abs() if abs_d is None else abs_d.detach()).reshape(-1)
+        q_t, cand = kth_smallest(abs_flat, k)
+    return _contract(d, q_t, float(q_t), n_active, None, cand, eps_low, eps_high, exponent, anchor)
 
 
 def sat_sequence_bounds(
@@ -181,7 +247,7 @@ def sat_sequence_bounds(
     """SAT-GSPO: ``d_seq`` ``[B, 1]`` sequence log-ratios (0 for empty rows), ``lens`` ``[B, 1]``
     active tokens per row. ``q`` is the same token-level order statistic as for the broadcast
     ``d`` (each ``|d_b|`` counted ``lens_b`` times), found by sorting the ``B`` values; bounds
-    come back as ``[B, 1]``: one ``c`` per response."""
+    come back as ``[B, 1]``: one ``c`` per response; ``gated`` indexes rows."""
     _validate(eps_low, eps_high, quantile, exponent, anchor)
     d_seq = d_seq.detach()
     if n_active == 0:
@@ -191,7 +257,9 @@ def sat_sequence_bounds(
         vals, order = torch.sort(d_seq.abs().reshape(-1))
         cum = torch.cumsum(lens.reshape(-1)[order], 0)  # [B], active tokens at or below vals
         q_t = vals[torch.searchsorted(cum, cum.new_tensor([k]))[0]]
-    return _contract(d_seq, q_t, float(q_t), n_active, lens, eps_low, eps_high, exponent, anchor)
+    return _contract(
+        d_seq, q_t, float(q_t), n_active, lens, None, eps_low, eps_high, exponent, anchor
+    )
 
 
 def sat_clip_bounds(
@@ -229,10 +297,7 @@ def sat_clip_bounds(
         exponent=exponent,
         anchor=anchor,
     )
-    lower, upper = res.lower, res.upper
-    if lower is None:
-        lower = torch.full_like(d, 1.0 - eps_low, requires_grad=False)
-        upper = torch.full_like(d, 1.0 + eps_high, requires_grad=False)
+    lower, upper = res.dense(d.detach(), eps_low, eps_high)
     keys = list(res.stats)
     values = torch.stack([res.stats[k].to(torch.float64) for k in keys]).tolist()
     return lower, upper, dict(zip(keys, values, strict=True))

@@ -446,3 +446,37 @@ def test_sat_gspo_metrics_against_dense_computation(level):
     n = int(mask.sum())
     assert m["loss/clipfrac"] == pytest.approx(float(ppo.sum()) / n)
     assert m["sat/clipfrac_sat_band"] == pytest.approx(float((sat & ~ppo).sum()) / n)
+
+
+def test_min_q_eps_bites_where_plain_sat_is_inert():
+    # Whole batch stale: log r = [0.15, 0.5, 0.6, -0.7] (A = +1 each), quantile 0.5 -> q = 0.5
+    # >= ln 1.2. Plain SAT gates only 0.6 and -0.7, both already outside PPO's interval: every
+    # gradient equals PPO's. min_q_eps contracts token 0 to upper = 1 + 0.2 * 0.59635 = 1.11927
+    # < e^0.15 = 1.16183 -> its gradient becomes 0 (and its value 1.11927 instead of 1.16183).
+    d = torch.tensor([[0.15, 0.5, 0.6, -0.7]], dtype=F64)
+    grads = {}
+    for name, kw in (
+        ("ppo", {}),
+        ("q", dict(adaptive=True)),
+        ("mqe", dict(adaptive=True, anchor="min_q_eps")),
+    ):
+        logp = d.clone().requires_grad_()
+        loss, m = policy_loss(
+            logp, torch.zeros_like(d), torch.ones(1), torch.ones(1, 4), quantile=0.5, **kw
+        )
+        loss.backward()
+        grads[name] = (logp.grad, loss.item(), m)
+    assert torch.equal(grads["q"][0], grads["ppo"][0])
+    assert grads["q"][2]["sat/active"] == 0.0 and grads["q"][2]["sat/clipfrac_sat_band"] == 0.0
+    g = grads["mqe"][0]
+    assert float(g[0, 0]) == 0.0 and float(grads["ppo"][0][0, 0]) == pytest.approx(
+        -math.exp(0.15) / 4
+    )
+    assert torch.equal(g[0, 1:], grads["ppo"][0][0, 1:])
+    # values: the three d > 0 tokens now sit at their contracted upper bounds
+    # 1 + 0.2 psi(d / ln 1.2) instead of e^0.15, 1.2, 1.2 (token 3 has A > 0: lower irrelevant)
+    ell = math.log(1.2)
+    up = [1 + 0.2 / (1 + (x / ell) ** 2) for x in (0.15, 0.5, 0.6)]
+    diff = (math.exp(0.15) - up[0]) + (1.2 - up[1]) + (1.2 - up[2])
+    assert grads["mqe"][1] - grads["ppo"][1] == pytest.approx(diff / 4, rel=1e-12)
+    assert grads["mqe"][2]["sat/clipfrac_sat_band"] == 0.25

@@ -193,3 +193,31 @@ def test_no_gradient_through_d_q_or_bounds(batch, p):
     surr = torch.where(mask, clipped_surrogate(torch.exp(lr), adv, lower, upper), 0.0)
     (g2,) = torch.autograd.grad(-surr.sum() / max(int(mask.sum()), 1), logp2)
     assert torch.equal(g, g2)
+
+
+@SETTINGS
+@given(batches(), st.floats(0.0, 0.9), st.floats(0.0, 2.0), st.sampled_from([None, 2.0]))
+def test_where_form_equals_min_form_bit_for_bit(batch, eps_low, eps_high, dual):
+    # policy_loss's S = r_eff * A must equal min(r A, clamp(r, lo, hi) A) in value and gradient.
+    d, mask, adv, _ = batch
+    lower = torch.where(
+        d < 0, 1 - eps_low * torch.rand_like(d), torch.tensor(1 - eps_low, dtype=F64)
+    )
+    upper = torch.where(
+        d > 0, 1 + eps_high * torch.rand_like(d), torch.tensor(1 + eps_high, dtype=F64)
+    )
+    for lo, hi in ((1 - eps_low, 1 + eps_high), (lower, upper)):
+        r1 = torch.exp(d).requires_grad_()
+        r2 = r1.detach().clone().requires_grad_()
+        s1 = clipped_surrogate(r1, adv, lo, hi, dual)
+        s2 = torch.minimum(r2 * adv, torch.clamp(r2, lo, hi) * adv)
+        if dual is not None:
+            s2 = torch.where(adv < 0, torch.maximum(s2, dual * adv), s2)
+        assert torch.equal(s1, s2)
+        (g1,) = torch.autograd.grad(s1.sum(), r1)
+        (g2,) = torch.autograd.grad(s2.sum(), r2)
+        exact_bound = (r2 == torch.as_tensor(hi, dtype=F64)) | (
+            r2 == torch.as_tensor(lo, dtype=F64)
+        )
+        # on an exact tie at a bound min() splits the gradient in halves that sum to the same
+        assert torch.equal(g1[~exact_bound], g2[~exact_bound])

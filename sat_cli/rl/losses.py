@@ -13,9 +13,16 @@ Levels:
   GSPO, per-token gradient path; allows per-token advantages).
 Both GSPO levels force ``agg = "seq-mean-token-mean"``.
 
-SAT (``adaptive=True``) replaces the clip interval by ``sat.sat_bounds_tensors`` computed from
-``d = sg[log r]`` of the same level (so SAT-GSPO has one ``c`` per response). With ``q == 0`` or
-no active tokens the PPO code path runs, so the result is bit-identical to ``adaptive=False``.
+Surrogate: ``S = r_eff * A`` where ``r_eff`` is the violated bound when the clip binds
+(``A > 0, r > upper`` or ``A < 0, r < lower``; no gradient) and ``r`` otherwise. This equals
+``min(r A, clip(r, lower, upper) A)`` bit for bit, with the same gradient (tested), but avoids
+``torch.minimum``'s tie-splitting backward. Dual clip, then ``token_weights``, then the mask.
+
+SAT (``adaptive=True``, ALGORITHMS.md §4) takes ``d = sg[log r]`` of the same level: token
+level uses ``sat.sat_token_bounds`` and patches only the gated tokens of the clipped ratio
+(sparse; at most ``1 - quantile`` of them); the GSPO levels use ``sat.sat_sequence_bounds`` on
+the ``B`` sequence log-ratios, so every token of a response shares one ``c``. With ``q == 0``
+or no active tokens the PPO code path runs unchanged: bit-identical to ``adaptive=False``.
 
 Aggregation (``agg``): ``token-mean`` = sum over active tokens / their count;
 ``seq-mean-token-mean`` = mean over sequences of per-sequence token means;
@@ -27,12 +34,13 @@ any product, so NaN/inf there reach neither the loss nor the gradients. An empty
 ``loss == 0`` that is still connected to ``logp`` (``backward`` yields zeros).
 
 Metrics: ``loss/policy``; ``loss/clipfrac`` = fraction of active tokens whose PPO clip binds
-(``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low``, i.e. gradient zeroed by PPO);
+(``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low`` on the level's ratio, i.e. gradient zeroed);
 ``sat/clipfrac_sat_band`` = fraction clipped by SAT's interval but not by PPO's (0 without SAT);
 ``staleness/abs_logratio_mean`` = mean ``|logp - denom_logp|`` on *token* ratios (also for
 GSPO); ``loss/kl_k3`` = mean of ``exp(-log r) - 1 + log r`` on token ratios; with SAT also
 ``sat/q``, ``sat/gate_rate``, ``sat/eps_low_eff_mean``, ``sat/eps_high_eff_mean``, ``sat/c_min``
-and ``sat/active`` (1.0 iff ``q < ln(1 + eps_high)``, the regime where SAT can change a gradient).
+and ``sat/active`` (1.0 iff ``q < ln(1 + eps_high)``: the regime where the paper's SAT can change
+a gradient with one optimizer step per batch; the loop averages it into ``sat/active_frac``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 into per-token clip bounds ``lower, upper`` that replace PPO's ``1 - eps_low, 1 + eps_high``:
 
 1. ``q`` is the lower order statistic at level ``alpha = quantile`` of ``|d|`` over the active
-   tokens: ``torch.kthvalue(|d|, k)`` with ``k = ceil(alpha * N)``. ``alpha * N`` is computed
+   tokens: the ``k``-th smallest (``torch.kthvalue`` semantics) with ``k = ceil(alpha * N)``. ``alpha * N`` is computed
    exactly, reading ``alpha`` as the decimal it was written as (``Fraction("0.9") * 10 == 9``),
    so float noise (``0.9 * 10 == 9.000000000000002`` in binary) can never move ``k`` by one. No
    interpolation: ``q`` is always one of the ``|d|`` values.
@@ -247,7 +247,8 @@ def sat_sequence_bounds(
     """SAT-GSPO: ``d_seq`` ``[B, 1]`` sequence log-ratios (0 for empty rows), ``lens`` ``[B, 1]``
     active tokens per row. ``q`` is the same token-level order statistic as for the broadcast
     ``d`` (each ``|d_b|`` counted ``lens_b`` times), found by sorting the ``B`` values; bounds
-    come back as ``[B, 1]``: one ``c`` per response; ``gated`` indexes rows."""
+    come back (via ``SatBounds.dense``) as ``[B, 1]``: one ``c`` per response; ``index``
+    holds row numbers."""
     _validate(eps_low, eps_high, quantile, exponent, anchor)
     d_seq = d_seq.detach()
     if n_active == 0:

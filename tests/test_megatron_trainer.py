@@ -200,7 +200,7 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
             trainer.step(no_routes)
         # kill the worker in the middle of a (large) step: clear error within seconds
         big = collate(*make_samples(n=48, seed=3, max_prompt=40, max_resp=80), 0, need_routes=True)
-        worker, launcher = trainer.worker_pid, trainer.launcher_pid
+        (worker,), launcher = trainer.worker_pids, trainer.launcher_pid
         killer = threading.Timer(0.5, os.kill, (worker, signal.SIGKILL))
         t0 = time.monotonic()
         killer.start()
@@ -237,8 +237,8 @@ def test_trainer_save_load_resumes_exactly(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_trainer_rejects_parallel_sizes_it_cannot_run(tiny_dir, tmp_path):
-    with pytest.raises(MegatronWorkerError, match="world size 1 only"):
-        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", ep=2)
+    with pytest.raises(MegatronWorkerError, match="tp, pp and cp must be 1"):
+        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", tp=2)
     assert _processes_mentioning(str(tmp_path / "w")) == []
 
 
@@ -247,3 +247,33 @@ def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
         MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", learning_rate=1.0)
     with pytest.raises(ValueError, match="unknown algorithm"):
         MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", algo="nope")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ep", [1, 2], ids=["dp2", "dp2_ep2"])
+def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
+    # world size 2 on CPU (gloo): rows split over the ranks, experts split when ep=2; an odd
+    # batch (7 rows, minibatches of 4 and 3) exercises the padded shards
+    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    batch = collate(*make_samples(n=7, seed=2), 0, need_routes=True)
+    local = LocalTrainer(str(tiny_dir), **kw)
+    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", nproc_per_node=2, ep=ep, **kw) as tr:
+        assert len(tr.worker_pids) == 2
+        real = batch.attention_mask.bool()
+        torch.testing.assert_close(
+            tr.logprobs(batch)[real], local.logprobs(batch)[real], atol=1e-5, rtol=0
+        )
+        meg_metrics, loc_metrics = tr.step(batch), local.step(batch)
+        meg_w = convert.load_hf_state(tr.publish_weights(tmp_path / "weights", 1))
+        tr.save(tmp_path / "ckpt")
+        tr.load(tmp_path / "ckpt")
+        assert tr.step_count == 1
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "model",
+        "optimizer_rank0.safetensors",
+        "optimizer_rank1.safetensors",
+        "trainer_state.json",
+    ]
+    assert_same_step(
+        loc_metrics, meg_metrics, hf_weights_of_local(local), meg_w, initial_weights(tiny_dir)
+    )

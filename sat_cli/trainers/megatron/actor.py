@@ -24,7 +24,15 @@ tokenizer files of the source model). ``save(dir)`` writes ``model/`` (HF), an
 the local trainer's, but the optimizer tensors are keyed by megatron names, so a checkpoint
 resumes only on the backend that wrote it (``"backend": "megatron"`` in the JSON).
 
-Scope: world size 1 (TP = PP = EP = CP = 1; see docs/megatron.md).
+Parallelism: data parallel over all ranks with expert parallelism inside (``ep`` divides the
+world size); TP = PP = CP = 1. Each minibatch's rows are split over the ranks; every rank runs
+its shard forward, the per-token log-probs are all-gathered (``runtime.gather_rows``, gradient
+to the own shard only) and every rank computes the *same* full-minibatch loss, so SAT's
+order statistic and the loss normalisation are exactly those of a single process. Gradients are
+then summed: dense parameters over the data-parallel group, expert parameters over the
+expert-data-parallel group (the all-gather dispatcher already brings every EP-group token to
+its expert). The clip norm adds the expert norms over the EP group. With world size 1 none of
+this runs and the step is the local trainer's, operation for operation.
 """
 
 from __future__ import annotations
@@ -32,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +99,7 @@ class MegatronActor:
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.dtype = DTYPES[dtype]
         self.r3 = r3
+        self._init_parallel()
         self.model = self._build(routing_replay=r3, clear_registry=True)
         self.model.train()
         self.ref_model = None
@@ -121,14 +129,38 @@ class MegatronActor:
         self.num_minibatches = num_minibatches
         self.step_count = 0
 
+    def _init_parallel(self) -> None:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.ep = ps.get_expert_model_parallel_world_size() if self.world > 1 else 1
+        self.ep_rank = ps.get_expert_model_parallel_rank() if self.world > 1 else 0
+        if self.world > 1:
+            if ps.get_tensor_model_parallel_world_size() != 1 or (
+                ps.get_pipeline_model_parallel_world_size() != 1
+                or ps.get_context_parallel_world_size() != 1
+            ):
+                raise NotImplementedError("megatron trainer: TP, PP and CP must be 1")
+            self.dp_group = ps.get_data_parallel_group()
+            self.edp_group = ps.get_expert_data_parallel_group()
+            self.ep_group = ps.get_expert_model_parallel_group()
+            self.dp_rank = dist.get_rank(self.dp_group)
+            self.dp = dist.get_world_size(self.dp_group)
+        else:
+            self.dp_group = self.edp_group = self.ep_group = None
+            self.dp_rank, self.dp = 0, 1
+
     def _build(self, *, routing_replay: bool, clear_registry: bool):
         model = build_gpt_model(
             self.hf_config,
             dtype=self.dtype,
+            ep=self.ep,
             routing_replay=routing_replay,
             clear_replay_registry=clear_registry,
         )
-        convert.load_hf_into_megatron(model, self.model_path)
+        convert.load_hf_into_megatron(model, self.model_path, ep_rank=self.ep_rank, ep_size=self.ep)
         return model.to(self.device)
 
     # --- forward ---------------------------------------------------------------------------
@@ -159,10 +191,22 @@ class MegatronActor:
                 # they can go now; a backward never needs them again.
                 runtime.clear_replay()
 
+    def _sharded_forward(self, model, batch: TrainBatch):
+        """``(logp, entropy)`` ``[B, S]`` of the whole ``batch``, each rank running its rows."""
+        if self.dp == 1:
+            return self._forward(model, batch)
+        rows, _ = runtime.shard_rows(batch.batch_size, self.dp, self.dp_rank)
+        logp, entropy = self._forward(model, batch.select(rows))
+        n = batch.batch_size
+        logp = runtime.gather_rows(logp, self.dp_group, self.dp_rank, self.dp)[:n]
+        with torch.no_grad():
+            entropy = runtime.gather_rows(entropy, self.dp_group, self.dp_rank, self.dp)[:n]
+        return logp, entropy
+
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Recomputed ``logp [B, S]`` (no grad), aligned like ``rollout_logp``."""
-        return self._forward(self.model, batch)[0].float().cpu()
+        return self._sharded_forward(self.model, batch)[0].float().cpu()
 
     # --- training step -----------------------------------------------------------------------
     def step(self, batch: TrainBatch) -> dict[str, float]:
@@ -180,7 +224,7 @@ class MegatronActor:
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logp = self._forward(self.ref_model, batch)[0].float().cpu()
+                ref_logp = self._sharded_forward(self.ref_model, batch)[0].float().cpu()
 
         chunks = torch.arange(batch.batch_size).chunk(self.num_minibatches)
         sums: dict[str, float] = {}
@@ -190,7 +234,7 @@ class MegatronActor:
             mask = mb.loss_mask.to(dev)
             if int(mask.sum()) == 0:
                 continue
-            logp, entropy = self._forward(self.model, mb)  # [b, S]
+            logp, entropy = self._sharded_forward(self.model, mb)  # [b, S]
             loss, metrics = registry.compute_loss(
                 self.algo,
                 self.correction,
@@ -209,7 +253,10 @@ class MegatronActor:
             self.opt.zero_grad(set_to_none=True)
             total.backward()
             max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            if self.world == 1:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            else:
+                grad_norm = self._reduce_and_clip(max_norm)
             self.opt.step()
             metrics["loss/grad_norm"] = float(grad_norm)
             metrics["loss/total"] = float(total.detach())
@@ -224,18 +271,93 @@ class MegatronActor:
         out["perf/optimizer_steps"] = float(n_steps)
         return out
 
+    def _grouped_params(self):
+        dense, expert = [], []
+        for name, p in self.model.named_parameters():
+            (expert if ".mlp.experts." in name else dense).append(p)
+        return dense, expert
+
+    def _reduce_and_clip(self, max_norm: float) -> torch.Tensor:
+        """Sum gradients over the ranks (see module doc) and clip by the global norm."""
+        import torch.distributed as dist
+
+        dense, expert = self._grouped_params()
+        for params, group in ((dense, self.dp_group), (expert, self.edp_group)):
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p).clone()
+                offset += n
+        dense_sq = sum(p.grad.double().pow(2).sum() for p in dense)
+        expert_sq = sum(p.grad.double().pow(2).sum() for p in expert).reshape(1)
+        dist.all_reduce(expert_sq, group=self.ep_group)  # experts differ across EP ranks
+        total = torch.sqrt(dense_sq + expert_sq[0]).float()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in dense + expert:
+            p.grad.mul_(coef.to(p.grad.dtype))
+        return total
+
     # --- weights and checkpoints ---------------------------------------------------------------
+    def _full_megatron_state(self) -> dict[str, torch.Tensor]:
+        """The model's state with every expert (gathered over the EP group), global indices."""
+        import torch.distributed as dist
+
+        state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+        if self.ep == 1:
+            return state
+        per_rank = self.hf_config["num_experts"] // self.ep
+        out = {}
+        for key in sorted(state):
+            if ".mlp.experts.local_experts." not in key:
+                out[key] = state[key]
+                continue
+            head, tail = key.split(".mlp.experts.local_experts.")
+            local, rest = tail.split(".", 1)
+            parts = [torch.empty_like(state[key]) for _ in range(self.ep)]
+            dist.all_gather(parts, state[key].contiguous(), group=self.ep_group)
+            for r, t in enumerate(parts):
+                out[f"{head}.mlp.experts.local_experts.{r * per_rank + int(local)}.{rest}"] = t
+        return out
+
     def hf_state(self) -> dict[str, torch.Tensor]:
-        return convert.megatron_state_to_hf(self.model, self.hf_config)
+        """All weights in HF naming (a collective when EP > 1: every rank must call it)."""
+        return convert.megatron_to_hf(self._full_megatron_state(), self.hf_config)
 
     def export_hf(self, out_dir: str | os.PathLike) -> Path:
-        """The current weights as an HF checkpoint at ``out_dir`` (atomic)."""
-        return convert.save_hf_checkpoint(self.hf_state(), out_dir, self.model_path)
+        """The current weights as an HF checkpoint at ``out_dir`` (atomic; rank 0 writes)."""
+        state = self.hf_state()
+        if self.rank == 0:
+            convert.save_hf_checkpoint(state, out_dir, self.model_path)
+        self._barrier()
+        return Path(out_dir)
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _optimizer_file(self) -> str:
+        return (
+            "optimizer.safetensors" if self.world == 1 else f"optimizer_rank{self.rank}.safetensors"
+        )
 
     def save(self, dir: str | os.PathLike) -> None:
+        """Checkpoint to ``dir`` (atomic: written to a temporary sibling, then renamed).
+
+        With several ranks each writes ``optimizer_rank{r}.safetensors`` (expert moments are
+        sharded); rank 0 writes the rest.
+        """
         final = Path(dir)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        tmp = final.parent / f".{final.name}.tmp-save"
+        if self.rank == 0:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        self._barrier()
         try:
             self.export_hf(tmp / "model")
             names = [n for n, _ in self.model.named_parameters()]
@@ -245,18 +367,24 @@ class MegatronActor:
                 for key, value in state.items():
                     t = value if torch.is_tensor(value) else torch.tensor(value)
                     tensors[f"state/{names[idx]}/{key}"] = t.detach().cpu().contiguous()
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            meta: dict[str, Any] = {
-                "backend": "megatron",
-                "step_count": self.step_count,
-                "param_groups": sd["param_groups"],
-            }
-            (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            save_file(tensors, str(tmp / self._optimizer_file()))
+            self._barrier()
+            if self.rank == 0:
+                meta: dict[str, Any] = {
+                    "backend": "megatron",
+                    "world_size": self.world,
+                    "ep": self.ep,
+                    "step_count": self.step_count,
+                    "param_groups": sd["param_groups"],
+                }
+                (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            self._barrier()
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
 
     def load(self, dir: str | os.PathLike) -> None:
@@ -267,8 +395,16 @@ class MegatronActor:
                 f"{d} was written by the {meta.get('backend', 'local')!r} trainer; the megatron "
                 "trainer resumes only its own checkpoints (start from its model/ folder instead)"
             )
-        tensors = load_file(str(d / "optimizer.safetensors"))
-        convert.load_hf_into_megatron(self.model, d / "model")
+        layout = (int(meta.get("world_size", 1)), int(meta.get("ep", 1)))
+        if layout != (self.world, self.ep):
+            raise ValueError(
+                f"{d} was saved with world size {layout[0]} and ep {layout[1]}; this run has "
+                f"{self.world} and {self.ep} (optimizer shards do not match)"
+            )
+        tensors = load_file(str(d / self._optimizer_file()))
+        convert.load_hf_into_megatron(
+            self.model, d / "model", ep_rank=self.ep_rank, ep_size=self.ep
+        )
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
         state: dict[int, dict] = {}
         for name, t in tensors.items():

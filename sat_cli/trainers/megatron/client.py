@@ -26,7 +26,9 @@ Trainer hyperparameters are the local trainer's keyword arguments (``lr``, ``bet
 ``ratio_denominator``, ``kl_coef``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``,
 ``loss_kwargs``) plus ``dtype``; they are forwarded to ``MegatronActor`` in the worker.
 Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``, ``nproc_per_node``, ``nnodes``) are passed
-through; the worker currently accepts world size 1 only and says so at start-up.
+through; the worker runs data parallel over all ranks with expert parallelism ``ep`` inside,
+and rejects ``tp``/``pp``/``cp`` > 1 at start-up with a clear message. Batch files must be
+readable by every rank (one node, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class MegatronTrainer:
         self.step_count = 0
         self._msg_id = 0
         self._proc: subprocess.Popen | None = None
-        self._worker_pid: int | None = None
+        self._worker_pids: list[int] = []
         self._rfd: int | None = None
         self._keep_fd: int | None = None
         self._buf = b""
@@ -208,7 +210,7 @@ class MegatronTrainer:
                 f"megatron worker failed to start: {ready.get('error')}\n"
                 f"{ready.get('traceback', '')}(log: {self.log_path})"
             )
-        self._worker_pid = ready.get("pid")
+        self._worker_pids = [int(p) for p in ready.get("pids", [])]
 
     # --- the channel ---------------------------------------------------------------------------
     def _log_tail(self, n: int = 30) -> str:
@@ -246,7 +248,7 @@ class MegatronTrainer:
                     continue
             if self._proc.poll() is not None:
                 raise self._died(what)
-            if self._worker_pid is not None and not _pid_alive(self._worker_pid):
+            if self._worker_pids and not all(_pid_alive(p) for p in self._worker_pids):
                 # torchrun notices within its monitor interval and exits; do not wait long
                 worker_gone_at = worker_gone_at or time.monotonic()
                 if time.monotonic() - worker_gone_at > 3.0:
@@ -314,8 +316,9 @@ class MegatronTrainer:
         self.step_count = int(self._request("load", dir=str(Path(dir).resolve()))["step_count"])
 
     @property
-    def worker_pid(self) -> int | None:
-        return self._worker_pid
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker ranks (rank order)."""
+        return list(self._worker_pids)
 
     @property
     def launcher_pid(self) -> int | None:
@@ -348,11 +351,12 @@ class MegatronTrainer:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        if self._worker_pid is not None and _pid_alive(self._worker_pid):
-            try:
-                os.kill(self._worker_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for pid in self._worker_pids:
+            if _pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for fd in (self._rfd, self._keep_fd):
             if fd is not None:
                 os.close(fd)

@@ -160,3 +160,44 @@ def clear_replay() -> None:
 
     RouterReplay.clear_global_indices()
     RouterReplay.clear_global_router_replay_action()
+
+
+# ----------------------------------------------------------------------------- data parallel
+def shard_rows(n: int, world: int, rank: int) -> tuple[list[int], int]:
+    """Rows ``0..n-1`` split into ``world`` equal contiguous shards; returns this rank's rows.
+
+    Shards are padded with row 0 to a common size ``ceil(n / world)`` (every rank must run the
+    forward: the MoE dispatcher is collective); the padding rows are dropped after the gather.
+    """
+    per = -(-n // world)
+    padded = list(range(n)) + [0] * (per * world - n)
+    return padded[rank * per : (rank + 1) * per], per
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of row shards ``[per, ...]`` to ``[world * per, ...]`` over ``group``.
+
+    Every rank then computes the *same* loss from the gathered tensor, so the gradient with
+    respect to the gathered tensor is identical on all ranks and the backward only takes this
+    rank's slice (no communication, no scaling).
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group, rank: int, world: int):
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        ctx.rank, ctx.per = rank, local.shape[0]
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = ctx.rank * ctx.per
+        return grad[start : start + ctx.per], None, None, None
+
+
+def gather_rows(local: torch.Tensor, group, rank: int, world: int) -> torch.Tensor:
+    if world == 1:
+        return local
+    return _GatherRows.apply(local, group, rank, world)

@@ -14,9 +14,13 @@ replies on the FIFO, tensors in safetensors files. A failing command is answered
 ``ok: false`` and the traceback, and the worker keeps serving. It exits on ``close``, on EOF of
 stdin (the client is gone) and when its parent (torchrun) dies, so it never outlives the run.
 
-Scope: world size 1. Larger sizes are rejected at start-up with a clear message: they need
-data-parallel sharding of the batch, gradient reduction over EP ranks and a TP-sharded
-converter, which are not implemented.
+Several ranks: rank 0 reads stdin and broadcasts each command line (a byte tensor over a gloo
+group, so it also works beside NCCL); every rank runs the command (the actor's collectives
+need all of them) and rank 0 replies. Supported layouts: data parallel over all ranks with
+expert parallelism ``ep`` dividing the world size; ``tp``, ``pp`` and ``cp`` must be 1 (rejected
+at start-up with a clear message). A command that fails on some ranks only (not a validation
+error, which all ranks raise alike) can leave the others waiting in a collective; the client
+then sees no reply but a live worker, as with any hung step.
 """
 
 from __future__ import annotations
@@ -51,8 +55,47 @@ class _Replies:
         self.f.write(protocol.encode(msg))
 
 
-def _serve(actor, replies: _Replies, stdin) -> int:
-    for raw in stdin:
+class _Commands:
+    """Command lines: rank 0 reads stdin, the others receive rank 0's lines by broadcast."""
+
+    def __init__(self, stdin, rank: int, world: int):
+        self.stdin, self.rank, self.world = stdin, rank, world
+        self.group = None
+        if world > 1:
+            import torch.distributed as dist
+
+            self.group = dist.new_group(backend="gloo")
+
+    def __iter__(self):
+        while True:
+            line = self._next()
+            if line is None:
+                return
+            yield line
+
+    def _next(self) -> bytes | None:
+        if self.world == 1:
+            raw = self.stdin.readline()
+            return raw if raw else None
+        import torch
+        import torch.distributed as dist
+
+        raw = self.stdin.readline() if self.rank == 0 else b""
+        size = torch.tensor([len(raw) if raw else -1], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=self.group)
+        if int(size) < 0:
+            return None  # EOF on rank 0: every rank stops
+        buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if self.rank == 0 else None
+        if self.rank != 0:
+            buf = torch.empty(int(size), dtype=torch.uint8)
+        dist.broadcast(buf, src=0, group=self.group)
+        return bytes(buf.tolist()) if self.rank != 0 else raw
+
+
+def _serve(actor, replies: _Replies | None, commands) -> int:
+    if replies is None:  # ranks > 0 run the commands but do not answer
+        replies = _NoReplies()
+    for raw in commands:
         line = raw.strip()
         if not line:
             continue
@@ -67,7 +110,9 @@ def _serve(actor, replies: _Replies, stdin) -> int:
                 reply = {"metrics": actor.step(batch), "step_count": actor.step_count}
             elif cmd == "logprobs":
                 batch = protocol.read_batch(msg["batch"])
-                protocol.write_tensors({"logprobs": actor.logprobs(batch)}, msg["out"])
+                logprobs = actor.logprobs(batch)  # every rank computes (collectives)
+                if actor.rank == 0:
+                    protocol.write_tensors({"logprobs": logprobs}, msg["out"])
                 reply = {"out": msg["out"]}
             elif cmd == "publish":
                 reply = {"path": str(actor.export_hf(msg["dir"]))}
@@ -98,6 +143,22 @@ def _serve(actor, replies: _Replies, stdin) -> int:
     return 0  # EOF: the client closed our stdin
 
 
+class _NoReplies:
+    def send(self, msg: dict) -> None:
+        pass
+
+
+def _all_pids(world: int) -> list[int]:
+    if world == 1:
+        return [os.getpid()]
+    import torch
+    import torch.distributed as dist
+
+    pids = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(pids, torch.tensor([os.getpid()], dtype=torch.int64))
+    return [int(p) for p in pids]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="worker_config.json written by the client")
@@ -109,18 +170,21 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     replies = _Replies(args.reply_fifo) if rank == 0 else None
     try:
-        if world != 1 or any(int(cfg.get(k, 1)) != 1 for k in ("tp", "pp", "ep", "cp")):
+        tp, pp, ep, cp = (int(cfg.get(k, 1)) for k in ("tp", "pp", "ep", "cp"))
+        if tp != 1 or pp != 1 or cp != 1:
             raise NotImplementedError(
-                f"megatron trainer runs with world size 1 only (got WORLD_SIZE={world}, "
-                f"tp={cfg.get('tp')}, pp={cfg.get('pp')}, ep={cfg.get('ep')}, cp={cfg.get('cp')});"
-                " see docs/megatron.md"
+                f"megatron trainer supports data + expert parallelism only: tp, pp and cp must "
+                f"be 1 (got tp={tp}, pp={pp}, cp={cp}); see docs/megatron.md"
             )
+        if world % ep:
+            raise ValueError(f"ep={ep} does not divide the world size {world}")
         from . import runtime
 
-        runtime.init_distributed(tp=1, pp=1, ep=1, cp=1)
+        runtime.init_distributed(tp=1, pp=1, ep=ep, cp=1)
         from .actor import MegatronActor
 
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
+        pids = _all_pids(world)
     except Exception as exc:
         traceback.print_exc()
         if replies is not None:
@@ -133,9 +197,14 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         return 1
-    replies.send({"event": "ready", "ok": True, "step_count": 0, "pid": os.getpid()})
-    print(f"megatron worker ready (pid {os.getpid()})", file=sys.stderr, flush=True)
-    code = _serve(actor, replies, sys.stdin.buffer)
+    if replies is not None:
+        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids})
+    print(
+        f"megatron worker rank {rank}/{world} ready (pid {os.getpid()})",
+        file=sys.stderr,
+        flush=True,
+    )
+    code = _serve(actor, replies, _Commands(sys.stdin.buffer, rank, world))
     import torch.distributed as dist
 
     if dist.is_initialized():

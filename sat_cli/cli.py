@@ -146,8 +146,21 @@ def version_cmd() -> None:
     typer.echo(f"sat {__version__}")
 
 
+def _quiet_libraries() -> None:
+    """MLflow/alembic INFO lines (database migrations, telemetry) are noise on a console."""
+    import logging
+    import os
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _guard(fn) -> None:
     """Run a command body: user errors → message + exit 2; Ctrl-C → exit 130."""
+    _quiet_libraries()
     from sat_cli.config import ConfigError
     from sat_cli.errors import RunFailed, UserError
 
@@ -164,9 +177,10 @@ def _guard(fn) -> None:
         if name in ("EngineError", "TrainerError"):
             fail(str(exc), 1)
         raise
-    except KeyboardInterrupt:
-        typer.echo("sat: interrupted", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        code = getattr(exc, "code", 130)
+        typer.echo("sat: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
+        raise typer.Exit(code) from None
 
 
 def main() -> None:

@@ -90,7 +90,10 @@ class SevensTask:
     for a randomly initialised model, so advantages and updates are non-zero."""
 
     def sample_prompts(self, n: int, cursor: int) -> list[dict]:
-        return [{"id": str(i), "prompt": f"{i % 1000:03d}+", "answer": "7"} for i in range(cursor, cursor + n)]
+        return [
+            {"id": str(i), "prompt": f"{i % 1000:03d}+", "answer": "7"}
+            for i in range(cursor, cursor + n)
+        ]
 
     @staticmethod
     def reward(text: str, answer: str) -> float:
@@ -140,12 +143,25 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     trainer = _trainer(tiny_dir)
     rec = Recorder()
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
-    settings = LoopSettings(max_steps=STEPS, prompts_per_step=P, group_size=G, sampling=sampling,
-                            lag=LagPolicy(0), run_dir=tmp_path / "loop", seed=5,
-                            histogram_every=0)
+    settings = LoopSettings(
+        max_steps=STEPS,
+        prompts_per_step=P,
+        group_size=G,
+        sampling=sampling,
+        lag=LagPolicy(0),
+        run_dir=tmp_path / "loop",
+        seed=5,
+        histogram_every=0,
+    )
     with LocalEngine(str(tiny_dir), seed=0) as engine:
-        train_loop(settings, task=task, tokenizer=trainer.tokenizer, engine=engine,
-                   trainer=trainer, tracker=rec)
+        train_loop(
+            settings,
+            task=task,
+            tokenizer=trainer.tokenizer,
+            engine=engine,
+            trainer=trainer,
+            tracker=rec,
+        )
     loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
     # the plain synchronous loop, written out by hand
@@ -193,12 +209,28 @@ def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
         trainer = _trainer(tiny_dir)
         rec = Recorder()
         sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
-        s = LoopSettings(max_steps=steps, prompts_per_step=P, group_size=G, sampling=sampling,
-                         lag=LagPolicy(2, "interval"), run_dir=run_dir, seed=1,
-                         checkpoint_every=2, checkpoint_keep=5, histogram_every=0)
+        s = LoopSettings(
+            max_steps=steps,
+            prompts_per_step=P,
+            group_size=G,
+            sampling=sampling,
+            lag=LagPolicy(2, "interval"),
+            run_dir=run_dir,
+            seed=1,
+            checkpoint_every=2,
+            checkpoint_keep=5,
+            histogram_every=0,
+        )
         with LocalEngine(str(tiny_dir), seed=0) as engine:
-            train_loop(s, task=task, tokenizer=trainer.tokenizer, engine=engine,
-                       trainer=trainer, tracker=rec, resume_from=resume)
+            train_loop(
+                s,
+                task=task,
+                tokenizer=trainer.tokenizer,
+                engine=engine,
+                trainer=trainer,
+                tracker=rec,
+                resume_from=resume,
+            )
         return rec, {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
     full, w_full = run(tmp_path / "full", 5)

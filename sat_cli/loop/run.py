@@ -207,7 +207,7 @@ def _loss_kwargs(obj) -> dict:
     return out
 
 
-def build_evaluator(obj, engine, tokenizer, task):
+def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None):
     """In-training evaluation on the held-out set (toy) or the configured benchmark."""
     from sat_cli.engines.base import SamplingParams
     from sat_cli.evaluation import evaluate, metrics
@@ -246,7 +246,10 @@ def build_evaluator(obj, engine, tokenizer, task):
             template=template,
             grader=grader,
             batch_size=e.batch_size,
+            name=e.name,
         )
+        if keep is not None:
+            keep["result"] = res
         return metrics(res, prefix=f"eval/{e.name}/")
 
     return run

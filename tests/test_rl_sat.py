@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sat_cli.rl.losses import policy_loss
-from sat_cli.rl.sat import kth_smallest, order_statistic_k, sat_clip_bounds
+from sat_cli.rl.sat import kth_smallest_abs, order_statistic_k, sat_clip_bounds
 from sat_cli.rl.staleness import active_abs_logratio, logratio_stats
 
 F64 = torch.float64
@@ -206,12 +206,14 @@ def test_kth_smallest_is_exact_on_large_inputs(layout):
         x[::16] += 10.0
     for quantile in (0.5, 0.9, 0.99):
         k = order_statistic_k(quantile, n)
-        value, idx = kth_smallest(x, k)
+        signed = torch.where(torch.rand(n, generator=g) < 0.5, -x, x)
+        value, idx, d_c = kth_smallest_abs(signed, k)
         assert float(value) == float(torch.sort(x).values[k - 1])
         if idx is not None:  # every element above the result is a candidate
             assert set((x > value).nonzero().view(-1).tolist()) <= set(idx.tolist())
+            assert torch.equal(d_c, signed[idx])
     if layout == "adversarial":
-        assert kth_smallest(x, order_statistic_k(0.9, n))[1] is None
+        assert kth_smallest_abs(x, order_statistic_k(0.9, n))[1] is None
 
 
 def test_large_batch_bounds_and_metrics_against_dense_computation():

@@ -104,7 +104,8 @@ def _surrogate(ratio, adv, lower, upper, dual_clip_c, patch=None):
         n_band = (hit & ~was).sum()
         n_clip = n_clip + n_band
         cols = ratio.shape[-1]
-        idx, bound = idx[hit], bound[hit]
+        h = hit.nonzero().view(-1)
+        idx, bound = idx[h], bound[h]
         # In place on where()'s fresh output (its backward does not need it): the patched
         # entries become constants, so their gradient is exactly 0.
         r_eff = r_eff.index_put_((idx // cols, idx % cols), bound)

@@ -17,7 +17,7 @@ into per-token clip bounds ``lower, upper`` that replace PPO's ``1 - eps_low, 1 
    ``q == 0`` are bit-identical to PPO).
 
 Cost: the kernel runs on the gated entries only (gathered by index); ``q`` comes from
-``kth_smallest``, an exact selection that first narrows the candidates with a strided
+``kth_smallest_abs``, an exact selection that first narrows the candidates with a strided
 subsample. SAT-GSPO (``sat_sequence_bounds``) works on the ``B`` sequence values.
 
 Nothing here carries gradient: ``d`` is detached on entry and all outputs are constants.
@@ -99,16 +99,17 @@ class SatBounds:
         return lower, upper
 
 
-def kth_smallest(x: torch.Tensor, k: int):
-    """Exact ``k``-th smallest (1-based) of a 1-D tensor of values ``>= 0``.
+def kth_smallest_abs(d: torch.Tensor, k: int, abs_d: torch.Tensor | None = None):
+    """Exact ``k``-th smallest (1-based) of ``|d|`` for a 1-D ``d`` (``abs_d``: its ``|d|``).
 
-    Returns ``(value, idx)``; ``idx`` is ``None`` or the indices of every element ``>= t`` for
-    some ``t <= value`` (so it contains every element above the result). For large inputs
-    whose top ``m = n - k + 1`` is small, a strided subsample gives a threshold ``t`` with a
-    few percent more than ``m`` elements above it; the selection runs on those only. If the
-    subsample misjudged (fewer than ``m`` elements ``>= t``), it falls back to a full
-    ``kthvalue``; the result is the same order statistic either way.
+    Returns ``(value, idx, d[idx])``; ``idx`` is ``None`` or the indices of every element with
+    ``|d| >= t`` for some ``t <= value`` (so it contains every element above the result). For
+    large inputs whose top ``m = n - k + 1`` is small, a strided subsample gives a threshold
+    ``t`` with a few percent more than ``m`` elements above it, and the selection runs on those
+    only. If the subsample misjudged (fewer than ``m`` elements ``>= t``), it falls back to a
+    full ``kthvalue``; the result is the same order statistic either way.
     """
+    x = d.abs() if abs_d is None else abs_d
     n = x.numel()
     m = n - k + 1
     stride = 16
@@ -120,12 +121,13 @@ def kth_smallest(x: torch.Tensor, k: int):
         idx = (x >= t).nonzero().view(-1)
         if idx.numel() >= m:
             # at least m elements are >= t, so the m-th largest is >= t and lies in idx
-            cand = x[idx]
-            j = idx.numel() - m + 1  # q is the j-th smallest candidate; j is small
+            d_c = d[idx]
+            cand = d_c.abs()
+            j = idx.numel() - m + 1  # the result is the j-th smallest candidate; j is small
             if j <= cand.numel() // 4:
-                return cand.topk(j, largest=False, sorted=False).values.max(), idx
-            return cand.kthvalue(j).values, idx
-    return x.kthvalue(k).values, None
+                return cand.topk(j, largest=False, sorted=False).values.max(), idx, d_c
+            return cand.kthvalue(j).values, idx, d_c
+    return x.kthvalue(k).values, None, None
 
 
 def _noop(q_t, q, eps_low, eps_high) -> SatBounds:
@@ -151,8 +153,8 @@ def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, an
     """Bounds and stats from ``q``, computed on the gated entries only (at most ``1 - alpha``
     of the tokens for the paper's anchor). ``d`` is 0 on inactive entries; ``weight`` (``None``
     or the number of active tokens each entry stands for) makes the stats token-weighted;
-    ``cand`` (``None`` or indices of all entries with ``|d| >= t``, some ``t <= q``) saves a
-    pass over ``d``."""
+    ``cand`` (``None`` or ``(idx, d[idx])`` for all entries with ``|d| >= t``, some ``t <= q``)
+    saves a pass over ``d``."""
     if not q > 0.0:  # also catches a NaN q (non-finite d on active tokens): no contraction
         return _noop(q_t, q, eps_low, eps_high)
     if anchor == "q":
@@ -166,42 +168,43 @@ def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, an
     flat = d.reshape(-1)
     t_min = min(t_hi, t_lo)
     # Inactive entries have d == 0 and every threshold is >= 0: never gated (strict >).
-    if cand is not None and t_min >= q:
-        idx = cand[flat[cand].abs() > t_min]
+    if cand is not None and t_min >= q:  # every gated entry is a candidate
+        idx_c, d_c = cand
+        keep = (d_c.abs() > t_min).nonzero().view(-1)
+        idx, d_g = idx_c[keep], d_c[keep]  # [G]
     else:
         idx = (flat.abs() > t_min).nonzero().view(-1)
-    d_g = flat[idx]  # [G]
-    sel_hi, sel_lo = d_g > t_hi, d_g < -t_lo
-    idx_hi, idx_lo = idx[sel_hi], idx[sel_lo]
-    psi_hi = _psi(d_g[sel_hi], a_hi, exponent)  # [G_hi]
-    psi_lo = _psi(-d_g[sel_lo], a_lo, exponent)  # [G_lo]
+        d_g = flat[idx]  # [G]
+    side = d_g > 0  # [G] True: the upper endpoint moves (d > 0); False: the lower one
+    if t_hi != t_lo:  # min_q_eps with one side past its ell: gate each side on its own
+        keep = torch.where(side, d_g > t_hi, d_g < -t_lo).nonzero().view(-1)
+        idx, d_g, side = idx[keep], d_g[keep], side[keep]
+    u = d_g.abs()
+    psi = _psi(u, a_hi, exponent)  # [G]
+    if a_lo != a_hi:
+        psi = torch.where(side, psi, _psi(u, a_lo, exponent))
     # Off the gate the bound stays the very Python scalar PPO clips with (bit-identical); on
     # it, the clamp keeps the contracted bound inside PPO's even after float rounding.
-    val_hi = (psi_hi * eps_high).add_(1.0).clamp_(max=hi)
-    val_lo = (psi_lo * -eps_low).add_(1.0).clamp_(min=lo)
+    bound = torch.where(
+        side,
+        (psi * eps_high).add_(1.0).clamp_(max=hi),
+        (psi * -eps_low).add_(1.0).clamp_(min=lo),
+    )
 
     f64 = torch.float64
-    if weight is None:
-        w_hi = w_lo = None
-        cnt_hi, cnt_lo = float(idx_hi.numel()), float(idx_lo.numel())
-    else:
-        w = weight.reshape(-1).to(f64)
-        w_hi, w_lo = w[idx_hi], w[idx_lo]
-        cnt_hi, cnt_lo = w_hi.sum(), w_lo.sum()
-    sum_hi = psi_hi.double().sum() if w_hi is None else (psi_hi.double() * w_hi).sum()
-    sum_lo = psi_lo.double().sum() if w_lo is None else (psi_lo.double() * w_lo).sum()
-    ones = torch.ones(1, dtype=f64, device=d.device)
+    w = psi.new_ones(psi.shape, dtype=f64) if weight is None else weight.reshape(-1)[idx].to(f64)
+    w_hi, w_lo = w * side, w * ~side  # [G]
+    psi64 = psi.to(f64)
     n = float(n_active)
     # c == 1 off the gate, so active-token means only need the gated sums of psi.
     stats = {
         "q": q_t,
-        "gate_rate": torch.as_tensor((cnt_hi + cnt_lo) / n, dtype=f64, device=d.device),
-        "eps_low_eff_mean": eps_low * (1.0 - (cnt_lo - sum_lo) / n),
-        "eps_high_eff_mean": eps_high * (1.0 - (cnt_hi - sum_hi) / n),
-        "c_min": torch.cat([ones, psi_hi.double(), psi_lo.double()]).min(),
+        "gate_rate": w.sum() / n,
+        "eps_low_eff_mean": eps_low * (1.0 - (w_lo.sum() - (w_lo * psi64).sum()) / n),
+        "eps_high_eff_mean": eps_high * (1.0 - (w_hi.sum() - (w_hi * psi64).sum()) / n),
+        "c_min": torch.cat([psi64.new_ones(1), psi64]).min(),
     }
-    side = torch.cat([torch.ones_like(sel_hi[sel_hi]), torch.zeros_like(sel_lo[sel_lo])])
-    return SatBounds(q, stats, torch.cat([idx_hi, idx_lo]), torch.cat([val_hi, val_lo]), side)
+    return SatBounds(q, stats, idx, bound, side)
 
 
 def sat_token_bounds(
@@ -228,8 +231,9 @@ def sat_token_bounds(
         q_t = d.new_zeros(())
     else:
         k = order_statistic_k(quantile, n_active) + (d.numel() - n_active)
-        abs_flat = (d.abs() if abs_d is None else abs_d.detach()).reshape(-1)
-        q_t, cand = kth_smallest(abs_flat, k)
+        abs_flat = None if abs_d is None else abs_d.detach().reshape(-1)
+        q_t, idx_c, d_c = kth_smallest_abs(d.reshape(-1), k, abs_flat)
+        cand = None if idx_c is None else (idx_c, d_c)
     return _contract(d, q_t, float(q_t), n_active, None, cand, eps_low, eps_high, exponent, anchor)
 
 

@@ -11,8 +11,8 @@ backends give the same numbers from the same weights and batch (tests/test_megat
    recorded routes), ``logp = log_softmax(logits / temperature)`` of the sampled tokens,
    ``sat_cli.rl.registry.compute_loss`` (+ ``kl_coef * k3``), backward,
    ``clip_grad_norm_``, ``torch.optim.AdamW`` step (megatron's own optimizer allocates on CUDA;
-   plain AdamW over the unwrapped model is what world size 1 needs). Chunks without response
-   tokens are skipped.
+   plain AdamW over the unwrapped model, with the gradient sums below for several ranks).
+   Chunks without response tokens are skipped.
 
 Metrics have the local trainer's names and meaning. Log-probs use ``TrainBatch``'s alignment
 (column 0 is 0). Padding keys are masked like HF's attention mask.
@@ -58,7 +58,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class MegatronActor:
-    """megatron-core GPTModel + torch AdamW (the worker's state; world size 1)."""
+    """megatron-core GPTModel + torch AdamW (the state of one worker rank)."""
 
     def __init__(
         self,

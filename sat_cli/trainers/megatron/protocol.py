@@ -3,7 +3,7 @@
 Transport
 - **Commands**: JSON lines on the worker's stdin. ``torchrun`` passes its stdin to the workers;
   only rank 0 reads it and broadcasts each line to the other ranks (a byte tensor over a gloo
-  group). EOF on stdin (the client is gone) makes the worker exit, so a dead client leaves no
+  group); every rank runs the command, rank 0 answers. EOF on stdin (the client is gone) makes the worker exit, so a dead client leaves no
   worker behind.
 - **Replies**: JSON lines written by rank 0 to a named pipe (FIFO) in the run-local work
   directory (``--reply-fifo``). stdout/stderr of torchrun and the workers go to the log file, so
@@ -12,11 +12,13 @@ Transport
   their paths.
 
 Messages (one JSON object per line)
-- worker → client, once after start: ``{"event": "ready", "ok": true, "step_count": n}``
+- worker → client, once after start: ``{"event": "ready", "ok": true, "step_count": 0,
+  "pids": [pid of rank 0, …]}`` or ``{"event": "ready", "ok": false, "error": …}``
 - client → worker: ``{"id": n, "cmd": c, ...}`` with ``c`` one of
   - ``"step"``, ``"batch": path`` → ``{"metrics": {name: float}, "step_count": n}``
   - ``"logprobs"``, ``"batch": path, "out": path`` → ``{"out": path}`` (tensor ``logprobs``
-    ``[B, S]`` float32, aligned like ``TrainBatch.rollout_logp``, 0 on masked positions)
+    ``[B, S]`` float32, aligned like ``TrainBatch.rollout_logp``; column 0 is 0, padding
+    positions hold values that nothing scores, as in the local trainer)
   - ``"publish"``, ``"dir": path, "version": v`` → ``{"path": path}`` (HF checkpoint)
   - ``"save"`` / ``"load"``, ``"dir": path`` → ``{"step_count": n}``
   - ``"ping"`` → ``{}``; ``"close"`` → ``{}`` and the worker exits 0

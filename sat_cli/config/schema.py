@@ -201,18 +201,20 @@ class EngineConfig:
     tp: int = 1
     dp: int = 1
     ep: int = 1
-    num_servers: int = 1
-    use_router: bool = False
+    gpu_groups: list[str] = field(default_factory=list)  # sglang: one server per group, e.g. ["0,1", "2,3"]
+    use_router: bool = False  # sglang: put the servers behind sglang-router
     mem_fraction_static: float | None = None
     extra_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 600.0
     concurrency: int = 64
+    max_batch_size: int = 64  # sglang: prompts x samples per /generate request
+    request_timeout_s: float = 600.0
     restart_on_failure: bool = False
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
         _choice("engine.dtype", self.dtype, DTYPES)
-        for k in ("num_threads", "tp", "dp", "ep", "num_servers", "concurrency"):
+        for k in ("num_threads", "tp", "dp", "ep", "concurrency", "max_batch_size"):
             _range(f"engine.{k}", getattr(self, k), 1)
         if self.mem_fraction_static is not None:
             _range("engine.mem_fraction_static", self.mem_fraction_static, 0, 1, lo_open=True)

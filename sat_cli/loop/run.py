@@ -128,67 +128,61 @@ def build_task(obj):
 
 
 def build_engine(obj, path: str, logs: Path, *, r3: bool):
-    if obj.engine.name == "local":
+    e = obj.engine
+    if e.name == "local":
         from sat_cli.engines.local import LocalEngine
 
-        return LocalEngine(
-            path,
-            dtype=obj.engine.dtype,
-            r3=r3,
-            seed=obj.seed,
-            num_threads=obj.engine.num_threads,
-            log_file=str(logs / "engine.log"),
-        )
-    from sat_cli.engines.sglang import build_sglang_engine
+        return LocalEngine(path, dtype=e.dtype, r3=r3, seed=obj.seed, num_threads=e.num_threads,
+                           log_file=str(logs / "engine.log"))
+    from sat_cli.engines.sglang import SGLangEngine
 
-    return build_sglang_engine(path, engine_cfg=obj.engine, r3=r3, log_dir=logs)
-
-
-def build_trainer(obj, path: str, logs: Path):
-    kwargs = dict(
-        lr=obj.trainer.lr,
-        betas=tuple(obj.trainer.betas),
-        weight_decay=obj.trainer.weight_decay,
-        grad_clip=obj.trainer.grad_clip,
-        algo=obj.algo.name,
-        correction=obj.algo.correction,
-        eps_low=obj.algo.eps_low,
-        eps_high=obj.algo.eps_high,
-        adaptive=obj.clip.adaptive,
-        quantile=obj.clip.quantile,
-        exponent=obj.clip.exponent,
-        anchor=obj.clip.anchor,
-        loss_agg=obj.algo.loss_agg,
-        ratio_denominator=obj.algo.ratio_denominator,
-        kl_coef=obj.algo.kl_coef,
-        temperature=obj.task.temperature,
-        r3=obj.r3,
-        num_minibatches=obj.algo.num_minibatches,
-        seed=obj.seed,
-        loss_kwargs=_loss_kwargs(obj),
+    moe = {}
+    if r3:
+        cfg = _hf_config(path)
+        moe = {"num_layers": cfg.get("num_hidden_layers"), "top_k": cfg.get("num_experts_per_tok"),
+               "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts")}
+    return SGLangEngine.launch(
+        path, python=e.python, launch_prefix=list(e.launch_prefix) or None,
+        gpu_groups=list(e.gpu_groups) or None, tp=e.tp, dp=e.dp, ep=e.ep,
+        mem_fraction_static=e.mem_fraction_static, extra_args=list(e.extra_args), log_dir=logs,
+        startup_timeout_s=e.startup_timeout_s, use_router=e.use_router, r3=r3,
+        max_batch_size=e.max_batch_size, concurrency=e.concurrency,
+        request_timeout_s=e.request_timeout_s, restart_on_failure=e.restart_on_failure, **moe,
     )
-    if obj.trainer.name == "local":
+
+
+def _hf_config(path: str) -> dict:
+    import json
+
+    p = Path(path) / "config.json"
+    if p.is_file():
+        return json.loads(p.read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).to_dict()
+
+
+def build_trainer(obj, path: str, run_dir: Path):
+    kwargs = dict(
+        lr=obj.trainer.lr, betas=tuple(obj.trainer.betas), weight_decay=obj.trainer.weight_decay,
+        grad_clip=obj.trainer.grad_clip, algo=obj.algo.name, correction=obj.algo.correction,
+        eps_low=obj.algo.eps_low, eps_high=obj.algo.eps_high, adaptive=obj.clip.adaptive,
+        quantile=obj.clip.quantile, exponent=obj.clip.exponent, anchor=obj.clip.anchor,
+        loss_agg=obj.algo.loss_agg, ratio_denominator=obj.algo.ratio_denominator,
+        kl_coef=obj.algo.kl_coef, temperature=obj.task.temperature, r3=obj.r3,
+        num_minibatches=obj.algo.num_minibatches, seed=obj.seed, loss_kwargs=_loss_kwargs(obj),
+    )
+    t = obj.trainer
+    if t.name == "local":
         from sat_cli.trainers.local import LocalTrainer
 
         return LocalTrainer(path, **kwargs)
-    from sat_cli.trainers.megatron import MegatronTrainer
+    from sat_cli.trainers.megatron.client import MegatronTrainer
 
-    return MegatronTrainer(
-        path,
-        **kwargs,
-        parallel=dict(
-            nproc_per_node=obj.trainer.nproc_per_node,
-            nnodes=obj.trainer.nnodes,
-            node_rank=obj.trainer.node_rank,
-            master_addr=obj.trainer.master_addr,
-            master_port=obj.trainer.master_port,
-            tp=obj.trainer.tp,
-            ep=obj.trainer.ep,
-            pp=obj.trainer.pp,
-            cp=obj.trainer.cp,
-        ),
-        log_dir=str(logs),
-    )
+    rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None
+    return MegatronTrainer(path, work_dir=run_dir / "megatron", logs_dir=run_dir / "logs",
+                           nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, rdzv_endpoint=rdzv,
+                           tp=t.tp, pp=t.pp, ep=t.ep, cp=t.cp, **kwargs)
 
 
 def _loss_kwargs(obj) -> dict:
@@ -381,9 +375,11 @@ def train(cfg, obj, overrides) -> dict:
     try:
         tracker = _tracker(obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"))
         tracker.log_artifact(str(run_dir / "config.yaml"))
-        trainer = build_trainer(obj, path, logs)
+        trainer = build_trainer(obj, path, run_dir)
         engine = build_engine(obj, path, logs, r3=obj.r3)
-        tokenizer = trainer.tokenizer
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
         evaluator = build_evaluator(obj, engine, tokenizer, task) if obj.eval.every > 0 else None
         sampling = SamplingParams(
             temperature=obj.task.temperature,

@@ -205,7 +205,8 @@ def policy_loss(
     surr, n_clip, n_band = _surrogate(ratio, adv, lower, upper, dual_clip_c, patch)  # [B, T]
     if token_weights is not None:
         surr = surr * torch.where(mask, token_weights.detach(), 0.0)
-    surr = torch.where(mask, surr, 0.0)  # [B, T]
+    # surr is exactly 0 off-mask: A (and any weight) is 0 there and the ratio is finite
+    # (exp(0) = 1 per token; s_b of the row for GSPO), so no final masking pass is needed.
     loss = -aggregate(surr, mask, n_active, agg)
 
     with torch.no_grad():

@@ -279,3 +279,21 @@ def test_invalid_combinations():
         R.compute_loss("m2po", "none", adaptive=True, **b)
     with pytest.raises(ValueError, match="needs old_logp"):
         R.compute_loss("grpo", "tis", **(b | {"old_logp": None}))
+
+
+@pytest.mark.parametrize(
+    "algo,corr,den,expected",
+    [
+        ("grpo", "none", "rollout", ("token", "rollout", False, True)),
+        ("grpo", "none", "recompute", ("token", "old", True, True)),
+        ("gspo", "tis", "rollout", ("sequence", "old", True, True)),
+        ("gspo_token", "none", "rollout", ("sequence_token", "rollout", False, True)),
+        ("dppo_tv", "none", "recompute", ("token", "rollout", False, True)),
+        ("decoupled_ppo", "none", "rollout", ("token", "old", True, True)),
+        ("m2po", "none", "rollout", ("token", "old", True, False)),
+    ],
+)
+def test_resolve_spec(algo, corr, den, expected):
+    spec = R.resolve(algo, corr, den)
+    assert (spec.level, spec.denominator, spec.needs_old_logp, spec.clip) == expected
+    assert (spec.algo, spec.correction) == (algo, corr)

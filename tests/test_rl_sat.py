@@ -250,3 +250,25 @@ def test_large_batch_bounds_and_metrics_against_dense_computation():
     assert m["loss/clipfrac"] == pytest.approx(float(ppo.sum()) / n)
     assert m["sat/clipfrac_sat_band"] == pytest.approx(float((sat & ~ppo).sum()) / n)
     assert m["sat/clipfrac_sat_band"] > 0
+
+
+def test_non_contiguous_inputs():
+    # a transposed view: bounds come back contiguous and equal to those of a contiguous copy
+    g = torch.Generator().manual_seed(3)
+    d = (0.1 * torch.randn(12, 9, generator=g, dtype=F64)).t()
+    mask = (torch.rand(12, 9, generator=g) > 0.2).t()
+    assert not d.is_contiguous()
+    a = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, quantile=0.7)
+    b = sat_clip_bounds(d.contiguous(), mask.contiguous(), eps_low=0.2, eps_high=0.2, quantile=0.7)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
+    assert a[2]["gate_rate"] > 0
+    logp = d.clone().t().contiguous().t().requires_grad_()  # non-contiguous leaf
+    la, _ = policy_loss(logp, torch.zeros_like(d), torch.ones(9, dtype=F64), mask, adaptive=True)
+    lb, _ = policy_loss(
+        d.contiguous(),
+        torch.zeros(9, 12, dtype=F64),
+        torch.ones(9, dtype=F64),
+        mask.contiguous(),
+        adaptive=True,
+    )
+    assert torch.equal(la.detach(), lb)

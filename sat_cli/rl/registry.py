@@ -144,9 +144,20 @@ def get_correction(name: str) -> CorrectionSpec:
     return CORRECTIONS[name]
 
 
-def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollout"):
-    """Validate a combination; returns ``(AlgoSpec, CorrectionSpec, denominator)`` with
-    ``denominator in {"rollout", "old"}``."""
+@dataclass(frozen=True)
+class LossSpec:
+    """A validated (algorithm, correction) combination, as a trainer needs to know it."""
+
+    algo: str
+    correction: str
+    level: str  # "token" | "sequence" | "sequence_token"
+    denominator: str  # "rollout" (mu) | "old" (recomputed pi_old)
+    needs_old_logp: bool  # the trainer must run the recompute pass
+    clip: bool  # False: unclipped surrogate (m2po); SAT not allowed
+
+
+def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollout") -> LossSpec:
+    """Validate a combination and say which denominator it uses (table in the module doc)."""
     a, c = get_algorithm(algo), get_correction(correction)
     if ratio_denominator not in DENOMINATORS:
         raise ValueError(
@@ -162,13 +173,13 @@ def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollo
         denom = "old"
     else:
         denom = "rollout"
-    return a, c, denom
+    needs_old = denom == "old" or c.needs_old_logp
+    return LossSpec(a.name, c.name, a.level, denom, needs_old, a.clip)
 
 
 def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str = "rollout"):
     """Whether the trainer must run the recompute pass (``old_logp``) for this combination."""
-    a, c, denom = resolve(algo, correction, ratio_denominator)
-    return denom == "old" or c.needs_old_logp
+    return resolve(algo, correction, ratio_denominator).needs_old_logp
 
 
 def compute_loss(
@@ -202,8 +213,9 @@ def compute_loss(
     Extra metrics when a per-token factor is used: ``loss/token_weight_mean`` and
     ``loss/token_weight_zero_frac`` over active tokens.
     """
-    a, c, denom = resolve(algo_name, correction_name, ratio_denominator)
-    if (denom == "old" or c.needs_old_logp) and old_logp is None:
+    spec = resolve(algo_name, correction_name, ratio_denominator)
+    a, c, denom = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction], spec.denominator
+    if spec.needs_old_logp and old_logp is None:
         raise ValueError(
             f"{algo_name!r} with correction {correction_name!r} needs old_logp (recompute pass)"
         )

@@ -90,8 +90,9 @@ class SatBounds:
 
     def dense(self, like: torch.Tensor, eps_low: float, eps_high: float):
         """Full ``(lower, upper)`` tensors shaped like ``like``; PPO's values off the gate."""
-        lower = torch.full_like(like, 1.0 - eps_low)
-        upper = torch.full_like(like, 1.0 + eps_high)
+        kw = dict(dtype=like.dtype, device=like.device)
+        lower = torch.full(like.shape, 1.0 - eps_low, **kw)  # contiguous: flat indices apply
+        upper = torch.full(like.shape, 1.0 + eps_high, **kw)
         if self.index is not None:
             side = self.upper_side
             upper.view(-1)[self.index[side]] = self.bound[side]

@@ -219,6 +219,11 @@ def test_corrections_weight_the_old_ratio_term(algo, level, corr):
     ref = loss_and_grad(ref_loss, b["logp"])
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     assert m["loss/token_weight_mean"] == pytest.approx(float(w[b["mask"]].mean()))
+    # d̄π against mu, whatever the ratio's denominator (here pi_old)
+    d_mu = (b["logp"].detach() - b["rollout_logp"])[b["mask"]].abs().mean()
+    assert m["staleness/abs_logratio_mean_mu"] == pytest.approx(float(d_mu), rel=1e-12)
+    d_old = (b["logp"].detach() - b["old_logp"])[b["mask"]].abs().mean()
+    assert m["staleness/abs_logratio_mean"] == pytest.approx(float(d_old), rel=1e-12)
 
 
 def test_tis_grpo_against_scalar_formula():

@@ -23,7 +23,16 @@ denominator to ``old`` whatever ``ratio_denominator`` says (the weight multiplie
 whose ratio is ``pi_theta / pi_old``; ``mu`` enters only through the weight ``pi_old / mu``).
 ``dppo_tv``, ``decoupled_ppo`` and ``m2po`` are mismatch treatments themselves and accept only
 ``correction="none"``. ``ppo`` and ``grpo`` compute the same loss; they differ in how the caller
-builds advantages. ``m2po`` has no ratio clip (AReaL's M2PO objective), so SAT is rejected for it.
+builds advantages. ``dppo_tv`` multiplies the (SAT-able) clipped surrogate with ratio
+``pi_theta / mu`` by its keep-mask. ``m2po`` has no ratio clip (AReaL's M2PO objective
+``M * pi_theta / pi_old * A``), so SAT is rejected for it. ``resolve()`` returns the validated
+combination as a ``LossSpec``.
+
+``compute_loss`` returns ``policy_loss``'s metrics, whose ``staleness/abs_logratio_mean`` uses
+the ratio's own denominator, plus ``staleness/abs_logratio_mean_mu`` = mean ``|logp -
+rollout_logp|`` over active tokens (the paper's ``d̄π`` against the behaviour policy, comparable
+across algorithms), and ``loss/token_weight_mean``, ``loss/token_weight_zero_frac`` when a
+per-token factor is used.
 """
 
 from __future__ import annotations
@@ -208,11 +217,8 @@ def compute_loss(
     behav_cap: float | None = None,
     behav_mode: str = "clip",
 ):
-    """Compose the named algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``.
-
-    Extra metrics when a per-token factor is used: ``loss/token_weight_mean`` and
-    ``loss/token_weight_zero_frac`` over active tokens.
-    """
+    """Compose the named algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
+    (extra metrics: module docstring)."""
     spec = resolve(algo_name, correction_name, ratio_denominator)
     a, c, denom = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction], spec.denominator
     if spec.needs_old_logp and old_logp is None:
@@ -260,6 +266,15 @@ def compute_loss(
         token_weights=weight,
         anchor=anchor,
     )
+    if denom == "rollout":
+        metrics["staleness/abs_logratio_mean_mu"] = metrics["staleness/abs_logratio_mean"]
+    else:
+        with torch.no_grad():
+            m = mask.bool()
+            d_mu = torch.where(m, logp.detach() - rollout_logp.detach(), 0.0)
+            metrics["staleness/abs_logratio_mean_mu"] = float(d_mu.abs().sum()) / max(
+                int(m.sum()), 1
+            )
     if weight is not None:
         with torch.no_grad():
             m = mask.bool()

@@ -30,8 +30,10 @@ def ref_policy_loss(
     agg="token-mean",
     dual_clip_c=None,
     token_weights=None,
+    anchor="q",
 ):
-    """Slow per-element float64 reference of ALGORITHMS.md §3-§4 (scalar autograd graph)."""
+    """Slow per-element float64 reference of ALGORITHMS.md §3-§4 (scalar autograd graph);
+    ``anchor="min_q_eps"`` as documented in sat_cli/rl/sat.py."""
     B, T = logp.shape
     if level != "token":
         agg = "seq-mean-token-mean"
@@ -64,8 +66,12 @@ def ref_policy_loss(
         r = torch.exp(v)
         lo, hi = 1 - eps_low, 1 + eps_high
         dv = float(v.detach())
-        if adaptive and q > 0 and abs(dv) > q:
-            psi = 1 / (1 + (abs(dv) / q) ** exponent)
+        ell = math.log(1 + eps_high) if dv > 0 else -math.log(1 - eps_low)
+        scale, gate = q, q  # the paper: kernel scale and gate threshold are both q
+        if anchor == "min_q_eps":
+            scale, gate = min(q, ell), (q if q < ell else 0.0)
+        if adaptive and q > 0 and abs(dv) > gate:
+            psi = 1 / (1 + (abs(dv) / scale) ** exponent)
             if dv > 0:
                 hi = 1 + eps_high * psi
             else:
@@ -302,6 +308,18 @@ def test_against_loop_reference(case, adaptive, seed):
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
     if adaptive and case["level"] == "token":
         assert m["sat/gate_rate"] > 0  # the heavy tail gates something
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_token"])
+@pytest.mark.parametrize("scale", [0.03, 0.4])  # q below / above ln(1 + eps)
+def test_min_q_eps_against_reference(level, scale):
+    logp, denom, adv, mask = make_batch(13, scale=scale, adv_per_token=True)
+    kw = dict(level=level, adaptive=True, anchor="min_q_eps", eps_low=0.15, eps_high=0.25)
+    loss, grad, ref, ref_grad, m = both(logp, denom, adv, mask, **kw)
+    torch.testing.assert_close(loss.detach(), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
+    if level == "token":
+        assert (m["sat/active"] == 1.0) == (scale == 0.03)
 
 
 def test_token_weights_and_asymmetric_eps_against_reference():

@@ -12,6 +12,10 @@ import torch
 pytest.importorskip(
     "megatron.core", reason="megatron-core not installed (pip install '.[megatron]')"
 )
+# megatron-core's own deprecation / "Apex is not installed" notices, hundreds per run
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:megatron.*", "ignore::DeprecationWarning:megatron.*"
+)
 
 from sat_cli.models.r3 import RouteReplay  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402

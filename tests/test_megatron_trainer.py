@@ -26,6 +26,10 @@ import torch
 pytest.importorskip(
     "megatron.core", reason="megatron-core not installed (pip install '.[megatron]')"
 )
+# megatron-core's own deprecation / "Apex is not installed" notices, hundreds per run
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:megatron.*", "ignore::DeprecationWarning:megatron.*"
+)
 
 from sat_cli.engines.base import Sample  # noqa: E402
 from sat_cli.models.r3 import R3Error  # noqa: E402

@@ -148,14 +148,15 @@ class _NoReplies:
         pass
 
 
-def _all_pids(world: int) -> list[int]:
-    if world == 1:
+def _all_pids(commands: _Commands) -> list[int]:
+    """Process ids of all ranks, in rank order (over the gloo group: CPU tensors)."""
+    if commands.world == 1:
         return [os.getpid()]
     import torch
     import torch.distributed as dist
 
-    pids = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(pids, torch.tensor([os.getpid()], dtype=torch.int64))
+    pids = [torch.zeros(1, dtype=torch.int64) for _ in range(commands.world)]
+    dist.all_gather(pids, torch.tensor([os.getpid()], dtype=torch.int64), group=commands.group)
     return [int(p) for p in pids]
 
 
@@ -181,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         from . import runtime
 
         runtime.init_distributed(tp=1, pp=1, ep=ep, cp=1)
+        commands = _Commands(sys.stdin.buffer, rank, world)
         from .actor import MegatronActor
 
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
-        pids = _all_pids(world)
+        pids = _all_pids(commands)
     except Exception as exc:
         traceback.print_exc()
         if replies is not None:
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    code = _serve(actor, replies, _Commands(sys.stdin.buffer, rank, world))
+    code = _serve(actor, replies, commands)
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -61,9 +61,12 @@ def test_engine_implements_the_interface(engine):
 
 @pytest.mark.parametrize("r3", [False, True])
 def test_engine_logp_equals_trainer_recompute(engine, ckpt, r3):
-    sp = SamplingParams(temperature=1.0, max_new_tokens=14, seed=1)
+    # stopping on 17 of the 128 ids gives mixed response lengths (right padding in training)
+    sp = SamplingParams(
+        temperature=1.0, max_new_tokens=14, seed=1, stop_token_ids=tuple(range(3, 20))
+    )
     samples = flat(engine.generate(PROMPTS, 3, sp))
-    assert len(samples) == 12 and len({s.response_len for s in samples}) > 1 or True
+    assert len(samples) == 12 and len({s.response_len for s in samples}) >= 3
     batch = collate(samples, [1.0] * len(samples), pad_id=0, need_routes=r3)
     trainer = LocalTrainer(str(ckpt), r3=r3, temperature=1.0)
     lp = trainer.logprobs(batch)
@@ -173,3 +176,10 @@ def test_bf16_engine_and_dead_engine_raises_promptly(ckpt):
             eng.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2))
     finally:
         eng.close()
+
+
+def test_startup_failure_is_engine_error(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="engine startup"):
+        LocalEngine(str(tmp_path / "no_such_checkpoint"))
+    assert time.monotonic() - t0 < 60

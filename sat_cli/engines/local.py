@@ -96,9 +96,15 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._closed = False
         self._dead: str | None = None
-        info = self._recv(timeout=startup_timeout_s, what="engine startup")
-        self.pid = info["pid"]
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
+        self.pid = self._proc.pid
+        try:
+            self._recv(timeout=startup_timeout_s, what="engine startup")
+        except EngineError:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+            self._finalizer()
+            raise
 
     # --- transport -------------------------------------------------------------------------
     def _recv(self, timeout: float | None, what: str):

@@ -217,9 +217,7 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
 
 
 def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Path | None:
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".jsonl" or candidate.is_file():
-        return candidate
+    """A benchmark name (looked up in the data directory) or a JSONL path; None if neither."""
     if name_or_path in BENCHMARK_FILES:
         root = data_dir_from(data_dir)
         if root is None:
@@ -231,6 +229,9 @@ def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Pat
         if not path.is_file():
             raise DataError(f"benchmark {name_or_path!r}: {path} not found")
         return path
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".jsonl" or candidate.is_file():
+        return candidate
     return None
 
 

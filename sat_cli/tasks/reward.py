@@ -127,11 +127,13 @@ def _box_content(text: str, start: int) -> str | None:
 
 
 def _last_boxed(text: str) -> str | None:
-    for m in reversed(list(_BOX_RE.finditer(text))):
-        content = _box_content(text, m.end())
-        if content is not None:
-            return content
-    return None
+    """Content of the last box; None when there is none or the last one is empty/unterminated.
+
+    An earlier box is not used when the last one is broken: a response cut off while writing its
+    final answer has no final answer (as in the MATH reference ``last_boxed_only_string``).
+    """
+    starts = [m.end() for m in _BOX_RE.finditer(text)]
+    return _box_content(text, starts[-1]) if starts else None
 
 
 def _clean_answer_text(s: str) -> str | None:

@@ -13,8 +13,11 @@ of ``lr``. With ``lr = 1e-4`` the largest difference is ~2e-6 while the update i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -281,3 +284,35 @@ def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
     assert_same_step(
         loc_metrics, meg_metrics, hf_weights_of_local(local), meg_w, initial_weights(tiny_dir)
     )
+
+
+@pytest.mark.slow
+def test_killed_orchestrator_leaves_no_worker(tiny_dir, tmp_path):
+    # The orchestrator dies without close(): the worker sees EOF on stdin and exits, and
+    # torchrun follows; nothing is left running.
+    work = tmp_path / "w"
+    code = (
+        "import json, sys, time\n"
+        "from sat_cli.trainers.megatron.client import MegatronTrainer\n"
+        f"t = MegatronTrainer({str(tiny_dir)!r}, work_dir={str(work)!r})\n"
+        "print(json.dumps([t.launcher_pid] + t.worker_pids), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    orchestrator = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, cwd=str(root)
+    )
+    try:
+        pids = json.loads(orchestrator.stdout.readline())
+        assert all(_pid_alive(p) for p in pids)
+        orchestrator.kill()
+        orchestrator.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _processes_mentioning(str(work)):
+            time.sleep(0.2)
+        assert _processes_mentioning(str(work)) == []
+        assert not any(_pid_alive(p) for p in pids)
+    finally:
+        if orchestrator.poll() is None:
+            orchestrator.kill()

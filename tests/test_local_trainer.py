@@ -4,6 +4,7 @@ R3 errors, publish and checkpoint round trips (safetensors + JSON only)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -136,6 +137,20 @@ def test_minibatches_tis_and_kl(ckpt, samples):
     assert 0 < metrics["loss/kl_ref"] < 1.0
     with pytest.raises(ValueError, match="unknown algorithm"):
         LocalTrainer(str(ckpt), algo="nope")
+
+
+def test_clip_radii_schedule_hook_changes_the_clip(ckpt, samples):
+    # advantages > 0 and a rollout_logp lowered by log(1.5) on every token: r = 1.5 > 1 + eps_high,
+    # so every token is clipped at eps 0.2 and none at eps 0.6
+    batch = collate(samples, [1.0] * 4, pad_id=0)
+    m = batch.loss_mask.bool()
+    batch.rollout_logp = LocalTrainer(str(ckpt)).logprobs(batch) - math.log(1.5) * m
+    tr = LocalTrainer(str(ckpt), lr=0.0, eps_high=0.2)
+    assert tr.step(batch)["loss/clipfrac"] == 1.0
+    tr.set_clip_radii(0.2, 0.6)
+    assert tr.step(batch)["loss/clipfrac"] == 0.0
+    tr.skip_step()
+    assert tr.step_count == 3
 
 
 def test_r3_trainer_needs_routes(ckpt, samples):

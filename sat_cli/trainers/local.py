@@ -233,6 +233,14 @@ class LocalTrainer:
         out["perf/optimizer_steps"] = float(n_steps)
         return out
 
+    def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
+        """Change the clip radii for later steps (a clip schedule)."""
+        self.loss_args["eps_low"], self.loss_args["eps_high"] = float(eps_low), float(eps_high)
+
+    def skip_step(self) -> None:
+        """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
+        self.step_count += 1
+
     # --- weights and checkpoints ---------------------------------------------------------------
     def publish_weights(self, dir: str | os.PathLike, version: int) -> Path:
         """Write the current weights as an HF checkpoint ``dir/v{version}`` (atomically); return it."""

@@ -162,3 +162,24 @@ def test_replay_rejects_bad_routes(megatron_dist, tiny_dir):
         runtime.set_replay_routes(torch.full((B, S, 4, 2), 8), model.config)
     with pytest.raises(runtime.R3Error, match="no routed experts"):
         runtime.set_replay_routes(None, model.config)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(tie_word_embeddings=True), dict(norm_topk_prob=False)],
+    ids=["tied_embeddings", "no_topk_renorm"],
+)
+def test_config_variants_match_hf(megatron_dist, tmp_path, overrides):
+    # tied embeddings: no output_layer / lm_head tensor; norm_topk_prob=False: softmax before
+    # top-k without renormalisation (moe_router_pre_softmax=True)
+    hf = build_tiny_moe(seed=1, **overrides)
+    save_hf(hf, None, tmp_path / "m")
+    model = _mg_model(tmp_path / "m").eval()
+    ids, pos = _batch(6)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            runtime.forward_logits(model, ids, pos), hf(ids).logits, atol=1e-5, rtol=0
+        )
+    back = convert.megatron_state_to_hf(model, convert.read_hf_config(tmp_path / "m"))
+    src = convert.load_hf_state(tmp_path / "m")
+    assert set(back) == set(src) and all(torch.equal(back[k], src[k]) for k in src)

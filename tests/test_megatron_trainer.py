@@ -200,6 +200,16 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
         hf = AutoModelForCausalLM.from_pretrained(published, dtype=torch.float32)
         assert AutoTokenizer.from_pretrained(published).eos_token == "<eos>"
         assert torch.equal(hf.lm_head.weight, meg_w["lm_head.weight"])
+        # loop hooks: a skipped step counts, a new clip radius changes the next loss
+        trainer.skip_step()
+        local.skip_step()
+        assert trainer.step_count == local.step_count == 2
+        trainer.set_clip_radii(0.05, 0.1)
+        local.set_clip_radii(0.05, 0.1)
+        meg2, loc2 = trainer.step(batch), local.step(batch)
+        assert meg2["loss/clipfrac"] == pytest.approx(loc2["loss/clipfrac"], rel=1e-5)
+        assert meg2["loss/policy"] == pytest.approx(loc2["loss/policy"], abs=2e-6)
+        assert meg2["loss/clipfrac"] > meg_metrics["loss/clipfrac"]  # tighter radii clip more
         # an error inside a command is reported and the worker keeps serving
         no_routes = collate(samples, adv, pad_id=0)
         no_routes.routed_experts = None

@@ -271,6 +271,14 @@ class MegatronActor:
         out["perf/optimizer_steps"] = float(n_steps)
         return out
 
+    def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
+        """Change the clip radii for later steps (a clip schedule)."""
+        self.loss_args["eps_low"], self.loss_args["eps_high"] = float(eps_low), float(eps_high)
+
+    def skip_step(self) -> None:
+        """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
+        self.step_count += 1
+
     def _grouped_params(self):
         dense, expert = [], []
         for name, p in self.model.named_parameters():

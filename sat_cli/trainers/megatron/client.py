@@ -1,7 +1,8 @@
 """``MegatronTrainer``: the orchestrator side of the megatron-core trainer (``trainer=megatron``).
 
 It implements ``sat_cli.trainers.base.Trainer`` (``step``, ``logprobs``, ``publish_weights``,
-``save``, ``load``, ``close``, ``step_count``) by launching the worker under torchrun as a
+``save``, ``load``, ``close``, ``step_count``) and the local trainer's loop hooks
+(``set_clip_radii``, ``skip_step``) by launching the worker under torchrun as a
 subprocess and driving it over the channel described in ``protocol.py``:
 
     [python, -m, torch.distributed.run, --nproc_per_node, N, --nnodes, M,
@@ -304,6 +305,18 @@ class MegatronTrainer:
         finally:
             path.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
+
+    def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
+        """Change the clip radii for later steps (a clip schedule)."""
+        self._request("set_clip_radii", eps_low=float(eps_low), eps_high=float(eps_high))
+
+    def skip_step(self) -> None:
+        """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
+        self.step_count = int(self._request("skip_step")["step_count"])
+
+    def ping(self, timeout: float = 30.0) -> None:
+        """Round trip to the worker (raises ``MegatronWorkerError`` if it is gone)."""
+        self._request("ping", timeout=timeout)
 
     def publish_weights(self, dir: str | os.PathLike, version: int) -> Path:
         target = Path(dir).resolve() / f"v{int(version)}"

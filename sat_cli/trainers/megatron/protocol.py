@@ -21,6 +21,8 @@ Messages (one JSON object per line)
     positions hold values that nothing scores, as in the local trainer)
   - ``"publish"``, ``"dir": path, "version": v`` → ``{"path": path}`` (HF checkpoint)
   - ``"save"`` / ``"load"``, ``"dir": path`` → ``{"step_count": n}``
+  - ``"set_clip_radii"``, ``"eps_low": x, "eps_high": y`` → ``{}`` (a clip schedule)
+  - ``"skip_step"`` → ``{"step_count": n}`` (a loop step without samples)
   - ``"ping"`` → ``{}``; ``"close"`` → ``{}`` and the worker exits 0
 - every reply: ``{"id": n, "ok": true, ...}`` or ``{"id": n, "ok": false, "error": text,
   "traceback": text}``.

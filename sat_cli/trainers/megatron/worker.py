@@ -122,6 +122,11 @@ def _serve(actor, replies: _Replies | None, commands) -> int:
             elif cmd == "load":
                 actor.load(msg["dir"])
                 reply = {"step_count": actor.step_count}
+            elif cmd == "set_clip_radii":
+                actor.set_clip_radii(msg["eps_low"], msg["eps_high"])
+            elif cmd == "skip_step":
+                actor.skip_step()
+                reply = {"step_count": actor.step_count}
             elif cmd == "ping":
                 reply = {}
             elif cmd == "close":

@@ -142,6 +142,25 @@ def test_grade_from_worker_thread() -> None:
     assert got == [c[2] for c in cases]
 
 
+def test_grade_from_many_threads_at_once() -> None:
+    # Four threads share the fallback process pool; each gets its own answers back.
+    cases = [c for c in GRADE_CASES if R._fast_compare(extract_answer(c[0]) or "", c[1]) is None]
+    assert len(cases) >= 8  # these really reach math-verify
+    results: dict[int, list[bool]] = {}
+
+    def work(k: int) -> None:
+        results[k] = [grade(r, g) for r, g, _ in cases[k::4]]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not any(t.is_alive() for t in threads), "a grading thread hung"
+    for k in range(4):
+        assert results[k] == [e for _, _, e in cases[k::4]]
+
+
 def test_timeout_counts_as_wrong_and_returns() -> None:
     # sympy tries to evaluate 2^(2^2001); unbounded this ran past a 60 s kill here.
     gold = "(1 + i)\\left(1 - 2^{-2^{2001}}\\right)"

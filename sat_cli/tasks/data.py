@@ -222,7 +222,7 @@ def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Pat
         root = data_dir_from(data_dir)
         if root is None:
             raise DataError(
-                f"benchmark {name_or_path!r}: no data directory; pass data_dir or set "
+                f"benchmark {name_or_path!r}: no data directory; set data.dir=<folder> (or pass data_dir) or set "
                 f"{DATA_DIR_ENV} (a folder holding {BENCHMARK_FILES[name_or_path]})"
             )
         path = root / BENCHMARK_FILES[name_or_path]

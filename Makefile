@@ -15,13 +15,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[dev,megatron]'
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install sat with dev tools (idempotent)
-
-install-megatron: $(STAMP) ## add the megatron-core extra (CPU-capable trainer backend)
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[megatron]'
+install: $(STAMP) ## create .venv and install sat with dev tools and megatron-core (idempotent)
 
 run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-MoE, toy task, CPU)
 	$(BIN)/sat train
@@ -44,4 +41,4 @@ clean: ## remove the venv, caches and build outputs (keeps runs/)
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-.PHONY: help install install-megatron run test test-full bench lint clean
+.PHONY: help install run test test-full bench lint clean

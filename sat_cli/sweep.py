@@ -247,6 +247,12 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         axes_doc = {}
     if not isinstance(axes_doc, dict):
         raise UserError(f'{p}: axes must be a mapping key -> sweep string, e.g. {{lag: "1,8"}}')
+    for k in axes_doc:
+        if str(k) in RESERVED:
+            raise UserError(
+                f"{p}: axes.{k} sets {str(k)!r}, which the sweep sets for each run "
+                "(use seeds: [..] for seeds)"
+            )
     axes = {str(k): _expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 
     methods_doc = doc["methods"]

@@ -5,11 +5,13 @@ The model is ``ckpt=<run>/checkpoints/step_N`` (its ``trainer/model`` HF folder)
 ``<run.dir>/eval/<benchmark>-<time>/`` (per-problem JSON/CSV, summary) and to an MLflow run in
 the experiment ``eval`` with the per-problem table as an artifact. An interrupted or failed
 evaluation writes what it finished and says INCOMPLETE; it never reports a partial score as
-complete (exit 1).
+complete (exit 1; Ctrl-C exits 130 and SIGTERM 143, the MLflow run marked KILLED). Every input
+(model folder, checkpoint, data file) is checked before anything is written or started.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -17,14 +19,15 @@ from sat_cli.errors import RunFailed, UserError
 
 
 def _model_dir(obj) -> str:
-    from sat_cli.loop.run import model_path
+    from sat_cli.loop.run import check_hf_dir, model_path
 
     if obj.ckpt:
         ck = Path(obj.ckpt)
+        if not ck.is_dir():
+            raise UserError(f"ckpt={obj.ckpt!r} is not a directory")
         for cand in (ck / "trainer" / "model", ck / "model", ck):
             if (cand / "config.json").is_file():
-                if not any(cand.glob("*.safetensors")):
-                    raise UserError(f"ckpt={obj.ckpt!r}: no .safetensors weights in {cand}")
+                check_hf_dir(cand, "ckpt")
                 return str(cand)
         raise UserError(
             f"ckpt={obj.ckpt!r} is not a training checkpoint (no trainer/model/config.json)"
@@ -37,40 +40,69 @@ def run_eval_command(cfg, obj) -> None:
     from transformers import AutoTokenizer
 
     from sat_cli.evaluation import format_table, write_results
-    from sat_cli.loop.run import build_engine, build_evaluator, build_task
+    from sat_cli.loop.run import (
+        Terminated,
+        _loading,
+        _on_sigterm,
+        build_engine,
+        build_evaluator,
+        build_task,
+        eval_problems,
+    )
     from sat_cli.tracking import Tracker, flatten_config
 
+    # every input is checked before anything is written or started
     path = _model_dir(obj)
     e = obj.eval
+    task = build_task(obj) if e.benchmark == "toy" else None
+    spec = eval_problems(obj, task)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the tokenizer of {path}: {str(exc)[:300]}") from None
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    task = build_task(obj) if e.benchmark == "toy" else None
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
     params["eval.model_path"] = path
-    engine = build_engine(obj, path, logs, r3=False)
-    holder: dict = {}
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        run = build_evaluator(obj, engine, tokenizer, task, keep=holder)
-        print(f"eval {e.name}: {e.n} samples per problem, model {path}", flush=True)
-        m = run()
+        engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
+        holder: dict = {}
+        try:
+            run = build_evaluator(obj, engine, tokenizer, task, keep=holder, spec=spec)
+            print(f"eval {e.name}: {e.n} samples per problem, model {path}", flush=True)
+            m = run()
+        finally:
+            engine.close()
     finally:
-        engine.close()
+        signal.signal(signal.SIGTERM, previous)
     res = holder["result"]
+    # evaluate() turns Ctrl-C / SIGTERM into an incomplete result: keep it, then exit 130 / 143
+    interrupted: KeyboardInterrupt | None = None
+    if res.error and res.error.startswith("Terminated"):
+        interrupted = Terminated()
+    elif res.error and res.error.startswith("KeyboardInterrupt"):
+        interrupted = KeyboardInterrupt()
     paths = write_results(res, out)
     print(format_table(res))
     print(f"results: {out}")
-    with Tracker(
+    tr = Tracker(
         uri,
         "eval",
         out.name,
         params=params,
         tags={"benchmark": e.benchmark, "complete": res.complete},
-    ) as tr:
+    )
+    try:
         tr.log_metrics(m if res.complete else {}, step=0)
         for p in paths.values():
             tr.log_artifact(str(p))
+    finally:
+        tr.end("KILLED" if interrupted else ("FINISHED" if res.complete else "FAILED"))
+    if interrupted is not None:
+        print(f"evaluation INCOMPLETE (interrupted); partial results in {out}", flush=True)
+        raise interrupted
     if not res.complete:
         raise RunFailed(f"evaluation INCOMPLETE ({res.error}); partial results in {out}")

@@ -56,21 +56,87 @@ def default_run_name(obj) -> str:
 # ----------------------------------------------------------------------------- builders
 
 
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def check_hf_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse a model folder that is not a loadable safetensors HF checkpoint (``UserError``).
+
+    Checks, without loading any weights: the folder exists and has ``config.json``; it holds
+    ``*.safetensors`` weights (pickle-only folders — ``pytorch_model.bin``, ``*.pt`` — are refused,
+    never unpickled); every safetensors header parses; and each tensor's shape equals the shape
+    the config gives that parameter (a model built on the ``meta`` device, so nothing is allocated).
+    """
+    import json
+
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{what}={str(path)!r} is not a directory")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{what}={str(path)!r} has no config.json: not an HF checkpoint")
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(f.name for f in p.iterdir() if f.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise UserError(
+                f"{what}={str(path)!r} holds only pickle weights ({', '.join(pickles[:3])}); "
+                "sat loads weights from .safetensors only (pickle files can run code when "
+                "loaded). Convert them with safetensors first."
+            )
+        raise UserError(f"{what}={str(path)!r} has no .safetensors weights")
+    try:
+        config = json.loads((p / "config.json").read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"{what}={str(path)!r}: config.json is unreadable: {exc}") from None
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    shapes[key] = tuple(sf.get_slice(key).get_shape())
+        except Exception as exc:  # SafetensorError, OSError: a damaged or non-safetensors file
+            raise UserError(
+                f"{what}={str(path)!r}: {f.name} is not a readable safetensors file "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+    expected = _expected_shapes(p)
+    for key, shape in shapes.items():
+        want = expected.get(key)
+        if want is not None and want != shape:
+            raise UserError(
+                f"{what}={str(path)!r}: tensor {key!r} has shape {list(shape)} but config.json "
+                f"implies {list(want)}: the weights do not belong to this config"
+            )
+
+
+def _expected_shapes(p: Path) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the model ``config.json`` describes (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(p))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # an unknown model_type, inconsistent sizes
+        raise UserError(f"{p}: config.json does not describe a causal LM ({exc})") from None
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
 def model_path(obj, log=print) -> str:
     """The HF checkpoint the run starts from: the warm-started tiny model, or model.path."""
     if obj.model.kind == "hf":
         p = obj.model.path
-        if os.path.sep in p or p.startswith("."):
-            if not Path(p).is_dir():
-                raise UserError(f"model.path={p!r} is not a directory")
-            if not (Path(p) / "config.json").is_file():
-                raise UserError(f"model.path={p!r} has no config.json: not an HF checkpoint")
+        if os.path.sep in p or p.startswith(".") or Path(p).exists():
+            check_hf_dir(p, "model.path")
         return p
     if obj.model.path:
-        p = Path(obj.model.path)
-        if not (p / "config.json").is_file():
-            raise UserError(f"model.path={str(p)!r} has no config.json: not an HF checkpoint")
-        return str(p)
+        check_hf_dir(obj.model.path, "model.path")
+        return str(obj.model.path)
     if obj.task.kind != "toy":
         raise UserError(
             "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
@@ -132,22 +198,43 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
     if e.name == "local":
         from sat_cli.engines.local import LocalEngine
 
-        return LocalEngine(path, dtype=e.dtype, r3=r3, seed=obj.seed, num_threads=e.num_threads,
-                           log_file=str(logs / "engine.log"))
+        return LocalEngine(
+            path,
+            dtype=e.dtype,
+            r3=r3,
+            seed=obj.seed,
+            num_threads=e.num_threads,
+            log_file=str(logs / "engine.log"),
+        )
     from sat_cli.engines.sglang import SGLangEngine
 
     moe = {}
     if r3:
         cfg = _hf_config(path)
-        moe = {"num_layers": cfg.get("num_hidden_layers"), "top_k": cfg.get("num_experts_per_tok"),
-               "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts")}
+        moe = {
+            "num_layers": cfg.get("num_hidden_layers"),
+            "top_k": cfg.get("num_experts_per_tok"),
+            "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts"),
+        }
     return SGLangEngine.launch(
-        path, python=e.python, launch_prefix=list(e.launch_prefix) or None,
-        gpu_groups=list(e.gpu_groups) or None, tp=e.tp, dp=e.dp, ep=e.ep,
-        mem_fraction_static=e.mem_fraction_static, extra_args=list(e.extra_args), log_dir=logs,
-        startup_timeout_s=e.startup_timeout_s, use_router=e.use_router, r3=r3,
-        max_batch_size=e.max_batch_size, concurrency=e.concurrency,
-        request_timeout_s=e.request_timeout_s, restart_on_failure=e.restart_on_failure, **moe,
+        path,
+        python=e.python,
+        launch_prefix=list(e.launch_prefix) or None,
+        gpu_groups=list(e.gpu_groups) or None,
+        tp=e.tp,
+        dp=e.dp,
+        ep=e.ep,
+        mem_fraction_static=e.mem_fraction_static,
+        extra_args=list(e.extra_args),
+        log_dir=logs,
+        startup_timeout_s=e.startup_timeout_s,
+        use_router=e.use_router,
+        r3=r3,
+        max_batch_size=e.max_batch_size,
+        concurrency=e.concurrency,
+        request_timeout_s=e.request_timeout_s,
+        restart_on_failure=e.restart_on_failure,
+        **moe,
     )
 
 
@@ -164,13 +251,26 @@ def _hf_config(path: str) -> dict:
 
 def build_trainer(obj, path: str, run_dir: Path):
     kwargs = dict(
-        lr=obj.trainer.lr, betas=tuple(obj.trainer.betas), weight_decay=obj.trainer.weight_decay,
-        grad_clip=obj.trainer.grad_clip, algo=obj.algo.name, correction=obj.algo.correction,
-        eps_low=obj.algo.eps_low, eps_high=obj.algo.eps_high, adaptive=obj.clip.adaptive,
-        quantile=obj.clip.quantile, exponent=obj.clip.exponent, anchor=obj.clip.anchor,
-        loss_agg=obj.algo.loss_agg, ratio_denominator=obj.algo.ratio_denominator,
-        kl_coef=obj.algo.kl_coef, temperature=obj.task.temperature, r3=obj.r3,
-        num_minibatches=obj.algo.num_minibatches, seed=obj.seed, loss_kwargs=_loss_kwargs(obj),
+        lr=obj.trainer.lr,
+        betas=tuple(obj.trainer.betas),
+        weight_decay=obj.trainer.weight_decay,
+        grad_clip=obj.trainer.grad_clip,
+        algo=obj.algo.name,
+        correction=obj.algo.correction,
+        eps_low=obj.algo.eps_low,
+        eps_high=obj.algo.eps_high,
+        adaptive=obj.clip.adaptive,
+        quantile=obj.clip.quantile,
+        exponent=obj.clip.exponent,
+        anchor=obj.clip.anchor,
+        loss_agg=obj.algo.loss_agg,
+        ratio_denominator=obj.algo.ratio_denominator,
+        kl_coef=obj.algo.kl_coef,
+        temperature=obj.task.temperature,
+        r3=obj.r3,
+        num_minibatches=obj.algo.num_minibatches,
+        seed=obj.seed,
+        loss_kwargs=_loss_kwargs(obj),
     )
     t = obj.trainer
     if t.name == "local":
@@ -180,9 +280,19 @@ def build_trainer(obj, path: str, run_dir: Path):
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
     rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None
-    return MegatronTrainer(path, work_dir=run_dir / "megatron", logs_dir=run_dir / "logs",
-                           nproc_per_node=t.nproc_per_node, nnodes=t.nnodes, rdzv_endpoint=rdzv,
-                           tp=t.tp, pp=t.pp, ep=t.ep, cp=t.cp, **kwargs)
+    return MegatronTrainer(
+        path,
+        work_dir=run_dir / "megatron",
+        logs_dir=run_dir / "logs",
+        nproc_per_node=t.nproc_per_node,
+        nnodes=t.nnodes,
+        rdzv_endpoint=rdzv,
+        tp=t.tp,
+        pp=t.pp,
+        ep=t.ep,
+        cp=t.cp,
+        **kwargs,
+    )
 
 
 def _loss_kwargs(obj) -> dict:
@@ -201,11 +311,9 @@ def _loss_kwargs(obj) -> dict:
     return out
 
 
-def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None):
-    """In-training evaluation on the held-out set (toy) or the configured benchmark."""
-    from sat_cli.engines.base import SamplingParams
-    from sat_cli.evaluation import evaluate, metrics
-
+def eval_problems(obj, task) -> tuple[list, object, str]:
+    """(problems, grader, template) of the configured evaluation; raises ``DataError`` for a bad
+    data file. Called before any process starts, so bad input fails fast and writes nothing."""
     e = obj.eval
     if e.benchmark == "toy":
         problems = task.heldout()
@@ -221,6 +329,18 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None):
         grader, template = grade, e.template
     if e.limit:
         problems = problems[: e.limit]
+    return problems, grader, template
+
+
+def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec=None):
+    """In-training evaluation on the held-out set (toy) or the configured benchmark.
+
+    ``spec``: the result of :func:`eval_problems` when already loaded."""
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.evaluation import evaluate, metrics
+
+    e = obj.eval
+    problems, grader, template = spec if spec is not None else eval_problems(obj, task)
     sampling = SamplingParams(
         temperature=e.temperature,
         top_p=e.top_p,
@@ -342,6 +462,20 @@ def _warn_recompute(obj, log) -> None:
 
 
 def train(cfg, obj, overrides) -> dict:
+    """`sat train`: SIGTERM is turned into ``Terminated`` (exit 143) for the whole command."""
+    if obj.lag.inflight_updates:
+        raise UserError(
+            "lag.inflight_updates=true is not supported yet: the local engine "
+            "generates each request with one weight version"
+        )
+    previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _train(cfg, obj)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _train(cfg, obj) -> dict:
     import torch
     from omegaconf import OmegaConf
 
@@ -351,36 +485,35 @@ def train(cfg, obj, overrides) -> dict:
     from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
 
-    if obj.lag.inflight_updates:
-        raise UserError(
-            "lag.inflight_updates=true is not supported yet: the local engine "
-            "generates each request with one weight version"
-        )
+    # inputs are checked before the run directory is created or any process starts
     run_dir, ckpt = resolve_run_dir(obj)
+    log = print
+    state0 = read_loop_state(ckpt) if ckpt else {}
+    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
+    path = model_path(obj, log=log)
+    task = build_task(obj)
+    spec = eval_problems(obj, task) if obj.eval.every > 0 else None
+
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
-    log = print
     _warn_recompute(obj, log)
     torch.set_num_threads(obj.trainer.num_threads)
-    state0 = read_loop_state(ckpt) if ckpt else {}
-    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
-
-    path = model_path(obj, log=log)
-    task = build_task(obj)
     cfg_container = OmegaConf.to_container(cfg, resolve=True)
-    previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
     engine = trainer = tracker = None
     status = "FAILED"
     try:
         tracker = _tracker(obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"))
         tracker.log_artifact(str(run_dir / "config.yaml"))
-        trainer = build_trainer(obj, path, run_dir)
-        engine = build_engine(obj, path, logs, r3=obj.r3)
+        trainer = _loading(path, lambda: build_trainer(obj, path, run_dir))
+        engine = _loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3))
+        write_pids(logs, engine)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        evaluator = build_evaluator(obj, engine, tokenizer, task) if obj.eval.every > 0 else None
+        evaluator = (
+            build_evaluator(obj, engine, tokenizer, task, spec=spec) if spec is not None else None
+        )
         sampling = SamplingParams(
             temperature=obj.task.temperature,
             top_p=obj.task.top_p,
@@ -440,13 +573,41 @@ def train(cfg, obj, overrides) -> dict:
         status = "KILLED"
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous_handler)
         if engine is not None:
             engine.close()
         if trainer is not None:
             trainer.close()
         if tracker is not None:
             tracker.end(status)
+
+
+def _loading(path: str, build):
+    """Build a trainer/engine; a model that fails to load is the user's input: ``UserError``."""
+    from sat_cli.engines.base import EngineError
+
+    try:
+        return build()
+    except EngineError as exc:
+        msg = str(exc)
+        if "failed during engine startup" not in msg:  # died, timed out: a runtime fault
+            raise
+        lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+        raise UserError(f"cannot load the model at {path}: {lines[-1][:500]}") from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        if type(exc).__name__ in ("TrainerError", "EngineError"):
+            raise
+        first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
+        raise UserError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from None
+
+
+def write_pids(logs: Path, engine) -> None:
+    """``logs/pids.json``: this process and the engine's process (fault tests, soak runs)."""
+    import json
+
+    from sat_cli.loop.state import atomic_write_text
+
+    pids = {"orchestrator": os.getpid(), "engine": getattr(engine, "pid", None)}
+    atomic_write_text(logs / "pids.json", json.dumps(pids))
 
 
 def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:

@@ -6,6 +6,9 @@ requested but not yet consumed (with the weight version each was requested with,
 regenerates exactly the same samples), the engine's weight version, eval best/last, counters and
 the MLflow run id. It is written to a temporary folder and renamed into place, so a crash never
 leaves a half checkpoint under a final name; ``latest_checkpoint`` only returns complete ones.
+A write that fails (disk full, a file where a folder must go, an I/O error) removes its temporary
+folder and raises :class:`CheckpointWriteError` (a ``RunFailed``: exit code 1) naming the last
+complete checkpoint, which is left untouched.
 """
 
 from __future__ import annotations
@@ -18,12 +21,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sat_cli.errors import RunFailed
+
 STATE_FILE = "loop_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class CheckpointError(Exception):
     """A checkpoint or run directory is unusable (missing files, wrong format)."""
+
+
+class CheckpointWriteError(RunFailed):
+    """Writing a checkpoint failed (I/O); the previous complete checkpoint is still in place."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -47,16 +56,35 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Path:
     """Write ``ckpt_root/step_<step>`` atomically: trainer state + loop state."""
     final = ckpt_root / f"step_{step}"
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=ckpt_root))
+    tmp = None
     try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=ckpt_root))
         trainer.save(tmp / "trainer")
         atomic_write_json(tmp / STATE_FILE, loop_state)
-        if final.exists():
+        if final.exists() or final.is_symlink():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        last = None
+        try:
+            last = latest_checkpoint(ckpt_root)
+        except OSError:
+            pass
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {final}: {type(exc).__name__}: {exc}. "
+            + (
+                f"The last complete checkpoint is {last}; continue with resume=auto "
+                "once the disk problem is fixed."
+                if last is not None
+                else "No complete checkpoint exists yet."
+            )
+        ) from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 

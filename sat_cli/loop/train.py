@@ -16,6 +16,12 @@ Staleness is carried with the data (each sample's ``weight_version``) and logged
 Resume: a checkpoint records the batches requested but not consumed, each with its weight
 version, and keeps those published weights on disk, so a resumed run regenerates exactly the
 samples the interrupted one would have used.
+
+Non-finite losses: a step whose ``loss/*`` metrics are NaN/inf is counted in
+``loss/nonfinite_steps``. If the trainer reports that it skipped that update
+(``loss/nonfinite_skipped`` > 0 in its metrics) the run goes on; otherwise its weights are no
+longer trustworthy and the loop stops with :class:`NonFiniteLoss` (exit code 1) *before* any
+weights or checkpoint of that step are written, so the last checkpoint stays a good one.
 """
 
 from __future__ import annotations
@@ -30,14 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.engines.base import Sample, SamplingParams
+from sat_cli.errors import RunFailed
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.state import (
     CheckpointError,
+    latest_checkpoint,
     prune_checkpoints,
     prune_weights,
     read_loop_state,
     save_checkpoint,
 )
+
+
+class NonFiniteLoss(RunFailed):
+    """The trainer applied an update with a NaN/inf loss: its weights cannot be trusted."""
 
 
 @dataclass
@@ -188,189 +200,212 @@ def train_loop(
     st.update(meta or {})
     # a (re)started engine holds the initial weights: version 0, also kept on disk
     rollouts = _Rollouts(engine, weights_dir, engine_version=0)
-    if not (weights_dir / "v0").is_dir():
-        if st["step"] != 0:
-            raise CheckpointError(f"{weights_dir / 'v0'} is missing: cannot resume this run")
-        trainer.publish_weights(weights_dir, 0)
-    pending: dict[int, tuple[int, Future]] = {}
+    try:
+        if not (weights_dir / "v0").is_dir():
+            if st["step"] != 0:
+                raise CheckpointError(f"{weights_dir / 'v0'} is missing: cannot resume this run")
+            trainer.publish_weights(weights_dir, 0)
+        pending: dict[int, tuple[int, Future]] = {}
 
-    def prompts_for(k: int) -> list[dict]:
-        return task.sample_prompts(s.prompts_per_step, cursor=k * s.prompts_per_step)
+        def prompts_for(k: int) -> list[dict]:
+            return task.sample_prompts(s.prompts_per_step, cursor=k * s.prompts_per_step)
 
-    def submit(k: int, version: int) -> None:
-        rows = prompts_for(k)
-        ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-        sampling = replace(s.sampling, seed=request_seed(s.seed, "rollout", k))
-        pending[k] = (version, rollouts.submit(version, ids, s.group_size, sampling))
+        def submit(k: int, version: int) -> None:
+            rows = prompts_for(k)
+            ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+            sampling = replace(s.sampling, seed=request_seed(s.seed, "rollout", k))
+            pending[k] = (version, rollouts.submit(version, ids, s.group_size, sampling))
 
-    def publish(version: int) -> None:
-        if version not in st["published"]:
-            trainer.publish_weights(weights_dir, version)
-            st["published"].append(version)
+        def publish(version: int) -> None:
+            if version not in st["published"]:
+                trainer.publish_weights(weights_dir, version)
+                st["published"].append(version)
 
-    def run_eval(step: int, version: int, metrics: dict) -> None:
-        if evaluator is None:
-            return
-        publish(version)
-        t0 = time.perf_counter()
-        res = rollouts.call(version, evaluator).result()
-        metrics.update(res)
-        metrics["perf/eval_s"] = time.perf_counter() - t0
-        head = next((k for k in res if "avg@" in k), None)
-        if head is not None:
-            ev = st["eval"]
-            ev["key"], ev["last"], ev["last_step"] = head, res[head], step
-            if ev["best"] is None or res[head] > ev["best"]:
-                ev["best"], ev["best_step"] = res[head], step
-        if progress:
-            progress.eval(step, res)
+        def run_eval(step: int, version: int, metrics: dict) -> None:
+            if evaluator is None:
+                return
+            publish(version)
+            t0 = time.perf_counter()
+            res = rollouts.call(version, evaluator).result()
+            metrics.update(res)
+            metrics["perf/eval_s"] = time.perf_counter() - t0
+            head = next((k for k in res if "avg@" in k), None)
+            if head is not None:
+                ev = st["eval"]
+                ev["key"], ev["last"], ev["last_step"] = head, res[head], step
+                if ev["best"] is None or res[head] > ev["best"]:
+                    ev["best"], ev["best_step"] = res[head], step
+            if progress:
+                progress.eval(step, res)
 
-    def checkpoint(step_done: int) -> None:
-        st["pending"] = [[k, v] for k, (v, _) in sorted(pending.items())]
-        st["engine_version"] = rollouts.engine_version
-        st["min_needed"] = _min_needed(s.lag, step_done, st["pending"])
-        save_checkpoint(ckpt_root, step_done, trainer, st)
-        prune_checkpoints(ckpt_root, s.checkpoint_keep)
+        def checkpoint(step_done: int) -> None:
+            st["pending"] = [[k, v] for k, (v, _) in sorted(pending.items())]
+            st["engine_version"] = rollouts.engine_version
+            st["min_needed"] = _min_needed(s.lag, step_done, st["pending"])
+            save_checkpoint(ckpt_root, step_done, trainer, st)
+            prune_checkpoints(ckpt_root, s.checkpoint_keep)
 
-    # batches requested before the interruption are requested again with the same versions
-    for k, v in st["pending"]:
-        submit(int(k), int(v))
-    if st["step"] == 0 and s.eval_at_start and evaluator is not None:
-        m0: dict[str, float] = {}
-        run_eval(0, 0, m0)
-        tracker.log_metrics(m0, step=0)
+        # batches requested before the interruption are requested again with the same versions
+        for k, v in st["pending"]:
+            submit(int(k), int(v))
+        if st["step"] == 0 and s.eval_at_start and evaluator is not None:
+            m0: dict[str, float] = {}
+            run_eval(0, 0, m0)
+            tracker.log_metrics(m0, step=0)
 
-    ahead = 1 if (s.lag.mode != "bounded" or s.lag.n == 0) else s.lag.n
-    for t in range(st["step"], s.max_steps):
-        t_step = time.perf_counter()
-        # 1. keep the engine busy: batch t, and up to `ahead` later ones the lag policy allows
-        for k in range(t, min(t + ahead, s.max_steps - 1) + 1):
-            if k not in pending and (k == t or s.lag.can_submit(k, t)):
-                submit(k, s.lag.version_for(k, t))
-        version, fut = pending[t]
-        t_wait = time.perf_counter()
-        groups, timing = fut.result()
-        wait_s = time.perf_counter() - t_wait
-        del pending[t]
-        # (t+1 could not be requested before batch t was in hand for lag 0; now it may be)
-        metrics: dict[str, float] = {}
+        ahead = 1 if (s.lag.mode != "bounded" or s.lag.n == 0) else s.lag.n
+        for t in range(st["step"], s.max_steps):
+            t_step = time.perf_counter()
+            # 1. keep the engine busy: batch t, and up to `ahead` later ones the lag policy allows
+            for k in range(t, min(t + ahead, s.max_steps - 1) + 1):
+                if k not in pending and (k == t or s.lag.can_submit(k, t)):
+                    submit(k, s.lag.version_for(k, t))
+            version, fut = pending[t]
+            t_wait = time.perf_counter()
+            groups, timing = fut.result()
+            wait_s = time.perf_counter() - t_wait
+            del pending[t]
+            # (t+1 could not be requested before batch t was in hand for lag 0; now it may be)
+            metrics: dict[str, float] = {}
 
-        # 2. score → advantages
-        rows = prompts_for(t)
-        kept, rewards = _score(groups, rows, tokenizer, task.reward)
-        if s.lag.mode == "bounded":  # admission control (not expected with a serial engine)
-            fresh = [i for i, g in enumerate(kept) if t - g[0].weight_version <= s.lag.n]
-            st["counters"]["stale_dropped"] += len(kept) - len(fresh)
-            kept, rewards = [kept[i] for i in fresh], [rewards[i] for i in fresh]
-        flat_rewards = torch.tensor([r for rs in rewards for r in rs], dtype=torch.float32)
-        samples = [smp for g in kept for smp in g]
-        adv = (
-            group_advantages(flat_rewards, s.group_size, std_norm=s.adv_std_norm)
-            if samples
-            else flat_rewards
-        )
-        if s.drop_zero_adv_groups and samples:
-            keep = (adv.view(-1, s.group_size).abs().sum(1) > 0).repeat_interleave(s.group_size)
-            st["counters"]["dropped_groups"] += int((~keep).sum()) // s.group_size
-            samples = [smp for smp, k in zip(samples, keep.tolist(), strict=True) if k]
-            adv = adv[keep]
-        st["counters"]["dropped_groups"] += len(groups) - len(kept)
+            # 2. score → advantages
+            rows = prompts_for(t)
+            kept, rewards = _score(groups, rows, tokenizer, task.reward)
+            if s.lag.mode == "bounded":  # admission control (not expected with a serial engine)
+                fresh = [i for i, g in enumerate(kept) if t - g[0].weight_version <= s.lag.n]
+                st["counters"]["stale_dropped"] += len(kept) - len(fresh)
+                kept, rewards = [kept[i] for i in fresh], [rewards[i] for i in fresh]
+            flat_rewards = torch.tensor([r for rs in rewards for r in rs], dtype=torch.float32)
+            samples = [smp for g in kept for smp in g]
+            adv = (
+                group_advantages(flat_rewards, s.group_size, std_norm=s.adv_std_norm)
+                if samples
+                else flat_rewards
+            )
+            if s.drop_zero_adv_groups and samples:
+                keep = (adv.view(-1, s.group_size).abs().sum(1) > 0).repeat_interleave(s.group_size)
+                st["counters"]["dropped_groups"] += int((~keep).sum()) // s.group_size
+                samples = [smp for smp, k in zip(samples, keep.tolist(), strict=True) if k]
+                adv = adv[keep]
+            st["counters"]["dropped_groups"] += len(groups) - len(kept)
 
-        lags = [t - smp.weight_version for smp in samples] or [0]
-        resp_lens = [smp.response_len for smp in samples] or [0]
-        n_tokens = sum(smp.response_len for g in groups for smp in g)
-        metrics.update(
-            {
-                "rollout/batch_index": float(t),
-                "rollout/prompt_digest": _digest([r["prompt"] for r in rows]),
-                "rollout/reward_mean": float(flat_rewards.mean()) if len(flat_rewards) else 0.0,
-                "rollout/response_len_mean": sum(resp_lens) / len(resp_lens),
-                "rollout/truncated_frac": (
-                    sum(smp.finish_reason == "length" for smp in samples) / max(len(samples), 1)
-                ),
-                "rollout/tokens_per_s": n_tokens / max(timing["gen_s"], 1e-9),
-                "staleness/version_lag_mean": sum(lags) / len(lags),
-                "staleness/version_lag_max": float(max(lags)),
-                "perf/gen_s": timing["gen_s"],
-                "perf/wait_s": wait_s,
-            }
-        )
+            lags = [t - smp.weight_version for smp in samples] or [0]
+            resp_lens = [smp.response_len for smp in samples] or [0]
+            n_tokens = sum(smp.response_len for g in groups for smp in g)
+            metrics.update(
+                {
+                    "rollout/batch_index": float(t),
+                    "rollout/prompt_digest": _digest([r["prompt"] for r in rows]),
+                    "rollout/reward_mean": float(flat_rewards.mean()) if len(flat_rewards) else 0.0,
+                    "rollout/response_len_mean": sum(resp_lens) / len(resp_lens),
+                    "rollout/truncated_frac": (
+                        sum(smp.finish_reason == "length" for smp in samples) / max(len(samples), 1)
+                    ),
+                    "rollout/tokens_per_s": n_tokens / max(timing["gen_s"], 1e-9),
+                    "staleness/version_lag_mean": sum(lags) / len(lags),
+                    "staleness/version_lag_max": float(max(lags)),
+                    "perf/gen_s": timing["gen_s"],
+                    "perf/wait_s": wait_s,
+                }
+            )
 
-        # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
-        eps_low, eps_high = s.clip.radii(t, s.max_steps)
-        _set_radii(trainer, eps_low, eps_high)
-        metrics["clip/eps_low"], metrics["clip/eps_high"] = eps_low, eps_high
-        if samples:
-            batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3)
-            hist_due = s.histogram_every > 0 and t % s.histogram_every == 0
-            probe = _staleness_probe(trainer, batch, s, eps_low, eps_high) if hist_due else None
-            tm = trainer.step(batch)
-            if not all(math.isfinite(v) for k, v in tm.items() if k.startswith("loss/")):
-                st["counters"]["nonfinite_steps"] += 1
-            metrics.update(tm)
-            if "sat/active" in tm:
-                st["counters"]["sat_steps"] += 1
-                st["counters"]["sat_active_steps"] += int(tm["sat/active"] > 0)
-                metrics["sat/active_frac"] = (
-                    st["counters"]["sat_active_steps"] / st["counters"]["sat_steps"]
+            # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
+            eps_low, eps_high = s.clip.radii(t, s.max_steps)
+            _set_radii(trainer, eps_low, eps_high)
+            metrics["clip/eps_low"], metrics["clip/eps_high"] = eps_low, eps_high
+            if samples:
+                batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3)
+                hist_due = s.histogram_every > 0 and t % s.histogram_every == 0
+                probe = _staleness_probe(trainer, batch, s, eps_low, eps_high) if hist_due else None
+                tm = trainer.step(batch)
+                bad = sorted(
+                    k for k, v in tm.items() if k.startswith("loss/") and not math.isfinite(v)
                 )
-        else:
-            st["counters"]["skipped_steps"] += 1
-            trainer_skip = getattr(trainer, "skip_step", None)
-            if trainer_skip:
-                trainer_skip()
-            probe = None
-        metrics["loss/nonfinite_steps"] = float(st["counters"]["nonfinite_steps"])
+                if bad:
+                    st["counters"]["nonfinite_steps"] += 1
+                    if not tm.get("loss/nonfinite_skipped"):
+                        metrics.update(tm)
+                        metrics["loss/nonfinite_steps"] = float(st["counters"]["nonfinite_steps"])
+                        tracker.log_metrics(metrics, step=t + 1)
+                        last = latest_checkpoint(ckpt_root)
+                        raise NonFiniteLoss(
+                            f"non-finite loss at step {t + 1} ({', '.join(bad[:4])}"
+                            f"{' …' if len(bad) > 4 else ''} = "
+                            f"{', '.join(str(tm[k]) for k in bad[:4])}); the trainer applied "
+                            "the update, so its weights are no longer usable and nothing of "
+                            "this step was saved. "
+                            + (
+                                f"Last complete checkpoint: {last}. "
+                                if last
+                                else "No checkpoint was written yet. "
+                            )
+                            + "Lower trainer.lr, keep trainer.grad_clip > 0, or check the data."
+                        )
+                metrics.update(tm)
+                if "sat/active" in tm:
+                    st["counters"]["sat_steps"] += 1
+                    st["counters"]["sat_active_steps"] += int(tm["sat/active"] > 0)
+                    metrics["sat/active_frac"] = (
+                        st["counters"]["sat_active_steps"] / st["counters"]["sat_steps"]
+                    )
+            else:
+                st["counters"]["skipped_steps"] += 1
+                trainer_skip = getattr(trainer, "skip_step", None)
+                if trainer_skip:
+                    trainer_skip()
+                probe = None
+            metrics["loss/nonfinite_steps"] = float(st["counters"]["nonfinite_steps"])
 
-        # 4. publish the new weights when a later batch will be generated from them
-        new_version = t + 1
-        if s.lag.publish_after(new_version, s.max_steps):
-            publish(new_version)
-        st["step"] = new_version
+            # 4. publish the new weights when a later batch will be generated from them
+            new_version = t + 1
+            if s.lag.publish_after(new_version, s.max_steps):
+                publish(new_version)
+            st["step"] = new_version
 
-        # 5. evaluate, histograms, metrics, checkpoint
-        if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
-            run_eval(new_version, new_version, metrics)
-        step_s = time.perf_counter() - t_step
-        metrics["perf/step_s"] = step_s
-        busy = max(timing["gen_s"], metrics.get("perf/train_s", 0.0))
-        metrics["perf/overlap_efficiency"] = min(
-            busy / max(step_s - metrics.get("perf/eval_s", 0.0), 1e-9), 1.0
-        )
-        tracker.log_metrics(metrics, step=new_version)
-        if probe is not None:
-            tracker.log_histogram(
-                "staleness/version_lag", lags, step=new_version, bins=max(lags) + 1 or 1
+            # 5. evaluate, histograms, metrics, checkpoint
+            if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
+                run_eval(new_version, new_version, metrics)
+            step_s = time.perf_counter() - t_step
+            metrics["perf/step_s"] = step_s
+            busy = max(timing["gen_s"], metrics.get("perf/train_s", 0.0))
+            metrics["perf/overlap_efficiency"] = min(
+                busy / max(step_s - metrics.get("perf/eval_s", 0.0), 1e-9), 1.0
             )
-            tracker.log_histogram(
-                "staleness/abs_logratio",
-                probe["abs_d"],
-                step=new_version,
-                marks={"q": probe["q"]},
-                logy=True,
-            )
-            if probe["c"] is not None and len(probe["c"]):
-                tracker.log_histogram("sat/contraction", probe["c"], step=new_version, bins=20)
-            tracker.log_metrics(probe["stats"], step=new_version)
-        if progress:
-            progress.step(t, metrics)
-        if (
-            s.checkpoint_every > 0
-            and new_version % s.checkpoint_every == 0
-            and new_version < s.max_steps
-        ):
-            checkpoint(new_version)
-        # published weights still needed: pending and next batches, and the last checkpoint's
-        keep = {v for v, _ in pending.values()} | _future_versions(s.lag, new_version) | {0}
-        keep |= {v for v in st["published"] if v >= st.get("min_needed", new_version)}
-        prune_weights(weights_dir, keep)
-        st["published"] = sorted(v for v in st["published"] if v in keep)
-        if on_state:
-            on_state(st)
+            tracker.log_metrics(metrics, step=new_version)
+            if probe is not None:
+                tracker.log_histogram(
+                    "staleness/version_lag", lags, step=new_version, bins=max(lags) + 1 or 1
+                )
+                tracker.log_histogram(
+                    "staleness/abs_logratio",
+                    probe["abs_d"],
+                    step=new_version,
+                    marks={"q": probe["q"]},
+                    logy=True,
+                )
+                if probe["c"] is not None and len(probe["c"]):
+                    tracker.log_histogram("sat/contraction", probe["c"], step=new_version, bins=20)
+                tracker.log_metrics(probe["stats"], step=new_version)
+            if progress:
+                progress.step(t, metrics)
+            if (
+                s.checkpoint_every > 0
+                and new_version % s.checkpoint_every == 0
+                and new_version < s.max_steps
+            ):
+                checkpoint(new_version)
+            # published weights still needed: pending and next batches, and the last checkpoint's
+            keep = {v for v, _ in pending.values()} | _future_versions(s.lag, new_version) | {0}
+            keep |= {v for v in st["published"] if v >= st.get("min_needed", new_version)}
+            prune_weights(weights_dir, keep)
+            st["published"] = sorted(v for v in st["published"] if v in keep)
+            if on_state:
+                on_state(st)
 
-    st["finished"] = True
-    checkpoint(s.max_steps)
-    rollouts.close()
+        st["finished"] = True
+        checkpoint(s.max_steps)
+    finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
+        rollouts.close()
     return st
 
 

@@ -472,6 +472,18 @@ def run_status(run: SweepRun, run_dir: Path, state: dict) -> str:
     return "pending"
 
 
+def _still_running(name: str, rec: dict) -> int | None:
+    """The pid of a child left running by an earlier sweep that died (its command names the run)."""
+    pid = rec.get("pid")
+    if rec.get("status") != "running" or not isinstance(pid, int):
+        return None
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if f"run.name={name}".encode() in cmd else None
+
+
 def read_state(root: Path) -> dict:
     path = root / STATE_FILE
     if not path.is_file():
@@ -714,6 +726,13 @@ def _printer():
 
 def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
     sweep = plan.sweep
+    orphans = {n: pid for n, rec in state["runs"].items() if (pid := _still_running(n, rec))}
+    if orphans:
+        raise UserError(
+            "runs of an earlier `sat sweep` of this name are still running: "
+            + ", ".join(f"{n} (pid {pid})" for n, pid in orphans.items())
+            + "; wait for them or stop them (kill -INT -<pid> stops a run and its engine)"
+        )
     state.update(sweep_id=sweep.id, name=sweep.name, file=sweep.file)
     state["invocations"] = int(state.get("invocations", 0)) + 1
     statuses = {r.name: run_status(r, plan.run_dirs[r.name], state) for r in sweep.runs}

@@ -340,6 +340,26 @@ def test_changed_overrides_are_refused(tmp_path):
     assert not (run_dir / "logs").exists()  # nothing was launched
 
 
+def test_runs_left_running_by_a_dead_sweep_are_refused(tmp_path):
+    sweep_file = write(tmp_path, GRID)
+    args = [f"run.dir={tmp_path / 'runs'}", "tracking=none"]
+    root = tmp_path / "runs" / "grid"
+    root.mkdir(parents=True)
+    # a live process whose command line names the run, as a `sat train` child would
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "run.name=grpo-lag8-s0"]
+    )
+    try:
+        state = {"runs": {"grpo-lag8-s0": {"status": "running", "pid": orphan.pid}}}
+        (root / "sweep_state.json").write_text(json.dumps(state))
+        with pytest.raises(UserError, match=rf"still running: grpo-lag8-s0 \(pid {orphan.pid}\)"):
+            run_sweep(str(sweep_file), args, jobs=1, dry_run=False)
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert not (root / "grpo-lag1-s0").exists()  # nothing was launched
+
+
 # ----------------------------------------------------------------------------- stopping children
 
 _CHILD = r"""

@@ -20,7 +20,10 @@ Each cell (one row × one lag, several seeds) gives, per seed, from the metric h
 * **best (step)** — the highest in-training ``eval/<bench>/avg@k`` and the step where it first
   occurred (step 0 is the initial model when ``eval.at_start``);
 * **last** — the ``avg@k`` of the last evaluation;
-* **d̄π** — ``staleness/abs_logratio_mean`` at the run's last step;
+* **d̄π** — ``staleness/abs_logratio_mean`` at the run's last step; for runs with the recompute
+  pass (TIS, MIS, IcePop, decoupled PPO: the loss ratio is ``π_θ/π_old``, so that metric is ~0)
+  ``staleness/mismatch_abs_logratio_mean`` = ``|log π_old − log μ|`` instead, the same distance
+  to the behaviour policy that the other rows report;
 
 shown as ``mean ± sample std (ddof = 1)`` over seeds (a single seed: the value alone), the
 best steps of each seed in parentheses joined by ``/``. The CSV holds the same numbers unrounded
@@ -54,6 +57,10 @@ from sat_cli.errors import UserError
 
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
 DPI_KEY = "staleness/abs_logratio_mean"
+# With the recompute pass (TIS, MIS, IcePop, decoupled PPO) the loss ratio is pi_theta / pi_old,
+# so DPI_KEY is ~0 there; |log pi_old - log mu| (pi_old = the weights at the step) is the d̄π
+# against the behaviour policy that the other rows report.
+MISMATCH_KEY = "staleness/mismatch_abs_logratio_mean"
 REWARD_KEY = "rollout/reward_mean"
 GATE_KEY = "sat/gate_rate"
 Q_KEY = "sat/q"
@@ -124,6 +131,7 @@ class RunData:
     row: str = ""
     eval_key: str | None = None
     eps_high: float = 0.2
+    dpi_key: str = DPI_KEY  # the metric behind d̄π (MISMATCH_KEY with the recompute pass)
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     def values(self, key: str) -> list[tuple[int, float]]:
@@ -301,6 +309,9 @@ def load_run(client, run, sweep_records: dict[str, dict] | None, axes: list[str]
     for key in (data.eval_key, DPI_KEY, REWARD_KEY, GATE_KEY, Q_KEY, ACTIVE_KEY):
         if key and key in run.data.metrics:
             data.series[key] = _history(client, run.info.run_id, key)
+    if MISMATCH_KEY in run.data.metrics:  # d̄π against mu for runs with the recompute pass
+        data.series[DPI_KEY] = _history(client, run.info.run_id, MISMATCH_KEY)
+        data.dpi_key = MISMATCH_KEY
     return data
 
 
@@ -716,7 +727,8 @@ def render_markdown(rep: dict, uri: str, plots: list[str]) -> str:
         "",
         "Cells: **best (step)** = highest in-training eval score and the step where it first "
         "occurred; **last** = score of the last evaluation; **d̄π** = "
-        f"`{DPI_KEY}` at the last step. Over seeds: mean ± sample std (ddof = 1); a single "
+        f"`{DPI_KEY}` at the last step (`{MISMATCH_KEY}` = |log π_old − log μ| for runs with "
+        "the recompute pass, e.g. TIS, whose loss ratio is π_θ/π_old). Over seeds: mean ± sample std (ddof = 1); a single "
         "seed shows its value alone; the best step of each seed is listed (`a/b`). "
         f"Seeds per cell: {', '.join(map(str, seeds))}.",
     ]
@@ -758,7 +770,7 @@ def run_report(target: str, *, out: str | None, tracking_uri: str | None) -> Non
     series = [
         ("eval.png", lambda r: r.eval_key or "", "eval avg@k"),
         ("reward.png", lambda r: REWARD_KEY, "rollout/reward_mean"),
-        ("dpi.png", lambda r: DPI_KEY, "d̄π (staleness/abs_logratio_mean)"),
+        ("dpi.png", lambda r: DPI_KEY, "d̄π (mean |log π − log μ|)"),
         ("sat_gate_rate.png", lambda r: GATE_KEY, "sat/gate_rate"),
     ]
     for name, key_of, title in series:

@@ -270,14 +270,21 @@ def test_plain_experiment_methods_derived_in_paper_order(store, tmp_path):
         exp,
         "a",
         tags={**base, "algo": "gspo", "clip": "sat", "correction": "tis", "r3": "true"},
-        metrics={EVAL: [(0, 1.0)]},
+        # TIS: the loss ratio is pi/pi_old (d ~ 0); d̄π against mu is the mismatch metric
+        metrics={
+            EVAL: [(0, 1.0)],
+            "staleness/abs_logratio_mean": [(1, 0.0), (2, 0.0)],
+            "staleness/mismatch_abs_logratio_mean": [(1, 0.05), (2, 0.07)],
+        },
     )
     _run(
         client, exp, "b", tags={**base, "algo": "dppo_tv", "clip": "ppo"}, metrics={EVAL: [(0, 2)]}
     )
     _run(client, exp, "c", tags={**base, "algo": "grpo", "clip": "ppo"}, metrics={EVAL: [(0, 3)]})
     run_report("plain", out=str(tmp_path / "r"), tracking_uri=uri)
-    rows = list(_csv(tmp_path / "r" / "table.csv"))
+    table = _csv(tmp_path / "r" / "table.csv")
+    rows = list(table)
+    assert float(table[("SAT-GSPO w/ TIS w/ R3", "1")]["dpi_last_mean"]) == 0.07
     # paper Table 1 order: GRPO, ..., DPPO (TV), ..., SAT-GSPO w/ TIS w/ R3 (not in the paper: last)
     assert rows == [("GRPO", "1"), ("DPPO (TV)", "1"), ("SAT-GSPO w/ TIS w/ R3", "1")]
     assert not (tmp_path / "r" / "staleness_hist.png").exists()  # no tables logged: no plot

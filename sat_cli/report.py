@@ -557,8 +557,11 @@ def _series_plot(
     have = [r for r in runs if r.values(key_of(r))]
     if not have:
         return False
+    ncol = 4
+    legend_rows = math.ceil(len({r.row for r in have}) / ncol)
+    height = 4.0 + 0.22 * legend_rows
     fig, axes = plt.subplots(
-        1, len(lags), figsize=(5.5 * len(lags) + 3, 4), squeeze=False, sharey=True
+        1, len(lags), figsize=(max(5.5 * len(lags), 8), height), squeeze=False, sharey=True
     )
     cmap = plt.get_cmap("tab20")
     for j, lag in enumerate(lags):
@@ -592,9 +595,9 @@ def _series_plot(
             if ll not in labels:
                 handles.append(hh)
                 labels.append(ll)
-    fig.legend(handles, labels, loc="center right", fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     fig.suptitle(f"{title} (mean over seeds; band: min–max)")
-    fig.tight_layout(rect=(0, 0, 1 - 2.6 / fig.get_figwidth(), 1))
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -767,8 +770,9 @@ def run_report(target: str, *, out: str | None, tracking_uri: str | None) -> Non
     runs, rows, lags = rep["runs"], rep["rows"], rep["lags"]
 
     plots = []
+    eval_title = next((display_key(r.eval_key) for r in runs if r.eval_key), "eval avg@k")
     series = [
-        ("eval.png", lambda r: r.eval_key or "", "eval avg@k"),
+        ("eval.png", lambda r: r.eval_key or "", eval_title),
         ("reward.png", lambda r: REWARD_KEY, "rollout/reward_mean"),
         ("dpi.png", lambda r: DPI_KEY, "d̄π (mean |log π − log μ|)"),
         ("sat_gate_rate.png", lambda r: GATE_KEY, "sat/gate_rate"),

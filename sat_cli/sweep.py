@@ -768,6 +768,8 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
                 if rc is None:
                     continue
                 del children[name]
+                if rc != 0:  # a crashed child may leave its engine process behind in its group
+                    _signal_group(child.proc, signal.SIGKILL)
                 done += 1
                 results[name] = _finish_child(plan, state, child, rc, done, len(todo), log)
         failed = [n for n, v in results.items() if v != "finished"]

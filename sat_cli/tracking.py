@@ -315,6 +315,30 @@ def _is_caller_error(exc: BaseException) -> bool:
 # --------------------------------------------------------------------------- the tracker
 
 
+class _store_lock:
+    """An exclusive ``flock`` on ``<db>.lock`` beside a sqlite store (no-op for other stores)."""
+
+    def __init__(self, db: Path | None):
+        self.path = None if db is None else db.with_name(db.name + ".lock")
+        self.fd = None
+
+    def __enter__(self):
+        if self.path is not None:
+            import fcntl
+
+            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            import fcntl
+
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
 class Tracker:
     """One MLflow run; see the module docstring. Use as a context manager or call ``end``."""
 
@@ -372,8 +396,11 @@ class Tracker:
             db = sqlite_db_path(self.uri)
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
-            self._client = MlflowClient(tracking_uri=self.uri)
-            self._start(run_id, dict(tags or {}), dict(params or {}))
+            # Two processes creating a fresh sqlite store at once race in MLflow's schema
+            # migration ("expected to match one row"): serialise start-up on a lock file.
+            with _store_lock(db):
+                self._client = MlflowClient(tracking_uri=self.uri)
+                self._start(run_id, dict(tags or {}), dict(params or {}))
         except TrackingError:
             self._release()
             raise

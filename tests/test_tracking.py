@@ -426,3 +426,26 @@ def test_two_trackers_in_threads_do_not_clash(store, client):
     assert results["a"] != results["b"]
     assert _history(client, results["a"], "loss/policy") == [(s, float(s)) for s in range(15)]
     assert _history(client, results["b"], "loss/policy") == [(s, 100.0 + s) for s in range(15)]
+
+
+def _start_one(args):
+    db_dir, i = args
+    from sat_cli.tracking import Tracker
+
+    with Tracker(f"sqlite:///{db_dir}/mlflow.db", "race", f"r{i}") as tr:
+        tr.log_metrics({"x": float(i)}, step=0)
+        return tr.run_id
+
+
+def test_parallel_processes_create_one_fresh_store(tmp_path):
+    """Parallel `sat train` runs share a fresh sqlite store: start-up is serialised on a lock
+    file (without it MLflow's schema migration races and one process fails)."""
+    import multiprocessing as mp
+
+    from mlflow import MlflowClient
+
+    with mp.get_context("spawn").Pool(3) as pool:
+        run_ids = pool.map(_start_one, [(str(tmp_path), i) for i in range(3)])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("race")
+    assert sorted(r.info.run_id for r in client.search_runs([exp.experiment_id])) == sorted(run_ids)

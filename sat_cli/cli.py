@@ -1,8 +1,10 @@
 """The `sat` command line: parse → compose config → build objects → call. Nothing else.
 
 Heavy libraries (torch, transformers, mlflow, hydra) are imported inside the commands so that
-`sat --help` stays instant. User errors (bad overrides, bad files) print one paragraph and exit
-with code 2; Ctrl-C exits with 130.
+`sat --help` stays instant. Exit codes (docs/reliability.md): 0 done; 1 a runtime fault (dead
+engine or trainer, failed checkpoint write, non-finite loss, incomplete evaluation); 2 the
+user's input (overrides, files, paths, run names, an unreachable tracking store at start), one
+``sat: error:`` paragraph and no traceback; 130 Ctrl-C; 143 SIGTERM.
 """
 
 from __future__ import annotations

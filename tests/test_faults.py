@@ -245,7 +245,7 @@ def test_mlflow_unreachable_at_start_exits_2_quickly(tmp_path):
     run_dir = tmp_path / "runs/sat/nostore"
     assert pids(run_dir) == {}  # no engine was started
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "weights").exists()
-    assert elapsed < 120, elapsed  # ~3 s on an idle machine (import + one refused connection)
+    assert elapsed < 120, elapsed  # ~10 s under load: 3.7 s imports, 0.4 s the refused connection
 
 
 def test_sigterm_during_training_exits_143_killed(tmp_path, runs):

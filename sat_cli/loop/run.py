@@ -6,6 +6,12 @@ trainers and losses receive plain values and objects.
 Run directory: ``<run.dir>/<run.experiment>/<run.name>/`` with ``config.yaml`` (resolved),
 ``checkpoints/step_N/``, ``weights/vN/`` (published, pruned) and ``logs/``. The MLflow store
 defaults to ``<run.dir>/mlflow.db``; the warm-start cache is ``<run.dir>/cache/``.
+``logs/pids.json`` names this process and the engine's process (fault tests, soak runs).
+
+Inputs (run name, resume target, model folder — safetensors only, shapes checked against its
+config without loading —, task and evaluation data) are checked before the run directory is
+created or any process starts, so bad input exits 2 and writes nothing. SIGTERM raises
+``Terminated`` (a ``KeyboardInterrupt``): the same orderly stop as Ctrl-C, exit 143.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Then the lag-0 mismatch ``d_pi = mean |rollout_logp - trainer recompute|`` over 
 of toy-task samples, with the engine in float32 and in bfloat16 (trainer always float32), and
 for bfloat16 also with R3 replay in the trainer.
 
-Run: ``python bench/engine_throughput.py`` (results recorded in bench/README_engine.md).
+Run: ``python bench/engine_throughput.py`` (results recorded in bench/README.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ sensitive to other load on a shared machine). Each run includes the metrics, as 
 would call it.
 
 Run:  .venv/bin/python bench/loss_overhead.py [--batch 512 --seq 1024 --rounds 15]
-Goal: median ratio <= 1.10. Results are recorded in bench/README_loss.md.
+Goal: median ratio <= 1.10. Results are recorded in bench/README.md.
 """
 
 from __future__ import annotations

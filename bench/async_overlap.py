@@ -44,13 +44,26 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
     sink = _Sink()
     with tempfile.TemporaryDirectory() as d, LocalEngine(model, seed=0, num_threads=1) as engine:
         s = LoopSettings(
-            max_steps=steps, prompts_per_step=prompts, group_size=group,
-            sampling=SamplingParams(max_new_tokens=16, stop_token_ids=(trainer.tokenizer.eos_token_id,)),
-            lag=LagPolicy(lag, "interval"), run_dir=Path(d), seed=0, histogram_every=0,
+            max_steps=steps,
+            prompts_per_step=prompts,
+            group_size=group,
+            sampling=SamplingParams(
+                max_new_tokens=16, stop_token_ids=(trainer.tokenizer.eos_token_id,)
+            ),
+            lag=LagPolicy(lag, "interval"),
+            run_dir=Path(d),
+            seed=0,
+            histogram_every=0,
         )
         t0 = time.perf_counter()
-        train_loop(s, task=ToyTask(), tokenizer=trainer.tokenizer, engine=engine, trainer=trainer,
-                   tracker=sink)
+        train_loop(
+            s,
+            task=ToyTask(),
+            tokenizer=trainer.tokenizer,
+            engine=engine,
+            trainer=trainer,
+            tracker=sink,
+        )
         wall = time.perf_counter() - t0
     rows = sink.rows[1:]  # the first step pays one-off warm-up costs
     return {
@@ -75,8 +88,11 @@ def main() -> None:
         for lag in (0, 1):
             out = run_once(lag, args.steps, args.prompts, args.group, str(SHIPPED))
             res[lag].append(out)
-            print(f"round {r} lag {lag}: step {out['step_s']:.3f}s  gen {out['gen_s']:.3f}s  "
-                  f"train {out['train_s']:.3f}s", flush=True)
+            print(
+                f"round {r} lag {lag}: step {out['step_s']:.3f}s  gen {out['gen_s']:.3f}s  "
+                f"train {out['train_s']:.3f}s",
+                flush=True,
+            )
     t_gen = statistics.median(o["gen_s"] for o in res[0])
     t_train = statistics.median(o["train_s"] for o in res[0])
     step0 = statistics.median(o["step_s"] for o in res[0])
@@ -85,8 +101,10 @@ def main() -> None:
     achieved = step0 / step1
     print(f"\nT_gen {t_gen:.3f}s  T_train {t_train:.3f}s  (lag 0, medians of {args.rounds} runs)")
     print(f"step time lag 0 {step0:.3f}s, lag 1 {step1:.3f}s")
-    print(f"ideal speed-up {ideal:.3f}  achieved {achieved:.3f}  overlap efficiency "
-          f"{achieved / ideal:.3f}")
+    print(
+        f"ideal speed-up {ideal:.3f}  achieved {achieved:.3f}  overlap efficiency "
+        f"{achieved / ideal:.3f}"
+    )
 
 
 if __name__ == "__main__":

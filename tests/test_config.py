@@ -26,8 +26,9 @@ def test_every_group_option_composes(group, option):
         node = OmegaConf.to_container(cfg)
     else:
         node = OmegaConf.to_container(cfg[group])
-    resolved = OmegaConf.to_container(OmegaConf.create(values | {"run": {"dir": "runs"}}),
-                                      resolve=True)
+    resolved = OmegaConf.to_container(
+        OmegaConf.create(values | {"run": {"dir": "runs"}}), resolve=True
+    )
 
     def check(expected, actual, where):
         if isinstance(expected, dict):
@@ -43,7 +44,11 @@ def test_every_group_option_composes(group, option):
 def test_defaults_are_the_embedded_cpu_setup():
     _, obj = load([])
     assert (obj.model.name, obj.task.name, obj.engine.name, obj.trainer.name) == (
-        "tiny_moe", "toy_add", "local", "local")
+        "tiny_moe",
+        "toy_add",
+        "local",
+        "local",
+    )
     assert obj.clip.name == "sat" and obj.clip.adaptive is True
     assert obj.algo.ratio_denominator == "rollout"
     assert obj.tracking.uri == "sqlite:///runs/mlflow.db"

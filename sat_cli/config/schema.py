@@ -201,7 +201,9 @@ class EngineConfig:
     tp: int = 1
     dp: int = 1
     ep: int = 1
-    gpu_groups: list[str] = field(default_factory=list)  # sglang: one server per group, e.g. ["0,1", "2,3"]
+    gpu_groups: list[str] = field(
+        default_factory=list
+    )  # sglang: one server per group, e.g. ["0,1", "2,3"]
     use_router: bool = False  # sglang: put the servers behind sglang-router
     mem_fraction_static: float | None = None
     extra_args: list[str] = field(default_factory=list)

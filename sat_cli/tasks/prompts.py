@@ -14,8 +14,8 @@ TEMPLATES: dict[str, str] = {
     # DAPO-Math-17k's own instruction, answered on an "Answer:" line.
     "dapo": (
         "Solve the following math problem step by step. The last line of your response should be "
-        'of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.'
-        "\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\"."
+        "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+        '\n\n{problem}\n\nRemember to put your answer on its own line after "Answer:".'
     ),
 }
 

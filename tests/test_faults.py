@@ -365,12 +365,14 @@ def test_signal_while_writing_a_checkpoint(tmp_path, runs, sig):
             return False
 
     wait_for(lambda: (ck / "step_2").is_dir(), 300, "the first checkpoints")
+    children = descendants(r.pid)
     wait_for(writing, 120, "a checkpoint write in progress", poll=0.001)
     if sig == signal.SIGINT:
         os.killpg(r.pid, sig)
     else:
         os.kill(r.pid, sig)
     assert r.wait(60) == (130 if sig == signal.SIGINT else 143), r.stderr[-3000:]
+    assert_gone(children)
     last = assert_checkpoint_loadable(ck)
     steps = int(last.name.split("_")[1]) + 2
     resume_args = [a if not a.startswith("max_steps") else f"max_steps={steps}" for a in args]
@@ -416,13 +418,17 @@ def test_signal_during_sat_eval_keeps_partial_results(tmp_path, runs, sig):
     runs.append(r)
     wait_for(lambda: "samples per problem" in r.stdout, 300, "the evaluation to start")
     time.sleep(3.0)
+    (out,) = list((tmp_path / "runs/eval").iterdir())
+    engine = pids(out)["engine"]
+    children = descendants(r.pid)
+    assert engine in children
     if sig == signal.SIGINT:
         os.killpg(r.pid, sig)
     else:
         os.kill(r.pid, sig)
     assert r.wait(60) == (130 if sig == signal.SIGINT else 143), r.stderr[-3000:]
     assert "INCOMPLETE" in r.stdout
-    (out,) = list((tmp_path / "runs/eval").iterdir())
+    assert_gone(children)
     summary = json.loads(next(out.glob("*summary*.json")).read_text())
     assert summary["complete"] is False
     (run,) = client(tmp_path).search_runs(

@@ -48,6 +48,7 @@ def run_eval_command(cfg, obj) -> None:
         build_evaluator,
         build_task,
         eval_problems,
+        write_pids,
     )
     from sat_cli.tracking import Tracker, flatten_config
 
@@ -69,6 +70,7 @@ def run_eval_command(cfg, obj) -> None:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
+        write_pids(logs, engine)
         holder: dict = {}
         try:
             run = build_evaluator(obj, engine, tokenizer, task, keep=holder, spec=spec)

@@ -19,8 +19,9 @@ samples the interrupted one would have used.
 
 Non-finite losses: a step whose ``loss/*`` metrics are NaN/inf is counted in
 ``loss/nonfinite_steps``. If the trainer reports that it skipped that update
-(``loss/nonfinite_skipped`` > 0 in its metrics) the run goes on; otherwise its weights are no
-longer trustworthy and the loop stops with :class:`NonFiniteLoss` (exit code 1) *before* any
+(``loss/nonfinite_skipped`` > 0 in its metrics; the local trainer does) the run goes on, unless
+``MAX_CONSECUTIVE_NONFINITE`` steps in a row were non-finite (the weights cannot recover);
+otherwise — or then — the loop stops with :class:`NonFiniteLoss` (exit code 1) *before* any
 weights or checkpoint of that step are written, so the last checkpoint stays a good one.
 """
 
@@ -46,6 +47,8 @@ from sat_cli.loop.state import (
     read_loop_state,
     save_checkpoint,
 )
+
+MAX_CONSECUTIVE_NONFINITE = 5
 
 
 class NonFiniteLoss(RunFailed):
@@ -254,6 +257,7 @@ def train_loop(
             tracker.log_metrics(m0, step=0)
 
         ahead = 1 if (s.lag.mode != "bounded" or s.lag.n == 0) else s.lag.n
+        consecutive_bad = 0
         for t in range(st["step"], s.max_steps):
             t_step = time.perf_counter()
             # 1. keep the engine busy: batch t, and up to `ahead` later ones the lag policy allows
@@ -321,9 +325,11 @@ def train_loop(
                 bad = sorted(
                     k for k, v in tm.items() if k.startswith("loss/") and not math.isfinite(v)
                 )
+                consecutive_bad = consecutive_bad + 1 if bad else 0
                 if bad:
                     st["counters"]["nonfinite_steps"] += 1
-                    if not tm.get("loss/nonfinite_skipped"):
+                    skipped = bool(tm.get("loss/nonfinite_skipped"))
+                    if not skipped or consecutive_bad >= MAX_CONSECUTIVE_NONFINITE:
                         metrics.update(tm)
                         metrics["loss/nonfinite_steps"] = float(st["counters"]["nonfinite_steps"])
                         tracker.log_metrics(metrics, step=t + 1)
@@ -331,9 +337,11 @@ def train_loop(
                         raise NonFiniteLoss(
                             f"non-finite loss at step {t + 1} ({', '.join(bad[:4])}"
                             f"{' …' if len(bad) > 4 else ''} = "
-                            f"{', '.join(str(tm[k]) for k in bad[:4])}); the trainer applied "
-                            "the update, so its weights are no longer usable and nothing of "
-                            "this step was saved. "
+                            f"{', '.join(str(tm[k]) for k in bad[:4])}); "
+                            + (f"{consecutive_bad} non-finite steps in a row (updates skipped): "
+                               "the weights do not recover. " if skipped else
+                               "the trainer applied the update, so its weights are no longer "
+                               "usable and nothing of this step was saved. ")
                             + (
                                 f"Last complete checkpoint: {last}. "
                                 if last

@@ -215,10 +215,18 @@ class LocalTrainer:
                 total = total + self.kl_coef * kl
                 metrics["loss/kl_ref"] = float(kl.detach())
             self.opt.zero_grad(set_to_none=True)
-            total.backward()
-            max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            self.opt.step()
+            grad_norm = torch.tensor(float("nan"))
+            if torch.isfinite(total):
+                total.backward()
+                max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            if torch.isfinite(grad_norm):
+                self.opt.step()
+            else:
+                # a non-finite loss or gradient: no update, so the weights stay usable; the loop
+                # counts the step (loss/nonfinite_steps) and goes on
+                self.opt.zero_grad(set_to_none=True)
+                metrics["loss/nonfinite_skipped"] = 1.0
             metrics["loss/grad_norm"] = float(grad_norm)
             metrics["loss/total"] = float(total.detach())
             mb_mask = mask.bool()

@@ -149,7 +149,28 @@ def _redact_nested(value: Any) -> Any:
             k: (REDACTED if is_secret_key(str(k)) else _redact_nested(v)) for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [_redact_nested(v) for v in value]
+        # argument lists: mask the value after a secret-named flag (`--api-key SECRET`) and the
+        # `--api-key=SECRET` form
+        out: list[Any] = []
+        for i, v in enumerate(value):
+            prev = value[i - 1] if i else None
+            if (
+                isinstance(prev, str)
+                and prev.startswith("-")
+                and "=" not in prev
+                and is_secret_key(prev.lstrip("-"))
+            ):
+                out.append(REDACTED)
+            elif (
+                isinstance(v, str)
+                and v.startswith("-")
+                and "=" in v
+                and is_secret_key(v.split("=", 1)[0].lstrip("-"))
+            ):
+                out.append(v.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(_redact_nested(v))
+        return out
     if isinstance(value, str):
         return redact_uri(value)
     return value

@@ -489,11 +489,6 @@ def test_secret_keys_and_uri_passwords_never_reach_mlflow_params(tmp_path):
     assert stored["engine.extra_args"].startswith('["--api-key"')
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sat_cli/tracking.py masks secret *keys* and URI passwords but not the value after "
-    "a secret-named flag inside an argument list (engine.extra_args=[--api-key,SECRET])",
-)
 def test_secret_after_flag_in_argument_list_is_masked(tmp_path):
     stored = _secret_params(tmp_path)
     assert "SECRET123" not in stored["engine.extra_args"]

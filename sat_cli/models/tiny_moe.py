@@ -139,7 +139,10 @@ def load_model(
 
     hf_logging.disable_progress_bar()  # no per-load progress bars in engine/trainer logs
     model = AutoModelForCausalLM.from_pretrained(
-        str(path_or_hub_id), dtype=torch_dtype(dtype), attn_implementation="sdpa"
+        str(path_or_hub_id),
+        dtype=torch_dtype(dtype),
+        attn_implementation="sdpa",
+        use_safetensors=True,  # never fall back to pickle weights (a hub id is not pre-checked)
     )
     return model.to(device).eval()
 

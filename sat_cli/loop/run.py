@@ -133,11 +133,13 @@ def _expected_shapes(p: Path) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def model_path(obj, log=print) -> str:
-    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path."""
+def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
+    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path (an HF
+    directory, or a hub id such as ``Qwen/Qwen3-30B-A3B-Base``, which is not checked here)."""
     if obj.model.kind == "hf":
         p = obj.model.path
-        if os.path.sep in p or p.startswith(".") or Path(p).exists():
+        hub_id = p.count("/") == 1 and not p.startswith((".", "/", "~")) and not Path(p).exists()
+        if not hub_id:
             check_hf_dir(p, "model.path")
         return p
     if obj.model.path:
@@ -172,6 +174,7 @@ def model_path(obj, log=print) -> str:
             target_accuracy=ws.target_accuracy,
             max_steps=ws.max_steps,
             model_overrides=overrides,
+            use_shipped=use_shipped,
             log=log,
         )
     )
@@ -633,7 +636,9 @@ def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:
 
 
 def pretrain(obj) -> None:
-    path = model_path(obj)
+    """Train the warm start from scratch (cached under <run.dir>/cache), even when the shipped
+    checkpoint has the same key: this is how the shipped one is reproduced."""
+    path = model_path(obj, use_shipped=False)
     print(f"warm-start checkpoint: {path}")
 
 

@@ -338,10 +338,13 @@ def train_loop(
                             f"non-finite loss at step {t + 1} ({', '.join(bad[:4])}"
                             f"{' …' if len(bad) > 4 else ''} = "
                             f"{', '.join(str(tm[k]) for k in bad[:4])}); "
-                            + (f"{consecutive_bad} non-finite steps in a row (updates skipped): "
-                               "the weights do not recover. " if skipped else
-                               "the trainer applied the update, so its weights are no longer "
-                               "usable and nothing of this step was saved. ")
+                            + (
+                                f"{consecutive_bad} non-finite steps in a row (updates skipped): "
+                                "the weights do not recover. "
+                                if skipped
+                                else "the trainer applied the update, so its weights are no longer "
+                                "usable and nothing of this step was saved. "
+                            )
                             + (
                                 f"Last complete checkpoint: {last}. "
                                 if last
@@ -450,7 +453,10 @@ def _staleness_probe(trainer, batch, s: LoopSettings, eps_low: float, eps_high: 
     logp = trainer.logprobs(batch)  # [B, S]
     mask = batch.loss_mask
     d = torch.where(mask.bool(), logp - batch.rollout_logp, torch.zeros_like(logp))
+    # percentiles of |log pi_theta - log mu| (the mean is the loss's own metric; with a recompute
+    # denominator, e.g. TIS, the loss measures against pi_old, so it is not logged twice here)
     stats = logratio_stats(logp, batch.rollout_logp, mask)
+    stats.pop("staleness/abs_logratio_mean", None)
     abs_d = d.abs()[mask.bool()]
     q, c = float("nan"), None
     p = s.sat_probe

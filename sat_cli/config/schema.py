@@ -341,7 +341,7 @@ class SatConfig:
     data: DataConfig = field(default_factory=DataConfig)
     r3: bool = False  # rollout routing replay (MoE): record routes at rollout, replay in training
     seed: int = 0
-    max_steps: int = 150
+    max_steps: int = 250
     resume: str | None = None  # auto | <run dir>: continue from the last complete checkpoint
     ckpt: str | None = None  # sat eval: a training checkpoint dir to evaluate
 

@@ -562,7 +562,7 @@ def test_mlflow_server_dies_mid_run_training_finishes(tmp_path, runs):
 
 @pytest.mark.slow
 def test_soak_short_run_memory_stays_flat(tmp_path):
-    """bench/soak.py on 60 steps: both processes sampled every second, the run exits 0 and
+    """bench/soak.py on 60 steps: both processes sampled every 0.2 s, the run exits 0 and
     neither the orchestrator's nor the engine's RSS grows by more than 10 % after warm-up."""
     repo = Path(__file__).resolve().parents[1]
     report = tmp_path / "soak.json"
@@ -571,6 +571,7 @@ def test_soak_short_run_memory_stays_flat(tmp_path):
             sys.executable,
             str(repo / "bench" / "soak.py"),
             "--steps=60",
+            "--interval=0.2",  # >= 10 samples even when 60 steps take only a few seconds
             "--checkpoint-every=10",
             "--eval-every=20",
             f"--run-dir={tmp_path / 'soak'}",

@@ -154,20 +154,24 @@ def test_paper_table1_rows_map_to_the_right_configs():
     gpu = load_sweep(REPO / "sweeps" / "paper_table1.yaml")
     cpu = load_sweep(REPO / "sweeps" / "paper_table1_cpu.yaml")
     assert list(gpu.methods) == list(expected)  # the paper's row order
-    assert list(cpu.methods) == [*expected, "SAT-GRPO (anchored, beyond the paper)"]
-    assert len(gpu.runs) == 13 * 2 and len(cpu.runs) == 14 * 2 * 2
+    beyond = {
+        "SAT-GRPO (anchored, beyond the paper)": ("grpo", "none", True, False),
+        "SAT-GSPO (anchored, beyond the paper)": ("gspo", "none", True, False),
+    }
+    assert list(cpu.methods) == [*expected, *beyond]
+    assert len(gpu.runs) == 13 * 2 and len(cpu.runs) == 15 * 2 * 2
     for sw in (gpu, cpu):
         for r in sw.runs:
             if r.seed != sw.seeds[0] or r.axes["lag"] != "8":
                 continue
             _, obj = load(r.overrides)
-            want = expected.get(r.method, ("grpo", "none", True, False))
+            want = {**expected, **beyond}[r.method]
             got = (obj.algo.name, obj.algo.correction, obj.clip.adaptive, obj.r3)
             assert got == want, r.method
             assert obj.lag.n == 8 and obj.run.experiment == sw.name and obj.resume == "auto"
             if sw is gpu:
                 assert obj.engine.name == "sglang" and obj.trainer.name == "megatron"
-            elif r.method.startswith("SAT-GRPO (anchored"):
+            elif r.method in beyond:
                 assert obj.clip.anchor == "min_q_eps"
 
 

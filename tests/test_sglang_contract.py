@@ -31,8 +31,7 @@ import numpy as np
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
-from sat_cli.engines.sglang import (
-    DistributedWeightSync,
+from sat_cli.engines.sglang.wire import (
     MoEDims,
     build_generate_payload,
     decode_routed_experts,
@@ -44,7 +43,7 @@ from sat_cli.engines.sglang import (
     sampling_params_to_wire,
     update_weights_payload,
 )
-from sat_cli.engines.sglang_server import SGLangRouter, SGLangServer
+from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 
 # --------------------------------------------------------------------------------------------
 # requests
@@ -308,13 +307,6 @@ def test_router_command(tmp_path):
         "round_robin",
     ]
     assert router.health_path == "/health"
-
-
-def test_distributed_weight_sync_is_an_explicit_placeholder():
-    with pytest.raises(
-        NotImplementedError, match="/init_weights_update_group.*/update_weights_from_distributed"
-    ):
-        DistributedWeightSync()
 
 
 def test_weight_version_spans_give_per_token_versions():

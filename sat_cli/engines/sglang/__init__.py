@@ -1,0 +1,16 @@
+"""The SGLang rollout engine (``engine=sglang``), split by concern:
+
+- ``wire``    — request building and response parsing (pure functions, SGLang's wire format)
+- ``client``  — the stdlib JSON-over-HTTP client (retries, error bodies, aborting calls)
+- ``weights`` — weight sync (``/update_weights_from_disk``)
+- ``server``  — launching and supervising ``sglang.launch_server`` / ``sglang_router`` processes
+- ``engine``  — :class:`SGLangEngine`, the ``RolloutEngine`` over one or more servers
+- ``cpu_launch`` — a standalone launcher run by SGLang's own interpreter on ``--device cpu``
+  (works around two SGLang CPU bugs and the torchvision import; never imported here)
+"""
+
+from sat_cli.engines.sglang.client import SGLangClient
+from sat_cli.engines.sglang.engine import SGLangEngine
+from sat_cli.engines.sglang.wire import read_moe_dims
+
+__all__ = ["SGLangClient", "SGLangEngine", "read_moe_dims"]

@@ -1,0 +1,146 @@
+"""Run an SGLang module on the CPU, with three workarounds applied in every process it starts.
+
+Run by SGLang's own interpreter, never imported by ``sat`` (the SGLang environment has no
+``sat_cli``; this file needs only the standard library, torch and sglang)::
+
+    .venv-sglang/bin/python sat_cli/engines/sglang/cpu_launch.py -m sglang.launch_server \
+        --model-path M --device cpu --dtype bfloat16 --attention-backend torch_native ...
+    .venv-sglang/bin/python sat_cli/engines/sglang/cpu_launch.py -m sglang_router.launch_router ...
+
+SGLang starts its scheduler and detokenizer with multiprocessing ``spawn``; a spawned child
+imports the parent's main module again (this file, as ``__mp_main__``), so the patches below run
+in every SGLang process. The module is run with ``runpy.run_module(alter_sys=False)`` so that
+this file stays the main module. Installed packages are never edited.
+
+The patches, for SGLang 0.5.23 with PyPI's torchvision 0.28.0 on torch 2.13.0+cpu (see
+``../shared/sglang-cpu/README.md`` beside the project for how each was found):
+
+- ``torchvision``: PyPI's torchvision is a CUDA build; on CPU torch its ``_C`` extension does not
+  load, and ``torchvision/_meta_registrations.py`` then fails at import (``operator
+  torchvision::nms does not exist``) in its two unguarded ``register_fake`` decorators. SGLang
+  imports ``torchvision.transforms`` unconditionally. The patch skips fake-kernel registration
+  for torchvision operators that do not exist, during that one import.
+- ``state_capturer``: ``--enable-return-routed-experts`` allocates the routed-experts host buffer
+  with ``pin_memory=True`` on every device, which asserts "Torch not compiled with CUDA enabled"
+  on a CPU build. The patch pins only when the device is not the CPU.
+- ``amx_pack``: AMX pre-packing (``srt/layers/amx_utils.py``) accepts 2-D weights with fewer than
+  16 output rows (the 8-expert router gate) and stores them transposed, so a later
+  ``/update_weights_from_disk`` kills the server with a shape assertion. The patch packs only
+  when the output size is a multiple of 16 (the gate then stays a plain matrix).
+
+``SAT_SGLANG_CPU_SKIP=name[,name]`` leaves patches out (tests show each one is needed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder is sys.path[0]; its sibling modules (client.py, server.py,
+# ...) must not shadow top-level modules for SGLang, so the folder is taken off the path first.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import runpy  # noqa: E402
+
+PATCHES = ("torchvision", "state_capturer", "amx_pack")
+
+
+def patch_torchvision() -> None:
+    """Import torchvision with fake-kernel registration skipped for missing torchvision ops."""
+    import torch.library
+
+    original = torch.library.register_fake
+
+    def guarded(op, func=None, /, *args, **kwargs):
+        if func is not None:
+            return original(op, func, *args, **kwargs)
+        register = original(op, *args, **kwargs)
+
+        def decorator(fn):
+            try:
+                return register(fn)
+            except RuntimeError as exc:
+                missing = isinstance(op, str) and op.startswith("torchvision::")
+                if missing and "does not exist" in str(exc):
+                    return fn
+                raise
+
+        return decorator
+
+    torch.library.register_fake = guarded
+    try:
+        import torchvision.transforms  # noqa: F401
+    finally:
+        torch.library.register_fake = original
+
+
+class _NoPinOnCpu:
+    """``ALLOC_MEMORY_FUNCS`` with ``pin_memory`` forced off for the CPU device."""
+
+    def __init__(self, funcs) -> None:
+        self._funcs = funcs
+
+    def __getitem__(self, device):
+        alloc = self._funcs[device]
+        if device != "cpu":
+            return alloc
+
+        def alloc_unpinned(*args, **kwargs):
+            kwargs["pin_memory"] = False
+            return alloc(*args, **kwargs)
+
+        return alloc_unpinned
+
+
+def patch_state_capturer() -> None:
+    from sglang.srt.state_capturer import base
+
+    if not isinstance(base.ALLOC_MEMORY_FUNCS, _NoPinOnCpu):
+        base.ALLOC_MEMORY_FUNCS = _NoPinOnCpu(base.ALLOC_MEMORY_FUNCS)
+
+
+def dim_is_supported(weight) -> bool:
+    """AMX gemm needs OC % 16 == 0 and IC % 32 == 0 (SGLang also accepted OC < 16)."""
+    out_features = weight.size(1) if weight.ndim == 3 else weight.size(0)
+    in_features = weight.size(2) if weight.ndim == 3 else weight.size(1)
+    return out_features % 16 == 0 and in_features % 32 == 0
+
+
+def patch_amx_pack() -> None:
+    from sglang.srt.layers import amx_utils
+
+    amx_utils.dim_is_supported = dim_is_supported
+
+
+def apply(skip: set[str] = frozenset()) -> list[str]:
+    """Apply every patch not in ``skip`` (torchvision first: SGLang imports it); return names."""
+    unknown = set(skip) - set(PATCHES)
+    if unknown:
+        raise SystemExit(f"SAT_SGLANG_CPU_SKIP: unknown patch {sorted(unknown)}; know {PATCHES}")
+    done = []
+    for name in PATCHES:
+        if name not in skip:
+            globals()[f"patch_{name}"]()
+            done.append(name)
+    return done
+
+
+def _skip_from_env() -> set[str]:
+    raw = os.environ.get("SAT_SGLANG_CPU_SKIP", "")
+    return {s.strip() for s in raw.split(",") if s.strip()}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] != "-m":
+        raise SystemExit("usage: cpu_launch.py -m <module> [args...]")
+    module = argv[1]
+    sys.argv = [sys.argv[0], *argv[2:]]  # what the module parses (and spawned children inherit)
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
+
+
+if __name__ in ("__main__", "__mp_main__"):
+    applied = apply(_skip_from_env())
+    if __name__ == "__main__":
+        print(f"sat cpu_launch: patches applied: {', '.join(applied) or 'none'}", file=sys.stderr)
+        main(sys.argv[1:])

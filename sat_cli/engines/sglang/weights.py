@@ -1,0 +1,57 @@
+"""How published trainer weights reach the SGLang workers.
+
+:class:`DiskWeightSync` posts ``/update_weights_from_disk`` to every worker (an HF checkpoint
+directory on a file system the servers can read). SGLang 0.5.23's scheduler loads the weights and
+moves its version stamp first, then flushes the prefix cache when asked; a flush refused because
+requests still run (an ``in_place`` pause) fails the call *after* the weights changed
+(``scheduler_components/weight_updater.py``). The engine therefore never sends
+``flush_cache=true`` while requests may be running, and it reads the served version back from
+``GET /model_info`` after a failed update instead of assuming a rollback.
+
+The NCCL path (``/init_weights_update_group`` + ``/update_weights_from_distributed`` between
+``/begin_weight_update`` and ``/end_weight_update``) needs the trainer's GPUs and process group;
+it is not implemented (docs/sglang.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from sat_cli.engines.base import EngineError
+from sat_cli.engines.sglang.client import SGLangClient
+from sat_cli.engines.sglang.wire import _excerpt, update_weights_payload
+
+
+class WeightSync(Protocol):
+    """How published trainer weights reach the SGLang workers."""
+
+    def push(self, client: SGLangClient, worker_urls: Sequence[str], path: str, version: int):
+        """Load the weights at ``path`` on every worker and tag later outputs ``version``."""
+        ...
+
+
+class DiskWeightSync:
+    """``POST /update_weights_from_disk`` on every worker (an HF checkpoint directory).
+
+    SGLang waits for running requests, loads the safetensors, sets ``weight_version`` and (with
+    ``flush_cache``) drops the prefix cache, whose KV entries were computed by the old weights.
+    """
+
+    def __init__(self, *, flush_cache: bool = True, timeout_s: float = 600.0) -> None:
+        self.flush_cache = flush_cache
+        self.timeout_s = timeout_s
+
+    def push(self, client: SGLangClient, worker_urls: Sequence[str], path: str, version: int):
+        if not Path(path).is_dir():
+            raise EngineError(f"weights directory {path} does not exist")
+        payload = update_weights_payload(path, version, flush_cache=self.flush_cache)
+        for url in worker_urls:
+            answer = client.post_json(
+                "/update_weights_from_disk", payload, url=url, timeout_s=self.timeout_s
+            )
+            if not isinstance(answer, dict) or answer.get("success") is not True:
+                raise EngineError(
+                    f"{url}/update_weights_from_disk({path}, v{version}) failed: {_excerpt(answer)}"
+                )

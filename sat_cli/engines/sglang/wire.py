@@ -1,0 +1,310 @@
+"""SGLang's native wire format: request building and response parsing (pure functions).
+
+Read against SGLang 0.5.23's source (``srt/managers/io_struct.py`` GenerateReqInput,
+``srt/sampling/sampling_params.py``, ``srt/entrypoints/http_server.py``) and checked against a
+real server on this machine's CPU (captured answers in ``tests/data/sglang_captured/``):
+
+- ``POST /generate`` takes a batch: ``input_ids`` is a list of token-id lists (one entry per
+  sample, prompt-major) and ``sampling_params`` a list of dicts, one per entry. Unknown sampling
+  keys and float-typed integers (``max_new_tokens: 5.0``) are refused with HTTP 400 and a body
+  ``{"error": "..."}``, so every value is cast here.
+- Each answer item is ``{"text", "output_ids", "meta_info"}``; ``meta_info`` carries
+  ``output_token_logprobs`` (``[[logprob, token_id, null], ...]``: ``log_softmax(logits / T)``
+  *before* top-k/top-p filtering), with ``return_sampling_mask`` also
+  ``output_token_sampling_logprobs`` (the log-prob under the filtered, renormalised distribution
+  actually sampled from), ``finish_reason`` (``{"type": "stop", "matched": id}`` /
+  ``{"type": "length", "length": n}`` / ``{"type": "abort", "message": ...}``),
+  ``weight_version`` (a string: the tokenizer manager's version), ``weight_versions`` (spans
+  ``[{"version", "start", "end"}]`` over the output tokens, stamped by the scheduler, on every
+  finished output) and, with R3, ``routed_experts``: base64 of little-endian int32
+  ``[prompt_len + completion_len - 1, num_layers, top_k]``.
+- ``POST /update_weights_from_disk`` ``{"model_path", "weight_version", "flush_cache"}`` →
+  ``{"success", "message", "num_paused_requests"}`` (400 when ``success`` is false).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sat_cli.engines.base import EngineError, Sample, SamplingParams
+
+BODY_EXCERPT_CHARS = 500
+FINISH_TYPES = ("stop", "length", "abort")
+
+
+# -- model facts needed to decode routed experts ------------------------------------------
+@dataclass(frozen=True)
+class MoEDims:
+    num_layers: int  # config.json num_hidden_layers
+    top_k: int  # config.json num_experts_per_tok
+    num_experts: int | None = None  # config.json num_experts (for a range check), if known
+
+
+def read_moe_dims(model_path: str | os.PathLike) -> MoEDims:
+    """Read ``num_hidden_layers``, ``num_experts_per_tok`` (and ``num_experts``) from config.json.
+
+    SGLang's routed-experts capturer sizes its buffers from the same two keys of the HF config.
+    """
+    path = Path(model_path) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise EngineError(f"R3 needs the model's config.json, not found at {path}") from e
+    missing = [k for k in ("num_hidden_layers", "num_experts_per_tok") if k not in config]
+    if missing:
+        raise EngineError(f"{path} lacks {missing}: routed experts need an MoE config")
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts; older: num_experts.
+    num_experts = next(
+        (
+            config[k]
+            for k in ("num_experts", "num_local_experts", "n_routed_experts")
+            if k in config
+        ),
+        None,
+    )
+    return MoEDims(
+        num_layers=int(config["num_hidden_layers"]),
+        top_k=int(config["num_experts_per_tok"]),
+        num_experts=int(num_experts) if num_experts is not None else None,
+    )
+
+
+# -- requests --------------------------------------------------------------------------------
+def sampling_params_to_wire(sampling: SamplingParams, seed: int | None = None) -> dict[str, Any]:
+    """One ``sampling_params`` dict (keys of sglang/srt/sampling/sampling_params.py).
+
+    ``sampling_seed`` is only honoured by SGLang under ``--enable-deterministic-inference``.
+    """
+    params: dict[str, Any] = {
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k),
+        "max_new_tokens": int(sampling.max_new_tokens),
+    }
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = [int(t) for t in sampling.stop_token_ids]
+    if seed is not None:
+        params["sampling_seed"] = int(seed)
+    return params
+
+
+def build_generate_payload(
+    input_ids: Sequence[Sequence[int]],
+    sampling_params: Sequence[dict[str, Any]],
+    *,
+    return_routed_experts: bool,
+) -> dict[str, Any]:
+    """The JSON body of one batched ``POST /generate`` (fields of io_struct.GenerateReqInput)."""
+    if len(input_ids) != len(sampling_params):
+        raise ValueError(f"{len(input_ids)} inputs but {len(sampling_params)} sampling params")
+    if not input_ids:
+        raise ValueError("empty batch")
+    payload: dict[str, Any] = {
+        "input_ids": [[int(t) for t in ids] for ids in input_ids],
+        "sampling_params": list(sampling_params),
+        "return_logprob": True,
+        "logprob_start_len": -1,  # log-probs of output tokens only
+    }
+    if return_routed_experts:
+        payload["return_routed_experts"] = True
+    return payload
+
+
+def entry_seeds(seed: int | None, num_prompts: int, n: int) -> list[int | None]:
+    """Per-entry seeds (prompt-major): ``seed + i*n + j``, so the n copies of a prompt differ."""
+    if seed is None:
+        return [None] * (num_prompts * n)
+    return [seed + k for k in range(num_prompts * n)]
+
+
+def decode_routed_experts(
+    b64: str, *, num_tokens: int, num_layers: int, top_k: int, num_experts: int | None = None
+) -> np.ndarray:
+    """base64 little-endian int32 → int32 array ``[num_tokens, num_layers, top_k]``.
+
+    ``num_tokens`` is ``prompt_len + completion_len - 1`` (the last sampled token is never fed
+    through the model). Every size or range mismatch raises EngineError: R3 must not silently
+    train on misaligned routing.
+    """
+    if not isinstance(b64, str):
+        raise EngineError(f"routed_experts must be a base64 string, got {type(b64).__name__}")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise EngineError(f"routed_experts is not valid base64: {e}") from e
+    if len(raw) % 4:
+        raise EngineError(f"routed_experts has {len(raw)} bytes, not a whole number of int32")
+    flat = np.frombuffer(raw, dtype="<i4")
+    per_token = num_layers * top_k
+    if flat.size % per_token:
+        raise EngineError(
+            f"routed_experts has {flat.size} int32 values, not divisible by "
+            f"num_layers*top_k = {num_layers}*{top_k}; does config.json match the served model?"
+        )
+    rows = flat.size // per_token
+    if rows != num_tokens:
+        raise EngineError(
+            f"routed_experts covers {rows} tokens, expected prompt_len + completion_len - 1 = "
+            f"{num_tokens}"
+        )
+    out = flat.astype(np.int32).reshape(rows, num_layers, top_k)
+    if out.size and (out.min() < 0 or (num_experts is not None and out.max() >= num_experts)):
+        raise EngineError(
+            f"routed_experts has expert ids in [{out.min()}, {out.max()}], outside "
+            f"[0, {num_experts})"
+        )
+    return out
+
+
+def parse_finish_reason(raw: Any) -> str:
+    """``{"type": "stop"|"length"|"abort", ...}`` (or a bare string) → that type."""
+    kind = raw.get("type") if isinstance(raw, dict) else raw
+    if kind not in FINISH_TYPES:
+        raise EngineError(f"unknown finish_reason {raw!r} (expected type in {FINISH_TYPES})")
+    return kind
+
+
+def parse_weight_version(raw: Any) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError) as e:
+        raise EngineError(
+            f"weight_version {raw!r} is not an integer; launch SGLang with --weight-version 0 "
+            "and update weights through this engine"
+        ) from e
+
+
+def parse_weight_version_spans(spans: Any, num_tokens: int) -> tuple[int, list[int] | None]:
+    """``meta_info["weight_versions"]`` → (version of the first token, per-token versions).
+
+    Newer SGLang reports ``[{"version", "start", "end"}, ...]`` over the output tokens when
+    weights changed during a request (sglang/srt/utils/weight_versions.py). The spans must tile
+    ``[0, num_tokens)``; per-token versions are returned only when they actually mix.
+    """
+    if not isinstance(spans, list) or not spans:
+        raise EngineError(f"weight_versions must be a non-empty list, got {_excerpt(spans)}")
+    token_versions: list[int] = []
+    try:
+        for span in spans:
+            start, end = int(span["start"]), int(span["end"])
+            if start != len(token_versions) or end < start:
+                raise EngineError(f"weight_versions spans do not tile the output: {spans}")
+            token_versions += [parse_weight_version(span["version"])] * (end - start)
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineError(f"malformed weight_versions {_excerpt(spans)}: {e}") from e
+    if len(token_versions) != num_tokens:
+        raise EngineError(
+            f"weight_versions cover {len(token_versions)} tokens, the output has {num_tokens}"
+        )
+    first = parse_weight_version(spans[0]["version"])
+    mixed = len(set(token_versions)) > 1
+    return first, (token_versions if mixed else None)
+
+
+def parse_generate_item(
+    item: Any, prompt_ids: Sequence[int], *, moe: MoEDims | None = None
+) -> Sample:
+    """One element of the ``/generate`` answer → :class:`Sample`.
+
+    ``moe`` given means R3 is on: ``meta_info["routed_experts"]`` must be present and decode to
+    ``[prompt_len + completion_len - 1, L, K]``. Aborted samples are parsed leniently (they are
+    dropped by the loop) but still carry what SGLang returned.
+    """
+    if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
+        raise EngineError(f"malformed /generate item (no meta_info): {_excerpt(item)}")
+    meta = item["meta_info"]
+    finish = parse_finish_reason(meta.get("finish_reason"))
+    logprobs = meta.get("output_token_logprobs")
+    output_ids = item.get("output_ids")
+    try:
+        if output_ids is None and logprobs is not None:
+            output_ids = [int(entry[1]) for entry in logprobs]
+        response_ids = [int(t) for t in (output_ids or [])]
+        rollout_logp = [float(entry[0]) for entry in (logprobs or [])]
+        logprob_ids = [int(entry[1]) for entry in (logprobs or [])]
+    except (TypeError, ValueError, IndexError) as e:
+        raise EngineError(f"malformed output_ids/output_token_logprobs: {e}") from e
+
+    if finish == "abort":
+        if len(rollout_logp) != len(response_ids):
+            rollout_logp = [math.nan] * len(response_ids)
+        try:
+            version = parse_weight_version(meta.get("weight_version"))
+        except EngineError:
+            version = -1
+        return Sample(
+            prompt_ids=list(prompt_ids),
+            response_ids=response_ids,
+            rollout_logp=rollout_logp,
+            finish_reason="abort",
+            weight_version=version,
+            meta={"sglang_id": meta.get("id"), "finish": meta.get("finish_reason")},
+        )
+
+    if logprobs is None:
+        raise EngineError("meta_info lacks output_token_logprobs (was return_logprob sent?)")
+    if logprob_ids != response_ids:
+        raise EngineError(
+            f"output_ids ({len(response_ids)} tokens) disagree with the token ids of "
+            f"output_token_logprobs ({len(logprob_ids)} entries)"
+        )
+    if not all(math.isfinite(x) for x in rollout_logp):
+        raise EngineError("output_token_logprobs contains a non-finite log-prob")
+    routed = None
+    if moe is not None:
+        if "routed_experts" not in meta or meta["routed_experts"] is None:
+            raise EngineError(
+                "R3 is on but meta_info has no routed_experts: launch SGLang with "
+                "--enable-return-routed-experts and send return_routed_experts=true"
+            )
+        routed = decode_routed_experts(
+            meta["routed_experts"],
+            num_tokens=len(prompt_ids) + len(response_ids) - 1,
+            num_layers=moe.num_layers,
+            top_k=moe.top_k,
+            num_experts=moe.num_experts,
+        )
+    if meta.get("weight_versions") is not None:
+        version, token_versions = parse_weight_version_spans(
+            meta["weight_versions"], len(response_ids)
+        )
+    else:  # one version per request (older SGLang, or no update while it ran)
+        version, token_versions = parse_weight_version(meta.get("weight_version")), None
+    return Sample(
+        prompt_ids=list(prompt_ids),
+        response_ids=response_ids,
+        rollout_logp=rollout_logp,
+        finish_reason=finish,
+        weight_version=version,
+        routed_experts=routed,
+        token_versions=token_versions,
+        meta={
+            "sglang_id": meta.get("id"),
+            "cached_tokens": meta.get("cached_tokens"),
+            "finish": meta.get("finish_reason"),
+        },
+    )
+
+
+def update_weights_payload(path: str, version: int, *, flush_cache: bool = True) -> dict:
+    """Body of ``POST /update_weights_from_disk`` (io_struct.UpdateWeightFromDiskReqInput)."""
+    return {
+        "model_path": str(path),
+        "weight_version": str(int(version)),
+        "flush_cache": flush_cache,
+    }
+
+
+def _excerpt(obj: Any) -> str:
+    text = obj if isinstance(obj, str) else repr(obj)
+    return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"

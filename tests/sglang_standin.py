@@ -1,25 +1,40 @@
-"""A loopback STAND-IN for an SGLang server, for CPU tests only (no GPU, no SGLang installed).
+"""A loopback STAND-IN for an SGLang 0.5.23 server, for fast CPU tests of the client and engine.
 
-It is not SGLang and generates nothing meaningful: it speaks SGLang's native HTTP wire format
-(as read from sglang/srt/entrypoints/http_server.py and managers/io_struct.py) with
-deterministic fake tokens, log-probs and routed experts, so the client, the engine and the
-process supervision in ``sat_cli/engines/sglang*.py`` can be tested end to end on a CPU. The real
-server is exercised only by ``scripts/gpu_check_sglang.sh`` on a GPU machine.
+It is not SGLang and generates nothing meaningful: fake tokens, log-probs and routed experts
+from a seeded RNG. What it must get right is everything the client can observe, and that was
+checked against a real SGLang 0.5.23 server on this machine's CPU: the answers it captured are
+in ``tests/data/sglang_captured/`` (``scripts/sglang_capture.py``), and
+``tests/test_sglang_standin_fidelity.py`` compares the stand-in with them key by key. The real
+server itself is exercised by the ``sglang`` test tier (``tests/test_sglang_real.py``).
 
-Endpoints: ``POST /generate`` (batched ``input_ids``, per-entry ``sampling_params``,
-``return_logprob``, ``return_routed_experts``), ``POST /update_weights_from_disk``,
-``GET /health_generate`` and ``/health``, ``POST /pause_generation``, ``/continue_generation``,
-``/flush_cache``, ``GET /get_weight_version``; plus two test hooks, ``POST /standin/configure``
-(switches: HTTP error status, delay, malformed payloads, unhealthy) and ``GET /standin/calls``
-(the requests received).
+Routes, as the real server has them: ``POST /generate`` (batched ``input_ids``, per-entry
+``sampling_params`` validated strictly: unknown keys and float-typed integers answer 400
+``{"error": ...}``; ``return_logprob``, ``return_routed_experts``, ``return_sampling_mask``),
+``POST /update_weights_from_disk``, ``GET /model_info`` (``weight_version``; there is no
+``/get_weight_version``), ``GET /health_generate`` and ``/health``, ``POST /pause_generation``
+(``abort`` / ``retract`` / ``in_place``), ``/continue_generation``, ``/flush_cache``.
+
+Behaviours reproduced: every finished output carries ``weight_versions`` spans (the scheduler's
+stamps) besides ``weight_version`` (the tokenizer manager's); ``output_ids`` end with the matched
+stop token; the stop rule is the union of ``stop_token_ids``, the EOS ids of ``config.json`` and
+``generation_config.json`` and the tokenizer's EOS; ``sampling_seed`` is honoured only with
+``--enable-deterministic-inference``; a request running when an ``in_place`` pause arrives is held
+after ``pause_at_token`` tokens and continues on resume under the scheduler's current version
+(two spans); an update while paused in place with ``flush_cache=true`` and a request running
+loads the weights (scheduler version moves) and then answers 400 "Weights were updated, but the
+cache was not flushed ..." (the tokenizer's version stays); ``/flush_cache`` answers 400 "Flush
+cache failed." while a request runs; while paused, ``/health_generate`` and ``/health`` answer 503
+after ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20 by default); an ``abort`` pause ends running
+requests with ``{"type": "abort", "message": "Aborted", ...}``.
+
+Test hooks (not SGLang): ``POST /standin/configure`` (switches below), ``GET /standin/calls``.
 
 Two ways to run it:
-- in a thread of the test process: ``Standin(...).start()`` (fast; used by the client tests);
+- in a thread of the test process: ``Standin(...).start()``;
 - as a subprocess in place of ``python -m sglang.launch_server``: ``python
-  tests/sglang_standin.py -m sglang.launch_server --model-path M --host 127.0.0.1 --port P
-  [--enable-return-routed-experts] [--weight-version V]`` — it accepts SGLang's flags and ignores
-  the ones it does not know, plus ``--standin-*`` flags to misbehave at startup (used by the
-  supervision tests).
+  tests/sglang_standin.py -m sglang.launch_server --model-path M --host 127.0.0.1 --port P ...``;
+  it accepts SGLang's flags, ignores the ones it does not know, and has ``--standin-*`` flags to
+  misbehave at start-up (supervision tests).
 """
 
 from __future__ import annotations
@@ -45,18 +60,35 @@ DEFAULT_DIMS = {
     "num_experts": 8,
     "vocab_size": 128,
 }
+# sampling_params keys SGLang 0.5.23 accepts (its 400 message lists them; captured).
+SAMPLING_KEYS = (
+    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p "
+    "frequency_penalty presence_penalty repetition_penalty min_new_tokens n json_schema regex "
+    "ebnf structural_tag ignore_eos skip_special_tokens spaces_between_special_tokens "
+    "no_stop_trim stream_interval logit_bias sampling_seed custom_params beam_width watermark "
+    "choice"
+).split()
+INT_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "sampling_seed", "stream_interval")
+FLUSH_OK = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+UPDATE_NOT_FLUSHED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or "
+    "queued. Retract or finish them, then call /flush_cache."
+)
 
 # Switches settable through Standin.configure() or POST /standin/configure.
 DEFAULT_SWITCHES = {
     "status_code": None,  # answer /generate with this HTTP error status (e.g. 500)
-    "delay_s": 0.0,  # sleep before answering /generate
+    "delay_s": 0.0,  # a /generate request "runs" this long (an in_place pause can catch it)
     "malformed": None,  # not_json | wrong_count | bad_routed_size | bad_routed_rows |
     #                     no_logprobs | version_text | logprob_ids
     "abort_entries": [],  # batch positions answered with finish_reason abort
     "healthy": True,  # /health_generate answers 200 (else 503)
     "update_delay_s": 0.0,
     "report_version": None,  # report this weight_version instead of the real one
-    "mixed_versions_at": None,  # k: report weight_versions spans, first k tokens at version-1
+    "pause_at_token": 1,  # tokens a request has made when an in_place pause holds it
 }
 
 
@@ -68,16 +100,65 @@ def encode_int32(values: list[int]) -> str:
     return base64.b64encode(arr.tobytes()).decode("ascii")
 
 
+def model_eos_ids(model_path: str | None) -> set[int]:
+    """SGLang's stop ids besides the request's: config.json and generation_config.json EOS
+    (model_config._get_hf_eos_token_id) and the tokenizer's EOS (schedule_batch)."""
+    out: set[int] = set()
+    if not model_path:
+        return out
+    root = Path(model_path)
+    for name, key in (
+        ("config.json", "eos_token_id"),
+        ("generation_config.json", "eos_token_id"),
+    ):
+        f = root / name
+        if f.is_file():
+            value = json.loads(f.read_text()).get(key)
+            out |= {value} if isinstance(value, int) else set(value or [])
+    tok = root / "tokenizer.json"
+    tok_cfg = root / "tokenizer_config.json"
+    if tok.is_file() and tok_cfg.is_file():
+        eos = json.loads(tok_cfg.read_text()).get("eos_token")
+        vocab = json.loads(tok.read_text()).get("model", {}).get("vocab", {})
+        if isinstance(eos, str) and eos in vocab:
+            out.add(int(vocab[eos]))
+    return out
+
+
+class _Request:
+    """A /generate call in flight: pause handling and its spans."""
+
+    def __init__(self, version: str) -> None:
+        self.spans = [[version, 0]]  # [version, first token] per stretch
+        self.aborted = False
+        self.held = False  # caught by an in_place/retract pause
+
+
 class StandinState:
-    def __init__(self, dims: dict, *, routed_experts_enabled: bool, weight_version: str) -> None:
+    def __init__(
+        self,
+        dims: dict,
+        *,
+        routed_experts_enabled: bool,
+        weight_version: str,
+        deterministic: bool = False,
+        eos_ids: set[int] = frozenset(),
+        model_path: str = "",
+    ) -> None:
         self.dims = dims
         self.routed_experts_enabled = routed_experts_enabled
-        self.version = weight_version
+        self.deterministic = deterministic
+        self.eos_ids = set(eos_ids)
+        self.model_path = model_path
+        self.version = weight_version  # the tokenizer manager's (meta weight_version, model_info)
+        self.sched_version = weight_version  # the scheduler's (weight_versions spans)
         self.switches = dict(DEFAULT_SWITCHES)
         self.calls: list[tuple[str, object]] = []
         self.lock = threading.Lock()
         self.resumed = threading.Event()
         self.resumed.set()
+        self.pause_mode: str | None = None
+        self.running: set[_Request] = set()
         self.generated: list[dict] = []  # every /generate item sent, in order
         self.routed_by_id: dict[str, list[int]] = {}  # meta_info id -> routed experts encoded
 
@@ -85,12 +166,24 @@ class StandinState:
         with self.lock:
             self.calls.append((path, payload))
 
-    def fake_item(self, prompt: list[int], params: dict, position: int, want_routed: bool) -> dict:
-        """Deterministic fake output for one entry: tokens and log-probs from a seeded RNG."""
-        seed = params.get("sampling_seed", position)
-        rng = random.Random(f"{prompt}|{seed}|{self.version}")
+    def fake_item(
+        self,
+        prompt: list[int],
+        params: dict,
+        position: int,
+        *,
+        want_routed: bool,
+        want_mask: bool,
+        req: _Request,
+    ) -> dict:
+        """Fake output for one entry: tokens and log-probs from an RNG seeded by the request's
+        ``sampling_seed`` under deterministic inference, else by a fresh random value."""
+        seed = params.get("sampling_seed", position) if self.deterministic else uuid.uuid4().hex
+        rng = random.Random(f"{prompt}|{seed}|{req.spans[0][0]}")
         vocab = int(self.dims["vocab_size"])
-        stop_ids = set(params.get("stop_token_ids") or [])
+        stop_ids = set(params.get("stop_token_ids") or []) | self.eos_ids
+        if params.get("ignore_eos"):
+            stop_ids = set()
         max_new = int(params.get("max_new_tokens", 128))
         tokens: list[int] = []
         finish: dict = {"type": "length", "length": max_new}
@@ -101,24 +194,43 @@ class StandinState:
                 finish = {"type": "stop", "matched": tok}
                 break
         logprobs = [[-round(rng.uniform(0.01, 6.0), 6), tok, None] for tok in tokens]
+        if req.aborted:
+            k = min(int(self.switches["pause_at_token"]), len(tokens))
+            tokens, logprobs = tokens[:k], logprobs[:k]
+            finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+        spans = []
+        for i, (version, start) in enumerate(req.spans):
+            end = req.spans[i + 1][1] if i + 1 < len(req.spans) else len(tokens)
+            start, end = min(start, len(tokens)), min(end, len(tokens))
+            if end > start or not spans:
+                spans.append({"version": version, "start": start, "end": end})
         meta = {
             "id": uuid.uuid4().hex,
             "finish_reason": finish,
             "prompt_tokens": len(prompt),
             "weight_version": self.version,
+            "num_retractions": 0,
+            "input_token_logprobs": [],
+            "output_token_logprobs": logprobs,
+            "output_token_logprobs_length": len(logprobs),
+            "reasoning_tokens": 0,
             "completion_tokens": len(tokens),
             "cached_tokens": 0,
+            "cached_tokens_details": None,
+            "dp_rank": None,
             "e2e_latency": 0.001,
-            "output_token_logprobs": logprobs,
+            "response_sent_to_client_ts": time.time(),
         }
-        k = self.switches["mixed_versions_at"]
-        if k is not None and len(tokens) > k:
-            # As newer SGLang reports an update during the request (utils/weight_versions.py).
-            meta["weight_versions"] = [
-                {"version": str(int(self.version) - 1), "start": 0, "end": k},
-                {"version": self.version, "start": k, "end": len(tokens)},
+        meta["weight_versions"] = spans  # also on aborted outputs (captured)
+        if want_mask:
+            # a fake support: the sampled token and two others; the behaviour log-prob is
+            # higher than the unfiltered one (renormalised over a smaller support)
+            meta["output_token_sampling_mask"] = [
+                sorted({t, (t + 1) % vocab, (t + 2) % vocab}) for t in tokens
             ]
-        if want_routed and self.routed_experts_enabled:
+            meta["output_token_sampling_logprobs"] = [round(lp[0] / 2, 6) for lp in logprobs]
+            meta["output_token_sampling_mask_length"] = len(tokens)
+        if want_routed and self.routed_experts_enabled and finish["type"] != "abort":
             layers, k = int(self.dims["num_hidden_layers"]), int(self.dims["num_experts_per_tok"])
             experts = int(self.dims["num_experts"])
             flat: list[int] = []
@@ -133,6 +245,17 @@ class StandinState:
             "output_ids": tokens,
             "meta_info": meta,
         }
+
+
+def _validate_sampling(params: dict) -> str | None:
+    """The real server's 400 message for a bad sampling_params dict (captured), or None."""
+    for key, value in params.items():
+        if key not in SAMPLING_KEYS:
+            expected = ", ".join(f"`{k}`" for k in SAMPLING_KEYS)
+            return f"unknown field `{key}`, expected one of {expected}"
+        if key in INT_KEYS and isinstance(value, float):
+            return f"invalid type: floating point `{value}`, expected i64"
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -150,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, payload=None, raw: bytes | None = None) -> None:
         data = raw if raw is not None else json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "application/json" if raw is None else "text/plain")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -158,9 +281,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         st = self.state
         if self.path in ("/health_generate", "/health"):
-            self._send(200 if st.switches["healthy"] else 503, {})
-        elif self.path == "/get_weight_version":
-            self._send(200, {"weight_version": st.version})
+            if not st.resumed.is_set():  # paused: the probe request cannot run
+                time.sleep(float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20)))
+                self._send(503, raw=b"")
+                return
+            self._send(200 if st.switches["healthy"] else 503, raw=b"")
+        elif self.path == "/model_info":
+            self._send(
+                200,
+                {
+                    "model_path": st.model_path,
+                    "is_generation": True,
+                    "weight_version": st.version,
+                    "model_type": "qwen3_moe",
+                },
+            )
         elif self.path == "/standin/calls":
             with st.lock:
                 self._send(200, st.calls)
@@ -172,30 +307,41 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
         except json.JSONDecodeError as e:
-            self._send(400, {"object": "error", "message": f"bad JSON: {e}", "code": 400})
+            self._send(400, {"error": {"message": f"bad JSON: {e}"}})
             return
         st.record(self.path, body)
         if self.path == "/generate":
             self._generate(body)
         elif self.path == "/update_weights_from_disk":
-            time.sleep(st.switches["update_delay_s"])
-            path = body.get("model_path", "")
-            if not Path(path).is_dir():
-                msg = f"Failed to get weights iterator: {path} not found"
-                self._send(400, {"success": False, "message": msg, "num_paused_requests": 0})
-                return
-            if body.get("weight_version") is not None:
-                st.version = str(body["weight_version"])
-            msg = f"Succeeded to update model weights. Weight version updated to {st.version}."
-            self._send(200, {"success": True, "message": msg, "num_paused_requests": 0})
+            self._update(body)
         elif self.path == "/pause_generation":
-            st.resumed.clear()
+            mode = body.get("mode", "abort")
+            with st.lock:
+                st.pause_mode = mode
+                st.resumed.clear()
+                for req in st.running:
+                    if mode == "abort":
+                        req.aborted = True
+                    else:
+                        req.held = True
             self._send(200, {"message": "Generation paused successfully.", "status": "ok"})
         elif self.path == "/continue_generation":
-            st.resumed.set()
+            with st.lock:
+                for req in st.running:
+                    # a held request continues under the scheduler's current weights
+                    if req.held and st.sched_version != req.spans[-1][0]:
+                        pause_at = int(st.switches["pause_at_token"])
+                        req.spans.append([st.sched_version, pause_at])
+                    req.held = False
+                st.pause_mode = None
+                st.resumed.set()
             self._send(200, {"message": "Generation continued successfully.", "status": "ok"})
         elif self.path == "/flush_cache":
-            self._send(200, raw=b"Cache flushed.\n")
+            with st.lock:
+                busy = bool(st.running)
+            self._send(
+                400 if busy else 200, raw=b"Flush cache failed.\n" if busy else FLUSH_OK.encode()
+            )
         elif self.path == "/standin/configure":
             unknown = set(body) - set(DEFAULT_SWITCHES)
             if unknown:
@@ -206,37 +352,92 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"detail": "Not Found"})
 
+    def _update(self, body: dict) -> None:
+        st = self.state
+        time.sleep(st.switches["update_delay_s"])
+        path = body.get("model_path", "")
+        if not Path(path).is_dir():
+            # the real server takes a missing folder for a hub id (captured message)
+            msg = "Failed to get weights iterator: [Errno -2] Name or service not known."
+            self._send(400, {"success": False, "message": msg, "num_paused_requests": 0})
+            return
+        new = str(body["weight_version"]) if body.get("weight_version") is not None else None
+        with st.lock:
+            if new is not None:
+                st.sched_version = new  # the scheduler stamps before it flushes
+            if body.get("flush_cache", True) and st.running:
+                self._send(400, {"success": False, "message": UPDATE_NOT_FLUSHED,
+                                 "num_paused_requests": 0})  # fmt: skip
+                return
+            if new is not None:
+                st.version = new
+        msg = "Succeeded to update model weights." + (
+            f" Weight version updated to {new}." if new is not None else ""
+        )
+        self._send(200, {"success": True, "message": msg, "num_paused_requests": 0})
+
+    def _run(self, req: _Request) -> None:
+        """Wait while paused at admission; "run" for delay_s, caught by an in_place pause."""
+        st, sw = self.state, self.state.switches
+        st.resumed.wait()  # queued while paused
+        with st.lock:
+            req.spans = [[st.sched_version, 0]]
+        deadline = time.monotonic() + float(sw["delay_s"])
+        while not req.aborted and time.monotonic() < deadline:
+            time.sleep(min(0.02, max(deadline - time.monotonic(), 0.0)))
+        while not req.aborted and not st.resumed.is_set():
+            st.resumed.wait(0.02)  # held in place (or retracted) until continue
+
     def _generate(self, body: dict) -> None:
         st, sw = self.state, self.state.switches
-        if sw["delay_s"]:
-            time.sleep(sw["delay_s"])
-        st.resumed.wait()  # paused in place: hold the request until /continue_generation
-        if sw["status_code"]:
-            self._send(sw["status_code"], {"object": "error", "message": "stand-in failure"})
-            return
         input_ids = body.get("input_ids")
         if not input_ids:
-            self._send(400, {"object": "error", "message": "input_ids cannot be empty."})
+            self._send(400, {"error": {"message": "input_ids cannot be empty."}})
             return
         if isinstance(input_ids[0], int):
             input_ids = [input_ids]
         params = body.get("sampling_params") or {}
         params = params if isinstance(params, list) else [params] * len(input_ids)
+        for p in params:
+            error = _validate_sampling(p)
+            if error:
+                self._send(400, {"error": error})
+                return
         if len(params) != len(input_ids):
-            msg = "The length of sampling_params should be equal to the batch size."
-            self._send(400, {"object": "error", "message": msg})
+            self._send(500, raw=b"Internal Server Error")
             return
-        want_routed = bool(body.get("return_routed_experts"))
+        req = _Request(st.sched_version)
+        with st.lock:
+            st.running.add(req)
+        try:
+            self._run(req)
+        finally:
+            with st.lock:
+                st.running.discard(req)
+        if sw["status_code"]:
+            self._send(sw["status_code"], {"error": {"message": "stand-in failure"}})
+            return
         items = [
-            st.fake_item(p, sp, i, want_routed)
+            st.fake_item(
+                p,
+                sp,
+                i,
+                want_routed=bool(body.get("return_routed_experts")),
+                want_mask=bool(body.get("return_sampling_mask")),
+                req=req,
+            )
             for i, (p, sp) in enumerate(zip(input_ids, params, strict=True))
         ]
         for i in sw["abort_entries"]:
-            items[i]["meta_info"]["finish_reason"] = {"type": "abort", "message": "Abort by test"}
-            items[i]["meta_info"].pop("routed_experts", None)
+            meta = items[i]["meta_info"]
+            meta["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None,
+                                     "err_type": None}  # fmt: skip
+            meta.pop("routed_experts", None)
         if sw["report_version"] is not None:
             for item in items:
                 item["meta_info"]["weight_version"] = sw["report_version"]
+                for span in item["meta_info"].get("weight_versions", []):
+                    span["version"] = sw["report_version"]
         bad = sw["malformed"]
         if bad == "not_json":
             self._send(200, raw=b"<html>502 Bad Gateway</html>")
@@ -247,6 +448,7 @@ class _Handler(BaseHTTPRequestHandler):
             del items[0]["meta_info"]["output_token_logprobs"]
         elif bad == "version_text":
             items[0]["meta_info"]["weight_version"] = "default"
+            items[0]["meta_info"]["weight_versions"][0]["version"] = "default"
         elif bad == "logprob_ids":
             items[0]["meta_info"]["output_token_logprobs"][0][1] += 1
         elif bad in ("bad_routed_size", "bad_routed_rows"):
@@ -295,12 +497,16 @@ class Standin:
         *,
         routed_experts_enabled: bool = True,
         weight_version: str = "0",
+        deterministic: bool = False,
         port: int = 0,
     ) -> None:
         self.state = StandinState(
             read_dims(model_path),
             routed_experts_enabled=routed_experts_enabled,
             weight_version=weight_version,
+            deterministic=deterministic,
+            eos_ids=model_eos_ids(model_path),
+            model_path=model_path or "",
         )
         self.server = make_server(self.state, "127.0.0.1", port)
         self.thread = threading.Thread(
@@ -344,6 +550,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--enable-return-routed-experts", action="store_true")
+    parser.add_argument("--enable-deterministic-inference", action="store_true")
     parser.add_argument("--weight-version", default="default")
     parser.add_argument("--standin-startup-delay", type=float, default=0.0)
     parser.add_argument("--standin-never-healthy", action="store_true")
@@ -374,6 +581,9 @@ def main(argv: list[str] | None = None) -> None:
         read_dims(args.model_path),
         routed_experts_enabled=args.enable_return_routed_experts,
         weight_version=args.weight_version,
+        deterministic=args.enable_deterministic_inference,
+        eos_ids=model_eos_ids(args.model_path),
+        model_path=args.model_path or "",
     )
     state.switches["healthy"] = not args.standin_never_healthy
     server = make_server(state, args.host, args.port)

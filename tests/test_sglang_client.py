@@ -31,12 +31,14 @@ def model_dir(tmp_path):
 
 @pytest.fixture
 def standin(model_dir):
-    with Standin(str(model_dir)) as s:
+    # a server started with --enable-deterministic-inference (sampling seeds honoured)
+    with Standin(str(model_dir), deterministic=True) as s:
         yield s
 
 
 def make_engine(model_dir, urls, **kw):
     kw.setdefault("retries", 0)
+    kw.setdefault("deterministic", True)
     return SGLangEngine(model_dir, urls=urls, **kw)
 
 
@@ -214,8 +216,20 @@ def test_pause_holds_requests_until_resume(model_dir, standin):
         engine.resume()
         (group,) = future.result(timeout=30)
     assert group[0].finish_reason == "length"
-    assert standin.calls("/pause_generation") == [{"mode": "retract"}]
+    assert standin.calls("/pause_generation") == [{"mode": "in_place"}]
     assert standin.calls("/continue_generation") == [{}]
+
+
+def test_health_while_paused_asks_model_info_not_the_blocking_probe(model_dir, standin):
+    # Paused, SGLang's /health_generate blocks 20 s and answers 503 (captured); the engine asks
+    # /model_info instead, so a paused engine is healthy at once.
+    with make_engine(model_dir, [standin.url]) as engine:
+        engine.pause()
+        t0 = time.monotonic()
+        assert engine.health()
+        assert time.monotonic() - t0 < 5.0
+        engine.resume()
+        assert engine.health()
 
 
 def test_health(model_dir, standin):
@@ -267,15 +281,82 @@ def test_close_fails_requests_in_flight(model_dir, standin):
 def test_update_during_a_paused_request_gives_per_token_versions(model_dir, standin, tmp_path):
     weights = tmp_path / "v1"
     weights.mkdir()
-    standin.configure(mixed_versions_at=2)
+    standin.configure(delay_s=1.0, pause_at_token=2)  # the request runs 1 s, paused at token 2
     with make_engine(model_dir, [standin.url]) as engine:
-        engine.pause(mode="in_place")  # the stand-in holds the request until resume
         future = engine.generate_async([[1, 2]], 1, SamplingParams(max_new_tokens=5))
-        time.sleep(0.2)
+        time.sleep(0.3)
+        engine.pause(mode="in_place")
         engine.update_weights(str(weights), 1)
         engine.resume()
         ((sample,),) = future.result(timeout=30)
-    # Submitted at v0, first 2 tokens by v0, the rest by v1 (the stand-in's spans).
+        # SGLang refuses a cache flush while requests run, and only after loading the weights:
+        # paused in place, the update goes without one, and the next generate flushes first.
+        assert standin.calls("/update_weights_from_disk")[0]["flush_cache"] is False
+        assert standin.calls("/flush_cache") == []
+        engine.generate([[3]], 1, SamplingParams(max_new_tokens=2))
+        assert len(standin.calls("/flush_cache")) == 1
+        engine.generate([[3]], 1, SamplingParams(max_new_tokens=2))
+        assert len(standin.calls("/flush_cache")) == 1  # once
+    # Submitted at v0, first 2 tokens by v0, the rest by v1 (the scheduler's spans).
     assert sample.weight_version == 0
     assert sample.token_versions == [0, 0, 1, 1, 1]
     assert sample.meta["version_at_submit"] == 0
+
+
+def test_seeds_are_sent_only_to_deterministic_servers(model_dir):
+    sampling = SamplingParams(max_new_tokens=3, seed=7)
+    with Standin(str(model_dir)) as s:  # no --enable-deterministic-inference
+        with make_engine(model_dir, [s.url], deterministic=False) as engine:
+            engine.generate([[1]], 2, sampling)
+        assert all("sampling_seed" not in p for p in s.calls("/generate")[0]["sampling_params"])
+    with Standin(str(model_dir), deterministic=True) as s:
+        with make_engine(model_dir, [s.url]) as engine:
+            first = engine.generate([[1]], 2, sampling)
+            again = engine.generate([[1]], 2, sampling)
+        seeds = [p["sampling_params"][0]["sampling_seed"] for p in s.calls("/generate")]
+    assert seeds == [7, 7]
+    assert [x.response_ids for x in first[0]] == [x.response_ids for x in again[0]]
+
+
+def test_top_k_top_p_use_the_behaviour_logprobs_of_the_sampling_mask(model_dir, standin):
+    plain = SamplingParams(max_new_tokens=4, seed=3)
+    cut = SamplingParams(max_new_tokens=4, seed=3, top_k=5, top_p=0.9)
+    with make_engine(model_dir, [standin.url]) as engine:
+        (g_plain,) = engine.generate([[1]], 1, plain)
+        (g_cut,) = engine.generate([[1]], 1, cut)
+    calls = standin.calls("/generate")
+    assert "return_sampling_mask" not in calls[0]
+    assert calls[1]["return_sampling_mask"] is True
+    item = standin.state.generated[1]["meta_info"]
+    assert g_cut[0].rollout_logp == item["output_token_sampling_logprobs"]
+    assert g_cut[0].rollout_logp != [lp[0] for lp in item["output_token_logprobs"]]
+    first = standin.state.generated[0]["meta_info"]
+    assert g_plain[0].rollout_logp == [lp[0] for lp in first["output_token_logprobs"]]
+
+
+def test_retract_pause_is_refused_with_r3(model_dir, standin):
+    with make_engine(model_dir, [standin.url], r3=True) as engine:
+        with pytest.raises(EngineError, match="retract.*routed experts"):
+            engine.pause(mode="retract")
+        assert standin.calls("/pause_generation") == []
+        engine.pause(mode="in_place")
+        engine.resume()
+    with make_engine(model_dir, [standin.url]) as engine:
+        engine.pause(mode="retract")
+        engine.resume()
+
+
+def test_served_versions_come_from_model_info(model_dir, standin, tmp_path):
+    weights = tmp_path / "v3"
+    weights.mkdir()
+    with make_engine(model_dir, [standin.url]) as engine:
+        assert engine.served_versions() == [0]
+        engine.update_weights(str(weights), 3)
+        assert engine.served_versions() == [3]
+
+
+def test_a_bad_request_quotes_the_servers_error_body(model_dir, standin):
+    client = SGLangClient(standin.url, retries=0)
+    with pytest.raises(EngineError, match=r"HTTP 400: .*unknown field `bogus`"):
+        client.post_json("/generate", {"input_ids": [[1]], "sampling_params": {"bogus": 1}})
+    client.close()

@@ -26,11 +26,13 @@ from __future__ import annotations
 import base64
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.wire import (
     MoEDims,
     build_generate_payload,
@@ -43,7 +45,6 @@ from sat_cli.engines.sglang.wire import (
     sampling_params_to_wire,
     update_weights_payload,
 )
-from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 
 # --------------------------------------------------------------------------------------------
 # requests
@@ -257,6 +258,8 @@ def test_server_command_is_an_argument_list(tmp_path):
         "127.0.0.1",
         "--port",
         "31000",
+        "--dtype",
+        "bfloat16",
         "--tp-size",
         "2",
         "--dp-size",
@@ -271,6 +274,32 @@ def test_server_command_is_an_argument_list(tmp_path):
         "--disable-cuda-graph",
     ]
     assert server.url == "http://127.0.0.1:31000"
+
+
+def test_cpu_server_command_runs_through_the_launcher_with_cpu_flags(tmp_path):
+    server = SGLangServer(
+        "m",
+        python="/envs/sglang/bin/python",
+        port=31000,
+        device="cpu",
+        dtype="bfloat16",
+        max_total_tokens=4096,
+        log_path=tmp_path / "s.log",
+    )
+    cmd = server.command
+    assert cmd[0] == "/envs/sglang/bin/python"
+    assert cmd[1].endswith("sat_cli/engines/sglang/cpu_launch.py") and Path(cmd[1]).is_file()
+    assert cmd[2:4] == ["-m", "sglang.launch_server"]
+    i = cmd.index("--device")
+    assert cmd[i : i + 5] == [
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule"
+    ]  # fmt: skip
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "4096"
+    assert "--enable-deterministic-inference" not in cmd
+    assert server.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    with pytest.raises(ValueError, match="device"):
+        SGLangServer("m", device="tpu", log_path=tmp_path / "s.log")
 
 
 def test_server_defaults_pick_a_free_port_and_a_plain_python(tmp_path):

@@ -74,7 +74,7 @@ def test_start_ready_and_clean_shutdown_leaves_no_process(model_dir, tmp_path):
         assert server.alive()
         pgid = server.pgid
         assert len(live_group_members(pgid)) == 2  # the server and its child
-        assert get(server.url, "/get_weight_version") == {"weight_version": "0"}
+        assert get(server.url, "/model_info")["weight_version"] == "0"
     finally:
         server.stop()
     assert live_group_members(pgid) == []
@@ -159,7 +159,7 @@ def test_restart_on_failure_reloads_the_last_weights(model_dir, tmp_path):
         (group,) = engine.generate([[1, 2]], 2, SamplingParams(max_new_tokens=3))
         # The new process started at --weight-version 0; the engine pushed v2 again.
         assert [s.weight_version for s in group] == [2, 2]
-        assert get(server.url, "/get_weight_version") == {"weight_version": "2"}
+        assert get(server.url, "/model_info")["weight_version"] == "2"
     finally:
         engine.close()
 

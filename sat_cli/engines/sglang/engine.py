@@ -29,32 +29,27 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
-from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer, free_port
+from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync, WeightSync
 from sat_cli.engines.sglang.wire import (
     MoEDims,
     _excerpt,
     build_generate_payload,
     entry_seeds,
+    filtering_active,
     parse_generate_item,
+    parse_weight_version,
     read_moe_dims,
     sampling_params_to_wire,
 )
 
 log = logging.getLogger(__name__)
 
-
-def _distinct_ports(procs: Sequence[SGLangServer | SGLangRouter]) -> None:
-    """Free ports are picked one at a time and may repeat before any is bound: re-pick."""
-    used: set[int] = set()
-    for proc in procs:
-        while proc.port in used:
-            proc.port = free_port(proc.host)
-        used.add(proc.port)
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class SGLangEngine:
@@ -62,9 +57,16 @@ class SGLangEngine:
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an
     optional :class:`SGLangRouter`, or plain ``urls`` of servers managed elsewhere (no
-    supervision then). A watchdog thread polls the server processes every ``watchdog_s``; when
-    one dies, calls in flight fail with an EngineError naming its log file, and with
-    ``restart_on_failure`` the server is restarted and the last weights are loaded again.
+    supervision then; they must be started with ``--weight-version 0``, with
+    ``--enable-return-routed-experts`` for R3 and ``--enable-deterministic-inference`` when
+    ``deterministic``). Generation goes to the router when there is one, else round-robin over
+    the workers; weight updates and pause/continue go to every worker.
+
+    ``deterministic``: the servers honour per-request ``sampling_seed`` (launched with
+    ``--enable-deterministic-inference``), so the same request gives the same samples. Without it
+    (SGLang on CPU cannot: that mode needs a GPU attention backend) no seed is sent, samples are
+    not reproducible, and a resumed run generates its pending batches again from the same prompts
+    and weight versions (docs/sglang.md).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class SGLangEngine:
         num_layers: int | None = None,
         top_k: int | None = None,
         num_experts: int | None = None,
+        deterministic: bool = False,
         max_batch_size: int = 64,
         concurrency: int = 8,
         request_timeout_s: float = 600.0,
@@ -93,8 +96,6 @@ class SGLangEngine:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model_path = str(model_path)
-        self.servers = list(servers)
-        self.router = router
         self.moe: MoEDims | None = None
         if r3:
             if num_layers is None or top_k is None:
@@ -103,23 +104,26 @@ class SGLangEngine:
                 top_k = dims.top_k if top_k is None else top_k
                 num_experts = dims.num_experts if num_experts is None else num_experts
             self.moe = MoEDims(num_layers, top_k, num_experts)
+        self.deterministic = deterministic
         self.max_batch_size = max_batch_size
         self.weight_sync = weight_sync or DiskWeightSync(timeout_s=request_timeout_s)
-        self.restart_on_failure = restart_on_failure
-        self.watchdog_s = watchdog_s
 
         self._version = initial_version  # committed: every worker acknowledged it
-        self._max_version = initial_version  # being pushed now (or committed)
+        self._max_version = initial_version  # the newest version any worker may serve
         self._update_lock = threading.Lock()
         self._last_weights: tuple[str, int] | None = None
-        self._failure: str | None = None
-        self._state_lock = threading.RLock()  # guards _failure
-        self._process_lock = threading.Lock()  # restart vs close
+        self._paused: str | None = None  # the pause mode while paused
+        self._cache_stale = False  # weights changed without a prefix-cache flush
+        self._inflight = 0  # generate() calls running
+        self._inflight_lock = threading.Lock()
         self._closed = threading.Event()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sglang-engine")
 
-        self._start_processes()
-        self.worker_urls = [s.url for s in self.servers] or list(urls)
+        self.supervisor = Supervisor(
+            servers, router, restart_on_failure=restart_on_failure, watchdog_s=watchdog_s
+        )
+        self.supervisor.start()
+        self.worker_urls = [s.url for s in servers] or list(urls)
         generate_urls = [router.url] if router is not None else self.worker_urls
         self.client = SGLangClient(
             generate_urls,
@@ -129,12 +133,9 @@ class SGLangEngine:
             backoff_s=backoff_s,
         )
         self.client.abort_reason = self._abort_reason
-        self._watchdog: threading.Thread | None = None
-        if self.servers:
-            self._watchdog = threading.Thread(
-                target=self._watch, name="sglang-watchdog", daemon=True
-            )
-            self._watchdog.start()
+        self.supervisor.on_dead = self.client.abort_inflight
+        self.supervisor.on_restart = self._reload_last_weights
+        self.supervisor.watch()
 
     @classmethod
     def launch(
@@ -143,143 +144,87 @@ class SGLangEngine:
         *,
         python: str = "python",
         launch_prefix: Sequence[str] | None = None,
+        num_servers: int = 1,
         gpu_groups: Sequence[str] | None = None,
+        use_router: bool = False,
+        log_dir: str | os.PathLike = "logs",
+        env: dict[str, str] | None = None,
+        r3: bool = False,
+        deterministic: bool = False,
+        initial_version: int = 0,
+        device: str = "cuda",
+        dtype: str = "bfloat16",
         tp: int = 1,
         dp: int = 1,
         ep: int = 1,
         mem_fraction_static: float | None = None,
+        max_total_tokens: int | None = None,
         extra_args: Sequence[str] = (),
-        log_dir: str | os.PathLike = "logs",
         startup_timeout_s: float = 600.0,
-        use_router: bool = False,
-        r3: bool = False,
-        env: dict[str, str] | None = None,
         **engine_kwargs,
     ) -> SGLangEngine:
-        """Build one server per GPU group (``gpu_groups=["0,1", "2,3"]`` → CUDA_VISIBLE_DEVICES),
-        optionally behind ``sglang-router``, start them and return the engine."""
-        log_dir = Path(log_dir)
-        groups = list(gpu_groups) if gpu_groups else [None]
-        servers = []
-        for i, group in enumerate(groups):
-            server_env = dict(env or {})
-            if group is not None:
-                server_env["CUDA_VISIBLE_DEVICES"] = group
-            servers.append(
-                SGLangServer(
-                    model_path,
-                    python=python,
-                    launch_prefix=launch_prefix,
-                    tp=tp,
-                    dp=dp,
-                    ep=ep,
-                    mem_fraction_static=mem_fraction_static,
-                    enable_return_routed_experts=r3,
-                    weight_version=engine_kwargs.get("initial_version", 0),
-                    extra_args=extra_args,
-                    log_path=log_dir / f"sglang_{i}.log",
-                    startup_timeout_s=startup_timeout_s,
-                    env=server_env or None,
-                )
-            )
-        _distinct_ports(servers)
-        router = None
-        if use_router:
-            router = SGLangRouter(
-                [s.url for s in servers],
-                python=python,
-                launch_prefix=launch_prefix,
-                log_path=log_dir / "sglang_router.log",
-                env=env,
-            )
-            _distinct_ports([*servers, router])
-        return cls(model_path, servers=servers, router=router, r3=r3, **engine_kwargs)
+        """Start the servers (:func:`build_servers`), wait until healthy, return the engine."""
+        servers, router = build_servers(
+            model_path,
+            python=python,
+            launch_prefix=launch_prefix,
+            num_servers=num_servers,
+            gpu_groups=gpu_groups,
+            use_router=use_router,
+            log_dir=log_dir,
+            env=env,
+            initial_version=initial_version,
+            device=device,
+            dtype=dtype,
+            tp=tp,
+            dp=dp,
+            ep=ep,
+            mem_fraction_static=mem_fraction_static,
+            max_total_tokens=max_total_tokens,
+            deterministic=deterministic,
+            enable_return_routed_experts=r3,
+            extra_args=extra_args,
+            startup_timeout_s=startup_timeout_s,
+        )
+        return cls(
+            model_path,
+            servers=servers,
+            router=router,
+            r3=r3,
+            deterministic=deterministic,
+            initial_version=initial_version,
+            **engine_kwargs,
+        )
 
-    # -- process supervision ----------------------------------------------------------------
-    def _start_processes(self) -> None:
-        try:
-            for server in self.servers:
-                if not server.alive():
-                    server.start()
-            for server in self.servers:
-                server.wait_ready()
-            if self.router is not None:
-                if not self.router.alive():
-                    self.router.start()
-                self.router.wait_ready()
-        except BaseException:
-            self._stop_processes()
-            raise
+    @property
+    def servers(self) -> list[SGLangServer]:
+        return self.supervisor.servers
 
-    def _stop_processes(self) -> None:
-        if self.router is not None:
-            self.router.stop()
-        for server in self.servers:
-            server.stop()
+    @property
+    def router(self) -> SGLangRouter | None:
+        return self.supervisor.router
+
+    @property
+    def pid(self) -> int | None:
+        """The first server's process id (``logs/pids.json``; fault tests)."""
+        return self.servers[0].pid if self.servers else None
 
     def _abort_reason(self) -> str | None:
         if self._closed.is_set():
             return "the SGLang engine was closed while the request ran"
-        return self._dead_reason()
-
-    def _dead_reason(self) -> str | None:
-        """Why calls cannot succeed now (a dead server), or None. Checked without waiting for
-        the watchdog, so a call that failed because its server died says so."""
-        with self._state_lock:
-            if self._failure is not None:
-                return self._failure
-        return self._dead_process_reason()
-
-    def _watch(self) -> None:
-        restart_failed = False
-        while not self._closed.wait(self.watchdog_s):
-            reason = self._dead_process_reason()
-            if reason is None:
-                continue
-            with self._state_lock:
-                newly_dead = self._failure is None
-                if newly_dead:
-                    self._failure = reason
-            if newly_dead:
-                log.error("%s", reason)
-                self.client.abort_inflight()
-            if self.restart_on_failure and not restart_failed:
-                restart_failed = not self._restart()
-
-    def _dead_process_reason(self) -> str | None:
-        for proc in [*self.servers, *([self.router] if self.router else [])]:
-            code = proc.returncode
-            if code is not None:
-                return proc.failure_message(f"died (exit code {code})")
-        return None
-
-    def _restart(self) -> bool:
-        """Stop every process, start them again and reload the last weights (one attempt)."""
-        with self._process_lock:
-            if self._closed.is_set():
-                return False
-            log.warning("restarting SGLang servers after a failure")
-            try:
-                self._stop_processes()
-                self._start_processes()
-                if self._last_weights is not None:
-                    path, version = self._last_weights
-                    self.weight_sync.push(self.client, self.worker_urls, path, version)
-            except EngineError as e:
-                with self._state_lock:
-                    self._failure = f"restart after a server failure failed: {e}"
-                log.error("%s", self._failure)
-                return False
-            with self._state_lock:
-                self._failure = None
-            return True
+        return self.supervisor.failure()
 
     def _check_usable(self) -> None:
         if self._closed.is_set():
             raise EngineError("the SGLang engine is closed")
-        reason = self._dead_reason()
+        reason = self.supervisor.failure()
         if reason is not None:
             raise EngineError(reason)
+
+    def _reload_last_weights(self) -> None:
+        if self._last_weights is not None:
+            path, version = self._last_weights
+            self.weight_sync.push(self.client, self.worker_urls, path, version)
 
     # -- RolloutEngine ----------------------------------------------------------------------
     @property
@@ -303,10 +248,23 @@ class SGLangEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         self._check_usable()
+        with self._inflight_lock:
+            if self._cache_stale and self._inflight == 0 and self._paused is None:
+                self.flush_cache()  # prefixes cached under older weights must not be reused
+                self._cache_stale = False
+            self._inflight += 1
+        try:
+            return self._generate(prompts, n, sampling)
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def _generate(self, prompts, n: int, sampling: SamplingParams) -> list[list[Sample]]:
         version_at_submit = self._version
         entries = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]  # prompt-major
-        seeds = entry_seeds(sampling.seed, len(prompts), n)
+        seeds = entry_seeds(sampling.seed if self.deterministic else None, len(prompts), n)
         params = [sampling_params_to_wire(sampling, s) for s in seeds]
+        mask = filtering_active(sampling)
         chunks = [
             range(start, min(start + self.max_batch_size, len(entries)))
             for start in range(0, len(entries), self.max_batch_size)
@@ -316,6 +274,7 @@ class SGLangEngine:
                 [entries[k][1] for k in chunk],
                 [params[k] for k in chunk],
                 return_routed_experts=self.moe is not None,
+                return_sampling_mask=mask,
             )
             for chunk in chunks
         ]
@@ -332,7 +291,7 @@ class SGLangEngine:
                     )
                 for k, item in zip(chunk, answer, strict=True):
                     prompt_index, prompt_ids = entries[k]
-                    sample = parse_generate_item(item, prompt_ids, moe=self.moe)
+                    sample = parse_generate_item(item, prompt_ids, moe=self.moe, sampling_mask=mask)
                     self._check_version(sample, version_at_submit)
                     sample.meta["version_at_submit"] = version_at_submit
                     out[prompt_index].append(sample)
@@ -358,52 +317,85 @@ class SGLangEngine:
 
     def update_weights(self, path: str, version: int) -> None:
         """Load a published HF checkpoint directory on every worker; later samples carry
-        ``version``. SGLang finishes running requests first, so no sample mixes versions."""
+        ``version``. Unpaused, SGLang finishes running requests first, so no sample mixes
+        versions; paused in place, running requests continue under the new weights and their
+        tokens carry per-token versions.
+
+        The prefix cache holds KV computed by the old weights. It is flushed with the update
+        unless the servers are paused in place (SGLang refuses a flush while requests run, and
+        it refuses it *after* loading the weights); then it is flushed before the next
+        ``generate`` that finds no request running. A failed update leaves the accepted version
+        range wide open to ``version``: a worker may have loaded it before failing.
+        """
         self._check_usable()
         if version < self._version:
             raise ValueError(f"weight version went backwards: {self._version} -> {version}")
         with self._update_lock:
             # Outputs may report the new version as soon as a worker has loaded it, before
-            # push() returns: widen the accepted range first, and narrow it back on failure.
-            self._max_version = int(version)
-            try:
-                self.weight_sync.push(self.client, self.worker_urls, str(path), int(version))
-            except BaseException:
-                self._max_version = self._version
-                raise
+            # push() returns: widen the accepted range first.
+            self._max_version = max(self._max_version, int(version))
+            flush = self._paused != "in_place"
+            self.weight_sync.push(
+                self.client, self.worker_urls, str(path), int(version), flush_cache=flush
+            )
+            self._cache_stale = self._cache_stale or not flush
             self._version = int(version)
             self._last_weights = (str(path), int(version))
 
-    def pause(self, mode: str = "retract") -> None:
-        """``/pause_generation`` on every worker. ``retract`` (and ``in_place``) keep requests
-        and resume them on ``resume()``; ``abort`` ends them with finish_reason abort."""
-        if mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+    def served_versions(self) -> list[int]:
+        """Each worker's weight version as ``GET /model_info`` reports it (SGLang 0.5.23 has no
+        ``/get_weight_version``)."""
+        self._check_usable()
+        return [
+            parse_weight_version(self.client.get_json("/model_info", url=url).get("weight_version"))
+            for url in self.worker_urls
+        ]
+
+    def pause(self, mode: str = "in_place") -> None:
+        """``/pause_generation`` on every worker.
+
+        ``in_place`` keeps running requests where they are (their KV cache too) and continues
+        them on :meth:`resume`; ``abort`` ends them (finish_reason abort); ``retract`` frees
+        their KV and recomputes prompt + generated tokens on resume, which replaces the routed
+        experts recorded for tokens sampled before a weight update, so it is refused with R3.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        if mode == "retract" and self.moe is not None:
+            raise EngineError(
+                "pause(mode='retract') with R3: SGLang recomputes a retracted request's prompt "
+                "and generated tokens on resume, so the routed experts of tokens sampled before "
+                "a weight update would be replaced by routes of the new weights; use in_place"
+            )
         self._check_usable()
         for url in self.worker_urls:
             self.client.post_json("/pause_generation", {"mode": mode}, url=url)
+        self._paused = mode
 
     def resume(self) -> None:
         self._check_usable()
         for url in self.worker_urls:
             self.client.post_json("/continue_generation", {}, url=url)
+        self._paused = None
 
     def flush_cache(self) -> None:
+        """``/flush_cache`` on every worker; SGLang answers 400 while requests run or wait."""
         self._check_usable()
         for url in self.worker_urls:
-            status, body = self.client.request("POST", "/flush_cache", {}, url=url)
+            status, body = self.client.request("POST", "/flush_cache", None, url=url)
             if status != 200:
                 raise EngineError(f"{url}/flush_cache answered HTTP {status}: {_excerpt(body)}")
 
     def health(self) -> bool:
-        """All processes alive and every worker answers ``GET /health_generate`` with 200."""
-        if self._closed.is_set() or self._dead_reason() is not None:
+        """All processes alive and every worker healthy: ``GET /health_generate`` answers 200.
+        While paused that route blocks for 20 s and then answers 503 (its probe request cannot
+        run), so a paused worker counts as healthy when ``GET /model_info`` answers."""
+        if self._closed.is_set() or self.supervisor.failure() is not None:
             return False
+        path = "/model_info" if self._paused else "/health_generate"
         for url in self.worker_urls:
             try:
-                status, _ = self.client.request(
-                    "GET", "/health_generate", url=url, timeout_s=30.0, retries=0
-                )
+                status, _ = self.client.request("GET", path, url=url, timeout_s=30.0, retries=0)
             except EngineError:
                 return False
             if status != 200:
@@ -414,12 +406,9 @@ class SGLangEngine:
         if self._closed.is_set():
             return
         self._closed.set()
-        if self._watchdog is not None:
-            self._watchdog.join(timeout=5 * self.watchdog_s + 1)
         self.client.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        with self._process_lock:  # waits for a restart in progress, then stops everything
-            self._stop_processes()
+        self.supervisor.stop()
 
     def __enter__(self) -> SGLangEngine:
         return self

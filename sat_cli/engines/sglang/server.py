@@ -5,9 +5,10 @@ driven as a subprocess (see docs/sglang.md). This module only builds argument li
 processes:
 
 - :class:`SGLangServer` runs ``[*launch_prefix, "-m", "sglang.launch_server", "--model-path",
-  ..., "--host", "127.0.0.1", "--port", ...]`` in its own session (``start_new_session=True``,
-  so the server and every process it forks share one process group), with stdout and stderr
-  appended to a log file.
+  ..., "--host", "127.0.0.1", "--port", ..., "--dtype", ...]`` in its own session
+  (``start_new_session=True``, so the server and every process it forks share one process
+  group), with stdout and stderr appended to a log file. With ``device="cpu"`` the module is run
+  through ``cpu_launch.py`` (three SGLang CPU workarounds) with SGLang's CPU flags (below).
 - :class:`SGLangRouter` runs ``python -m sglang_router.launch_router --worker-urls ...`` in
   front of several servers.
 - ``wait_ready()`` polls ``GET /health_generate`` (the router: ``GET /health``) until it answers
@@ -36,6 +37,14 @@ from pathlib import Path
 from sat_cli.engines.base import EngineError
 
 LOG_TAIL_LINES = 40
+CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
+# SGLang 0.5.23 on an AMX CPU (../shared/sglang-cpu/README.md): the AMX attention kernel of the
+# only CPU kernel build at hand is older than 0.5.23 and dies in warm-up, so attention runs in
+# torch; matmuls, MoE, norms and rope still use the AMX kernels. The KV pool is sized explicitly
+# (there is no device memory to take a fraction of).
+CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule")
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+DEVICES = ("cuda", "cpu")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -247,10 +256,14 @@ class SGLangServer(ManagedProcess):
         launch_prefix: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
+        device: str = "cuda",
+        dtype: str = "bfloat16",
         tp: int = 1,
         dp: int = 1,
         ep: int = 1,
         mem_fraction_static: float | None = None,
+        max_total_tokens: int | None = None,
+        deterministic: bool = False,
         enable_return_routed_experts: bool = False,
         weight_version: int | None = 0,
         extra_args: Sequence[str] = (),
@@ -259,6 +272,10 @@ class SGLangServer(ManagedProcess):
         env: Mapping[str, str] | None = None,
         health_path: str = "/health_generate",
     ) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        if device == "cpu":
+            env = {**CPU_ENV, **(env or {})}
         super().__init__(
             host=host,
             port=port,
@@ -274,8 +291,11 @@ class SGLangServer(ManagedProcess):
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
         self.model_path = str(model_path)
         self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.device, self.dtype = device, dtype
         self.tp, self.dp, self.ep = tp, dp, ep
         self.mem_fraction_static = mem_fraction_static
+        self.max_total_tokens = max_total_tokens
+        self.deterministic = deterministic
         self.enable_return_routed_experts = enable_return_routed_experts
         self.weight_version = weight_version
         self.extra_args = list(extra_args)
@@ -283,11 +303,14 @@ class SGLangServer(ManagedProcess):
     @property
     def command(self) -> list[str]:
         # Flag names as declared in sglang/srt/server_args.py (ServerArgs.add_cli_args):
-        # --model-path, --host, --port, --tp-size, --dp-size, --ep-size, --mem-fraction-static,
-        # --enable-return-routed-experts, --weight-version (the string reported back in
-        # meta_info["weight_version"] until /update_weights_from_disk sets another).
+        # --model-path, --host, --port, --dtype, --tp-size, --dp-size, --ep-size,
+        # --mem-fraction-static, --max-total-tokens, --enable-deterministic-inference (sampling
+        # seeds are honoured only with it), --enable-return-routed-experts, --weight-version
+        # (the string reported back until /update_weights_from_disk sets another).
+        launcher = [str(CPU_LAUNCHER)] if self.device == "cpu" else []
         cmd = [
             *self.launch_prefix,
+            *launcher,
             "-m",
             "sglang.launch_server",
             "--model-path",
@@ -296,6 +319,8 @@ class SGLangServer(ManagedProcess):
             self.host,
             "--port",
             str(self.port),
+            "--dtype",
+            self.dtype,
             "--tp-size",
             str(self.tp),
             "--dp-size",
@@ -303,8 +328,14 @@ class SGLangServer(ManagedProcess):
             "--ep-size",
             str(self.ep),
         ]
+        if self.device == "cpu":
+            cmd += CPU_ARGS
         if self.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
+        if self.max_total_tokens is not None:
+            cmd += ["--max-total-tokens", str(self.max_total_tokens)]
+        if self.deterministic:
+            cmd.append("--enable-deterministic-inference")
         if self.enable_return_routed_experts:
             cmd.append("--enable-return-routed-experts")
         if self.weight_version is not None:
@@ -329,6 +360,7 @@ class SGLangRouter(ManagedProcess):
         launch_prefix: Sequence[str] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
+        device: str = "cuda",
         policy: str = "round_robin",
         extra_args: Sequence[str] = (),
         log_path: str | os.PathLike,
@@ -336,6 +368,8 @@ class SGLangRouter(ManagedProcess):
         env: Mapping[str, str] | None = None,
         health_path: str = "/health",
     ) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
         super().__init__(
             host=host,
             port=port,
@@ -348,13 +382,18 @@ class SGLangRouter(ManagedProcess):
             raise ValueError("the router needs at least one worker URL")
         self.worker_urls = list(worker_urls)
         self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.device = device
         self.policy = policy
         self.extra_args = list(extra_args)
 
     @property
     def command(self) -> list[str]:
+        # sglang_router's Python launcher imports sglang (and so torchvision): on a CPU-only
+        # machine it goes through the same launcher as the servers.
+        launcher = [str(CPU_LAUNCHER)] if self.device == "cpu" else []
         return [
             *self.launch_prefix,
+            *launcher,
             "-m",
             "sglang_router.launch_router",
             "--worker-urls",

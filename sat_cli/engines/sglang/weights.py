@@ -27,7 +27,15 @@ from sat_cli.engines.sglang.wire import _excerpt, update_weights_payload
 class WeightSync(Protocol):
     """How published trainer weights reach the SGLang workers."""
 
-    def push(self, client: SGLangClient, worker_urls: Sequence[str], path: str, version: int):
+    def push(
+        self,
+        client: SGLangClient,
+        worker_urls: Sequence[str],
+        path: str,
+        version: int,
+        *,
+        flush_cache: bool = True,
+    ):
         """Load the weights at ``path`` on every worker and tag later outputs ``version``."""
         ...
 
@@ -35,18 +43,26 @@ class WeightSync(Protocol):
 class DiskWeightSync:
     """``POST /update_weights_from_disk`` on every worker (an HF checkpoint directory).
 
-    SGLang waits for running requests, loads the safetensors, sets ``weight_version`` and (with
-    ``flush_cache``) drops the prefix cache, whose KV entries were computed by the old weights.
+    Unpaused, SGLang waits for running requests, loads the safetensors, sets ``weight_version``
+    and (with ``flush_cache``) drops the prefix cache, whose KV entries were computed by the old
+    weights. A 400 answer (``success: false``) becomes an EngineError quoting SGLang's message.
     """
 
-    def __init__(self, *, flush_cache: bool = True, timeout_s: float = 600.0) -> None:
-        self.flush_cache = flush_cache
+    def __init__(self, *, timeout_s: float = 600.0) -> None:
         self.timeout_s = timeout_s
 
-    def push(self, client: SGLangClient, worker_urls: Sequence[str], path: str, version: int):
+    def push(
+        self,
+        client: SGLangClient,
+        worker_urls: Sequence[str],
+        path: str,
+        version: int,
+        *,
+        flush_cache: bool = True,
+    ):
         if not Path(path).is_dir():
             raise EngineError(f"weights directory {path} does not exist")
-        payload = update_weights_payload(path, version, flush_cache=self.flush_cache)
+        payload = update_weights_payload(path, version, flush_cache=flush_cache)
         for url in worker_urls:
             answer = client.post_json(
                 "/update_weights_from_disk", payload, url=url, timeout_s=self.timeout_s

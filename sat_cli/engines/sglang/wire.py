@@ -80,10 +80,18 @@ def read_moe_dims(model_path: str | os.PathLike) -> MoEDims:
 
 
 # -- requests --------------------------------------------------------------------------------
+def filtering_active(sampling: SamplingParams) -> bool:
+    """True when top-p or top-k cuts the distribution (then SGLang's plain output log-probs are
+    not the behaviour policy: see :func:`build_generate_payload`)."""
+    return sampling.top_p < 1.0 or sampling.top_k >= 1
+
+
 def sampling_params_to_wire(sampling: SamplingParams, seed: int | None = None) -> dict[str, Any]:
     """One ``sampling_params`` dict (keys of sglang/srt/sampling/sampling_params.py).
 
-    ``sampling_seed`` is only honoured by SGLang under ``--enable-deterministic-inference``.
+    Every value is cast to the type the server's strict validation expects (it answers 400 to
+    ``max_new_tokens: 5.0`` or an unknown key). ``sampling_seed`` is honoured only by a server
+    started with ``--enable-deterministic-inference``; pass ``seed=None`` otherwise.
     """
     params: dict[str, Any] = {
         "temperature": float(sampling.temperature),
@@ -103,8 +111,16 @@ def build_generate_payload(
     sampling_params: Sequence[dict[str, Any]],
     *,
     return_routed_experts: bool,
+    return_sampling_mask: bool = False,
 ) -> dict[str, Any]:
-    """The JSON body of one batched ``POST /generate`` (fields of io_struct.GenerateReqInput)."""
+    """The JSON body of one batched ``POST /generate`` (fields of io_struct.GenerateReqInput).
+
+    ``return_sampling_mask``: SGLang's ``output_token_logprobs`` are ``log_softmax(logits / T)``
+    before top-k/top-p filtering (``srt/layers/sampler.py``); with the mask requested the server
+    also reports ``output_token_sampling_logprobs``, the log-prob of each token under the
+    filtered, renormalised distribution it was drawn from (the behaviour policy ``mu``). A
+    support wider than the server's ``--sampling-mask-max-tokens`` (4096) aborts the request.
+    """
     if len(input_ids) != len(sampling_params):
         raise ValueError(f"{len(input_ids)} inputs but {len(sampling_params)} sampling params")
     if not input_ids:
@@ -117,6 +133,8 @@ def build_generate_payload(
     }
     if return_routed_experts:
         payload["return_routed_experts"] = True
+    if return_sampling_mask:
+        payload["return_sampling_mask"] = True
     return payload
 
 
@@ -212,13 +230,21 @@ def parse_weight_version_spans(spans: Any, num_tokens: int) -> tuple[int, list[i
 
 
 def parse_generate_item(
-    item: Any, prompt_ids: Sequence[int], *, moe: MoEDims | None = None
+    item: Any,
+    prompt_ids: Sequence[int],
+    *,
+    moe: MoEDims | None = None,
+    sampling_mask: bool = False,
 ) -> Sample:
     """One element of the ``/generate`` answer → :class:`Sample`.
 
     ``moe`` given means R3 is on: ``meta_info["routed_experts"]`` must be present and decode to
-    ``[prompt_len + completion_len - 1, L, K]``. Aborted samples are parsed leniently (they are
-    dropped by the loop) but still carry what SGLang returned.
+    ``[prompt_len + completion_len - 1, L, K]``. ``sampling_mask``: the request asked for
+    ``return_sampling_mask``, and ``rollout_logp`` is ``output_token_sampling_logprobs`` (the
+    filtered distribution actually sampled from) instead of the unfiltered log-probs. The
+    version comes from the scheduler's ``weight_versions`` spans when present (0.5.23 sends them
+    on every finished output), else from ``weight_version``. Aborted samples are parsed leniently
+    (the loop drops them) and keep SGLang's reason in ``meta["abort_message"]``.
     """
     if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
         raise EngineError(f"malformed /generate item (no meta_info): {_excerpt(item)}")
@@ -242,13 +268,18 @@ def parse_generate_item(
             version = parse_weight_version(meta.get("weight_version"))
         except EngineError:
             version = -1
+        reason = meta.get("finish_reason")
         return Sample(
             prompt_ids=list(prompt_ids),
             response_ids=response_ids,
             rollout_logp=rollout_logp,
             finish_reason="abort",
             weight_version=version,
-            meta={"sglang_id": meta.get("id"), "finish": meta.get("finish_reason")},
+            meta={
+                "sglang_id": meta.get("id"),
+                "finish": reason,
+                "abort_message": reason.get("message") if isinstance(reason, dict) else None,
+            },
         )
 
     if logprobs is None:
@@ -258,8 +289,10 @@ def parse_generate_item(
             f"output_ids ({len(response_ids)} tokens) disagree with the token ids of "
             f"output_token_logprobs ({len(logprob_ids)} entries)"
         )
+    if sampling_mask:
+        rollout_logp = _sampling_logprobs(meta, len(response_ids))
     if not all(math.isfinite(x) for x in rollout_logp):
-        raise EngineError("output_token_logprobs contains a non-finite log-prob")
+        raise EngineError("the output log-probs contain a non-finite value")
     routed = None
     if moe is not None:
         if "routed_experts" not in meta or meta["routed_experts"] is None:
@@ -278,7 +311,7 @@ def parse_generate_item(
         version, token_versions = parse_weight_version_spans(
             meta["weight_versions"], len(response_ids)
         )
-    else:  # one version per request (older SGLang, or no update while it ran)
+    else:  # one version per request (older SGLang)
         version, token_versions = parse_weight_version(meta.get("weight_version")), None
     return Sample(
         prompt_ids=list(prompt_ids),
@@ -291,9 +324,29 @@ def parse_generate_item(
         meta={
             "sglang_id": meta.get("id"),
             "cached_tokens": meta.get("cached_tokens"),
+            "num_retractions": int(meta.get("num_retractions") or 0),
             "finish": meta.get("finish_reason"),
         },
     )
+
+
+def _sampling_logprobs(meta: dict, num_tokens: int) -> list[float]:
+    values = meta.get("output_token_sampling_logprobs")
+    if not isinstance(values, list):
+        raise EngineError(
+            "meta_info lacks output_token_sampling_logprobs although return_sampling_mask was "
+            "sent: this SGLang cannot report the behaviour log-probs of top-p/top-k sampling "
+            "(SGLang 0.5.23 can); set task.top_p=1 and task.top_k=-1"
+        )
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError) as e:
+        raise EngineError(f"malformed output_token_sampling_logprobs: {e}") from e
+    if len(out) != num_tokens:
+        raise EngineError(
+            f"output_token_sampling_logprobs has {len(out)} entries for {num_tokens} tokens"
+        )
+    return out
 
 
 def update_weights_payload(path: str, version: int, *, flush_cache: bool = True) -> dict:

@@ -1,0 +1,178 @@
+"""Capture what a real SGLang server sends, for the stand-in's tests (tests/data/sglang_captured/).
+
+Run against a server of the tiny model started with R3 on (``make sglang-cpu`` first)::
+
+    SGLANG_USE_CPU_ENGINE=1 .venv-sglang/bin/python sat_cli/engines/sglang/cpu_launch.py \
+        -m sglang.launch_server --model-path sat_cli/assets/tiny_moe_warm --host 127.0.0.1 \
+        --port 31002 --device cpu --dtype bfloat16 --attention-backend torch_native \
+        --disable-overlap-schedule --max-total-tokens 4096 --enable-return-routed-experts \
+        --weight-version 0
+    .venv/bin/python scripts/sglang_capture.py --url http://127.0.0.1:31002 \
+        --model sat_cli/assets/tiny_moe_warm --out tests/data/sglang_captured
+
+Each file holds ``{"request": ..., "status": ..., "body": ..., "elapsed_s": ...}`` (``body`` is
+parsed JSON, or text when the server sent text). Time stamps and ids vary between captures; the
+shapes, keys, status codes and messages are what the tests rely on. The server is left at weight
+version 2 and unpaused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def call(url: str, method: str, path: str, payload=None, timeout: float = 120.0) -> dict:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(
+        url + path,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json"} if data is not None else {},
+    )
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    except TimeoutError:
+        status, raw = None, b""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = text
+    return {
+        "request": {"method": method, "path": path, "payload": payload},
+        "status": status,
+        "body": body,
+        "elapsed_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def gen(prompts, **params) -> dict:
+    sp = {"temperature": 1.0, "max_new_tokens": 8, **params}
+    return {
+        "input_ids": prompts,
+        "sampling_params": [dict(sp) for _ in prompts],
+        "return_logprob": True,
+        "logprob_start_len": -1,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True, help="the served model's folder (for updates)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    url, out = args.url, Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(Path(args.model).resolve())
+
+    def save(name: str, record: dict) -> None:
+        # the model's absolute path (this machine's) is replaced by a placeholder
+        text = json.dumps(record, indent=1).replace(model, "<model>")
+        (out / f"{name}.json").write_text(text + "\n")
+        print(f"{name}: HTTP {record['status']} in {record['elapsed_s']} s")
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    save("model_info", call(url, "GET", "/model_info"))
+    save("get_weight_version", call(url, "GET", "/get_weight_version"))
+    save("generate_plain", call(url, "POST", "/generate", gen(prompts)))
+    save(
+        "generate_r3",
+        call(url, "POST", "/generate", {**gen(prompts), "return_routed_experts": True}),
+    )
+    save(
+        "generate_sampling_mask",
+        call(
+            url,
+            "POST",
+            "/generate",
+            {**gen(prompts, top_p=0.8, top_k=5), "return_sampling_mask": True},
+        ),
+    )
+    save(
+        "generate_length",
+        call(url, "POST", "/generate", gen(prompts, ignore_eos=True, max_new_tokens=4)),
+    )
+    save("error_unknown_key", call(url, "POST", "/generate", gen(prompts, bogus=1)))
+    save("error_float_int", call(url, "POST", "/generate", gen(prompts, max_new_tokens=5.0)))
+    save("error_empty_input", call(url, "POST", "/generate", gen([])))
+    bad_len = gen(prompts)
+    bad_len["sampling_params"] = bad_len["sampling_params"][:1]
+    save("error_length_mismatch", call(url, "POST", "/generate", bad_len))
+    save("error_unknown_route", call(url, "POST", "/no_such_route", {}))
+    save("flush_idle", call(url, "POST", "/flush_cache"))
+    save(
+        "update_ok",
+        call(
+            url,
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model, "weight_version": "1", "flush_cache": True},
+        ),
+    )
+    save(
+        "update_missing_path",
+        call(
+            url,
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model + "-missing", "weight_version": "9", "flush_cache": True},
+        ),
+    )
+
+    # A long request in the background for the busy-server behaviours.
+    long_req = gen([[5, 6, 7]], ignore_eos=True, max_new_tokens=400)
+    results: dict[str, dict] = {}
+
+    def background(name: str, payload: dict) -> threading.Thread:
+        th = threading.Thread(
+            target=lambda: results.__setitem__(name, call(url, "POST", "/generate", payload))
+        )
+        th.start()
+        time.sleep(1.0)
+        return th
+
+    th = background("busy", long_req)
+    save("flush_busy", call(url, "POST", "/flush_cache"))
+    th.join()
+
+    # Paused in place with a request running: health, then an update with flush_cache=true.
+    th = background("inflight", long_req)
+    save("pause_in_place", call(url, "POST", "/pause_generation", {"mode": "in_place"}))
+    save("health_generate_paused", call(url, "GET", "/health_generate", timeout=60))
+    save("health_paused", call(url, "GET", "/health", timeout=60))
+    save(
+        "update_in_place_flush",
+        call(
+            url,
+            "POST",
+            "/update_weights_from_disk",
+            {"model_path": model, "weight_version": "2", "flush_cache": True},
+        ),
+    )
+    save("model_info_after_in_place_flush", call(url, "GET", "/model_info"))
+    save("continue", call(url, "POST", "/continue_generation", {}))
+    th.join()
+    save("generate_across_update", results["inflight"])
+
+    # Paused with mode abort while a request runs.
+    th = background("aborted", long_req)
+    save("pause_abort", call(url, "POST", "/pause_generation", {"mode": "abort"}))
+    th.join()
+    save("generate_aborted", results["aborted"])
+    call(url, "POST", "/continue_generation", {})
+    save("flush_after", call(url, "POST", "/flush_cache"))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# SGLang's CPU environment (`make sglang-cpu`; docs/sglang.md): its own interpreter, never imported
+# by sat. The kernel wheel has no PyPI build; the default is the one built for this project.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_KERNEL_WHEEL ?= ../shared/sglang-cpu/sglang_kernel_cpu-0.4.6.post1-cp311-cp311-linux_x86_64.whl
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
 
 .DEFAULT_GOAL := help
 
@@ -19,6 +24,16 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install sat with dev tools and megatron-core (idempotent)
+
+$(SGLANG_STAMP): requirements-sglang-cpu.txt
+	@test -f "$(SGLANG_KERNEL_WHEEL)" || { echo "SGLANG_KERNEL_WHEEL=$(SGLANG_KERNEL_WHEEL) not found: build it (docs/sglang.md) or point the variable at it"; exit 2; }
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install -q -r requirements-sglang-cpu.txt
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23 torchvision==0.28.0 sglang-router==0.3.2 "$(SGLANG_KERNEL_WHEEL)"
+	touch $(SGLANG_STAMP)
+
+sglang-cpu: $(SGLANG_STAMP) ## build .venv-sglang: a real SGLang 0.5.23 server on this CPU (AMX); `make test` then runs its tier
 
 run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-MoE, toy task, CPU)
 	$(BIN)/sat train
@@ -37,8 +52,8 @@ lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check sat_cli tests bench
 	$(BIN)/ruff format --check sat_cli tests bench
 
-clean: ## remove the venv, caches and build outputs (keeps runs/)
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+clean: ## remove the venvs, caches and build outputs (keeps runs/)
+	rm -rf $(VENV) $(SGLANG_VENV) build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-.PHONY: help install run test test-full bench lint clean
+.PHONY: help install sglang-cpu run test test-full bench lint clean

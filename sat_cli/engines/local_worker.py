@@ -13,8 +13,10 @@ log-prob of the distribution actually sampled from (for ``top_p=1, top_k=-1`` it
 ``log_softmax(logits / T)``). ``temperature = 0`` is greedy and reports ``logp = 0`` (a point mass).
 
 Batches are left-padded with explicit ``position_ids`` (``cumsum(mask) - 1``), so a token's
-position does not depend on the batch it was generated in. Generation stops on EOS or a stop
-token (the stop token is part of the response and has a log-prob) or after ``max_new_tokens``.
+position does not depend on the batch it was generated in. Generation stops on a stop token —
+SGLang's rule, ``sat_cli/models/stopping.py``: the request's ``stop_token_ids`` and the EOS ids of
+config.json, generation_config.json and the tokenizer — (the stop token is part of the response
+and has a log-prob) or after ``max_new_tokens``.
 With route capture on, each sample gets SGLang's layout ``[prompt_len + response_len - 1, L, K]``.
 """
 
@@ -175,17 +177,26 @@ class _Worker:
         self.model = load_model(cfg["model_path"], cfg["dtype"], self.device)
         self.version = int(cfg.get("version", 0))
         self.requests = 0
-        self._set_special_ids()
+        self.tokenizer = None
+        self._set_special_ids(cfg["model_path"])
 
-    def _set_special_ids(self):
+    def _set_special_ids(self, model_dir: str):
+        from transformers import AutoTokenizer
+
+        from sat_cli.models.stopping import model_stop_ids
+
         config = self.model.config
         eos = config.eos_token_id
         gen = getattr(self.model, "generation_config", None)
         if gen is not None and gen.eos_token_id is not None:
             eos = gen.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
+        gen_eos = set(eos if isinstance(eos, list) else ([eos] if eos is not None else []))
         pad = config.pad_token_id
-        self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
+        self.pad_id = int(pad if pad is not None else (min(gen_eos) if gen_eos else 0))
+        if getattr(self, "tokenizer", None) is None:  # the tokenizer does not change with updates
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # SGLang's stop rule (sat_cli/models/stopping.py), so both engines stop alike
+        self.eos_ids = set(model_stop_ids(model_dir, self.tokenizer))
 
     def generate(self, req: dict) -> dict:
         from sat_cli.models.r3 import RouteCapture
@@ -226,7 +237,7 @@ class _Worker:
         from sat_cli.models.tiny_moe import load_model
 
         self.model = load_model(req["path"], self.dtype, self.device)
-        self._set_special_ids()
+        self._set_special_ids(req["path"])
         self.version = int(req["version"])
         return {"weight_version": self.version}
 

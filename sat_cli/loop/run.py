@@ -216,6 +216,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
             log_file=str(logs / "engine.log"),
         )
     from sat_cli.engines.sglang import SGLangEngine
+    from sat_cli.engines.sglang.server import resolve_python
 
     moe = {}
     if r3:
@@ -225,25 +226,39 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
             "top_k": cfg.get("num_experts_per_tok"),
             "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts"),
         }
-    return SGLangEngine.launch(
-        path,
-        python=e.python,
-        launch_prefix=list(e.launch_prefix) or None,
-        gpu_groups=list(e.gpu_groups) or None,
-        tp=e.tp,
-        dp=e.dp,
-        ep=e.ep,
-        mem_fraction_static=e.mem_fraction_static,
-        extra_args=list(e.extra_args),
-        log_dir=logs,
-        startup_timeout_s=e.startup_timeout_s,
-        use_router=e.use_router,
+    common = dict(
         r3=r3,
+        deterministic=e.seeded,
         max_batch_size=e.max_batch_size,
         concurrency=e.concurrency,
         request_timeout_s=e.request_timeout_s,
         restart_on_failure=e.restart_on_failure,
         **moe,
+    )
+    if e.urls:
+        return SGLangEngine(path, urls=list(e.urls), **common)
+    try:
+        python = "python" if e.launch_prefix else resolve_python(e.python)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    return SGLangEngine.launch(
+        path,
+        python=python,
+        launch_prefix=list(e.launch_prefix) or None,
+        num_servers=e.servers,
+        gpu_groups=list(e.gpu_groups) or None,
+        use_router=e.router,
+        device=e.device,
+        dtype=e.dtype,
+        tp=e.tp,
+        dp=e.dp,
+        ep=e.ep,
+        mem_fraction_static=e.mem_fraction_static,
+        max_total_tokens=e.max_total_tokens or (4096 if e.device == "cpu" else None),
+        extra_args=list(e.extra_args),
+        log_dir=logs,
+        startup_timeout_s=e.startup_timeout_s,
+        **common,
     )
 
 

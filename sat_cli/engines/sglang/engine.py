@@ -136,6 +136,14 @@ class SGLangEngine:
         self.supervisor.on_dead = self.client.abort_inflight
         self.supervisor.on_restart = self._reload_last_weights
         self.supervisor.watch()
+        if urls:  # servers started elsewhere must serve the base weights under version 0
+            served = self.served_versions()
+            if any(v != initial_version for v in served):
+                self.close()
+                raise EngineError(
+                    f"the servers at {list(urls)} report weight versions {served}; start them "
+                    f"on the base checkpoint with --weight-version {initial_version}"
+                )
 
     @classmethod
     def launch(

@@ -24,19 +24,22 @@ loopback stand-in speaking SGLang's wire format (``tests/sglang_standin.py``) as
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sat_cli.engines.base import EngineError
+from sat_cli.procs import (
+    LOG_TAIL_LINES,
+    free_port,
+    http_get_status,
+    live_group_members,
+    tail_lines,
+)
 
-LOG_TAIL_LINES = 40
 CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 # SGLang 0.5.23 on an AMX CPU (../shared/sglang-cpu/README.md): the AMX attention kernel of the
 # only CPU kernel build at hand is older than 0.5.23 and dies in warm-up, so attention runs in
@@ -45,56 +48,43 @@ CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule")
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 DEVICES = ("cuda", "cpu")
+SGLANG_VENV = ".venv-sglang"  # what `make sglang-cpu` builds
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it; a race is possible but rare)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def resolve_python(spec: str) -> str:
+    """The SGLang interpreter for ``engine.python``.
 
+    ``auto``: ``$SAT_SGLANG_PYTHON``, else ``.venv-sglang/bin/python`` in the current folder,
+    else in the sat checkout this package runs from. A bare name is looked up on PATH; a path
+    must be an executable file. Raises ``FileNotFoundError`` naming what was tried.
+    """
+    import shutil
 
-def tail_lines(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
-    """The last ``n`` lines of a text file ('' when it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            lines = deque(f, maxlen=n)
-    except FileNotFoundError:
-        return ""
-    return b"".join(lines).decode("utf-8", errors="replace")
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """PIDs of the processes in process group ``pgid`` that are not zombies (Linux /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # the process went away while we looked
-            continue
-        # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces/parens.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            members.append(int(entry))
-    return members
-
-
-def http_get_status(host: str, port: int, path: str, timeout_s: float) -> int | None:
-    """Status code of ``GET path``, or None when the server cannot be reached."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
+    if spec == "auto":
+        env = os.environ.get("SAT_SGLANG_PYTHON")
+        if env:
+            return resolve_python(env)
+        tried = [
+            Path.cwd() / SGLANG_VENV / "bin" / "python",
+            Path(__file__).resolve().parents[3] / SGLANG_VENV / "bin" / "python",
+        ]
+        for cand in tried:
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+        raise FileNotFoundError(
+            "engine.python=auto found no SGLang interpreter (looked at $SAT_SGLANG_PYTHON, "
+            + ", ".join(str(c) for c in dict.fromkeys(tried))
+            + "): run `make sglang-cpu` or set engine.python=<SGLang env>/bin/python"
+        )
+    if os.sep not in spec:
+        found = shutil.which(spec)
+        if found is None:
+            raise FileNotFoundError(f"engine.python={spec!r} is not on PATH")
+        return found
+    path = Path(spec).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FileNotFoundError(f"engine.python={spec!r} is not an executable file")
+    return str(path)
 
 
 class ManagedProcess:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sat_cli.engines.base import EngineError
-from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer, free_port
+from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+from sat_cli.procs import free_port
 
 log = logging.getLogger(__name__)
 

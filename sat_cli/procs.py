@@ -1,0 +1,63 @@
+"""Small process and port helpers shared by the code that starts servers (SGLang, MLflow, ...).
+
+Linux only where it reads ``/proc`` (the platform this project runs its servers on).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+from collections import deque
+
+LOG_TAIL_LINES = 40
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a race is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def tail_lines(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
+    """The last ``n`` lines of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            lines = deque(f, maxlen=n)
+    except FileNotFoundError:
+        return ""
+    return b"".join(lines).decode("utf-8", errors="replace")
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs of the processes in process group ``pgid`` that are not zombies (Linux /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # the process went away while we looked
+            continue
+        # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may contain spaces/parens.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+def http_get_status(host: str, port: int, path: str, timeout_s: float) -> int | None:
+    """Status code of ``GET path``, or None when the server cannot be reached."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()

@@ -1,0 +1,273 @@
+"""The SGLang engine against a REAL SGLang 0.5.23 server on this CPU (tier ``sglang``).
+
+One server of the tiny Qwen3-MoE (bf16, R3 on) serves the module; the last test kills it. The
+references are recomputations by the trainer's own code (``token_logprobs`` over an HF model at
+the engine's dtype), the trainer's R3 replay, and SGLang's source for the sampling filter.
+Measured here (2026-11-30, 800 tokens): SGLang bf16 vs an HF bf16 recompute, mean |Δ log-prob|
+0.005 (max 0.18); vs the fp32 trainer, 0.004 (max 0.10); top-2 expert sets agree on 99.3 % of
+(token, layer) rows with the bf16 recompute. The tolerances below are several times those and
+far below what a misaligned token or a wrong dtype gives (mean |Δ| of 1 or more).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+from sglang_real import MODEL, launch
+
+from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.models.tiny_moe import load_model, save_hf
+from sat_cli.procs import live_group_members
+from sat_cli.trainers.batch import collate
+from sat_cli.trainers.local import LocalTrainer, token_logprobs
+
+pytestmark = pytest.mark.sglang
+
+MEAN_TOL = 0.02  # mean |Δ log-prob|, SGLang bf16 vs the trainer's bf16 recompute
+MAX_TOL = 1.0
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(MODEL))
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    from sat_cli.tasks.toy import ToyTask
+
+    rows = ToyTask(digits=3, seed=0, heldout_size=64).sample_prompts(16, cursor=0)
+    return [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = launch(log_dir=tmp_path_factory.mktemp("sglang-logs"), r3=True)
+    yield eng
+    eng.close()
+
+
+def sampling(tokenizer, **kw) -> SamplingParams:
+    kw.setdefault("max_new_tokens", 16)
+    return SamplingParams(stop_token_ids=(tokenizer.eos_token_id,), **kw)
+
+
+def recompute(model_dir, batch, dtype="bfloat16", replay=False) -> torch.Tensor:
+    """The trainer's log-probs ``[B, S]`` of the batch under an HF model at ``dtype``."""
+    from sat_cli.models.r3 import maybe_replay
+
+    model = load_model(str(model_dir), dtype, torch.device("cpu")).eval()
+    with torch.no_grad(), maybe_replay(model, batch.routed_experts, replay):
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits
+    return token_logprobs(logits, batch.input_ids, 1.0)[0]
+
+
+def flat(groups):
+    return [s for g in groups for s in g]
+
+
+def test_logprobs_equal_a_bf16_recompute_by_the_trainer(engine, prompts, tokenizer, capsys):
+    samples = flat(engine.generate(prompts, 4, sampling(tokenizer)))
+    assert all(s.finish_reason in ("stop", "length") for s in samples)
+    # the stop token is part of the response, as in the local engine
+    assert all(
+        s.response_ids[-1] == tokenizer.eos_token_id for s in samples if s.finish_reason == "stop"
+    )
+    batch = collate(samples, torch.zeros(len(samples)), tokenizer.pad_token_id)
+    mask = batch.loss_mask.bool()
+    d_bf16 = (recompute(MODEL, batch, "bfloat16") - batch.rollout_logp)[mask].abs()
+    d_fp32 = (recompute(MODEL, batch, "float32") - batch.rollout_logp)[mask].abs()
+    with capsys.disabled():
+        print(
+            f"\n[sglang] {int(mask.sum())} tokens: mean |d logp| vs bf16 recompute "
+            f"{d_bf16.mean():.4f} (max {d_bf16.max():.3f}); vs the fp32 trainer "
+            f"{d_fp32.mean():.4f} (max {d_fp32.max():.3f}) — the real engine/trainer mismatch"
+        )
+    assert d_bf16.mean() < MEAN_TOL and d_bf16.max() < MAX_TOL
+    assert d_fp32.mean() < MEAN_TOL and d_fp32.max() < MAX_TOL
+    # ... and a real mismatch, not an accidental fp32 engine (fp32 engines agree to ~1e-6)
+    assert d_fp32.mean() > 1e-4
+
+
+def test_routed_experts_decode_to_what_the_trainer_replays(engine, prompts, tokenizer):
+    samples = flat(engine.generate(prompts[:8], 2, sampling(tokenizer)))
+    cfg = json.loads((MODEL / "config.json").read_text())
+    layers, k, experts = (
+        cfg["num_hidden_layers"],
+        cfg["num_experts_per_tok"],
+        cfg["num_local_experts"],
+    )
+    for s in samples:
+        assert s.routed_experts.shape == (len(s.prompt_ids) + len(s.response_ids) - 1, layers, k)
+        assert s.routed_experts.min() >= 0 and s.routed_experts.max() < experts
+        # a top-k set: k distinct experts per (token, layer)
+        assert (
+            np.sort(s.routed_experts, -1)[..., 1:] != np.sort(s.routed_experts, -1)[..., :-1]
+        ).all()
+    batch = collate(
+        samples, torch.linspace(-1, 1, len(samples)), tokenizer.pad_token_id, need_routes=True
+    )
+    valid = batch.attention_mask.bool().clone()
+    for b, s in enumerate(samples):
+        valid[b, len(s.prompt_ids) + len(s.response_ids) - 1 :] = False  # the last token: no row
+
+    # What the experts of the trainer receive under replay is SGLang's routing, every layer.
+    trainer = LocalTrainer(str(MODEL), r3=True, lr=1e-3)
+    seen = []
+    hooks = [
+        layer.mlp.experts.register_forward_pre_hook(lambda m, a: seen.append(a[1].detach().clone()))
+        for layer in trainer.model.model.layers
+    ]
+    metrics = trainer.step(batch)
+    for h in hooks:
+        h.remove()
+    assert len(seen) == layers
+    B, S = batch.input_ids.shape
+    for layer, idx in enumerate(seen):
+        used = idx.view(B, S, k).sort(-1).values[valid]
+        recorded = batch.routed_experts[:, :, layer].sort(-1).values[valid]
+        assert torch.equal(used, recorded), f"layer {layer}"
+    assert np.isfinite(metrics["loss/policy"])
+    # the router still learns under replay: the step changed its weights
+    before = load_model(str(MODEL), "float32", torch.device("cpu")).model.layers[0].mlp.gate.weight
+    assert not torch.equal(before, trainer.model.model.layers[0].mlp.gate.weight.detach())
+
+    # SGLang's routes are the bf16 engine's own: they mostly agree with the trainer's top-k.
+    from sat_cli.models.r3 import RouteCapture
+
+    model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
+    with RouteCapture(model) as cap, torch.no_grad():
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+              position_ids=batch.position_ids, use_cache=False)  # fmt: skip
+    own = cap.last_call().view(B, S, layers, k).sort(-1).values
+    agree = (own == batch.routed_experts.sort(-1).values).all(-1)[valid].float().mean()
+    assert agree > 0.9
+
+
+def _filtered_logp(logits: torch.Tensor, token: int, top_k: int, top_p: float) -> float:
+    """SGLang 0.5.23's torch sampler (``top_k_top_p_min_p_sampling_from_probs_torch``): sort,
+    drop ranks >= top_k, drop tokens whose preceding mass (of the full distribution) > top_p,
+    renormalise; the behaviour log-prob of ``token``."""
+    probs = torch.softmax(logits.double(), -1)
+    srt, idx = probs.sort(descending=True)
+    before = srt.cumsum(-1) - srt
+    keep = (torch.arange(len(srt)) < top_k) & (before <= top_p)
+    kept = torch.where(keep, srt, torch.zeros_like(srt))
+    pos = (idx == token).nonzero().item()
+    return float(torch.log(kept[pos] / kept.sum()))
+
+
+def test_top_k_top_p_logprobs_are_the_behaviour_policy(engine, prompts, tokenizer):
+    # SGLang's output_token_logprobs are unfiltered; the engine asks for the sampling mask and
+    # reports the log-prob under the renormalised top-k/top-p distribution actually sampled.
+    top_k, top_p = 5, 0.9
+    samples = flat(engine.generate(prompts[:8], 4, sampling(tokenizer, top_k=top_k, top_p=top_p)))
+    batch = collate(samples, torch.zeros(len(samples)), tokenizer.pad_token_id)
+    model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False).logits.float()  # fmt: skip
+    ref, got, unfiltered = [], [], []
+    full = token_logprobs(logits, batch.input_ids, 1.0)[0]
+    for b, s in enumerate(samples):
+        start = len(s.prompt_ids)
+        for t, tok in enumerate(s.response_ids):
+            ref.append(_filtered_logp(logits[b, start + t - 1], tok, top_k, top_p))
+            got.append(s.rollout_logp[t])
+            unfiltered.append(float(full[b, start + t]))
+    ref, got, unfiltered = map(np.asarray, (ref, got, unfiltered))
+    assert np.mean(np.abs(got - ref)) < MEAN_TOL
+    # renormalising over a cut support raises log-probs (up to bf16 noise between the two
+    # models), measurably: these are not the plain log-probs
+    assert np.mean(got >= unfiltered - 0.05) > 0.95
+    assert np.mean(got - unfiltered) > 1e-3
+
+
+def test_weight_update_changes_samples_and_version(engine, prompts, tokenizer, tmp_path):
+    # v1: the base model with the row of "7" in lm_head pushed outward: "7" is sampled far
+    # more often (measured: 2.5 % of tokens before, 25 % after).
+    seven = tokenizer.convert_tokens_to_ids("7")
+    model = load_model(str(MODEL), "float32", torch.device("cpu"))
+    with torch.no_grad():
+        model.lm_head.weight[seven] += 8.0 * model.lm_head.weight[seven].sign()
+    save_hf(model, tokenizer, tmp_path / "v1")
+    base_version = engine.version
+    before = flat(engine.generate(prompts[:8], 2, sampling(tokenizer)))
+    engine.update_weights(str(tmp_path / "v1"), base_version + 1)
+    after = flat(engine.generate(prompts[:8], 2, sampling(tokenizer)))
+    assert engine.served_versions() == [base_version + 1]
+    assert {s.weight_version for s in after} == {base_version + 1}
+    share = lambda ss: np.mean([t == seven for s in ss for t in s.response_ids])  # noqa: E731
+    assert share(after) > max(0.1, 3 * share(before))
+    # the reported log-probs are the new weights' (bf16 recompute of v1), not the old ones'
+    batch = collate(after, torch.zeros(len(after)), tokenizer.pad_token_id)
+    mask = batch.loss_mask.bool()
+    assert (recompute(tmp_path / "v1", batch) - batch.rollout_logp)[mask].abs().mean() < MEAN_TOL
+    assert (recompute(MODEL, batch) - batch.rollout_logp)[mask].abs().mean() > 10 * MEAN_TOL
+    engine.update_weights(str(MODEL), base_version + 2)  # back to the base weights
+
+
+def test_an_update_paused_in_place_keeps_versions_consistent(engine, prompts, tokenizer):
+    # SGLang refuses a cache flush while requests run, after loading the weights (captured): the
+    # engine updates without one while paused in place and flushes before the next generate.
+    base = engine.version
+    future = engine.generate_async(prompts * 8, 8, sampling(tokenizer, max_new_tokens=24))
+    time.sleep(2.0)
+    engine.pause(mode="in_place")
+    engine.update_weights(str(MODEL), base + 1)
+    engine.resume()
+    samples = flat(future.result(timeout=600))
+    versions = {v for s in samples for v in (s.token_versions or [s.weight_version])}
+    assert versions <= {base, base + 1}
+    assert engine.served_versions() == [base + 1]
+    after = flat(engine.generate(prompts[:2], 2, sampling(tokenizer)))
+    assert {s.weight_version for s in after} == {base + 1}
+    with pytest.raises(EngineError, match="retract"):
+        engine.pause(mode="retract")  # R3 is on
+
+
+def test_the_servers_400_reaches_the_user_with_its_message(engine):
+    with pytest.raises(EngineError, match=r"HTTP 400: .*unknown field `bogus`"):
+        engine.client.post_json(
+            "/generate",
+            {"input_ids": [[5, 6]], "sampling_params": {"bogus": 1}},
+            url=engine.worker_urls[0],
+        )
+    with pytest.raises(EngineError, match=r"HTTP 400: .*floating point `5.0`, expected i64"):
+        engine.client.post_json(
+            "/generate",
+            {"input_ids": [[5, 6]], "sampling_params": {"max_new_tokens": 5.0}},
+            url=engine.worker_urls[0],
+        )
+    assert engine.health()  # the server is fine after refusing
+
+
+def test_server_kill_is_detected_and_leaves_no_process(engine, prompts, tokenizer):
+    # (last in the module: it kills the shared server)
+    server = engine.servers[0]
+    pgid = server.pgid
+    assert len(live_group_members(pgid)) >= 3  # launcher, scheduler, detokenizer
+    future = engine.generate_async(prompts * 8, 8, sampling(tokenizer, max_new_tokens=32))
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    os.kill(server.pid, signal.SIGKILL)
+    with pytest.raises(EngineError) as err:
+        future.result(timeout=60)
+    assert time.monotonic() - t0 < 10.0
+    assert "died" in str(err.value) and str(server.log_path) in str(err.value)
+    assert not engine.health()
+    engine.close()
+    assert live_group_members(pgid) == []  # SGLang's scheduler and detokenizer went too

@@ -1,0 +1,74 @@
+"""Each patch of ``cpu_launch.py`` is needed: without it the failure it works around happens in
+the real SGLang environment; with it, it does not (tier ``sglang``)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from sglang_real import REPO, sglang_python
+
+pytestmark = pytest.mark.sglang
+
+LAUNCHER = REPO / "sat_cli" / "engines" / "sglang" / "cpu_launch.py"
+PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("cpu_launch", sys.argv[1])
+launch = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(launch)  # importing applies nothing; only running it as a script does
+which, apply = sys.argv[2], sys.argv[3] == "1"
+if which != "torchvision":
+    launch.patch_torchvision()  # sglang cannot be imported without it
+if apply:
+    getattr(launch, "patch_" + which)()
+if which == "torchvision":
+    import torchvision.transforms
+    print("RESULT imported")
+elif which == "state_capturer":
+    from sglang.srt.state_capturer.base import BaseHostCache
+    cache = BaseHostCache(num_tokens=4, num_layers=2, topk_size=2, name="t", device="cpu")
+    print("RESULT buffer", tuple(cache.buffer.shape), cache.buffer.is_pinned())
+elif which == "amx_pack":
+    import torch
+    from sglang.srt.layers import amx_utils
+    gate = torch.empty(8, 128, dtype=torch.bfloat16)  # the 8-expert router of the tiny model
+    up = torch.empty(64, 128, dtype=torch.bfloat16)
+    print("RESULT packs gate:", amx_utils.dim_is_supported(gate), "up:", amx_utils.dim_is_supported(up))
+"""
+
+
+def probe(which: str, apply: bool) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sglang_python(), "-c", PROBE, str(LAUNCHER), which, "1" if apply else "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+def test_torchvision_imports_only_with_the_patch():
+    bare = probe("torchvision", apply=False)
+    assert bare.returncode != 0 and "operator torchvision::nms does not exist" in bare.stderr
+    patched = probe("torchvision", apply=True)
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "RESULT imported" in patched.stdout
+
+
+def test_routed_experts_buffer_allocates_on_cpu_only_with_the_patch():
+    bare = probe("state_capturer", apply=False)
+    assert bare.returncode != 0 and "Torch not compiled with CUDA enabled" in bare.stderr
+    patched = probe("state_capturer", apply=True)
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "RESULT buffer (4, 2, 2) False" in patched.stdout
+
+
+def test_the_router_gate_is_not_amx_packed_with_the_patch():
+    # Packed, the 8-row gate is stored transposed and /update_weights_from_disk then kills the
+    # server (its end-to-end check: test_sglang_real.py::test_weight_update_changes_...).
+    bare = probe("amx_pack", apply=False)
+    assert bare.returncode == 0, bare.stderr[-2000:]
+    assert "RESULT packs gate: True up: True" in bare.stdout
+    patched = probe("amx_pack", apply=True)
+    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert "RESULT packs gate: False up: True" in patched.stdout

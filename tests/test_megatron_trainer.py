@@ -111,7 +111,9 @@ CONFIGS = {
     # SAT-GRPO, two optimizer steps per batch
     "sat_grpo": dict(algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9),
     # SAT-GRPO with R3 (RouterReplay in megatron vs forward hooks in HF)
-    "sat_grpo_r3": dict(algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9, r3=True),
+    "sat_grpo_r3": dict(
+        algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9, r3=True, r3_audit=True
+    ),
 }
 
 
@@ -133,6 +135,41 @@ def test_actor_matches_local_trainer(megatron_dist, tiny_dir, name):
         initial_weights(tiny_dir),
     )
     assert actor.step_count == local.step_count == 1
+    if kw.get("r3_audit"):
+        # every replayed (token, layer) row used exactly the recorded experts, in both trainers
+        rows = int(batch.recorded_routes.sum()) * actor.hf_config["num_hidden_layers"]
+        for m in (loc_metrics, meg_metrics):
+            assert m["r3/audit_rows"] == rows  # two minibatch forwards cover the batch once
+            assert m["r3/audit_mismatched_rows"] == 0
+
+
+def test_route_audits_see_routes_that_were_not_replayed(megatron_dist, tiny_dir):
+    # The audits can fail: a forward WITHOUT replay against routes the routers did not choose.
+    from sat_cli.models.r3 import RouteAudit as HFRouteAudit
+    from sat_cli.trainers.megatron import runtime
+
+    samples, adv = make_samples()
+    batch = collate(samples, adv, pad_id=0, need_routes=True)
+    wrong = batch.routed_experts  # random routes: the routers choose otherwise (27 in 28 rows)
+    local, actor = LocalTrainer(str(tiny_dir)), MegatronActor(str(tiny_dir))
+    args = (batch.input_ids, batch.attention_mask, batch.position_ids)
+    with HFRouteAudit(local.model, wrong, batch.recorded_routes) as hf_audit, torch.no_grad():
+        local.model(input_ids=args[0], attention_mask=args[1], position_ids=args[2])
+    with runtime.RouteAudit(actor.model, wrong, batch.recorded_routes) as mg_audit:
+        with torch.no_grad():
+            runtime.token_logprobs(actor.model, args[0], args[2], args[1], 1.0)
+    for audit in (hf_audit, mg_audit):
+        assert audit.rows == int(batch.recorded_routes.sum()) * LAYERS
+        assert audit.mismatched > 0.8 * audit.rows
+    # ... and pass on the routes the model chose itself
+    from sat_cli.models.r3 import RouteCapture
+
+    with RouteCapture(local.model) as cap, torch.no_grad():
+        local.model(input_ids=args[0], attention_mask=args[1], position_ids=args[2])
+    own = cap.last_call().view(*batch.input_ids.shape, LAYERS, TOP_K)
+    with HFRouteAudit(local.model, own, batch.recorded_routes) as hf_audit, torch.no_grad():
+        local.model(input_ids=args[0], attention_mask=args[1], position_ids=args[2])
+    assert hf_audit.rows > 0 and hf_audit.mismatched == 0
 
 
 @pytest.mark.parametrize(
@@ -271,7 +308,7 @@ def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
 def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
     # world size 2 on CPU (gloo): rows split over the ranks, experts split when ep=2; an odd
     # batch (7 rows, minibatches of 4 and 3) exercises the padded shards
-    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True)
     batch = collate(*make_samples(n=7, seed=2), 0, need_routes=True)
     local = LocalTrainer(str(tiny_dir), **kw)
     with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", nproc_per_node=2, ep=ep, **kw) as tr:
@@ -294,6 +331,8 @@ def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
     assert_same_step(
         loc_metrics, meg_metrics, hf_weights_of_local(local), meg_w, initial_weights(tiny_dir)
     )
+    assert meg_metrics["r3/audit_rows"] == loc_metrics["r3/audit_rows"] > 0  # summed over ranks
+    assert meg_metrics["r3/audit_mismatched_rows"] == 0
 
 
 @pytest.mark.slow

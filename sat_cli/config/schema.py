@@ -304,6 +304,9 @@ class TrainerConfig:
     ep: int = 1
     pp: int = 1
     cp: int = 1
+    # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
+    # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
+    r3_audit: bool = False
 
     def __post_init__(self) -> None:
         _choice("trainer.name", self.name, TRAINERS)

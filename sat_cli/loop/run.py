@@ -295,6 +295,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         num_minibatches=obj.algo.num_minibatches,
         seed=obj.seed,
         loss_kwargs=_loss_kwargs(obj),
+        r3_audit=obj.trainer.r3_audit,
     )
     t = obj.trainer
     if t.name == "local":

@@ -133,3 +133,41 @@ class RouteReplay:
 def maybe_replay(model, routes: torch.Tensor | None, enabled: bool):
     """``RouteReplay(model, routes)`` when ``enabled``, else a no-op context."""
     return RouteReplay(model, routes) if enabled else contextlib.nullcontext()
+
+
+class RouteAudit:
+    """Counts the (token, layer) rows where the experts a forward used differ from ``routes``
+    (``[B, S, L, K]``, checked where ``valid [B, S]``): a forward pre-hook on every layer's
+    ``mlp.experts`` reads the indices the experts actually receive. ``rows`` and ``mismatched``
+    accumulate over the forwards run inside the context (``trainer.r3_audit``)."""
+
+    def __init__(self, model, routes: torch.Tensor, valid: torch.Tensor):
+        self.layers = [layer.mlp.experts for layer in model.model.layers]
+        self.routes = routes.long()
+        self.valid = valid.bool()
+        self.rows = 0
+        self.mismatched = 0
+        self._handles = []
+
+    def _hook(self, layer: int):
+        def pre(module, args):
+            indices = args[1]  # [B*S, K], HF's token order
+            b, s = self.valid.shape
+            used = indices.detach().view(b, s, -1).sort(-1).values.cpu()
+            want = self.routes[:, :, layer].sort(-1).values
+            bad = (used != want).any(-1)[self.valid]
+            self.rows += int(bad.numel())
+            self.mismatched += int(bad.sum())
+
+        return pre
+
+    def __enter__(self) -> RouteAudit:
+        self._handles = [
+            e.register_forward_pre_hook(self._hook(i)) for i, e in enumerate(self.layers)
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -45,6 +45,15 @@ class TrainBatch:
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def recorded_routes(self) -> torch.Tensor:
+        """``[B, S]`` bool: positions whose ``routed_experts`` row the engine recorded (real
+        tokens but the last of each row, which was never fed to the engine)."""
+        mask = self.attention_mask.bool()
+        last = mask.long().sum(1) - 1  # right padding: index of the last real token
+        cols = torch.arange(mask.shape[1])
+        return mask & (cols[None, :] != last[:, None])
+
     def select(self, rows: torch.Tensor | list[int] | slice) -> TrainBatch:
         """The sub-batch of the given rows (for minibatches)."""
         out = {}

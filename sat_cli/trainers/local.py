@@ -28,6 +28,7 @@ then renames the folder into place. No pickles.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from sat_cli.models.r3 import R3Error, maybe_replay
+from sat_cli.models.r3 import R3Error, RouteAudit, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl import registry
 from sat_cli.rl.losses import kl_k3_penalty
@@ -90,6 +91,7 @@ class LocalTrainer:
         seed: int = 0,
         device: str = "cpu",
         loss_kwargs: dict | None = None,
+        r3_audit: bool = False,
     ):
         if num_minibatches < 1:
             raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
@@ -127,6 +129,8 @@ class LocalTrainer:
         self.kl_coef = kl_coef
         self.temperature = temperature
         self.r3 = r3
+        self.r3_audit = r3 and r3_audit
+        self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self.num_minibatches = num_minibatches
         self.step_count = 0
 
@@ -156,8 +160,18 @@ class LocalTrainer:
     def _forward(self, model, batch: TrainBatch):
         self._check_routes(batch)
         dev = self.device
-        with maybe_replay(
-            model, None if batch.routed_experts is None else batch.routed_experts.to(dev), self.r3
+        audit = (
+            RouteAudit(model, batch.routed_experts, batch.recorded_routes)
+            if self.r3_audit and model is self.model
+            else contextlib.nullcontext()
+        )
+        with (
+            maybe_replay(
+                model,
+                None if batch.routed_experts is None else batch.routed_experts.to(dev),
+                self.r3,
+            ),
+            audit,
         ):
             out = model(
                 input_ids=batch.input_ids.to(dev),
@@ -165,6 +179,9 @@ class LocalTrainer:
                 position_ids=batch.position_ids.to(dev),
                 use_cache=False,
             )
+        if isinstance(audit, RouteAudit):
+            self._audit[0] += audit.rows
+            self._audit[1] += audit.mismatched
         return token_logprobs(out.logits, batch.input_ids.to(dev), self.temperature)
 
     @torch.no_grad()
@@ -177,6 +194,7 @@ class LocalTrainer:
         t0 = time.perf_counter()
         dev = self.device
         extra: dict[str, float] = {}
+        self._audit = [0, 0]
         old_logp = None
         if self.needs_old:
             old_logp = self.logprobs(batch)  # [B, S]
@@ -237,6 +255,8 @@ class LocalTrainer:
         self.step_count += 1
         out = {k: v / n_steps for k, v in sums.items()} if n_steps else {}
         out.update(extra)
+        if self.r3_audit:
+            out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, self._audit)
         out["perf/train_s"] = time.perf_counter() - t0
         out["perf/optimizer_steps"] = float(n_steps)
         return out

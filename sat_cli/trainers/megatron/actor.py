@@ -37,6 +37,7 @@ this runs and the step is the local trainer's, operation for operation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,6 +86,7 @@ class MegatronActor:
         seed: int = 0,
         loss_kwargs: dict | None = None,
         dtype: str = "float32",
+        r3_audit: bool = False,
     ):
         if num_minibatches < 1:
             raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
@@ -99,6 +101,8 @@ class MegatronActor:
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.dtype = DTYPES[dtype]
         self.r3 = r3
+        self.r3_audit = r3 and r3_audit
+        self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self._init_parallel()
         self.model = self._build(routing_replay=r3, clear_registry=True)
         self.model.train()
@@ -177,14 +181,24 @@ class MegatronActor:
                     f"input_ids {tuple(batch.input_ids.shape)}"
                 )
             runtime.set_replay_routes(batch.routed_experts, self.model.config, device=dev)
+        audit = (
+            runtime.RouteAudit(model, batch.routed_experts, batch.recorded_routes)
+            if self.r3_audit and model is self.model
+            else None
+        )
         try:
-            return runtime.token_logprobs(
-                model,
-                batch.input_ids.to(dev),
-                batch.position_ids.to(dev),
-                batch.attention_mask.to(dev),
-                self.temperature,
-            )
+            with audit or contextlib.nullcontext():
+                out = runtime.token_logprobs(
+                    model,
+                    batch.input_ids.to(dev),
+                    batch.position_ids.to(dev),
+                    batch.attention_mask.to(dev),
+                    self.temperature,
+                )
+            if audit is not None:
+                self._audit[0] += audit.rows
+                self._audit[1] += audit.mismatched
+            return out
         finally:
             if self.r3:
                 # REPLAY_FORWARD reads the routes during the forward only (no recompute), so
@@ -213,6 +227,7 @@ class MegatronActor:
         t0 = time.perf_counter()
         dev = self.device
         extra: dict[str, float] = {}
+        self._audit = [0, 0]
         old_logp = None
         if self.needs_old:
             old_logp = self.logprobs(batch)  # [B, S]
@@ -267,6 +282,13 @@ class MegatronActor:
         self.step_count += 1
         out = {k: v / n_steps for k, v in sums.items()} if n_steps else {}
         out.update(extra)
+        if self.r3_audit:
+            audit = torch.tensor(self._audit, dtype=torch.float64)
+            if self.dp_group is not None:  # each rank checked its own rows
+                import torch.distributed as dist
+
+                dist.all_reduce(audit, group=self.dp_group)
+            out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, audit.tolist())
         out["perf/train_s"] = time.perf_counter() - t0
         out["perf/optimizer_steps"] = float(n_steps)
         return out

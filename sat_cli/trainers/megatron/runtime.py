@@ -154,6 +154,44 @@ def set_replay_routes(routes: torch.Tensor, config, device=None) -> None:
     RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
 
+class RouteAudit:
+    """Counts the (token, layer) rows where megatron's routers chose experts other than
+    ``routes [B, S, L, K]`` (checked where ``valid [B, S]``): a forward hook on every
+    ``TopKRouter`` reads its ``routing_map [S*B, E]`` (megatron's token order). Used with
+    ``trainer.r3_audit`` to show that R3 replays exactly the engine's routes."""
+
+    def __init__(self, model, routes: torch.Tensor, valid: torch.Tensor):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        self.routes = routes.long()
+        self.valid = valid.bool()
+        self.rows = 0
+        self.mismatched = 0
+        self._handles = []
+
+    def _hook(self, layer: int):
+        def hook(module, args, output):
+            routing_map = output[1].detach().cpu()  # [S*B, E] bool
+            b, s = self.valid.shape
+            used = routing_map.view(s, b, -1).transpose(0, 1)  # [B, S, E]
+            want = torch.zeros_like(used).scatter(-1, self.routes[:, :, layer], True)
+            bad = (used != want).any(-1)[self.valid]
+            self.rows += int(bad.numel())
+            self.mismatched += int(bad.sum())
+
+        return hook
+
+    def __enter__(self) -> RouteAudit:
+        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
 def clear_replay() -> None:
     """Drop recorded/target routes and the replay action (call after every step)."""
     from megatron.core.transformer.moe.router_replay import RouterReplay

@@ -44,3 +44,30 @@ def launch(model=MODEL, *, log_dir, r3=True, **kw):
         startup_timeout_s=600,
         **kw,
     )
+
+
+def sat(*args: str, cwd, timeout: float = 900):
+    """``sat`` in a subprocess (the installed CLI of this interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def metrics(run_dir, name: str) -> dict[int, float]:
+    """``{step: value}`` of one metric of the only run of experiment ``sat`` in ``run_dir``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sat").experiment_id])
+    assert run.info.status == "FINISHED"
+    return {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}

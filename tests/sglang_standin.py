@@ -159,6 +159,7 @@ class StandinState:
         self.resumed.set()
         self.pause_mode: str | None = None
         self.running: set[_Request] = set()
+        self.router_workers: list[str] | None = None  # set when it plays sglang_router
         self.generated: list[dict] = []  # every /generate item sent, in order
         self.routed_by_id: dict[str, list[int]] = {}  # meta_info id -> routed experts encoded
 
@@ -296,6 +297,10 @@ class _Handler(BaseHTTPRequestHandler):
                     "model_type": "qwen3_moe",
                 },
             )
+        elif self.path == "/readiness" and st.router_workers is not None:
+            # only when playing sglang_router (the real server has no such route)
+            n = len(st.router_workers)
+            self._send(200, {"status": "ready", "healthy_workers": n, "total_workers": n})
         elif self.path == "/standin/calls":
             with st.lock:
                 self._send(200, st.calls)
@@ -552,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--enable-return-routed-experts", action="store_true")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
     parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--worker-urls", nargs="*")  # as sglang_router.launch_router
     parser.add_argument("--standin-startup-delay", type=float, default=0.0)
     parser.add_argument("--standin-never-healthy", action="store_true")
     parser.add_argument("--standin-exit-code", type=int, default=None)
@@ -586,6 +592,8 @@ def main(argv: list[str] | None = None) -> None:
         model_path=args.model_path or "",
     )
     state.switches["healthy"] = not args.standin_never_healthy
+    if args.module == "sglang_router.launch_router":
+        state.router_workers = list(args.worker_urls or [])
     server = make_server(state, args.host, args.port)
     print(f"standin: serving on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()

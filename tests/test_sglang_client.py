@@ -36,6 +36,12 @@ def standin(model_dir):
         yield s
 
 
+def entry_params(call: dict) -> list[dict]:
+    """The sampling params of every entry of a /generate body (one dict applies to all)."""
+    sp = call["sampling_params"]
+    return sp if isinstance(sp, list) else [sp] * len(call["input_ids"])
+
+
 def make_engine(model_dir, urls, **kw):
     kw.setdefault("retries", 0)
     kw.setdefault("deterministic", True)
@@ -54,17 +60,15 @@ def test_batched_generate_keeps_order_and_round_trips_routed_experts(model_dir, 
         samples = engine.generate(prompts, n=3, sampling=sampling)
 
     # 9 entries in batches of 4 -> 3 /generate requests of 4, 4 and 1 entries.
-    calls = sorted(
-        standin.calls("/generate"), key=lambda c: c["sampling_params"][0]["sampling_seed"]
-    )
+    calls = sorted(standin.calls("/generate"), key=lambda c: entry_params(c)[0]["sampling_seed"])
     assert [len(c["input_ids"]) for c in calls] == [4, 4, 1]
     sent = [ids for c in calls for ids in c["input_ids"]]
     assert sent == [[1, 2, 3]] * 3 + [[4, 5]] * 3 + [[6]] * 3  # prompt-major repetition
-    seeds = [sp["sampling_seed"] for c in calls for sp in c["sampling_params"]]
+    seeds = [sp["sampling_seed"] for c in calls for sp in entry_params(c)]
     assert seeds == list(range(100, 109))
     assert all(c["return_logprob"] and c["logprob_start_len"] == -1 for c in calls)
     assert all(c["return_routed_experts"] is True for c in calls)
-    assert calls[0]["sampling_params"][0]["temperature"] == 0.8
+    assert entry_params(calls[0])[0]["temperature"] == 0.8
 
     sent_items = {item["meta_info"]["id"]: item for item in standin.state.generated}
     assert [len(group) for group in samples] == [3, 3, 3]
@@ -92,7 +96,7 @@ def test_stop_token_ends_sample_with_stop(model_dir, standin):
         (group,) = engine.generate([[1, 2]], n=2, sampling=sampling)
     assert [s.finish_reason for s in group] == ["stop", "stop"]
     assert [len(s.response_ids) for s in group] == [1, 1]
-    assert standin.calls("/generate")[0]["sampling_params"][0]["stop_token_ids"] == list(range(50))
+    assert entry_params(standin.calls("/generate")[0])[0]["stop_token_ids"] == list(range(50))
 
 
 def test_generate_async_returns_a_future(model_dir, standin):
@@ -308,12 +312,13 @@ def test_seeds_are_sent_only_to_deterministic_servers(model_dir):
     with Standin(str(model_dir)) as s:  # no --enable-deterministic-inference
         with make_engine(model_dir, [s.url], deterministic=False) as engine:
             engine.generate([[1]], 2, sampling)
-        assert all("sampling_seed" not in p for p in s.calls("/generate")[0]["sampling_params"])
+        sent = s.calls("/generate")[0]["sampling_params"]
+        assert isinstance(sent, dict) and "sampling_seed" not in sent  # one dict for all entries
     with Standin(str(model_dir), deterministic=True) as s:
         with make_engine(model_dir, [s.url]) as engine:
             first = engine.generate([[1]], 2, sampling)
             again = engine.generate([[1]], 2, sampling)
-        seeds = [p["sampling_params"][0]["sampling_seed"] for p in s.calls("/generate")]
+        seeds = [entry_params(p)[0]["sampling_seed"] for p in s.calls("/generate")]
     assert seeds == [7, 7]
     assert [x.response_ids for x in first[0]] == [x.response_ids for x in again[0]]
 

@@ -77,10 +77,15 @@ def test_generate_payload_is_a_batch_with_logprobs_and_optional_routing():
     payload = build_generate_payload([[1, 2], [3]], params, return_routed_experts=False)
     assert payload == {
         "input_ids": [[1, 2], [3]],
-        "sampling_params": params,
+        "sampling_params": {"max_new_tokens": 4},  # equal for all entries: one dict
         "return_logprob": True,
         "logprob_start_len": -1,
     }
+    seeded = [{"max_new_tokens": 4, "sampling_seed": 1}, {"max_new_tokens": 4, "sampling_seed": 2}]
+    assert (
+        build_generate_payload([[1], [2]], seeded, return_routed_experts=False)["sampling_params"]
+        == seeded
+    )  # per-entry seeds: a list
     with_r3 = build_generate_payload([[1, 2]], params[:1], return_routed_experts=True)
     assert with_r3["return_routed_experts"] is True
     # A single prompt is still sent as a list of lists, so SGLang answers with a list.
@@ -334,6 +339,10 @@ def test_router_command(tmp_path):
         "30999",
         "--policy",
         "round_robin",
+        "--health-check-timeout-secs",
+        "60",
+        "--health-failure-threshold",
+        "10",
     ]
     assert router.health_path == "/health"
 

@@ -72,3 +72,73 @@ def test_the_router_gate_is_not_amx_packed_with_the_patch():
     patched = probe("amx_pack", apply=True)
     assert patched.returncode == 0, patched.stderr[-2000:]
     assert "RESULT packs gate: False up: True" in patched.stdout
+
+
+PARSE = """
+import argparse, json, sys
+sys.argv = ["x"]
+kind, argv = sys.argv[0], json.loads(sys.stdin.read())
+import importlib.util
+spec = importlib.util.spec_from_file_location("cpu_launch", argv.pop(0))
+launch = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(launch)
+launch.patch_torchvision()
+which = argv.pop(0)
+if which == "server":
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv)
+    print("RESULT", json.dumps({k: str(getattr(ns, k)) for k in (
+        "model_path", "host", "port", "dtype", "device", "attention_backend", "tp_size",
+        "max_total_tokens", "enable_return_routed_experts", "weight_version",
+        "disable_overlap_schedule")}))
+else:
+    from sglang_router.launch_router import parse_router_args
+    ra = parse_router_args(argv)
+    print("RESULT", json.dumps({"worker_urls": ra.worker_urls, "port": ra.port,
+        "policy": ra.policy, "health_failure_threshold": ra.health_failure_threshold,
+        "health_check_timeout_secs": ra.health_check_timeout_secs}))
+"""
+
+
+def parse_with_sglang(which: str, command: list[str], module: str) -> dict:
+    import json
+
+    args = command[command.index(module) + 1 :]
+    out = subprocess.run(
+        [sglang_python(), "-c", PARSE],
+        input=json.dumps([str(LAUNCHER), which, *args]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_sglangs_own_parsers_accept_the_commands_sat_builds(tmp_path):
+    from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+
+    server = SGLangServer(
+        "m", python="py", port=31000, device="cpu", dtype="bfloat16", max_total_tokens=4096,
+        enable_return_routed_experts=True, log_path=tmp_path / "s.log",
+    )  # fmt: skip
+    ns = parse_with_sglang("server", server.command, "sglang.launch_server")
+    assert ns == {
+        "model_path": "m", "host": "127.0.0.1", "port": "31000", "dtype": "bfloat16",
+        "device": "cpu", "attention_backend": "torch_native", "tp_size": "1",
+        "max_total_tokens": "4096", "enable_return_routed_experts": "True",
+        "weight_version": "0", "disable_overlap_schedule": "True",
+    }  # fmt: skip
+    router = SGLangRouter(
+        ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], python="py", port=30999,
+        device="cpu", log_path=tmp_path / "r.log",
+    )  # fmt: skip
+    ra = parse_with_sglang("router", router.command, "sglang_router.launch_router")
+    assert ra == {
+        "worker_urls": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], "port": 30999,
+        "policy": "round_robin", "health_failure_threshold": 10, "health_check_timeout_secs": 60,
+    }  # fmt: skip

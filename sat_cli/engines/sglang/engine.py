@@ -273,9 +273,11 @@ class SGLangEngine:
         seeds = entry_seeds(sampling.seed if self.deterministic else None, len(prompts), n)
         params = [sampling_params_to_wire(sampling, s) for s in seeds]
         mask = filtering_active(sampling)
+        # sglang_router takes one sampling_params dict per request: entries with their own
+        # seeds go one per request through it
+        size = 1 if self.router is not None and seeds[0] is not None else self.max_batch_size
         chunks = [
-            range(start, min(start + self.max_batch_size, len(entries)))
-            for start in range(0, len(entries), self.max_batch_size)
+            range(start, min(start + size, len(entries))) for start in range(0, len(entries), size)
         ]
         payloads = [
             build_generate_payload(

@@ -184,12 +184,13 @@ class ManagedProcess:
                 message = self.failure_message(f"was not healthy after {timeout_s:.0f} s")
                 self.stop()
                 raise EngineError(message)
-            status = http_get_status(
-                self.host, self.port, self.health_path, timeout_s=min(max(remaining, 0.1), 30.0)
-            )
-            if status == 200:
+            if self.ready(timeout_s=min(max(remaining, 0.1), 30.0)):
                 return
             time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+    def ready(self, timeout_s: float) -> bool:
+        """One readiness probe: ``GET health_path`` answers 200."""
+        return http_get_status(self.host, self.port, self.health_path, timeout_s) == 200
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after ``grace_s``; return when none is left."""
@@ -338,7 +339,16 @@ class SGLangRouter(ManagedProcess):
 
     Weight updates and pause/continue must reach every worker, so the engine sends those to the
     worker URLs directly, and only ``/generate`` goes through the router.
+
+    The router answers ``/health`` before it has registered its workers (in the background),
+    and a ``/generate`` then gets 503 "no available workers"; it is ready once ``GET
+    /readiness`` counts every worker healthy. Its own health checks probe ``/health`` of each
+    worker, which blocks while a worker loads weights or is paused: a longer probe timeout and
+    failure threshold than the defaults keep it from opening the circuit of a busy worker (sat
+    watches the worker processes itself).
     """
+
+    ROUTER_ARGS = ("--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
 
     name = "sglang-router"
 
@@ -394,5 +404,17 @@ class SGLangRouter(ManagedProcess):
             str(self.port),
             "--policy",
             self.policy,
+            *self.ROUTER_ARGS,
             *self.extra_args,
         ]
+
+    def ready(self, timeout_s: float) -> bool:
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/readiness", timeout=timeout_s) as resp:
+                body = json.loads(resp.read())
+        except (OSError, ValueError):
+            return False
+        return int(body.get("healthy_workers", 0)) >= len(self.worker_urls)

@@ -115,6 +115,9 @@ def build_generate_payload(
 ) -> dict[str, Any]:
     """The JSON body of one batched ``POST /generate`` (fields of io_struct.GenerateReqInput).
 
+    Equal sampling params for every entry go as one dict (the server applies it to each entry;
+    ``sglang_router`` 0.3.2 refuses a list with 422), different ones (per-entry seeds) as a list.
+
     ``return_sampling_mask``: SGLang's ``output_token_logprobs`` are ``log_softmax(logits / T)``
     before top-k/top-p filtering (``srt/layers/sampler.py``); with the mask requested the server
     also reports ``output_token_sampling_logprobs``, the log-prob of each token under the
@@ -125,9 +128,11 @@ def build_generate_payload(
         raise ValueError(f"{len(input_ids)} inputs but {len(sampling_params)} sampling params")
     if not input_ids:
         raise ValueError("empty batch")
+    shared = all(p == sampling_params[0] for p in sampling_params)
     payload: dict[str, Any] = {
         "input_ids": [[int(t) for t in ids] for ids in input_ids],
-        "sampling_params": list(sampling_params),
+        # one dict applies to every entry; sglang_router 0.3 accepts only that form
+        "sampling_params": dict(sampling_params[0]) if shared else list(sampling_params),
         "return_logprob": True,
         "logprob_start_len": -1,  # log-probs of output tokens only
     }

@@ -40,7 +40,7 @@ from sat_cli.engines.sglang import SGLangEngine, read_moe_dims
 
 DEFAULT_SERVER_ARGS = (
     "--attention-backend triton --sampling-backend pytorch --disable-cuda-graph "
-    "--dtype bfloat16 --mem-fraction-static 0.3"
+    "--mem-fraction-static 0.3"
 )
 
 
@@ -152,10 +152,13 @@ def main() -> int:
         args.ckpt,
         python=args.python,
         launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else None,
+        device="cuda",
+        dtype="bfloat16",
         extra_args=shlex.split(args.server_args),
         log_dir=log_dir,
         startup_timeout_s=args.startup_timeout,
         r3=True,
+        deterministic=False,
         request_timeout_s=120.0,
     )
     try:

@@ -418,8 +418,9 @@ def test_servers_bind_loopback_by_default():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = node.args.args + node.args.kwonlyargs
-                dflt = [None] * (len(node.args.args) - len(node.args.defaults)) + list(
+                positional = node.args.posonlyargs + node.args.args
+                args = positional + node.args.kwonlyargs
+                dflt = [None] * (len(positional) - len(node.args.defaults)) + list(
                     node.args.defaults
                 )
                 dflt += list(node.args.kw_defaults)

@@ -105,3 +105,46 @@ def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError) as info:
         load([override])
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (
+            ["engine=sglang", "engine.device=cpu", "engine.dtype=float32"],
+            "needs engine.dtype=bfloat16",
+        ),
+        (
+            ["engine=sglang", "engine.device=cpu", "engine.deterministic=true"],
+            "needs a GPU attention",
+        ),
+        (["engine=sglang", "engine.device=tpu"], "engine.device='tpu' is not valid"),
+        (["engine=local", "engine.device=cuda"], "engine=local runs on the CPU"),
+        (["engine=sglang", "engine.urls=[localhost:30000]"], "is not http://host:port"),
+        (
+            ["engine=sglang", "engine.urls=[http://a:1]", "engine.num_servers=2"],
+            "started elsewhere",
+        ),
+        (
+            ["engine=sglang", "engine.num_servers=3", "engine.gpu_groups=[0,1]"],
+            "one server per group",
+        ),
+        (
+            ["engine=sglang", "engine.device=cpu", "engine.gpu_groups=[0]"],
+            "needs engine.device=cuda",
+        ),
+    ],
+)
+def test_sglang_settings_that_cannot_work_are_refused(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load(overrides)
+
+
+def test_sglang_derived_settings():
+    _, obj = load(["engine=sglang"])
+    assert (obj.engine.device, obj.engine.dtype, obj.engine.servers) == ("cuda", "bfloat16", 1)
+    assert obj.engine.seeded and not obj.engine.router  # deterministic on GPU; one server
+    _, obj = load(["engine=sglang", "engine.device=cpu", "engine.num_servers=2"])
+    assert not obj.engine.seeded and obj.engine.router and obj.engine.servers == 2
+    _, obj = load(["engine=sglang", "engine.urls=[http://10.0.0.2:30000]"])
+    assert obj.engine.servers == 0 and not obj.engine.router

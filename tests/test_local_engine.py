@@ -183,3 +183,51 @@ def test_startup_failure_is_engine_error(tmp_path):
     with pytest.raises(EngineError, match="engine startup"):
         LocalEngine(str(tmp_path / "no_such_checkpoint"))
     assert time.monotonic() - t0 < 60
+
+
+def with_extra_eos(src, dst, extra: int):
+    """A copy of the checkpoint ``src`` whose generation_config names a second EOS id."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    gen_path = dst / "generation_config.json"
+    gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    gen["eos_token_id"] = [
+        int(json.loads((dst / "config.json").read_text())["eos_token_id"]),
+        extra,
+    ]
+    gen_path.write_text(json.dumps(gen))
+    return dst
+
+
+def first_stop_rule_holds(samples, stop_ids) -> None:
+    """Each response ends at its first stop token (which it keeps) or runs to the length limit."""
+    for s in samples:
+        hits = [i for i, t in enumerate(s.response_ids) if t in stop_ids]
+        if s.finish_reason == "stop":
+            assert hits and hits[0] == len(s.response_ids) - 1, s.response_ids
+        else:
+            assert not hits, s.response_ids
+
+
+def test_the_stop_rule_is_sglangs_union_of_eos_ids(tmp_path):
+    # SGLang stops on config.json eos | generation_config.json eos | the tokenizer's eos | the
+    # request's stop ids; the local engine does the same (sat_cli/models/stopping.py).
+    from sat_cli.models.stopping import model_stop_ids
+
+    model = tmp_path / "m"
+    save_hf(build_tiny_moe(7), build_char_tokenizer(), model)
+    sampling = SamplingParams(max_new_tokens=12, seed=3)
+    with LocalEngine(str(model), seed=1) as eng:
+        counts: dict[int, int] = {}
+        for s in flat(eng.generate(PROMPTS, 8, sampling)):
+            for t in s.response_ids[:-1]:
+                counts[t] = counts.get(t, 0) + 1
+    extra = max(counts, key=counts.get)  # a token the model samples often mid-response
+    two = with_extra_eos(model, tmp_path / "m2", extra)
+    assert model_stop_ids(two) == {1, extra}
+    with LocalEngine(str(two), seed=1) as eng:
+        samples = flat(eng.generate(PROMPTS, 8, sampling))
+    first_stop_rule_holds(samples, {1, extra})
+    assert sum(s.response_ids[-1] == extra for s in samples) >= 3

@@ -365,3 +365,14 @@ def test_a_bad_request_quotes_the_servers_error_body(model_dir, standin):
     with pytest.raises(EngineError, match=r"HTTP 400: .*unknown field `bogus`"):
         client.post_json("/generate", {"input_ids": [[1]], "sampling_params": {"bogus": 1}})
     client.close()
+
+
+def test_servers_started_elsewhere_must_serve_version_0(model_dir):
+    # engine.urls: servers started elsewhere; one left at another version (an earlier run's
+    # weights) would mislabel every sample, so the engine refuses it at start.
+    with Standin(str(model_dir), weight_version="3") as s:
+        with pytest.raises(EngineError, match=r"report weight versions \[3\]"):
+            make_engine(model_dir, [s.url])
+    with Standin(str(model_dir)) as s:
+        with make_engine(model_dir, [s.url]) as engine:
+            assert engine.served_versions() == [0]

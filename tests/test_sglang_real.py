@@ -255,6 +255,28 @@ def test_the_servers_400_reaches_the_user_with_its_message(engine):
     assert engine.health()  # the server is fine after refusing
 
 
+def test_sglang_stops_on_the_union_of_eos_ids_like_the_local_engine(
+    engine, prompts, tokenizer, tmp_path
+):
+    # A model whose generation_config names a second EOS (a digit the model often samples):
+    # SGLang stops at the first of either, as the local engine does (test_local_engine.py).
+    from test_local_engine import first_stop_rule_holds, with_extra_eos
+
+    counts: dict[int, int] = {}
+    for s in flat(engine.generate(prompts, 2, sampling(tokenizer))):
+        for tok in s.response_ids[:-1]:
+            counts[tok] = counts.get(tok, 0) + 1
+    extra = max(counts, key=counts.get)
+    model = with_extra_eos(MODEL, tmp_path / "m", extra)
+    eos = tokenizer.eos_token_id
+    plain = SamplingParams(max_new_tokens=16)  # no stop ids in the request: the model's own
+    with launch(model, log_dir=tmp_path / "logs", r3=False) as other:
+        samples = flat(other.generate(prompts, 4, plain))
+    first_stop_rule_holds(samples, {eos, extra})
+    assert sum(s.response_ids[-1] == extra for s in samples) >= 3
+    assert any(s.response_ids[-1] == eos for s in samples)
+
+
 def test_server_kill_is_detected_and_leaves_no_process(engine, prompts, tokenizer):
     # (last in the module: it kills the shared server)
     server = engine.servers[0]

@@ -137,34 +137,44 @@ def maybe_replay(model, routes: torch.Tensor | None, enabled: bool):
 
 class RouteAudit:
     """Counts the (token, layer) rows where the experts a forward used differ from ``routes``
-    (``[B, S, L, K]``, checked where ``valid [B, S]``): a forward pre-hook on every layer's
-    ``mlp.experts`` reads the indices the experts actually receive. ``rows`` and ``mismatched``
-    accumulate over the forwards run inside the context (``trainer.r3_audit``)."""
+    (``[B, S, L, K]``, checked where ``valid [B, S]``); ``rows`` and ``mismatched`` accumulate
+    over the forwards run inside the context (``trainer.r3_audit``).
+
+    This class hooks HF Qwen3-MoE: a forward pre-hook on every layer's ``mlp.experts`` reads the
+    expert indices the experts actually receive (after any replay). Subclasses for other models
+    override :meth:`_attach` and :meth:`_used`."""
 
     def __init__(self, model, routes: torch.Tensor, valid: torch.Tensor):
-        self.layers = [layer.mlp.experts for layer in model.model.layers]
+        self.model = model
         self.routes = routes.long()
         self.valid = valid.bool()
         self.rows = 0
         self.mismatched = 0
         self._handles = []
 
-    def _hook(self, layer: int):
-        def pre(module, args):
-            indices = args[1]  # [B*S, K], HF's token order
-            b, s = self.valid.shape
-            used = indices.detach().view(b, s, -1).sort(-1).values.cpu()
-            want = self.routes[:, :, layer].sort(-1).values
-            bad = (used != want).any(-1)[self.valid]
-            self.rows += int(bad.numel())
-            self.mismatched += int(bad.sum())
+    def _attach(self, on_layer) -> list:
+        """Register hooks that call ``on_layer(layer, module_args, module_output)``."""
+        return [
+            layer.mlp.experts.register_forward_pre_hook(lambda m, a, i=i: on_layer(i, a, None))
+            for i, layer in enumerate(self.model.model.layers)
+        ]
 
-        return pre
+    def _used(self, args, output) -> torch.Tensor:
+        """``[B, S, E]`` bool: the experts each token went to (HF order: token ``b*S + s``)."""
+        indices = args[1].detach().cpu()  # [B*S, K]
+        b, s = self.valid.shape
+        used = torch.zeros(b * s, self.model.config.num_experts, dtype=torch.bool)
+        return used.scatter(-1, indices.long(), True).view(b, s, -1)
+
+    def _check(self, layer: int, args, output) -> None:
+        used = self._used(args, output)
+        want = torch.zeros_like(used).scatter(-1, self.routes[:, :, layer], True)
+        bad = (used != want).any(-1)[self.valid]
+        self.rows += int(bad.numel())
+        self.mismatched += int(bad.sum())
 
     def __enter__(self) -> RouteAudit:
-        self._handles = [
-            e.register_forward_pre_hook(self._hook(i)) for i, e in enumerate(self.layers)
-        ]
+        self._handles = self._attach(self._check)
         return self
 
     def __exit__(self, *exc) -> None:

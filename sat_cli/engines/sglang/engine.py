@@ -24,6 +24,7 @@ Usage (``sat train engine=sglang`` builds this)::
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
-from sat_cli.engines.sglang.weights import DiskWeightSync, WeightSync
+from sat_cli.engines.sglang.weights import DiskWeightSync
 from sat_cli.engines.sglang.wire import (
     MoEDims,
     _excerpt,
@@ -86,7 +87,7 @@ class SGLangEngine:
         request_timeout_s: float = 600.0,
         retries: int = 3,
         backoff_s: float = 0.5,
-        weight_sync: WeightSync | None = None,
+        weight_sync: DiskWeightSync | None = None,
         initial_version: int = 0,
         restart_on_failure: bool = False,
         watchdog_s: float = 0.5,
@@ -150,49 +151,23 @@ class SGLangEngine:
         cls,
         model_path: str | os.PathLike,
         *,
-        python: str = "python",
-        launch_prefix: Sequence[str] | None = None,
-        num_servers: int = 1,
-        gpu_groups: Sequence[str] | None = None,
-        use_router: bool = False,
-        log_dir: str | os.PathLike = "logs",
-        env: dict[str, str] | None = None,
         r3: bool = False,
         deterministic: bool = False,
         initial_version: int = 0,
-        device: str = "cuda",
-        dtype: str = "bfloat16",
-        tp: int = 1,
-        dp: int = 1,
-        ep: int = 1,
-        mem_fraction_static: float | None = None,
-        max_total_tokens: int | None = None,
-        extra_args: Sequence[str] = (),
-        startup_timeout_s: float = 600.0,
-        **engine_kwargs,
+        **kwargs,
     ) -> SGLangEngine:
-        """Start the servers (:func:`build_servers`), wait until healthy, return the engine."""
+        """Start servers (and a router) with :func:`build_servers`, wait until every one is
+        healthy, return the engine. ``kwargs`` go to the engine when they are its own options
+        (``max_batch_size``, ``request_timeout_s``, ...) and to ``build_servers`` otherwise."""
+        own = set(inspect.signature(cls.__init__).parameters)
+        engine_kwargs = {k: v for k, v in kwargs.items() if k in own}
+        server_kwargs = {k: v for k, v in kwargs.items() if k not in own}
         servers, router = build_servers(
             model_path,
-            python=python,
-            launch_prefix=launch_prefix,
-            num_servers=num_servers,
-            gpu_groups=gpu_groups,
-            use_router=use_router,
-            log_dir=log_dir,
-            env=env,
             initial_version=initial_version,
-            device=device,
-            dtype=dtype,
-            tp=tp,
-            dp=dp,
-            ep=ep,
-            mem_fraction_static=mem_fraction_static,
-            max_total_tokens=max_total_tokens,
             deterministic=deterministic,
             enable_return_routed_experts=r3,
-            extra_args=extra_args,
-            startup_timeout_s=startup_timeout_s,
+            **server_kwargs,
         )
         return cls(
             model_path,

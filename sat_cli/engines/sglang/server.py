@@ -234,34 +234,26 @@ class ManagedProcess:
         self.stop()
 
 
-class SGLangServer(ManagedProcess):
-    """One ``sglang.launch_server`` process (one GPU group: set CUDA_VISIBLE_DEVICES via env)."""
+class SGLangProcess(ManagedProcess):
+    """An SGLang module run by SGLang's interpreter (or a launch prefix ending in one); on the
+    CPU through ``cpu_launch.py`` (its patches also cover the router, whose Python launcher
+    imports sglang and so torchvision)."""
 
-    name = "SGLang server"
+    module = ""
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
         *,
         python: str = "python",
         launch_prefix: Sequence[str] | None = None,
+        device: str = "cuda",
+        extra_args: Sequence[str] = (),
         host: str = "127.0.0.1",
         port: int | None = None,
-        device: str = "cuda",
-        dtype: str = "bfloat16",
-        tp: int = 1,
-        dp: int = 1,
-        ep: int = 1,
-        mem_fraction_static: float | None = None,
-        max_total_tokens: int | None = None,
-        deterministic: bool = False,
-        enable_return_routed_experts: bool = False,
-        weight_version: int | None = 0,
-        extra_args: Sequence[str] = (),
         log_path: str | os.PathLike,
-        startup_timeout_s: float = 600.0,
+        health_path: str,
+        startup_timeout_s: float,
         env: Mapping[str, str] | None = None,
-        health_path: str = "/health_generate",
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
@@ -275,35 +267,64 @@ class SGLangServer(ManagedProcess):
             startup_timeout_s=startup_timeout_s,
             env=env,
         )
+        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.device = device
+        self.extra_args = list(extra_args)
+
+    @property
+    def launch_head(self) -> list[str]:
+        launcher = [str(CPU_LAUNCHER)] if self.device == "cpu" else []
+        return [*self.launch_prefix, *launcher, "-m", self.module]
+
+
+class SGLangServer(SGLangProcess):
+    """One ``sglang.launch_server`` process (one GPU group: set CUDA_VISIBLE_DEVICES via env)."""
+
+    name = "SGLang server"
+    module = "sglang.launch_server"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "bfloat16",
+        tp: int = 1,
+        dp: int = 1,
+        ep: int = 1,
+        mem_fraction_static: float | None = None,
+        max_total_tokens: int | None = None,
+        deterministic: bool = False,
+        enable_return_routed_experts: bool = False,
+        weight_version: int | None = 0,
+        startup_timeout_s: float = 600.0,
+        health_path: str = "/health_generate",
+        **process_kwargs,
+    ) -> None:
+        super().__init__(
+            health_path=health_path, startup_timeout_s=startup_timeout_s, **process_kwargs
+        )
         for key, value in (("tp", tp), ("dp", dp), ("ep", ep)):
             if value < 1:
                 raise ValueError(f"{key} must be >= 1, got {value}")
         if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
         self.model_path = str(model_path)
-        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
-        self.device, self.dtype = device, dtype
+        self.dtype = dtype
         self.tp, self.dp, self.ep = tp, dp, ep
         self.mem_fraction_static = mem_fraction_static
         self.max_total_tokens = max_total_tokens
         self.deterministic = deterministic
         self.enable_return_routed_experts = enable_return_routed_experts
         self.weight_version = weight_version
-        self.extra_args = list(extra_args)
 
     @property
     def command(self) -> list[str]:
-        # Flag names as declared in sglang/srt/server_args.py (ServerArgs.add_cli_args):
-        # --model-path, --host, --port, --dtype, --tp-size, --dp-size, --ep-size,
-        # --mem-fraction-static, --max-total-tokens, --enable-deterministic-inference (sampling
-        # seeds are honoured only with it), --enable-return-routed-experts, --weight-version
-        # (the string reported back until /update_weights_from_disk sets another).
-        launcher = [str(CPU_LAUNCHER)] if self.device == "cpu" else []
+        # Flag names as declared in sglang/srt/server_args.py (ServerArgs.add_cli_args; its own
+        # parser accepts this command: tests/test_sglang_cpu_launch.py). --enable-deterministic-
+        # inference: sampling seeds are honoured only with it; --weight-version: the string
+        # reported back until /update_weights_from_disk sets another.
         cmd = [
-            *self.launch_prefix,
-            *launcher,
-            "-m",
-            "sglang.launch_server",
+            *self.launch_head,
             "--model-path",
             self.model_path,
             "--host",
@@ -334,7 +355,7 @@ class SGLangServer(ManagedProcess):
         return cmd + self.extra_args
 
 
-class SGLangRouter(ManagedProcess):
+class SGLangRouter(SGLangProcess):
     """``sglang_router.launch_router`` in front of several SGLang servers (generation only).
 
     Weight updates and pause/continue must reach every worker, so the engine sends those to the
@@ -348,54 +369,31 @@ class SGLangRouter(ManagedProcess):
     watches the worker processes itself).
     """
 
-    ROUTER_ARGS = ("--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
-
     name = "sglang-router"
+    module = "sglang_router.launch_router"
+    ROUTER_ARGS = ("--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
 
     def __init__(
         self,
         worker_urls: Sequence[str],
         *,
-        python: str = "python",
-        launch_prefix: Sequence[str] | None = None,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        device: str = "cuda",
         policy: str = "round_robin",
-        extra_args: Sequence[str] = (),
-        log_path: str | os.PathLike,
         startup_timeout_s: float = 120.0,
-        env: Mapping[str, str] | None = None,
         health_path: str = "/health",
+        **process_kwargs,
     ) -> None:
-        if device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
         super().__init__(
-            host=host,
-            port=port,
-            log_path=log_path,
-            health_path=health_path,
-            startup_timeout_s=startup_timeout_s,
-            env=env,
+            health_path=health_path, startup_timeout_s=startup_timeout_s, **process_kwargs
         )
         if not worker_urls:
             raise ValueError("the router needs at least one worker URL")
         self.worker_urls = list(worker_urls)
-        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
-        self.device = device
         self.policy = policy
-        self.extra_args = list(extra_args)
 
     @property
     def command(self) -> list[str]:
-        # sglang_router's Python launcher imports sglang (and so torchvision): on a CPU-only
-        # machine it goes through the same launcher as the servers.
-        launcher = [str(CPU_LAUNCHER)] if self.device == "cpu" else []
         return [
-            *self.launch_prefix,
-            *launcher,
-            "-m",
-            "sglang_router.launch_router",
+            *self.launch_head,
             "--worker-urls",
             *self.worker_urls,
             "--host",

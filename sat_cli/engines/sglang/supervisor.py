@@ -68,7 +68,7 @@ def build_servers(
             device=server_kwargs.get("device", "cuda"),
             log_path=log_dir / "sglang_router.log",
             env=env,
-        )
+        )  # worker URLs are set again below, after the ports are made distinct
     _distinct_ports([*servers, *([router] if router else [])])
     if router is not None:
         router.worker_urls = [s.url for s in servers]

@@ -17,27 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.wire import _excerpt, update_weights_payload
-
-
-class WeightSync(Protocol):
-    """How published trainer weights reach the SGLang workers."""
-
-    def push(
-        self,
-        client: SGLangClient,
-        worker_urls: Sequence[str],
-        path: str,
-        version: int,
-        *,
-        flush_cache: bool = True,
-    ):
-        """Load the weights at ``path`` on every worker and tag later outputs ``version``."""
-        ...
 
 
 class DiskWeightSync:

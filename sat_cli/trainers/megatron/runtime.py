@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from sat_cli.models.r3 import RouteAudit as HFRouteAudit
+
 from .cpu_shims import apply_cpu_shims
 
 
@@ -154,42 +156,22 @@ def set_replay_routes(routes: torch.Tensor, config, device=None) -> None:
     RouterReplay.set_global_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
 
-class RouteAudit:
-    """Counts the (token, layer) rows where megatron's routers chose experts other than
-    ``routes [B, S, L, K]`` (checked where ``valid [B, S]``): a forward hook on every
-    ``TopKRouter`` reads its ``routing_map [S*B, E]`` (megatron's token order). Used with
-    ``trainer.r3_audit`` to show that R3 replays exactly the engine's routes."""
+class RouteAudit(HFRouteAudit):
+    """:class:`sat_cli.models.r3.RouteAudit` for megatron-core: a forward hook on every
+    ``TopKRouter`` reads its ``routing_map [S*B, E]`` (megatron's sequence-major order)."""
 
-    def __init__(self, model, routes: torch.Tensor, valid: torch.Tensor):
+    def _attach(self, on_layer) -> list:
         from megatron.core.transformer.moe.router import TopKRouter
 
-        self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
-        self.routes = routes.long()
-        self.valid = valid.bool()
-        self.rows = 0
-        self.mismatched = 0
-        self._handles = []
+        routers = [m for m in self.model.modules() if isinstance(m, TopKRouter)]
+        return [
+            r.register_forward_hook(lambda m, a, o, i=i: on_layer(i, a, o))
+            for i, r in enumerate(routers)
+        ]
 
-    def _hook(self, layer: int):
-        def hook(module, args, output):
-            routing_map = output[1].detach().cpu()  # [S*B, E] bool
-            b, s = self.valid.shape
-            used = routing_map.view(s, b, -1).transpose(0, 1)  # [B, S, E]
-            want = torch.zeros_like(used).scatter(-1, self.routes[:, :, layer], True)
-            bad = (used != want).any(-1)[self.valid]
-            self.rows += int(bad.numel())
-            self.mismatched += int(bad.sum())
-
-        return hook
-
-    def __enter__(self) -> RouteAudit:
-        self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+    def _used(self, args, output) -> torch.Tensor:
+        b, s = self.valid.shape
+        return output[1].detach().cpu().view(s, b, -1).transpose(0, 1)  # [B, S, E]
 
 
 def clear_replay() -> None:

@@ -22,6 +22,10 @@ ENGINES = ("local", "sglang")
 TRAINERS = ("local", "megatron")
 DTYPES = ("float32", "bfloat16")
 TRACKING_BACKENDS = ("mlflow", "none")
+NAME_MAX = 255  # bytes of one path component on common file systems (ext4, xfs, tmpfs)
+# The engine and evaluation seeds are derived from the run seed by adding offsets and must fit
+# torch's and the servers' int64 seeds; 2**62 leaves room for every offset.
+MAX_SEED = 2**62 - 1
 
 
 class ConfigError(ValueError):
@@ -120,6 +124,8 @@ class TaskConfig:
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError("task.top_k must be -1 (off) or >= 1")
         _range("task.heldout_size", self.heldout_size, 1)
+        if self.kind == "jsonl" and not self.path:
+            raise ConfigError("task.kind=jsonl needs task.path=<file.jsonl> (the training prompts)")
 
 
 @dataclass
@@ -308,6 +314,11 @@ class RunConfig:
                 raise ConfigError(
                     f"{key}={value!r} is not a safe name: no path separators, '.' or '..'"
                 )
+            if len(value.encode("utf-8", "surrogatepass")) > NAME_MAX:
+                raise ConfigError(
+                    f"{key} is {len(value.encode('utf-8', 'surrogatepass'))} bytes long; a folder "
+                    f"name may have at most {NAME_MAX} bytes"
+                )
 
 
 @dataclass
@@ -347,7 +358,7 @@ class SatConfig:
 
     def __post_init__(self) -> None:
         _range("max_steps", self.max_steps, 1)
-        _range("seed", self.seed, 0)
+        _range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sat_cli import __version__
 from sat_cli.errors import UserError
+from sat_cli.models.weights_check import check_hf_dir
 
 
 class Terminated(KeyboardInterrupt):
@@ -60,77 +61,6 @@ def default_run_name(obj) -> str:
 
 
 # ----------------------------------------------------------------------------- builders
-
-
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-def check_hf_dir(path: str | os.PathLike, what: str) -> None:
-    """Refuse a model folder that is not a loadable safetensors HF checkpoint (``UserError``).
-
-    Checks, without loading any weights: the folder exists and has ``config.json``; it holds
-    ``*.safetensors`` weights (pickle-only folders — ``pytorch_model.bin``, ``*.pt`` — are refused,
-    never unpickled); every safetensors header parses; and each tensor's shape equals the shape
-    the config gives that parameter (a model built on the ``meta`` device, so nothing is allocated).
-    """
-    import json
-
-    p = Path(path)
-    if not p.is_dir():
-        raise UserError(f"{what}={str(path)!r} is not a directory")
-    if not (p / "config.json").is_file():
-        raise UserError(f"{what}={str(path)!r} has no config.json: not an HF checkpoint")
-    files = sorted(p.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(f.name for f in p.iterdir() if f.suffix in _PICKLE_SUFFIXES)
-        if pickles:
-            raise UserError(
-                f"{what}={str(path)!r} holds only pickle weights ({', '.join(pickles[:3])}); "
-                "sat loads weights from .safetensors only (pickle files can run code when "
-                "loaded). Convert them with safetensors first."
-            )
-        raise UserError(f"{what}={str(path)!r} has no .safetensors weights")
-    try:
-        config = json.loads((p / "config.json").read_text())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{what}={str(path)!r}: config.json is unreadable: {exc}") from None
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for key in sf.keys():
-                    shapes[key] = tuple(sf.get_slice(key).get_shape())
-        except Exception as exc:  # SafetensorError, OSError: a damaged or non-safetensors file
-            raise UserError(
-                f"{what}={str(path)!r}: {f.name} is not a readable safetensors file "
-                f"({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-    expected = _expected_shapes(p)
-    for key, shape in shapes.items():
-        want = expected.get(key)
-        if want is not None and want != shape:
-            raise UserError(
-                f"{what}={str(path)!r}: tensor {key!r} has shape {list(shape)} but config.json "
-                f"implies {list(want)}: the weights do not belong to this config"
-            )
-
-
-def _expected_shapes(p: Path) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the model ``config.json`` describes (built on the meta device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(str(p))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as exc:  # an unknown model_type, inconsistent sizes
-        raise UserError(f"{p}: config.json does not describe a causal LM ({exc})") from None
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def model_path(obj, log=print, *, use_shipped: bool = True) -> str:

@@ -39,7 +39,7 @@ MLflow: a parent run ``sweep-<name>`` in experiment ``<name>`` with tags ``sat.s
 ``SAT_SWEEP_ID``, ``SAT_OVERRIDE_HASH``, ``SAT_SWEEP_PARENT_RUN_ID`` and ``SAT_SWEEP_METHOD``
 in their environment, which ``sat train`` turns into tags (``mlflow.parentRunId`` nests them).
 
-Ctrl-C (or SIGTERM): SIGINT to each child's process group, a grace period
+Ctrl-C (or SIGTERM, or SIGHUP): SIGINT to each child's process group, a grace period
 (``SAT_SWEEP_GRACE_S``, default 30 s; a second Ctrl-C cuts it short), then SIGKILL; the parent
 run ends KILLED and the command exits 130. Runs that failed make the command exit 1 after the
 others are done.
@@ -212,15 +212,11 @@ def _merge(parser, layers: list[tuple[str, list[str]]]) -> tuple[list[str], dict
 
 def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
     """Read and expand a sweep file. UserError names the problem (and the key or run)."""
-    import yaml
 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"sweep file {str(p)!r} does not exist")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{p}: not valid YAML: {exc}") from None
+    doc = _read_yaml(p)
     if not isinstance(doc, dict):
         raise UserError(f"{p}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
     unknown = sorted(set(doc) - set(SWEEP_KEYS))
@@ -301,6 +297,63 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     )
     sweep.runs = _expand(parser, sweep)
     return sweep
+
+
+MAX_FILE_BYTES = 1 << 20  # a sweep file is a short list of overrides
+MAX_NODES = 100_000  # YAML nodes after alias expansion (a "billion laughs" file has 10**9)
+
+
+def _read_yaml(p: Path) -> Any:
+    """``yaml.safe_load`` with bounded input: the file size, the nesting depth and the number of
+    nodes after alias expansion are checked on the composed node graph before any Python object
+    is built, so an alias bomb is refused in milliseconds instead of eating the memory."""
+    import yaml
+
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise UserError(f"{p}: {p.stat().st_size} bytes; a sweep file may have at most 1 MiB")
+        text = p.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{p}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{p}: nested too deeply") from None
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read it: {exc.strerror or exc}") from None
+    if node is None:
+        return None
+    sizes: dict[int, int] = {}  # node id -> size with every alias expanded
+    active: set[int] = set()  # nodes being sized (an alias back to one of them is a cycle)
+    stack: list[tuple[Any, int, bool]] = [(node, 0, False)]
+    while stack:
+        n, depth, done = stack.pop()
+        if depth > 100:
+            raise UserError(f"{p}: nested more than 100 levels deep")
+        children = (
+            [c for kv in n.value for c in kv]
+            if isinstance(n, yaml.MappingNode)
+            else (n.value if isinstance(n, yaml.SequenceNode) else [])
+        )
+        if done:
+            active.discard(id(n))
+            sizes[id(n)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(n)] > MAX_NODES:
+                raise UserError(
+                    f"{p}: expands to more than {MAX_NODES} YAML nodes (anchors and aliases "
+                    "repeat their content); a sweep file is a short list of overrides"
+                )
+        elif id(n) not in sizes:
+            if any(id(c) in active or c is n for c in children):
+                raise UserError(f"{p}: a YAML alias refers to a node that contains it")
+            active.add(id(n))
+            stack.append((n, depth, True))
+            stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise UserError(f"{p}: not valid YAML: {exc}") from None
 
 
 def _axis_labels(keys: list[str]) -> dict[str, str]:
@@ -650,6 +703,10 @@ def _tail(path: Path, n: int = 8) -> str:
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+    if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
+        from sat_cli.signals import _detach_terminal
+
+        _detach_terminal()
     raise SweepInterrupted()
 
 
@@ -710,6 +767,9 @@ def run_sweep(sweep_file: str, overrides: list[str], *, jobs: int, dry_run: bool
         return
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
+    from sat_cli.loop.preflight import check_output_dir
+
+    check_output_dir(plan.root, "sweep folder")
     conflicts = [r for r in sweep.runs if statuses[r.name] == "conflict"]
     if conflicts:
         raise UserError(_conflict_message(plan, conflicts[0]))
@@ -740,7 +800,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
     log(format_plan(plan, statuses))
     grace = float(os.environ.get("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S))
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.signal(sig, _on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     parent = None
     children: dict[str, _Child] = {}
     outcome = "KILLED"
@@ -800,7 +860,8 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
         children.clear()
         raise SweepInterrupted() from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for child in children.values():  # an unexpected error: do not leave orphans behind
             stop_children([child], 5.0, log)
         if parent is not None:
@@ -812,7 +873,9 @@ def _warm_start(plan: Plan, log) -> None:
     """Build the warm-start cache once before parallel runs would race to build it."""
     for run in plan.needs_warm_start:
         train_only = [o for o in run.overrides if o != "resume=auto"]
-        cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", *train_only]
+        # --use-shipped: the same warm start `sat train` (and so --jobs 1) uses — the shipped
+        # checkpoint when its key matches — not `sat pretrain`'s rebuild from scratch
+        cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", "--use-shipped", *train_only]
         log_path = plan.root / "logs" / "pretrain.log"
         log(f"warm start (once, before parallel runs): log {log_path}")
         proc, f = _launch(cmd, log_path, dict(os.environ), "sat pretrain")

@@ -6,6 +6,8 @@ requested but not yet consumed (with the weight version each was requested with,
 regenerates exactly the same samples), the engine's weight version, eval best/last, counters and
 the MLflow run id. It is written to a temporary folder and renamed into place, so a crash never
 leaves a half checkpoint under a final name; ``latest_checkpoint`` only returns complete ones.
+``manifest.json`` (sizes and SHA-256 of every file, written last) lets ``resume`` verify a
+checkpoint and fall back to the previous one when it is damaged (``sat_cli.loop.manifest``).
 A write that fails (disk full, a file where a folder must go, an I/O error) removes its temporary
 folder and raises :class:`CheckpointWriteError` (a ``RunFailed``: exit code 1) naming the last
 complete checkpoint, which is left untouched.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.errors import RunFailed
+from sat_cli.loop.manifest import write_manifest
 
 STATE_FILE = "loop_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -62,6 +65,7 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
         tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=ckpt_root))
         trainer.save(tmp / "trainer")
         atomic_write_json(tmp / STATE_FILE, loop_state)
+        write_manifest(tmp)  # last: a checkpoint with a manifest was written completely
         if final.exists() or final.is_symlink():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -207,7 +207,7 @@ def train_loop(
         if not (weights_dir / "v0").is_dir():
             if st["step"] != 0:
                 raise CheckpointError(f"{weights_dir / 'v0'} is missing: cannot resume this run")
-            trainer.publish_weights(weights_dir, 0)
+            _publish(trainer, weights_dir, 0, ckpt_root)
         pending: dict[int, tuple[int, Future]] = {}
 
         def prompts_for(k: int) -> list[dict]:
@@ -221,7 +221,7 @@ def train_loop(
 
         def publish(version: int) -> None:
             if version not in st["published"]:
-                trainer.publish_weights(weights_dir, version)
+                _publish(trainer, weights_dir, version, ckpt_root)
                 st["published"].append(version)
 
         def run_eval(step: int, version: int, metrics: dict) -> None:
@@ -418,6 +418,27 @@ def train_loop(
     finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
         rollouts.close()
     return st
+
+
+class WeightsWriteError(RunFailed):
+    """Publishing weights failed (a full disk, an I/O error): exit 1, checkpoints untouched."""
+
+
+def _publish(trainer, weights_dir: Path, version: int, ckpt_root: Path) -> None:
+    try:
+        trainer.publish_weights(weights_dir, version)
+    except OSError as exc:
+        last = latest_checkpoint(ckpt_root)
+        raise WeightsWriteError(
+            f"cannot publish weights v{version} to {weights_dir}: {exc.strerror or exc}"
+            f" ({type(exc).__name__}). "
+            + (
+                f"The last complete checkpoint is {last}; continue with resume=auto once the "
+                "disk problem is fixed."
+                if last is not None
+                else "No checkpoint was written yet."
+            )
+        ) from exc
 
 
 def _digest(texts: list[str]) -> float:

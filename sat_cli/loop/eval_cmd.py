@@ -60,7 +60,7 @@ def run_eval_command(cfg, obj) -> None:
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
     tokenizer = preflight.load_tokenizer(path)
-    preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path, e.max_new_tokens)
+    preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     preflight.check_output_dir(out, "evaluation folder")
     logs = out / "logs"

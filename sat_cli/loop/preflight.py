@@ -6,9 +6,11 @@
   which also sees read-only mounts).
 * ``load_tokenizer(path)`` — the model's tokenizer loads (missing or truncated tokenizer files
   are named up front rather than after the engine and trainer started).
-* ``check_prompt_lengths`` — **bounded prompts**. A prompt is *too long* when its tokens plus
-  the generation budget (``max_new_tokens``) exceed the model's context
-  (``max_position_embeddings`` of its ``config.json``). Training prompts that are too long are
+* ``check_prompt_lengths`` — **bounded prompts**. A prompt is *too long* when it fills the
+  model's context (``max_position_embeddings`` of its ``config.json``) so that not one token can
+  be generated: ``prompt tokens >= context``. (The generation budget is not counted: models
+  without a hard position limit, like the tiny model, sample past it, and a server enforces its
+  own limit on prompt + ``max_new_tokens``.) Training prompts that are too long are
   dropped from the prompt set before the run starts and counted (printed, and the MLflow tag
   ``data.overlong_dropped``); if none is left the run is refused. Evaluation problems that are
   too long are refused (exit 2, the count and the first ids), because a score over a silently
@@ -111,12 +113,7 @@ def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
     limit = context_length(path)
     if limit is None:
         return 0
-    budget = limit - obj.task.max_new_tokens
-    if budget < 1:
-        raise UserError(
-            f"task.max_new_tokens={obj.task.max_new_tokens} leaves no room for a prompt in the "
-            f"model's context of {limit} tokens"
-        )
+    budget = limit - 1  # room for at least one generated token
 
     def tokenize(text):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -126,8 +123,8 @@ def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
         prompts = [r["prompt"] for r in task.sample_prompts(1, 0)]
         if _too_long(tokenize, prompts, budget):
             raise UserError(
-                f"task prompts have more than {budget} tokens: with task.max_new_tokens="
-                f"{obj.task.max_new_tokens} they do not fit the model's context of {limit}"
+                f"task prompts have more than {budget} tokens: they fill the model's context of "
+                f"{limit} tokens (see task.template)"
             )
         return 0
     texts = _render_all(task.template, [r["problem"] for r in rows], "task.template")
@@ -136,29 +133,29 @@ def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
         return 0
     if len(bad) == len(rows):
         raise UserError(
-            f"all {len(rows)} training prompts are longer than {budget} tokens (the model's "
-            f"context {limit} minus task.max_new_tokens={obj.task.max_new_tokens})"
+            f"all {len(rows)} training prompts are longer than {budget} tokens: they fill the "
+            f"model's context of {limit} tokens"
         )
     task.rows = [r for i, r in enumerate(rows) if i not in bad]
     log(
         f"dropped {len(bad)} of {len(rows)} training prompts longer than {budget} tokens "
-        f"(context {limit} - task.max_new_tokens {obj.task.max_new_tokens})"
+        f"(the model's context is {limit})"
     )
     return len(bad)
 
 
-def check_eval_lengths(problems, template: str, tokenizer, path: str, max_new: int) -> None:
+def check_eval_lengths(problems, template: str, tokenizer, path: str) -> None:
     limit = context_length(path)
     if limit is None or not problems:
         return
     texts = _render_all(template, [p["problem"] for p in problems], "eval.template")
-    bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - max_new)
+    bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1)
     if bad:
         ids = ", ".join(repr(problems[i]["id"]) for i in bad[:3])
         raise UserError(
             f"{len(bad)} of {len(problems)} evaluation problems ({ids}{' …' if len(bad) > 3 else ''}) "
-            f"are longer than {limit - max_new} tokens: with eval.max_new_tokens={max_new} they do "
-            f"not fit the model's context of {limit}. Lower eval.max_new_tokens or remove them"
+            f"are longer than {limit - 1} tokens: they fill the model's context of {limit} tokens "
+            "(a score over the others would not be this benchmark's); remove them from the file"
         )
 
 

@@ -432,7 +432,7 @@ def _train(cfg, obj) -> dict:
     dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     if spec is not None:
-        preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path, obj.eval.max_new_tokens)
+        preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     preflight.check_trainer_layout(obj, path)
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log)

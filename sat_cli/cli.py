@@ -172,11 +172,20 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _one_paragraph(message: str) -> str:
+    """A worker's error message with its traceback reduced to the exception line."""
+    head, sep, tb = message.partition("Traceback (most recent call last):")
+    if not sep:
+        return message
+    last = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:]
+    return " ".join([head.strip().rstrip(":") + ":", *last])
+
+
 def _guard(fn) -> None:
     """Run a command body: user errors → message + exit 2; Ctrl-C → exit 130."""
     _quiet_libraries()
     from sat_cli.config import ConfigError
-    from sat_cli.errors import RunFailed, UserError, os_error
+    from sat_cli.errors import RunFailed, UserError, as_os_error, os_error
 
     try:
         fn()
@@ -189,10 +198,14 @@ def _guard(fn) -> None:
         # Library errors that are the user's input or an expected runtime fault, by class name
         # so that this module does not import the heavy modules that define them.
         name = type(exc).__name__
+        wrapped = as_os_error(exc)  # e.g. safetensors' "I/O error: No space left on device"
+        if wrapped is not None:
+            err = os_error(wrapped, f"cannot write a file ({name})")
+            fail(str(err), err.code)
         if name in ("DataError", "TrackingError", "CheckpointError"):
             fail(str(exc), 2)
         if name in ("EngineError", "TrainerError", "MegatronWorkerError", "R3Error"):
-            fail(str(exc), 1)
+            fail(_one_paragraph(str(exc)), 1)
         raise
     except KeyboardInterrupt as exc:
         code = getattr(exc, "code", 130)

@@ -34,3 +34,20 @@ def os_error(exc: OSError, what: str) -> Exception:
     if exc.errno in DISK_ERRNOS:
         return RunFailed(text + "; free some space (or fix the disk) and run the command again")
     return UserError(text)
+
+
+def as_os_error(exc: BaseException) -> OSError | None:
+    """``exc`` as an ``OSError`` if it is one, or an I/O failure that a library wrapped in its
+    own type (safetensors raises ``SafetensorError: … I/O error: No space left on device (os
+    error 28)`` when the disk is full); else None."""
+    if isinstance(exc, OSError):
+        return exc
+    if type(exc).__name__ == "SafetensorError":
+        import os
+        import re
+
+        m = re.search(r"os error (\d+)", str(exc))
+        if m:
+            code = int(m.group(1))
+            return OSError(code, os.strerror(code))
+    return None

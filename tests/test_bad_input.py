@@ -1002,3 +1002,29 @@ def test_pickle_payload_would_fire_if_loaded(tmp_path):
     """The marker check above means something: unpickling the payload does create the marker."""
     pickle.loads(pickle.dumps(_Payload(str(tmp_path / MARKER))))  # noqa: S301 - the point
     assert (tmp_path / MARKER).is_dir()
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "sweep"])
+def test_read_only_run_dir_is_refused(command, tmp_path, fsfault):
+    """run.dir on a read-only file system (which stops root too) or, for a non-root user, a
+    folder without write permission: exit 2 naming it, nothing written, no traceback."""
+    ro = tmp_path / "ro"
+    kind = fsfault.read_only_dir(ro)
+    if kind is None:
+        pytest.skip("no read-only folder possible here (root without mount rights)")
+    argv = {
+        "train": ["train", "run.dir=ro", "max_steps=1"],
+        "eval": ["eval", "toy", "run.dir=ro"],
+        "sweep": [
+            "sweep",
+            _sweep(tmp_path, SWEEP.format(name="s", method="algo=grpo")),
+            "run.dir=ro",
+        ],
+    }[command]
+    before = _tree(tmp_path)
+    out = _sat(argv, tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    want = "is on a read-only file system" if kind == "tmpfs-ro" else "is not writable"
+    assert re.search(rf"sat: error: \w+ folder ro/.*ro {want}", out.stderr), out.stderr
+    assert _tree(tmp_path) == before

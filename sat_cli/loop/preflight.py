@@ -63,18 +63,43 @@ def _read_only(p: Path) -> bool:
         return False
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load_tokenizer(path: str):
+    """The model's tokenizer, or ``UserError``: a local folder must have tokenizer files
+    (without them transformers builds an empty tokenizer of the model type that encodes every
+    text to nothing), they must load, the tokenizer must encode text, have an end-of-sequence
+    token, and every token id must be a row of the model's embedding (``vocab_size``)."""
     from transformers import AutoTokenizer
 
+    p = Path(path)
+    if p.is_dir() and not any((p / f).is_file() for f in _TOKENIZER_FILES):
+        raise UserError(
+            f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): add the "
+            "tokenizer the model was trained with"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(path)
+        sample = tok("1+1=", add_special_tokens=False)["input_ids"]
     except Exception as exc:  # OSError, ValueError, JSONDecodeError, tokenizers' Exception
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise UserError(
             f"cannot load the tokenizer of {path}: {type(exc).__name__}: {first}"
         ) from None
+    if not sample:
+        raise UserError(f"the tokenizer of {path} encodes text to no tokens: it is empty")
     if tok.eos_token_id is None:
         raise UserError(f"the tokenizer of {path} has no end-of-sequence token (eos_token)")
+    try:
+        vocab = json.loads((p / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab = None
+    if isinstance(vocab, int) and len(tok) > vocab:
+        raise UserError(
+            f"the tokenizer of {path} has {len(tok)} tokens but the model's embedding only "
+            f"{vocab} rows (config.json vocab_size): they do not belong together"
+        )
     return tok
 
 

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sat_cli.errors import RunFailed
+from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.loop.manifest import write_manifest
 
 STATE_FILE = "loop_state.json"
@@ -69,7 +69,12 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
         if final.exists() or final.is_symlink():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as exc:
+    except Exception as exc:
+        if as_os_error(exc) is None:  # not an I/O failure: a bug, shown as such
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        exc = as_os_error(exc)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         last = None
@@ -78,7 +83,7 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
         except OSError:
             pass
         raise CheckpointWriteError(
-            f"cannot write checkpoint {final}: {type(exc).__name__}: {exc}. "
+            f"cannot write checkpoint {final}: {type(exc).__name__}: {exc.strerror or exc}. "
             + (
                 f"The last complete checkpoint is {last}; continue with resume=auto "
                 "once the disk problem is fixed."

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.engines.base import Sample, SamplingParams
-from sat_cli.errors import RunFailed
+from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.state import (
     CheckpointError,
@@ -427,10 +427,13 @@ class WeightsWriteError(RunFailed):
 def _publish(trainer, weights_dir: Path, version: int, ckpt_root: Path) -> None:
     try:
         trainer.publish_weights(weights_dir, version)
-    except OSError as exc:
+    except Exception as exc:
+        os_exc = as_os_error(exc)
+        if os_exc is None:
+            raise
         last = latest_checkpoint(ckpt_root)
         raise WeightsWriteError(
-            f"cannot publish weights v{version} to {weights_dir}: {exc.strerror or exc}"
+            f"cannot publish weights v{version} to {weights_dir}: {os_exc.strerror or os_exc}"
             f" ({type(exc).__name__}). "
             + (
                 f"The last complete checkpoint is {last}; continue with resume=auto once the "

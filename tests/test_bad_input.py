@@ -635,7 +635,7 @@ CASES = {
             "model.path=" + str(_tokenizer_damage(t / "m", "missing")),
         ],
         2,
-        r"cannot load the tokenizer of",
+        r"has no tokenizer files",
     ),
     "model-truncated-tokenizer": (
         lambda t: [

@@ -170,6 +170,9 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("mlflow", "alembic", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # logs a full traceback for every failed sqlite write (locked, disk full) before raising it;
+    # the tracker reports the raised error once, in one line, and carries on
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def _one_paragraph(message: str) -> str:

@@ -375,6 +375,9 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     run_dir = root / name
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         if resume != "auto":
+            from sat_cli.loop.runlock import refuse_if_owned
+
+            refuse_if_owned(run_dir)  # a live run of this folder: name it
             raise UserError(
                 f"run {run_dir} already has checkpoints; continue it with resume=auto "
                 "or choose another run.name"

@@ -68,6 +68,44 @@ def _describe(rec: dict) -> str:
     )
 
 
+def live_holder(run_dir: Path) -> dict | None:
+    """The lock record of the live process that owns ``run_dir``, else None (reads only)."""
+    import fcntl
+
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held = True
+    except OSError:  # no flock here: the pid decides
+        held = None
+    else:
+        held = False
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    try:
+        rec = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        rec = {}
+    if not isinstance(rec, dict):
+        rec = {}
+    if held or (held is None and holder_alive(rec)):
+        return rec
+    return None
+
+
+def refuse_if_owned(run_dir: Path) -> None:
+    """``RunLocked`` naming the owner if a live process owns ``run_dir``."""
+    rec = live_holder(run_dir)
+    if rec is not None:
+        raise RunLocked(RunLock(run_dir)._message(rec))
+
+
 class RunLock:
     """Exclusive ownership of ``run_dir`` (see the module docstring)."""
 

@@ -234,6 +234,12 @@ def _new_run_locked(t: Path) -> list[str]:
     return ["train", *RUN_ARGS[:-1], "run.name=fresh"]
 
 
+def _eval_damaged_ckpt(t: Path) -> list[str]:
+    ck = _with_run(t) / "checkpoints" / "step_2"
+    _flip_byte(ck / "trainer" / "model" / "model.safetensors")
+    return ["eval", "toy", f"ckpt={ck.relative_to(t)}", "run.dir=runs"]
+
+
 def _resume_below_checkpoint(t: Path) -> list[str]:
     _with_run(t)
     return ["train", *RUN_ARGS, "max_steps=1", "resume=auto"]
@@ -244,6 +250,7 @@ NEEDS_RUN = (
     "resume-other-run-dir-damaged",
     "resume-run-locked-by-live-process",
     "resume-max-steps-below-checkpoint",
+    "eval-ckpt-damaged",
 )
 
 BOMB = (
@@ -755,6 +762,12 @@ CASES = {
         _resume_locked,
         2,
         rf"run folder runs/sat/done is in use by pid {os.getpid()}",
+    ),
+    "eval-ckpt-damaged": (
+        _eval_damaged_ckpt,
+        2,
+        r"ckpt='runs/sat/done/checkpoints/step_2' is damaged: trainer/model/model\.safetensors "
+        r"does not match its SHA-256",
     ),
     "resume-max-steps-below-checkpoint": (
         _resume_below_checkpoint,

@@ -677,13 +677,16 @@ def test_second_live_run_of_a_folder_is_refused(tmp_path, runs):
         assert "Traceback" not in out.stderr
     assert (run_dir / "config.yaml").read_bytes() == config and b"seed: 1" in config
     assert (run_dir / "config.yaml").stat().st_mtime_ns == config_stat
-    run = mlflow_run(tmp_path, "tw")  # exactly one run of that name
-    ck = assert_checkpoint_loadable(run_dir / "checkpoints")
-    from sat_cli.loop.state import read_loop_state
-
-    assert read_loop_state(ck)["mlflow_run_id"] == run.info.run_id
     os.kill(r.pid, signal.SIGTERM)
     assert r.wait(60) == 143
+    run = mlflow_run(tmp_path, "tw")  # exactly one run of that name
+    from sat_cli.loop.state import list_checkpoints, read_loop_state
+
+    assert_checkpoint_loadable(run_dir / "checkpoints")
+    ids = {
+        read_loop_state(p)["mlflow_run_id"] for _, p in list_checkpoints(run_dir / "checkpoints")
+    }
+    assert ids == {run.info.run_id}
 
 
 @pytest.mark.slow

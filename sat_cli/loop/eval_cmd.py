@@ -26,6 +26,12 @@ def _model_dir(obj) -> str:
         ck = Path(obj.ckpt)
         if not ck.is_dir():
             raise UserError(f"ckpt={obj.ckpt!r} is not a directory")
+        if (ck / "manifest.json").is_file():  # a training checkpoint: its files must match
+            from sat_cli.loop.manifest import verify_checkpoint
+
+            reason = verify_checkpoint(ck)
+            if reason is not None:
+                raise UserError(f"ckpt={obj.ckpt!r} is damaged: {reason}")
         for cand in (ck / "trainer" / "model", ck / "model", ck):
             if (cand / "config.json").is_file():
                 check_hf_dir(cand, "ckpt")

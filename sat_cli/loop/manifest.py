@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         state = json.loads((ckpt / STATE_FILE).read_text())
     except (OSError, ValueError) as exc:
         return f"{STATE_FILE} is unreadable ({type(exc).__name__}: {str(exc)[:100]})"
-    if not isinstance(state, dict) or state.get("step") != int(ckpt.name.split("_")[-1]):
-        return f"{STATE_FILE} does not describe step {ckpt.name.split('_')[-1]}"
+    m = re.fullmatch(r"step_(\d+)", ckpt.name)
+    if not isinstance(state, dict) or (m and state.get("step") != int(m.group(1))):
+        return f"{STATE_FILE} does not describe {ckpt.name}"
     model = ckpt / "trainer" / "model"
     if model.is_dir():
         from sat_cli.models.weights_check import check_hf_dir

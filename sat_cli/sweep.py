@@ -539,6 +539,8 @@ def _still_running(name: str, rec: dict) -> int | None:
 
 def read_state(root: Path) -> dict:
     path = root / STATE_FILE
+    if path.is_dir():
+        raise UserError(f"sweep state {path} is a folder; remove it (or pick another run.dir)")
     if not path.is_file():
         return {"runs": {}, "parents": {}, "invocations": 0}
     try:

@@ -240,6 +240,21 @@ def _eval_damaged_ckpt(t: Path) -> list[str]:
     return ["eval", "toy", f"ckpt={ck.relative_to(t)}", "run.dir=runs"]
 
 
+def _resume_legacy_incomplete(t: Path) -> list[str]:
+    """Checkpoints from before manifests (none written) whose trainer state is gone."""
+    for ck in (_with_run(t) / "checkpoints").iterdir():
+        (ck / "manifest.json").unlink()
+        (ck / "trainer" / "trainer_state.json").unlink()
+    return ["train", *RUN_ARGS, "max_steps=4", "resume=auto"]
+
+
+def _checkpoints_file(t: Path) -> list[str]:
+    run = t / "runs" / "sat" / "r"
+    run.mkdir(parents=True)
+    (run / "checkpoints").write_text("not a folder\n")
+    return ["train", "run.dir=runs", "run.name=r", "resume=auto", "max_steps=1"]
+
+
 def _resume_below_checkpoint(t: Path) -> list[str]:
     _with_run(t)
     return ["train", *RUN_ARGS, "max_steps=1", "resume=auto"]
@@ -251,6 +266,7 @@ NEEDS_RUN = (
     "resume-run-locked-by-live-process",
     "resume-max-steps-below-checkpoint",
     "eval-ckpt-damaged",
+    "resume-legacy-checkpoints-incomplete",
 )
 
 BOMB = (
@@ -769,6 +785,44 @@ CASES = {
         r"ckpt='runs/sat/done/checkpoints/step_2' is damaged: trainer/model/model\.safetensors "
         r"does not match its SHA-256",
     ),
+    # ---- found by the fresh hostile pass after the fixes above
+    "delete-schema-key": (lambda t: ["config", "~seed"], 2, r"'~seed' deletes 'seed'"),
+    "unknown-template": (
+        lambda t: ["config", "task.template=nope"],
+        2,
+        r"task\.template='nope' is neither a template name",
+    ),
+    "run-name-control-character": (
+        lambda t: ["config", "run.name='a\nb'"],
+        2,
+        r"run\.name='a\\nb' has a control character",
+    ),
+    "data-50mb-prompt": (
+        lambda t: [
+            "eval",
+            "jsonl",
+            "eval.path="
+            + str(
+                _jsonl(
+                    t,
+                    "huge.jsonl",
+                    b'{"id": "a", "problem": "' + b"x" * 50_000_000 + b'", "answer": "1"}\n',
+                )
+            ),
+        ],
+        2,
+        r"1 of 1 evaluation problems \('a'\) are longer than 511 tokens",
+    ),
+    "run-checkpoints-is-a-file": (
+        _checkpoints_file,
+        2,
+        r"run folder runs/sat/r: runs/sat/r/checkpoints is a file, not a folder",
+    ),
+    "resume-legacy-checkpoints-incomplete": (
+        _resume_legacy_incomplete,
+        2,
+        r"no usable checkpoint .*step_2: trainer/trainer_state\.json is missing",
+    ),
     "resume-max-steps-below-checkpoint": (
         _resume_below_checkpoint,
         2,
@@ -777,7 +831,7 @@ CASES = {
 }
 
 # per case: a memory cap for the child (the alias bomb would exhaust the machine otherwise)
-LIMITS = {"sweep-yaml-alias-bomb": 4 << 30}
+LIMITS = {"sweep-yaml-alias-bomb": 4 << 30, "data-50mb-prompt": 4 << 30}
 
 
 def _truncate(p: Path) -> Path:

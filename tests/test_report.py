@@ -321,13 +321,15 @@ def test_cli_exit_2_on_unknown_target(store, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("how", ["existing-file", "read-only-folder", "under-a-file"])
+@pytest.mark.parametrize("how", ["existing-file", "read-only-folder", "under-a-file", "long-name"])
 def test_cli_out_that_cannot_be_written_exits_2(store, tmp_path, fsfault, how):
     """`sat report --out` onto an existing file, a read-only folder, or below a file: exit 2 with
     one line naming the path, before anything is written."""
     if how == "existing-file":
         out, want = tmp_path / "taken", "is a file, not a folder"
         out.write_text("keep me\n")
+    elif how == "long-name":
+        out, want = tmp_path / ("o" * 300), "has 300 bytes; this file system allows 255"
     elif how == "under-a-file":
         (tmp_path / "f").write_text("keep me\n")
         out, want = tmp_path / "f" / "report", "is a file, not a folder"
@@ -350,5 +352,10 @@ def test_cli_out_that_cannot_be_written_exits_2(store, tmp_path, fsfault, how):
     (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("sat: error:")]
     assert line.startswith("sat: error: --out ") and want in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        {"existing-file": ["taken"], "under-a-file": ["f"], "read-only-folder": ["ro"]}[how]
+        {
+            "existing-file": ["taken"],
+            "under-a-file": ["f"],
+            "read-only-folder": ["ro"],
+            "long-name": [],
+        }[how]
     )

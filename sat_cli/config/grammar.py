@@ -11,7 +11,9 @@ Hydra accepts some overrides that `sat` must refuse, or fails on them with a raw
   the config groups (``+experiment=…``) and for keys the schema has; anything else is refused;
 * a **group option that climbs out of its folder** (``algo=../../x``, ``algo=/abs/x``) would
   load any YAML file on the machine. Options are names of files in ``conf/<group>/``: ``..``,
-  absolute paths and backslashes are refused, and the resolved file must lie in that folder.
+  absolute paths and backslashes are refused, and the resolved file must lie in that folder;
+* ``~key`` **deleting a key of the schema** (``~seed``) silently fell back to the default:
+  deleting is for config groups (``~experiment``).
 
 Every refusal is a :class:`ConfigError` naming the override and the key (exit code 2).
 """
@@ -88,6 +90,11 @@ def check_overrides(overrides: list[str], groups: tuple[str, ...], conf_dir: Pat
             continue  # a syntax error: Hydra's own message is translated by the caller
         key = ov.key_or_group
         if ov.is_delete():
+            if key not in groups and _schema_has(key):
+                raise ConfigError(
+                    f"{text!r} deletes {key!r}, a key every config has; set it instead "
+                    f"({key}=…). '~' removes a config group, e.g. ~experiment"
+                )
             continue
         if key in groups:
             if ov.is_sweep_override():

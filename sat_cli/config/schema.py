@@ -37,6 +37,16 @@ def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
 
 
+def _template(key: str, value: str) -> None:
+    from sat_cli.tasks.prompts import TEMPLATES
+
+    if value not in TEMPLATES and "{problem}" not in value:
+        raise ConfigError(
+            f"{key}={value!r} is neither a template name ({', '.join(sorted(TEMPLATES))}) nor a "
+            "literal holding {problem}"
+        )
+
+
 def _range(
     key: str,
     value: float,
@@ -115,6 +125,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         _choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
+        _template("task.template", self.template)
         _range("task.digits", self.digits, 1, 9)
         _range("task.prompts_per_step", self.prompts_per_step, 1)
         _range("task.samples_per_prompt", self.samples_per_prompt, 1)
@@ -278,6 +289,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _range("eval.every", self.every, 0)
+        _template("eval.template", self.template)
         _range("eval.n", self.n, 1)
         _range("eval.temperature", self.temperature, 0, lo_open=True)
         _range("eval.top_p", self.top_p, 0, 1, lo_open=True)
@@ -314,6 +326,8 @@ class RunConfig:
                 raise ConfigError(
                     f"{key}={value!r} is not a safe name: no path separators, '.' or '..'"
                 )
+            if any(ord(c) < 32 or ord(c) == 127 for c in value):
+                raise ConfigError(f"{key}={value!r} has a control character (newline, tab, …)")
             if len(value.encode("utf-8", "surrogatepass")) > NAME_MAX:
                 raise ConfigError(
                     f"{key} is {len(value.encode('utf-8', 'surrogatepass'))} bytes long; a folder "

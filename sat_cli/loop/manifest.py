@@ -7,7 +7,8 @@ checkpoint with a manifest is one that was completely written.
 
 ``select_checkpoint(ckpt_root)`` is what ``resume`` uses: the newest checkpoint that passes
 :func:`verify_checkpoint` — every file of the manifest present with its size and hash, the loop
-state a JSON object whose ``step`` matches the folder name, the trainer's model folder complete
+state a JSON object whose ``step`` matches the folder name, the trainer's state, optimizer and
+model present (the layout both trainers write) and the model complete
 (:func:`sat_cli.models.weights_check.check_hf_dir`). A damaged newer checkpoint is reported (one
 line each) and skipped; when none is usable, ``UserError`` (exit 2) lists each one's problem.
 Checkpoints written before manifests existed (no ``manifest.json``) are accepted when the other
@@ -77,7 +78,15 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     m = re.fullmatch(r"step_(\d+)", ckpt.name)
     if not isinstance(state, dict) or (m and state.get("step") != int(m.group(1))):
         return f"{STATE_FILE} does not describe {ckpt.name}"
-    model = ckpt / "trainer" / "model"
+    trainer = ckpt / "trainer"
+    for need, found in (
+        ("trainer/trainer_state.json", (trainer / "trainer_state.json").is_file()),
+        ("trainer/optimizer*.safetensors", any(trainer.glob("optimizer*.safetensors"))),
+        ("trainer/model/", (trainer / "model").is_dir()),
+    ):
+        if not found:
+            return f"{need} is missing"
+    model = trainer / "model"
     if model.is_dir():
         from sat_cli.models.weights_check import check_hf_dir
 

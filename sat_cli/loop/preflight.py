@@ -30,30 +30,53 @@ from pathlib import Path
 from sat_cli.errors import UserError
 
 
+def _lexists(p: Path) -> bool:
+    try:
+        os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
 def check_output_dir(path: str | os.PathLike, what: str) -> None:
     p = Path(os.path.abspath(path))
     if len(os.fsencode(p)) >= 4096:
         raise UserError(f"{what} {str(path)[:80]}…: the path is longer than the system allows")
-    existing = p
-    while not existing.exists():
-        if existing.is_symlink():
-            raise UserError(f"{what} {path}: {existing} is a dangling symbolic link")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"{what} {path}: {existing} is a file, not a folder")
-    try:
-        name_max = os.pathconf(existing, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
-    for part in p.relative_to(existing).parts:
+    existing = Path(p.anchor)
+    for part in p.parts[1:]:  # walk down while the parts exist (each name checked first)
+        try:
+            name_max = os.pathconf(existing, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
         if len(os.fsencode(part)) > name_max:
             raise UserError(
                 f"{what} {str(path)[:80]}…: the name {part[:40]!r}… has "
                 f"{len(os.fsencode(part))} bytes; this file system allows {name_max}"
             )
+        if not _lexists(existing / part):
+            if (existing / part).is_symlink():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            break
+        if not (existing / part).is_dir():
+            if (existing / part).is_symlink() and not (existing / part).exists():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            raise UserError(f"{what} {path}: {existing / part} is a file, not a folder")
+        existing = existing / part
     if not os.access(existing, os.W_OK | os.X_OK):
         why = "is on a read-only file system" if _read_only(existing) else "is not writable"
         raise UserError(f"{what} {path}: {existing} {why}")
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """``check_output_dir`` plus the fixed parts of a run folder: ``checkpoints``, ``weights``
+    and ``logs`` are folders and ``config.yaml`` is not, where they exist."""
+    check_output_dir(run_dir, "run folder")
+    for name, want_dir in (("checkpoints", True), ("weights", True), ("logs", True)):
+        p = Path(run_dir) / name
+        if (p.exists() or p.is_symlink()) and p.is_dir() != want_dir:
+            raise UserError(f"run folder {run_dir}: {p} is a file, not a folder")
+    if (Path(run_dir) / "config.yaml").is_dir():
+        raise UserError(f"run folder {run_dir}: {Path(run_dir) / 'config.yaml'} is a folder")
 
 
 def _read_only(p: Path) -> bool:
@@ -112,16 +135,29 @@ def context_length(path: str) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
-def _too_long(tokenize, texts: list[str], limit: int) -> list[int]:
-    """Indices of ``texts`` with more than ``limit`` tokens (short texts are not tokenized:
-    no tokenizer in use makes more tokens than UTF-8 bytes, plus a few special tokens)."""
+def _too_long(tokenize, texts: list[str], limit: int, max_token_bytes: int) -> list[int]:
+    """Indices of ``texts`` with more than ``limit`` tokens. Only texts in between are
+    tokenized: a text of at most ``limit - 8`` UTF-8 bytes fits (no tokenizer in use makes more
+    tokens than bytes, plus a few special tokens), and one longer than ``limit`` times the
+    longest token of the vocabulary cannot fit — so a 50 MB prompt is not tokenized (that alone
+    took gigabytes)."""
     out = []
     for i, text in enumerate(texts):
-        if len(text.encode("utf-8", "surrogatepass")) + 8 <= limit:
+        n = len(text.encode("utf-8", "surrogatepass"))
+        if n + 8 <= limit:
             continue
-        if len(tokenize(text)) > limit:
+        if n > limit * max_token_bytes or len(tokenize(text)) > limit:
             out.append(i)
     return out
+
+
+def _max_token_bytes(tokenizer) -> int:
+    """Bytes of the longest vocabulary entry (an upper bound on what one token covers)."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(1, max((len(str(t).encode("utf-8", "surrogatepass")) for t in vocab), default=1))
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: tokenize everything
+        return 1 << 30
 
 
 def _render_all(template: str, problems: list[str], what: str) -> list[str]:
@@ -146,14 +182,14 @@ def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
     rows = getattr(task, "rows", None)
     if rows is None:  # the toy task: every prompt has the same length
         prompts = [r["prompt"] for r in task.sample_prompts(1, 0)]
-        if _too_long(tokenize, prompts, budget):
+        if _too_long(tokenize, prompts, budget, _max_token_bytes(tokenizer)):
             raise UserError(
                 f"task prompts have more than {budget} tokens: they fill the model's context of "
                 f"{limit} tokens (see task.template)"
             )
         return 0
     texts = _render_all(task.template, [r["problem"] for r in rows], "task.template")
-    bad = set(_too_long(tokenize, texts, budget))
+    bad = set(_too_long(tokenize, texts, budget, _max_token_bytes(tokenizer)))
     if not bad:
         return 0
     if len(bad) == len(rows):
@@ -174,7 +210,7 @@ def check_eval_lengths(problems, template: str, tokenizer, path: str) -> None:
     if limit is None or not problems:
         return
     texts = _render_all(template, [p["problem"] for p in problems], "eval.template")
-    bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1)
+    bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1, _max_token_bytes(tokenizer))
     if bad:
         ids = ", ".join(repr(problems[i]["id"]) for i in bad[:3])
         raise UserError(

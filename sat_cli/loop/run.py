@@ -428,7 +428,7 @@ def _train(cfg, obj) -> dict:
     run_dir, resuming = resolve_run_dir(obj)
     log = print
     log(f"run {run_dir}")
-    preflight.check_output_dir(run_dir, "run folder")
+    preflight.check_run_folder(run_dir)
     path = model_path(obj, log=log)
     tokenizer = preflight.load_tokenizer(path)
     task = build_task(obj)

@@ -237,7 +237,9 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
     """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(
+            f"{path}: " + ("a folder, not a JSONL file" if path.is_dir() else "no such file")
+        )
     rows: list[dict[str, str]] = []
     wheres: list[str] = []
     with path.open("rb") as fh:

@@ -894,3 +894,23 @@ def test_megatron_run_leaves_nothing_in_tmp(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert not list(tmp.glob("torchelastic_*")), list(tmp.iterdir())
     assert not list((tmp_path / "runs").glob("sat/*/megatron/torchelastic"))
+
+
+@pytest.mark.slow
+def test_finished_run_extended_with_a_larger_max_steps(tmp_path):
+    """Found by the hostile pass: `resume=auto max_steps=5` over a finished 3-step run failed at
+    step 5 (the weights of its last step were never published, the engine could not load them).
+    Now the run goes on to step 5: every step once, checkpoints before the end not marked
+    finished, the MLflow run FINISHED."""
+    from sat_cli.loop.state import read_loop_state
+
+    args = [*SMALL, "checkpoint.every=1", "checkpoint.keep=5", "run.name=ex"]
+    assert sat("train", *args, "max_steps=3", cwd=tmp_path).returncode == 0
+    out = sat("train", *args, "max_steps=5", "resume=auto", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ck = tmp_path / "runs/sat/ex/checkpoints"
+    assert read_loop_state(ck / "step_4")["finished"] is False
+    assert read_loop_state(ck / "step_5")["finished"] is True
+    run = mlflow_run(tmp_path, "ex")
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in history(tmp_path, run, "rollout/prompt_digest")] == [1, 2, 3, 4, 5]

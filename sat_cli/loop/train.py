@@ -248,6 +248,12 @@ def train_loop(
             save_checkpoint(ckpt_root, step_done, trainer, st)
             prune_checkpoints(ckpt_root, s.checkpoint_keep)
 
+        if resume_from is not None and st["step"] < s.max_steps:
+            # a finished run extended with a larger max_steps: its last weights were never
+            # published (no batch needed them then); the trainer holds exactly that version
+            st["finished"] = False
+            if s.lag.publish_after(st["step"], s.max_steps):
+                publish(st["step"])
         # batches requested before the interruption are requested again with the same versions
         for k, v in st["pending"]:
             submit(int(k), int(v))

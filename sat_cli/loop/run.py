@@ -8,10 +8,13 @@ Run directory: ``<run.dir>/<run.experiment>/<run.name>/`` with ``config.yaml`` (
 defaults to ``<run.dir>/mlflow.db``; the warm-start cache is ``<run.dir>/cache/``.
 ``logs/pids.json`` names this process and the engine's process (fault tests, soak runs).
 
-Inputs (run name, resume target, model folder — safetensors only, shapes checked against its
-config without loading —, task and evaluation data) are checked before the run directory is
-created or any process starts, so bad input exits 2 and writes nothing. SIGTERM raises
-``Terminated`` (a ``KeyboardInterrupt``): the same orderly stop as Ctrl-C, exit 143.
+Inputs (run name, resume target, the run folder's path, model folder — safetensors only,
+every tensor checked against its config without loading —, tokenizer, task and evaluation data,
+prompt lengths, the trainer layout) are checked before the run directory is created or any
+process starts, so bad input exits 2 and writes nothing. Then the run folder is locked
+(``sat_cli.loop.runlock``) and the checkpoint to resume from is verified
+(``sat_cli.loop.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
+SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.signals``: exit 143 / 129).
 """
 
 from __future__ import annotations
@@ -427,7 +430,6 @@ def _train(cfg, obj) -> dict:
     # every input is checked before the run folder is created or written, or a process starts
     run_dir, resuming = resolve_run_dir(obj)
     log = print
-    log(f"run {run_dir}")
     preflight.check_run_folder(run_dir)
     path = model_path(obj, log=log)
     tokenizer = preflight.load_tokenizer(path)
@@ -460,8 +462,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> 
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
 
     state0 = read_loop_state(ckpt) if ckpt else {}
-    if ckpt:
-        log(f"resuming from {ckpt.name}")
+    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))

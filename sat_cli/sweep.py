@@ -749,6 +749,9 @@ def _open_parent(plan: Plan, state: dict, log):
             raise
         log(f"parent run {prev} is gone from the store; starting a new one")
         tr = Tracker(plan.tracking_uri, s.name, f"sweep-{s.name}", tags=tags, params=params)
+    from sat_cli.loop.final_status import apply_pending
+
+    apply_pending(Path(plan.run_dir), tr, log)
     tr.log_dict([r.record() for r in s.runs], "sweep/runs.json")
     tr.log_artifact(s.file, "sweep")
     return tr
@@ -867,7 +870,9 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
         for child in children.values():  # an unexpected error: do not leave orphans behind
             stop_children([child], 5.0, log)
         if parent is not None:
-            parent.end(outcome)
+            from sat_cli.loop.final_status import end_run
+
+            end_run(parent, outcome, Path(plan.run_dir), log)
         _write_state(plan.root, state)
 
 

@@ -42,6 +42,20 @@ def _model_dir(obj) -> str:
     return model_path(obj)
 
 
+def _own_folder(base: Path) -> Path:
+    """Create ``base`` (or ``base-2``, ``base-3``, …) exclusively: two evaluations started in
+    the same second never write into one folder."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 1000):
+        out = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        return out
+    raise UserError(f"cannot create an evaluation folder next to {base}: 999 exist")
+
+
 def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
@@ -69,6 +83,7 @@ def run_eval_command(cfg, obj) -> None:
     preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     preflight.check_output_dir(out, "evaluation folder")
+    out = _own_folder(out)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None

@@ -216,7 +216,9 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"sweep file {str(p)!r} does not exist")
-    doc = _read_yaml(p)
+    from sat_cli.safe_yaml import read_yaml
+
+    doc = read_yaml(p, "a sweep file is a short list of overrides")
     if not isinstance(doc, dict):
         raise UserError(f"{p}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
     unknown = sorted(set(doc) - set(SWEEP_KEYS))
@@ -297,63 +299,6 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     )
     sweep.runs = _expand(parser, sweep)
     return sweep
-
-
-MAX_FILE_BYTES = 1 << 20  # a sweep file is a short list of overrides
-MAX_NODES = 100_000  # YAML nodes after alias expansion (a "billion laughs" file has 10**9)
-
-
-def _read_yaml(p: Path) -> Any:
-    """``yaml.safe_load`` with bounded input: the file size, the nesting depth and the number of
-    nodes after alias expansion are checked on the composed node graph before any Python object
-    is built, so an alias bomb is refused in milliseconds instead of eating the memory."""
-    import yaml
-
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise UserError(f"{p}: {p.stat().st_size} bytes; a sweep file may have at most 1 MiB")
-        text = p.read_text(encoding="utf-8")
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{p}: not valid YAML: {exc}") from None
-    except RecursionError:
-        raise UserError(f"{p}: nested too deeply") from None
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read it: {exc.strerror or exc}") from None
-    if node is None:
-        return None
-    sizes: dict[int, int] = {}  # node id -> size with every alias expanded
-    active: set[int] = set()  # nodes being sized (an alias back to one of them is a cycle)
-    stack: list[tuple[Any, int, bool]] = [(node, 0, False)]
-    while stack:
-        n, depth, done = stack.pop()
-        if depth > 100:
-            raise UserError(f"{p}: nested more than 100 levels deep")
-        children = (
-            [c for kv in n.value for c in kv]
-            if isinstance(n, yaml.MappingNode)
-            else (n.value if isinstance(n, yaml.SequenceNode) else [])
-        )
-        if done:
-            active.discard(id(n))
-            sizes[id(n)] = 1 + sum(sizes[id(c)] for c in children)
-            if sizes[id(n)] > MAX_NODES:
-                raise UserError(
-                    f"{p}: expands to more than {MAX_NODES} YAML nodes (anchors and aliases "
-                    "repeat their content); a sweep file is a short list of overrides"
-                )
-        elif id(n) not in sizes:
-            if any(id(c) in active or c is n for c in children):
-                raise UserError(f"{p}: a YAML alias refers to a node that contains it")
-            active.add(id(n))
-            stack.append((n, depth, True))
-            stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
-    try:
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise UserError(f"{p}: not valid YAML: {exc}") from None
 
 
 def _axis_labels(keys: list[str]) -> dict[str, str]:

@@ -4,7 +4,9 @@ Heavy libraries (torch, transformers, mlflow, hydra) are imported inside the com
 `sat --help` stays instant. Exit codes (docs/reliability.md): 0 done; 1 a runtime fault (dead
 engine or trainer, failed checkpoint write, non-finite loss, incomplete evaluation); 2 the
 user's input (overrides, files, paths, run names, an unreachable tracking store at start), one
-``sat: error:`` paragraph and no traceback; 130 Ctrl-C; 143 SIGTERM.
+``sat: error:`` paragraph and no traceback; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. An ``OSError``
+that reaches the top is one line too: exit 1 when the disk refused a write (full, quota, I/O
+error), 2 for a path that cannot be used.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"sat: error: {message}", err=True)
+    try:
+        typer.echo(f"sat: error: {message}", err=True)
+    except OSError:  # no terminal any more (SIGHUP)
+        pass
     raise typer.Exit(code)
 
 
@@ -65,12 +70,19 @@ def train_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP))
 
 
 @app.command("pretrain", context_settings=_EXTRA)
-def pretrain_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+def pretrain_cmd(
+    overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP),
+    use_shipped: bool = typer.Option(
+        False,
+        "--use-shipped",
+        help="use the shipped warm start when it matches, as `sat train` does (default: train)",
+    ),
+) -> None:
     """Build and warm-start the tiny model on the task (cached; `sat train` runs it when needed)."""
     cfg, obj = _load(overrides or [])
     from sat_cli.loop.run import pretrain
 
-    _guard(lambda: pretrain(obj))
+    _guard(lambda: pretrain(obj, use_shipped=use_shipped))
 
 
 @app.command("eval", context_settings=_EXTRA)
@@ -158,30 +170,53 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("mlflow", "alembic", "alembic.runtime.migration"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # logs a full traceback for every failed sqlite write (locked, disk full) before raising it;
+    # the tracker reports the raised error once, in one line, and carries on
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def _one_paragraph(message: str) -> str:
+    """A worker's error message with its traceback reduced to the exception line."""
+    head, sep, tb = message.partition("Traceback (most recent call last):")
+    if not sep:
+        return message
+    last = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:]
+    return " ".join([head.strip().rstrip(":") + ":", *last])
 
 
 def _guard(fn) -> None:
     """Run a command body: user errors → message + exit 2; Ctrl-C → exit 130."""
     _quiet_libraries()
     from sat_cli.config import ConfigError
-    from sat_cli.errors import RunFailed, UserError
+    from sat_cli.errors import RunFailed, UserError, as_os_error, os_error
 
     try:
         fn()
     except (UserError, ConfigError, RunFailed) as exc:
         fail(str(exc), getattr(exc, "code", 2))
+    except OSError as exc:  # a path or disk problem no layer below turned into a message
+        err = os_error(exc, f"cannot use a file ({type(exc).__name__})")
+        fail(str(err), err.code)
     except Exception as exc:
         # Library errors that are the user's input or an expected runtime fault, by class name
         # so that this module does not import the heavy modules that define them.
         name = type(exc).__name__
+        wrapped = as_os_error(exc)  # e.g. safetensors' "I/O error: No space left on device"
+        if wrapped is not None:
+            err = os_error(wrapped, f"cannot write a file ({name})")
+            fail(str(err), err.code)
         if name in ("DataError", "TrackingError", "CheckpointError"):
             fail(str(exc), 2)
-        if name in ("EngineError", "TrainerError"):
-            fail(str(exc), 1)
+        if name in ("EngineError", "TrainerError", "MegatronWorkerError", "R3Error"):
+            fail(_one_paragraph(str(exc)), 1)
         raise
     except KeyboardInterrupt as exc:
         code = getattr(exc, "code", 130)
-        typer.echo("sat: interrupted" + (" (SIGTERM)" if code == 143 else ""), err=True)
+        name = getattr(exc, "signame", None)
+        try:
+            typer.echo("sat: interrupted" + (f" ({name})" if name else ""), err=True)
+        except OSError:  # the terminal is gone (SIGHUP)
+            pass
         raise typer.Exit(code) from None
 
 

@@ -1,5 +1,7 @@
 """Errors that reach the user as a one-paragraph message and an exit code (no traceback)."""
 
+import errno
+
 
 class UserError(Exception):
     """A problem with the user's input (config, files, paths, run names): exit code 2."""
@@ -16,3 +18,36 @@ class RunFailed(Exception):
     """A run stopped on a runtime fault (a dead process, a non-recoverable I/O error): exit 1."""
 
     code = 1
+
+
+# errno values that mean "the disk refused the write" (a runtime fault, exit 1); every other
+# OSError of a path is "this path cannot be used" (the user's input, exit 2)
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def os_error(exc: OSError, what: str) -> Exception:
+    """The user-facing form of an ``OSError``: ``RunFailed`` (exit 1) when the disk refused a
+    write (full, quota, file too large, I/O error), else ``UserError`` (exit 2): a name too
+    long, a file where a folder must be, no permission, a read-only file system."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    text = f"{what}: {exc.strerror or exc}{where}"
+    if exc.errno in DISK_ERRNOS:
+        return RunFailed(text + "; free some space (or fix the disk) and run the command again")
+    return UserError(text)
+
+
+def as_os_error(exc: BaseException) -> OSError | None:
+    """``exc`` as an ``OSError`` if it is one, or an I/O failure that a library wrapped in its
+    own type (safetensors raises ``SafetensorError: … I/O error: No space left on device (os
+    error 28)`` when the disk is full); else None."""
+    if isinstance(exc, OSError):
+        return exc
+    if type(exc).__name__ == "SafetensorError":
+        import os
+        import re
+
+        m = re.search(r"os error (\d+)", str(exc))
+        if m:
+            code = int(m.group(1))
+            return OSError(code, os.strerror(code))
+    return None

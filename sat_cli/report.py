@@ -759,13 +759,24 @@ def run_report(target: str, *, out: str | None, tracking_uri: str | None) -> Non
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow import MlflowClient
 
+    from sat_cli.errors import os_error
+    from sat_cli.loop.preflight import check_output_dir
+
+    out_dir = (
+        Path(out) if out else Path("runs") / "reports" / re.sub(r"[^A-Za-z0-9_.\-]+", "_", target)
+    )
+    check_output_dir(out_dir, "--out")  # a file, a read-only or too long path: exit 2 up front
     uri = tracking_uri or DEFAULT_URI
     _check_store(uri)
     client = MlflowClient(tracking_uri=uri)
     rep = build_report(client, target)
-    out_dir = (
-        Path(out) if out else Path("runs") / "reports" / re.sub(r"[^A-Za-z0-9_.\-]+", "_", target)
-    )
+    try:
+        _write_report(client, rep, uri, out_dir)
+    except OSError as exc:
+        raise os_error(exc, f"cannot write the report to {out_dir}") from None
+
+
+def _write_report(client, rep: dict, uri: str, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     runs, rows, lags = rep["runs"], rep["rows"], rep["lags"]
 

@@ -39,7 +39,7 @@ MLflow: a parent run ``sweep-<name>`` in experiment ``<name>`` with tags ``sat.s
 ``SAT_SWEEP_ID``, ``SAT_OVERRIDE_HASH``, ``SAT_SWEEP_PARENT_RUN_ID`` and ``SAT_SWEEP_METHOD``
 in their environment, which ``sat train`` turns into tags (``mlflow.parentRunId`` nests them).
 
-Ctrl-C (or SIGTERM): SIGINT to each child's process group, a grace period
+Ctrl-C (or SIGTERM, or SIGHUP): SIGINT to each child's process group, a grace period
 (``SAT_SWEEP_GRACE_S``, default 30 s; a second Ctrl-C cuts it short), then SIGKILL; the parent
 run ends KILLED and the command exits 130. Runs that failed make the command exit 1 after the
 others are done.
@@ -212,15 +212,13 @@ def _merge(parser, layers: list[tuple[str, list[str]]]) -> tuple[list[str], dict
 
 def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
     """Read and expand a sweep file. UserError names the problem (and the key or run)."""
-    import yaml
 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"sweep file {str(p)!r} does not exist")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{p}: not valid YAML: {exc}") from None
+    from sat_cli.safe_yaml import read_yaml
+
+    doc = read_yaml(p, "a sweep file is a short list of overrides")
     if not isinstance(doc, dict):
         raise UserError(f"{p}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
     unknown = sorted(set(doc) - set(SWEEP_KEYS))
@@ -486,6 +484,8 @@ def _still_running(name: str, rec: dict) -> int | None:
 
 def read_state(root: Path) -> dict:
     path = root / STATE_FILE
+    if path.is_dir():
+        raise UserError(f"sweep state {path} is a folder; remove it (or pick another run.dir)")
     if not path.is_file():
         return {"runs": {}, "parents": {}, "invocations": 0}
     try:
@@ -650,6 +650,10 @@ def _tail(path: Path, n: int = 8) -> str:
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+    if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
+        from sat_cli.signals import _detach_terminal
+
+        _detach_terminal()
     raise SweepInterrupted()
 
 
@@ -690,6 +694,9 @@ def _open_parent(plan: Plan, state: dict, log):
             raise
         log(f"parent run {prev} is gone from the store; starting a new one")
         tr = Tracker(plan.tracking_uri, s.name, f"sweep-{s.name}", tags=tags, params=params)
+    from sat_cli.loop.final_status import apply_pending
+
+    apply_pending(Path(plan.run_dir), tr, log)
     tr.log_dict([r.record() for r in s.runs], "sweep/runs.json")
     tr.log_artifact(s.file, "sweep")
     return tr
@@ -710,6 +717,9 @@ def run_sweep(sweep_file: str, overrides: list[str], *, jobs: int, dry_run: bool
         return
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
+    from sat_cli.loop.preflight import check_output_dir
+
+    check_output_dir(plan.root, "sweep folder")
     conflicts = [r for r in sweep.runs if statuses[r.name] == "conflict"]
     if conflicts:
         raise UserError(_conflict_message(plan, conflicts[0]))
@@ -740,7 +750,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
     log(format_plan(plan, statuses))
     grace = float(os.environ.get("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S))
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.signal(sig, _on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     parent = None
     children: dict[str, _Child] = {}
     outcome = "KILLED"
@@ -800,11 +810,14 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
         children.clear()
         raise SweepInterrupted() from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for child in children.values():  # an unexpected error: do not leave orphans behind
             stop_children([child], 5.0, log)
         if parent is not None:
-            parent.end(outcome)
+            from sat_cli.loop.final_status import end_run
+
+            end_run(parent, outcome, Path(plan.run_dir), log)
         _write_state(plan.root, state)
 
 
@@ -812,7 +825,9 @@ def _warm_start(plan: Plan, log) -> None:
     """Build the warm-start cache once before parallel runs would race to build it."""
     for run in plan.needs_warm_start:
         train_only = [o for o in run.overrides if o != "resume=auto"]
-        cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", *train_only]
+        # --use-shipped: the same warm start `sat train` (and so --jobs 1) uses — the shipped
+        # checkpoint when its key matches — not `sat pretrain`'s rebuild from scratch
+        cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", "--use-shipped", *train_only]
         log_path = plan.root / "logs" / "pretrain.log"
         log(f"warm start (once, before parallel runs): log {log_path}")
         proc, f = _launch(cmd, log_path, dict(os.environ), "sat pretrain")

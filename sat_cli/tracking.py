@@ -38,6 +38,9 @@ What it does:
   images, tables, artifacts and tags that fail are dropped and counted in ``dropped_artifacts``.
   On a successful reconnect the buffer is flushed; ``end`` logs the counters as metrics
   ``tracking/dropped_metrics`` / ``tracking/dropped_artifacts`` (at the last step) when non-zero.
+  ``status_recorded`` says whether ``end`` reached the store; when it did not, the caller keeps
+  the final status for later (``sat_cli.loop.final_status``). ``resumed_status`` is the status a
+  resumed run had before.
   Invalid arguments (MLflow ``INVALID_PARAMETER_VALUE``) are programming errors and are raised
   (at start as :class:`TrackingError`: a bad experiment name or a deleted run is user input).
 * **HTTP timeouts.** For server URIs the MLflow client reads ``MLFLOW_HTTP_REQUEST_TIMEOUT``,
@@ -62,6 +65,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from sat_cli.signals import deferred
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +406,8 @@ class Tracker:
         self._last_step = -1
         self._lock = threading.RLock()
         self._ended = False
+        self.resumed_status: str | None = None  # the run's status before this resume
+        self.status_recorded = False  # end() reached the store
         self._uses_http_env = False
         self._client = None
         if not self.enabled:
@@ -419,10 +426,15 @@ class Tracker:
                 db.parent.mkdir(parents=True, exist_ok=True)
             # Two processes creating a fresh sqlite store at once race in MLflow's schema
             # migration ("expected to match one row"): serialise start-up on a lock file.
-            with _store_lock(db):
+            with _store_lock(db), deferred():
                 self._client = MlflowClient(tracking_uri=self.uri)
                 self._start(run_id, dict(tags or {}), dict(params or {}))
         except TrackingError:
+            self._release()
+            raise
+        except KeyboardInterrupt:  # held back until the start was complete: end the run again
+            if self.run_id is not None:
+                self.end(self.resumed_status if self.resumed_status in _STATUSES else "KILLED")
             self._release()
             raise
         except self._errors as exc:
@@ -477,6 +489,7 @@ class Tracker:
                 ) from exc
             self.run_id = run.info.run_id
             self.experiment_id = run.info.experiment_id
+            self.resumed_status = run.info.status
             existing = dict(run.data.params)
             latest = getattr(run.data, "_metric_objs", None)
             if latest is None:  # the latest point per key is a private field of RunData
@@ -531,7 +544,8 @@ class Tracker:
                 return False
             self._last_attempt = time.monotonic()
             try:
-                fn(*args, **kwargs)
+                with deferred():  # a signal must not cut a store transaction in half
+                    fn(*args, **kwargs)
             except self._errors as exc:
                 if _is_caller_error(exc):
                     raise
@@ -746,7 +760,9 @@ class Tracker:
                 self._call("metrics", self._client.log_batch, self.run_id, metrics=batch)
             if self.skipped_relogged and self._down_since is None:
                 self._log_tags({"sat.resume.skipped_relogged_points": self.skipped_relogged}, True)
-            self._call("end", self._client.set_terminated, self.run_id, status)
+            self.status_recorded = self._call(
+                "end", self._client.set_terminated, self.run_id, status
+            )
             self._ended = True
             self._release()
 

@@ -25,3 +25,14 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "aime24.jsonl").exists():
         pytest.skip(f"shared data folder absent ({SHARED_DATA}); set SAT_DATA_DIR to run this")
     return SHARED_DATA
+
+
+@pytest.fixture
+def fsfault():
+    """tests/fs_faults.py (a full disk, a read-only folder); its mounts are undone afterwards."""
+    import fs_faults
+
+    try:
+        yield fs_faults
+    finally:
+        fs_faults.unmount_all()

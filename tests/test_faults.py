@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import fs_faults
 import pytest
 
 SMALL = [
@@ -535,7 +537,8 @@ def _serve(db: Path, port: int, log: Path) -> subprocess.Popen:
 def test_mlflow_server_dies_mid_run_training_finishes(tmp_path, runs):
     """The MLflow server is killed after the first checkpoint: training goes on (one warning,
     metrics buffered), finishes with exit 0 and complete checkpoints; the points logged before
-    the outage are in the store."""
+    the outage are in the store. The outage never recovers during the run, so the run's final
+    status is kept in the run.dir and set by the next command once the server is back."""
     db, port = tmp_path / "server" / "mlflow.db", closed_port()
     db.parent.mkdir()
     server = _serve(db, port, tmp_path / "server.log")
@@ -558,6 +561,23 @@ def test_mlflow_server_dies_mid_run_training_finishes(tmp_path, runs):
     (run,) = c.search_runs([c.get_experiment_by_name("sat").experiment_id])
     steps = [m.step for m in c.get_metric_history(run.info.run_id, "rollout/prompt_digest")]
     assert steps and steps == list(range(1, len(steps) + 1)) and math.isfinite(len(steps))
+    # the outage never recovered during the run: its final status waits in the run.dir ...
+    assert run.info.status == "RUNNING"
+    (pending,) = (tmp_path / "runs/.mlflow_pending").glob("*.json")
+    assert json.loads(pending.read_text())["status"] == "FINISHED"
+    assert "set in the store by the next sat command" in r.stdout + r.stderr
+    # ... and the next command that reaches the store sets it
+    server = _serve(db, port, tmp_path / "server.log")
+    try:
+        uri = f"tracking.uri=http://127.0.0.1:{port}"
+        out = sat("eval", "toy", "eval.n=1", "eval.limit=2", "run.dir=runs", uri, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "applied 1 pending MLflow final status" in out.stdout + out.stderr
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
+    assert c.get_run(run.info.run_id).info.status == "FINISHED"
+    assert not pending.exists()
 
 
 @pytest.mark.slow
@@ -595,3 +615,302 @@ def test_soak_short_run_memory_stays_flat(tmp_path):
         assert p["growth"] <= 0.10, (role, p["baseline_rss_mib"], p["final_rss_mib"])
     assert rep["pass"] and out.returncode == 0
     assert (tmp_path / "soak/sat/soak/checkpoints/step_60/loop_state.json").is_file()
+
+
+# ----------------------------------------------------------------------------- issue 16
+
+
+def run_dir_files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _flip_byte(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    p.write_bytes(b)
+
+
+@pytest.mark.slow
+def test_sighup_stops_like_sigterm(tmp_path, runs):
+    """A closed terminal (SIGHUP to the whole process group, engine included): the same orderly
+    stop as SIGTERM — exit 129, MLflow KILLED, no process left, the last checkpoint loadable,
+    the run folder's lock released."""
+    args = [*SMALL, "max_steps=400", "checkpoint.every=2", "run.name=hup"]
+    r = Run(tmp_path, "train", *args)
+    runs.append(r)
+    run_dir = tmp_path / "runs/sat/hup"
+    wait_for(lambda: (run_dir / "checkpoints/step_2").is_dir(), 300, "the first checkpoint")
+    children = descendants(r.pid)
+    assert pids(run_dir)["engine"] in children
+    t0 = time.monotonic()
+    os.killpg(r.pid, signal.SIGHUP)
+    assert r.wait(60) == 129, r.stderr[-3000:]
+    assert time.monotonic() - t0 < 30
+    assert "sat: interrupted (SIGHUP)" in r.stderr and "Traceback" not in r.stderr
+    assert_gone(children)
+    assert mlflow_run(tmp_path, "hup").info.status == "KILLED"
+    assert_checkpoint_loadable(run_dir / "checkpoints")
+    assert not (run_dir / ".sat.lock").exists()
+
+
+@pytest.mark.slow
+def test_second_live_run_of_a_folder_is_refused(tmp_path, runs):
+    """Two `sat train` with one run.name at once: the second exits 2 naming the first (its pid)
+    and writes nothing — the folder keeps the first run's config (seed 1), every checkpoint the
+    first run's MLflow id, and the store one run."""
+    r = Run(
+        tmp_path, "train", *SMALL, "max_steps=400", "checkpoint.every=2", "seed=1", "run.name=tw"
+    )
+    runs.append(r)
+    run_dir = tmp_path / "runs/sat/tw"
+    wait_for(lambda: (run_dir / "checkpoints/step_2").is_dir(), 300, "the first checkpoint")
+    config = (run_dir / "config.yaml").read_bytes()
+    config_stat = (run_dir / "config.yaml").stat().st_mtime_ns
+    for extra in ([], ["resume=auto"]):
+        out = sat("train", *SMALL, "max_steps=3", "seed=2", "run.name=tw", *extra, cwd=tmp_path)
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert f"run folder runs/sat/tw is in use by pid {r.pid}" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert (run_dir / "config.yaml").read_bytes() == config and b"seed: 1" in config
+    assert (run_dir / "config.yaml").stat().st_mtime_ns == config_stat
+    os.kill(r.pid, signal.SIGTERM)
+    assert r.wait(60) == 143
+    run = mlflow_run(tmp_path, "tw")  # exactly one run of that name
+    from sat_cli.loop.state import list_checkpoints, read_loop_state
+
+    assert_checkpoint_loadable(run_dir / "checkpoints")
+    ids = {
+        read_loop_state(p)["mlflow_run_id"] for _, p in list_checkpoints(run_dir / "checkpoints")
+    }
+    assert ids == {run.info.run_id}
+
+
+@pytest.mark.slow
+def test_stale_lock_of_a_killed_run_is_taken_over(tmp_path, runs):
+    """A run SIGKILLed (its lock file left behind, naming a dead pid) is continued by
+    resume=auto: the stale lock is recognised by its pid and taken over."""
+    args = [*SMALL, "max_steps=400", "checkpoint.every=2", "run.name=st"]
+    r = Run(tmp_path, "train", *args)
+    runs.append(r)
+    run_dir = tmp_path / "runs/sat/st"
+    wait_for(lambda: (run_dir / "checkpoints/step_2").is_dir(), 300, "the first checkpoint")
+    os.killpg(r.pid, signal.SIGKILL)
+    r.wait(30)
+    rec = json.loads((run_dir / ".sat.lock").read_text())
+    assert rec["pid"] == r.pid and not alive(r.pid)
+    step = int(assert_checkpoint_loadable(run_dir / "checkpoints").name.split("_")[1])
+    resume = [a for a in args if not a.startswith("max_steps")] + [f"max_steps={step + 1}"]
+    out = sat("train", *resume, "resume=auto", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"taking over the stale lock of pid {r.pid}" in out.stdout
+    assert not (run_dir / ".sat.lock").exists()
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    """A byte flipped in the newest checkpoint's weights: resume=auto reports it, moves it aside
+    and continues from the previous complete checkpoint; every step once, the prompts of an
+    uninterrupted run, the MLflow run FINISHED."""
+    args = [*SMALL, "checkpoint.every=1", "checkpoint.keep=5", "run.name=fb"]
+    out = sat("train", *args, "max_steps=4", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ck = tmp_path / "runs/sat/fb/checkpoints"
+    _flip_byte(ck / "step_4" / "trainer" / "model" / "model.safetensors")
+    out = sat("train", *args, "max_steps=6", "resume=auto", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (
+        "checkpoint runs/sat/fb/checkpoints/step_4 is damaged (trainer/model/model.safetensors"
+        in (out.stdout)
+    )
+    assert "does not match its SHA-256" in out.stdout and "resuming from step_3" in out.stdout
+    assert (ck / "damaged_step_4").is_dir()
+    run = mlflow_run(tmp_path, "fb")
+    assert run.info.status == "FINISHED"
+    digests = history(tmp_path, run, "rollout/prompt_digest")
+    assert digests == expected_digests(6, [*args, "max_steps=6"])
+
+
+def _small_run_dir(fsfault, tmp_path: Path, size: int, rlimit: int | None = None):
+    """A run.dir on a file system of ``size`` bytes and an MLflow store beside it (not on it);
+    without mount rights, files of the child limited to ``rlimit`` bytes instead."""
+    disk = tmp_path / "disk"
+    kind, preexec = fsfault.small_disk(disk, size, rlimit)
+    store = f"tracking.uri=sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    args = [a for a in SMALL if not a.startswith("run.dir")] + [f"run.dir={disk}", store]
+    return disk, args, preexec
+
+
+def _store_run(tmp_path: Path, name: str):
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    (run,) = [
+        r
+        for r in c.search_runs([c.get_experiment_by_name("sat").experiment_id])
+        if r.info.run_name == name
+    ]
+    return run
+
+
+def _sat_with(preexec, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env=_env(),
+        preexec_fn=preexec,
+    )
+
+
+@pytest.mark.slow
+def test_disk_full_while_publishing_weights(tmp_path, fsfault):
+    """The run folder's disk is full when the first weights are published: exit 1 with one line
+    naming the weights folder and the OS error, no traceback, MLflow FAILED, the lock released,
+    no process left."""
+    disk, args, preexec = _small_run_dir(fsfault, tmp_path, 2 << 20)
+    out = _sat_with(preexec, "train", *args, "max_steps=4", "run.name=wf", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("sat: error:")]
+    assert re.search(rf"cannot publish weights v0 to .*/wf/weights: {fs_faults.DISK_FULL}", line)
+    assert _store_run(tmp_path, "wf").info.status == "FAILED"
+    assert not (disk / "sat/wf/.sat.lock").exists()
+    engine = pids(disk / "sat/wf").get("engine")
+    assert engine and not alive(engine)
+
+
+@pytest.mark.slow
+def test_disk_full_while_writing_a_checkpoint(tmp_path, fsfault):
+    """Room for the weights but not for the checkpoint: exit 1 naming the checkpoint, its
+    temporary folder removed, MLflow FAILED."""
+    disk, args, preexec = _small_run_dir(fsfault, tmp_path, 14 << 20, rlimit=6 << 20)
+    out = _sat_with(
+        preexec, "train", *args, "max_steps=6", "checkpoint.every=2", "run.name=cf", cwd=tmp_path
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert re.search(
+        rf"sat: error: cannot write checkpoint .*/cf/checkpoints/step_2: \w+: {fs_faults.DISK_FULL}",
+        out.stderr,
+    )
+    assert not list((disk / "sat/cf/checkpoints").glob(".step_*"))
+    assert _store_run(tmp_path, "cf").info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_disk_full_while_writing_eval_results(tmp_path, fsfault):
+    """`sat eval` whose results do not fit: exit 1 naming the results folder, no traceback, the
+    MLflow eval run FAILED."""
+    disk = tmp_path / "disk"
+    kind, preexec = fsfault.small_disk(disk, 32 << 10)
+    if kind != "tmpfs":  # a 32 KiB file-size limit would stop the MLflow store first
+        pytest.skip("needs a real small file system (tmpfs: root with mount rights)")
+    store = f"tracking.uri=sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    out = _sat_with(preexec, "eval", "toy", "eval.n=1", f"run.dir={disk}", store, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert re.search(
+        rf"sat: error: cannot write the evaluation results to .*/eval/toy-\S+: {fs_faults.DISK_FULL}",
+        out.stderr,
+    )
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    (run,) = c.search_runs([c.get_experiment_by_name("eval").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_full_store_disk_keeps_the_final_status_for_later(tmp_path, fsfault):
+    """The MLflow store's disk fills up mid-run (histogram images every step): training goes on
+    and exits 0; the status that could not be written is kept in
+    ``<run.dir>/.mlflow_pending/`` and set in the store by the next command once there is room
+    (the disk grown here), so the run does not stay RUNNING."""
+    disk = tmp_path / "store"
+    kind, _ = fsfault.small_disk(disk, 1536 << 10)
+    if kind != "tmpfs":
+        pytest.skip("needs a real small file system (tmpfs: root with mount rights)")
+    store = f"tracking.uri=sqlite:///{disk / 'mlflow.db'}"
+    args = [*SMALL, "max_steps=20", "tracking.histogram_every=1", "run.name=sf", store]
+    out = sat("train", *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    pending = list((tmp_path / "runs/.mlflow_pending").glob("*.json"))
+    assert len(pending) == 1, out.stderr[-3000:]
+    rec = json.loads(pending[0].read_text())
+    assert rec["status"] == "FINISHED" and "uri" not in rec
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    out = sat("eval", "toy", "eval.n=1", "eval.limit=2", "run.dir=runs", store, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "applied 1 pending MLflow final status" in out.stderr + out.stdout
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{disk / 'mlflow.db'}")
+    assert c.get_run(rec["run_id"]).info.status == "FINISHED"
+    assert not pending[0].exists()
+
+
+@pytest.mark.slow
+def test_sweep_jobs_2_uses_the_shipped_warm_start(tmp_path, runs):
+    """`sat sweep --jobs 2` on a fresh run.dir prepares the warm start exactly as `--jobs 1` (and
+    `sat train`) does — the shipped checkpoint — instead of training it from scratch."""
+    (tmp_path / "s.yaml").write_text(
+        "name: wj\nbase: [experiment=cpu_smoke, max_steps=1, eval.every=0, "
+        "task.prompts_per_step=2, task.samples_per_prompt=2]\naxes: {lag: '0,1'}\n"
+        "methods:\n  A: [algo=grpo]\nseeds: [0]\n"
+    )
+    r = Run(tmp_path, "sweep", "s.yaml", "run.dir=runs", "--jobs", "2")
+    runs.append(r)
+    log = tmp_path / "runs/wj/logs/pretrain.log"
+    wait_for(lambda: log.is_file() and "warm start:" in log.read_text(), 300, "the warm start")
+    text = log.read_text()
+    assert "using the shipped checkpoint" in text and "training the tiny model" not in text
+    assert r.wait(600) == 0, r.stdout[-3000:]
+    assert not list((tmp_path / "runs").glob("cache/tiny_moe_warm-*"))
+
+
+@pytest.mark.slow
+def test_megatron_run_leaves_nothing_in_tmp(tmp_path):
+    """`sat train trainer=megatron`: torchrun's log folder lives in the run folder and is removed
+    at the end; the temporary directory gets no torchelastic_* folder."""
+    pytest.importorskip("megatron.core")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**_env(), "TMPDIR": str(tmp)}
+    out = subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", "train", *SMALL, "trainer=megatron", "max_steps=1"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not list(tmp.glob("torchelastic_*")), list(tmp.iterdir())
+    assert not list((tmp_path / "runs").glob("sat/*/megatron/torchelastic"))
+
+
+@pytest.mark.slow
+def test_finished_run_extended_with_a_larger_max_steps(tmp_path):
+    """Found by the hostile pass: `resume=auto max_steps=5` over a finished 3-step run failed at
+    step 5 (the weights of its last step were never published, the engine could not load them).
+    Now the run goes on to step 5: every step once, checkpoints before the end not marked
+    finished, the MLflow run FINISHED."""
+    from sat_cli.loop.state import read_loop_state
+
+    args = [*SMALL, "checkpoint.every=1", "checkpoint.keep=5", "run.name=ex"]
+    assert sat("train", *args, "max_steps=3", cwd=tmp_path).returncode == 0
+    out = sat("train", *args, "max_steps=5", "resume=auto", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ck = tmp_path / "runs/sat/ex/checkpoints"
+    assert read_loop_state(ck / "step_4")["finished"] is False
+    assert read_loop_state(ck / "step_5")["finished"] is True
+    run = mlflow_run(tmp_path, "ex")
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in history(tmp_path, run, "rollout/prompt_digest")] == [1, 2, 3, 4, 5]

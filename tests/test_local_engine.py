@@ -231,3 +231,25 @@ def test_the_stop_rule_is_sglangs_union_of_eos_ids(tmp_path):
         samples = flat(eng.generate(PROMPTS, 8, sampling))
     first_stop_rule_holds(samples, {1, extra})
     assert sum(s.response_ids[-1] == extra for s in samples) >= 3
+
+
+def test_update_weights_refuses_incomplete_weights_and_keeps_serving(engine, ckpt, tmp_path):
+    """Weights loaded mid-run are checked like a model folder (issue 16): a published version
+    without lm_head is refused (transformers would initialise it at random), naming the tensor;
+    the engine keeps its weights and its version and goes on sampling the same samples."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    sp = SamplingParams(max_new_tokens=6, seed=3)
+    before = flat(engine.generate(PROMPTS, 1, sp))
+    bad = tmp_path / "v9"
+    shutil.copytree(ckpt, bad)
+    sd = load_file(str(bad / "model.safetensors"))
+    del sd["lm_head.weight"]
+    save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(EngineError, match=r"missing: 'lm_head\.weight'"):
+        engine.update_weights(str(bad), 9)
+    after = flat(engine.generate(PROMPTS, 1, sp))
+    assert {s.weight_version for s in after} == {0}
+    assert [s.response_ids for s in after] == [s.response_ids for s in before]

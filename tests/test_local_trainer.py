@@ -191,3 +191,29 @@ def test_save_load_resumes_bit_identically(ckpt, samples, tmp_path):
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(p, q), n
     assert b.step_count == 2
+
+
+def test_load_refuses_a_checkpoint_with_missing_or_integer_tensors(tmp_path):
+    """LocalTrainer.load (resume) checks the checkpoint's weights completely (issue 16):
+    a missing expert or an integer tensor is refused instead of being filled in or cast."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
+    from sat_cli.models.weights_check import WeightsError
+    from sat_cli.trainers.local import LocalTrainer
+
+    path = save_hf(build_tiny_moe(1), build_char_tokenizer(), tmp_path / "m")
+    tr = LocalTrainer(str(path))
+    tr.save(tmp_path / "ck")
+    st = tmp_path / "ck" / "model" / "model.safetensors"
+    sd = load_file(str(st))
+    del sd["model.layers.1.mlp.experts.2.gate_proj.weight"]
+    save_file(sd, str(st), metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"missing: 'model\.layers\.1\.mlp\.experts\.2\.gate"):
+        tr.load(tmp_path / "ck")
+    sd = load_file(str(path / "model.safetensors"))
+    sd["model.layers.1.mlp.experts.2.gate_proj.weight"] = torch.ones(64, 128, dtype=torch.int64)
+    save_file(sd, str(st), metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"is stored as I64 but the model needs float32"):
+        tr.load(tmp_path / "ck")

@@ -319,3 +319,43 @@ def test_cli_exit_2_on_unknown_target(store, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "no sweep id or MLflow experiment named 'nope'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("how", ["existing-file", "read-only-folder", "under-a-file", "long-name"])
+def test_cli_out_that_cannot_be_written_exits_2(store, tmp_path, fsfault, how):
+    """`sat report --out` onto an existing file, a read-only folder, or below a file: exit 2 with
+    one line naming the path, before anything is written."""
+    if how == "existing-file":
+        out, want = tmp_path / "taken", "is a file, not a folder"
+        out.write_text("keep me\n")
+    elif how == "long-name":
+        out, want = tmp_path / ("o" * 300), "has 300 bytes; this file system allows 255"
+    elif how == "under-a-file":
+        (tmp_path / "f").write_text("keep me\n")
+        out, want = tmp_path / "f" / "report", "is a file, not a folder"
+    else:
+        out = tmp_path / "ro"
+        kind = fsfault.read_only_dir(out)
+        if kind is None:
+            pytest.skip("no read-only folder possible here (root without mount rights)")
+        want = "read-only file system" if kind == "tmpfs-ro" else "is not writable"
+    r = subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", "report", SWEEP_ID, "--tracking-uri", store["uri"]]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("sat: error:")]
+    assert line.startswith("sat: error: --out ") and want in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {
+            "existing-file": ["taken"],
+            "under-a-file": ["f"],
+            "read-only-folder": ["ro"],
+            "long-name": [],
+        }[how]
+    )

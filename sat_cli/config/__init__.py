@@ -3,7 +3,9 @@
 ``compose(overrides)`` runs Hydra's compose API over ``conf/`` with the typed schema of
 :mod:`sat_cli.config.schema` first in the defaults list; ``load(overrides)`` also turns the
 result into dataclasses, which runs every bound check. Every failure — unknown group option,
-bad override syntax, unknown key, wrong type, out-of-range value — is raised as
+bad override syntax, unknown key (also one added with ``+``/``++``), a config group given a
+non-string value or an option outside ``conf/<group>/`` (:mod:`sat_cli.config.grammar`), wrong
+type, out-of-range value — is raised as
 :class:`ConfigError` with a one-paragraph message naming the key and, where there is a choice,
 the valid options; the CLI prints it and exits with code 2.
 """
@@ -75,6 +77,12 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
             f"{group}={opt!r} is not a known option. Valid options for '{group}': "
             f"{', '.join(opts)}{extra}"
         )
+    if msg.startswith("LexerNoViableAltException"):
+        what = msg.split(":", 1)[1].strip().splitlines()[0] if ":" in msg else " ".join(overrides)
+        return ConfigError(
+            f"cannot parse override {what!r}: it has a character that Hydra's grammar does not "
+            "allow unquoted; quote the value, e.g. key='value'"
+        )
     if (
         "Error parsing override" in msg
         or "mismatched input" in msg
@@ -128,9 +136,11 @@ def compose(overrides: list[str] | None = None):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from sat_cli.config.grammar import check_overrides, unknown_keys
     from sat_cli.config.schema import register
 
     overrides = _preprocess(list(overrides or []))
+    check_overrides(overrides, GROUPS, conf_dir())
     register()
     GlobalHydra.instance().clear()
     try:
@@ -141,6 +151,13 @@ def compose(overrides: list[str] | None = None):
         raise _translate(exc, overrides) from None
     finally:
         GlobalHydra.instance().clear()
+    extra = unknown_keys(cfg)
+    if extra:  # added with +key / ++key, or by a YAML file in conf/: the typed config drops them
+        raise ConfigError(
+            f"unknown config key {extra[0]!r}"
+            + (f" (and {', '.join(map(repr, extra[1:4]))})" if len(extra) > 1 else "")
+            + ": not in the schema, so it would be silently ignored. To list every key: sat config"
+        )
     return cfg
 
 

@@ -24,6 +24,10 @@ ENGINE_DEVICES = ("cpu", "cuda")
 TRAINERS = ("local", "megatron")
 DTYPES = ("float32", "bfloat16")
 TRACKING_BACKENDS = ("mlflow", "none")
+NAME_MAX = 255  # bytes of one path component on common file systems (ext4, xfs, tmpfs)
+# The engine and evaluation seeds are derived from the run seed by adding offsets and must fit
+# torch's and the servers' int64 seeds; 2**62 leaves room for every offset.
+MAX_SEED = 2**62 - 1
 
 
 class ConfigError(ValueError):
@@ -33,6 +37,16 @@ class ConfigError(ValueError):
 def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
+
+
+def _template(key: str, value: str) -> None:
+    from sat_cli.tasks.prompts import TEMPLATES
+
+    if value not in TEMPLATES and "{problem}" not in value:
+        raise ConfigError(
+            f"{key}={value!r} is neither a template name ({', '.join(sorted(TEMPLATES))}) nor a "
+            "literal holding {problem}"
+        )
 
 
 def _range(
@@ -113,6 +127,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         _choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
+        _template("task.template", self.template)
         _range("task.digits", self.digits, 1, 9)
         _range("task.prompts_per_step", self.prompts_per_step, 1)
         _range("task.samples_per_prompt", self.samples_per_prompt, 1)
@@ -122,6 +137,8 @@ class TaskConfig:
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError("task.top_k must be -1 (off) or >= 1")
         _range("task.heldout_size", self.heldout_size, 1)
+        if self.kind == "jsonl" and not self.path:
+            raise ConfigError("task.kind=jsonl needs task.path=<file.jsonl> (the training prompts)")
 
 
 @dataclass
@@ -338,6 +355,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _range("eval.every", self.every, 0)
+        _template("eval.template", self.template)
         _range("eval.n", self.n, 1)
         _range("eval.temperature", self.temperature, 0, lo_open=True)
         _range("eval.top_p", self.top_p, 0, 1, lo_open=True)
@@ -373,6 +391,13 @@ class RunConfig:
             if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
                 raise ConfigError(
                     f"{key}={value!r} is not a safe name: no path separators, '.' or '..'"
+                )
+            if any(ord(c) < 32 or ord(c) == 127 for c in value):
+                raise ConfigError(f"{key}={value!r} has a control character (newline, tab, …)")
+            if len(value.encode("utf-8", "surrogatepass")) > NAME_MAX:
+                raise ConfigError(
+                    f"{key} is {len(value.encode('utf-8', 'surrogatepass'))} bytes long; a folder "
+                    f"name may have at most {NAME_MAX} bytes"
                 )
 
 
@@ -413,7 +438,7 @@ class SatConfig:
 
     def __post_init__(self) -> None:
         _range("max_steps", self.max_steps, 1)
-        _range("seed", self.seed, 0)
+        _range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
 

@@ -243,7 +243,13 @@ class _Worker:
 
 
 def worker_main(conn, cfg: dict) -> None:
-    """Process entry point: load the model, say ``ready``, then serve commands until ``close``."""
+    """Process entry point: load the model, say ``ready``, then serve commands until ``close``.
+
+    SIGHUP is ignored: a closed terminal hangs up the whole process group, and the orchestrator,
+    which handles it, closes this process in order (it also exits when the pipe closes)."""
+    import signal
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if cfg.get("log_file"):
         fd = os.open(cfg["log_file"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)

@@ -5,13 +5,14 @@ The model is ``ckpt=<run>/checkpoints/step_N`` (its ``trainer/model`` HF folder)
 ``<run.dir>/eval/<benchmark>-<time>/`` (per-problem JSON/CSV, summary) and to an MLflow run in
 the experiment ``eval`` with the per-problem table as an artifact. An interrupted or failed
 evaluation writes what it finished and says INCOMPLETE; it never reports a partial score as
-complete (exit 1; Ctrl-C exits 130 and SIGTERM 143, the MLflow run marked KILLED). Every input
-(model folder, checkpoint, data file) is checked before anything is written or started.
+complete (exit 1; Ctrl-C exits 130, SIGTERM 143 and SIGHUP 129, the MLflow run marked KILLED).
+Every input (model folder, checkpoint, data file, tokenizer, prompt lengths, the output folder)
+is checked before anything is written or started. Results that cannot be written (a full disk)
+end the command with exit 1 and the MLflow run FAILED.
 """
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -25,6 +26,12 @@ def _model_dir(obj) -> str:
         ck = Path(obj.ckpt)
         if not ck.is_dir():
             raise UserError(f"ckpt={obj.ckpt!r} is not a directory")
+        if (ck / "manifest.json").is_file():  # a training checkpoint: its files must match
+            from sat_cli.loop.manifest import verify_checkpoint
+
+            reason = verify_checkpoint(ck)
+            if reason is not None:
+                raise UserError(f"ckpt={obj.ckpt!r} is damaged: {reason}")
         for cand in (ck / "trainer" / "model", ck / "model", ck):
             if (cand / "config.json").is_file():
                 check_hf_dir(cand, "ckpt")
@@ -35,21 +42,36 @@ def _model_dir(obj) -> str:
     return model_path(obj)
 
 
+def _own_folder(base: Path) -> Path:
+    """Create ``base`` (or ``base-2``, ``base-3``, …) exclusively: two evaluations started in
+    the same second never write into one folder."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 1000):
+        out = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        return out
+    raise UserError(f"cannot create an evaluation folder next to {base}: 999 exist")
+
+
 def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
 
+    from sat_cli.errors import os_error
     from sat_cli.evaluation import format_table, write_results
+    from sat_cli.loop import preflight
+    from sat_cli.loop.final_status import apply_pending, end_run
     from sat_cli.loop.run import (
-        Terminated,
         _loading,
-        _on_sigterm,
         build_engine,
         build_evaluator,
         build_task,
         eval_problems,
         write_pids,
     )
+    from sat_cli.signals import BY_NAME, orderly_stop
     from sat_cli.tracking import Tracker, flatten_config
 
     # every input is checked before anything is written or started
@@ -57,18 +79,17 @@ def run_eval_command(cfg, obj) -> None:
     e = obj.eval
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load the tokenizer of {path}: {str(exc)[:300]}") from None
+    tokenizer = preflight.load_tokenizer(path)
+    preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    preflight.check_output_dir(out, "evaluation folder")
+    out = _own_folder(out)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
     params["eval.model_path"] = path
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    with orderly_stop():
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
         write_pids(logs, engine)
         holder: dict = {}
@@ -78,16 +99,17 @@ def run_eval_command(cfg, obj) -> None:
             m = run()
         finally:
             engine.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     res = holder["result"]
-    # evaluate() turns Ctrl-C / SIGTERM into an incomplete result: keep it, then exit 130 / 143
-    interrupted: KeyboardInterrupt | None = None
-    if res.error and res.error.startswith("Terminated"):
-        interrupted = Terminated()
-    elif res.error and res.error.startswith("KeyboardInterrupt"):
-        interrupted = KeyboardInterrupt()
-    paths = write_results(res, out)
+    # evaluate() turns Ctrl-C / SIGTERM / SIGHUP into an incomplete result: keep it, then exit
+    # 130 / 143 / 129
+    stop = BY_NAME.get((res.error or "").split(":", 1)[0])
+    interrupted: KeyboardInterrupt | None = stop() if stop is not None else None
+    try:
+        paths = write_results(res, out)
+    except OSError as exc:
+        paths, write_error = {}, os_error(exc, f"cannot write the evaluation results to {out}")
+    else:
+        write_error = None
     print(format_table(res))
     print(f"results: {out}")
     tr = Tracker(
@@ -97,12 +119,20 @@ def run_eval_command(cfg, obj) -> None:
         params=params,
         tags={"benchmark": e.benchmark, "complete": res.complete},
     )
+    apply_pending(Path(obj.run.dir), tr)
+    status = "FAILED"
     try:
         tr.log_metrics(m if res.complete else {}, step=0)
         for p in paths.values():
             tr.log_artifact(str(p))
+        if interrupted:
+            status = "KILLED"
+        elif res.complete and write_error is None:
+            status = "FINISHED"
     finally:
-        tr.end("KILLED" if interrupted else ("FINISHED" if res.complete else "FAILED"))
+        end_run(tr, status, Path(obj.run.dir))
+    if write_error is not None:
+        raise write_error
     if interrupted is not None:
         print(f"evaluation INCOMPLETE (interrupted); partial results in {out}", flush=True)
         raise interrupted

@@ -8,16 +8,18 @@ Run directory: ``<run.dir>/<run.experiment>/<run.name>/`` with ``config.yaml`` (
 defaults to ``<run.dir>/mlflow.db``; the warm-start cache is ``<run.dir>/cache/``.
 ``logs/pids.json`` names this process and the engine's process (fault tests, soak runs).
 
-Inputs (run name, resume target, model folder — safetensors only, shapes checked against its
-config without loading —, task and evaluation data) are checked before the run directory is
-created or any process starts, so bad input exits 2 and writes nothing. SIGTERM raises
-``Terminated`` (a ``KeyboardInterrupt``): the same orderly stop as Ctrl-C, exit 143.
+Inputs (run name, resume target, the run folder's path, model folder — safetensors only,
+every tensor checked against its config without loading —, tokenizer, task and evaluation data,
+prompt lengths, the trainer layout) are checked before the run directory is created or any
+process starts, so bad input exits 2 and writes nothing. Then the run folder is locked
+(``sat_cli.loop.runlock``) and the checkpoint to resume from is verified
+(``sat_cli.loop.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
+SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.signals``: exit 143 / 129).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import warnings
@@ -25,16 +27,10 @@ from pathlib import Path
 
 from sat_cli import __version__
 from sat_cli.errors import UserError
+from sat_cli.models.weights_check import check_hf_dir
+from sat_cli.signals import Terminated
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: stop like Ctrl-C (checkpointed state kept, MLflow run KILLED), exit 143."""
-
-    code = 143
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised by the fault tests
-    raise Terminated()
+__all__ = ["Terminated", "check_hf_dir"]  # imported from here by sat eval and the tests
 
 
 def _git_commit() -> str:
@@ -60,77 +56,6 @@ def default_run_name(obj) -> str:
 
 
 # ----------------------------------------------------------------------------- builders
-
-
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-def check_hf_dir(path: str | os.PathLike, what: str) -> None:
-    """Refuse a model folder that is not a loadable safetensors HF checkpoint (``UserError``).
-
-    Checks, without loading any weights: the folder exists and has ``config.json``; it holds
-    ``*.safetensors`` weights (pickle-only folders — ``pytorch_model.bin``, ``*.pt`` — are refused,
-    never unpickled); every safetensors header parses; and each tensor's shape equals the shape
-    the config gives that parameter (a model built on the ``meta`` device, so nothing is allocated).
-    """
-    import json
-
-    p = Path(path)
-    if not p.is_dir():
-        raise UserError(f"{what}={str(path)!r} is not a directory")
-    if not (p / "config.json").is_file():
-        raise UserError(f"{what}={str(path)!r} has no config.json: not an HF checkpoint")
-    files = sorted(p.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(f.name for f in p.iterdir() if f.suffix in _PICKLE_SUFFIXES)
-        if pickles:
-            raise UserError(
-                f"{what}={str(path)!r} holds only pickle weights ({', '.join(pickles[:3])}); "
-                "sat loads weights from .safetensors only (pickle files can run code when "
-                "loaded). Convert them with safetensors first."
-            )
-        raise UserError(f"{what}={str(path)!r} has no .safetensors weights")
-    try:
-        config = json.loads((p / "config.json").read_text())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{what}={str(path)!r}: config.json is unreadable: {exc}") from None
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                for key in sf.keys():
-                    shapes[key] = tuple(sf.get_slice(key).get_shape())
-        except Exception as exc:  # SafetensorError, OSError: a damaged or non-safetensors file
-            raise UserError(
-                f"{what}={str(path)!r}: {f.name} is not a readable safetensors file "
-                f"({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-    expected = _expected_shapes(p)
-    for key, shape in shapes.items():
-        want = expected.get(key)
-        if want is not None and want != shape:
-            raise UserError(
-                f"{what}={str(path)!r}: tensor {key!r} has shape {list(shape)} but config.json "
-                f"implies {list(want)}: the weights do not belong to this config"
-            )
-
-
-def _expected_shapes(p: Path) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the model ``config.json`` describes (built on the meta device)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(str(p))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as exc:  # an unknown model_type, inconsistent sizes
-        raise UserError(f"{p}: config.json does not describe a causal LM ({exc})") from None
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
@@ -394,7 +319,8 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec
     return run
 
 
-def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None):
+def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
+    from sat_cli.loop.final_status import apply_pending
     from sat_cli.tracking import Tracker, flatten_config
 
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
@@ -417,7 +343,9 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None):
             tags["mlflow.parentRunId"] = os.environ["SAT_SWEEP_PARENT_RUN_ID"]
         if os.environ.get("SAT_SWEEP_METHOD"):
             tags["sat.method"] = os.environ["SAT_SWEEP_METHOD"]
-    return Tracker(
+    if dropped:
+        tags["data.overlong_dropped"] = dropped
+    tracker = Tracker(
         uri,
         obj.run.experiment,
         run_name,
@@ -425,46 +353,56 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None):
         tags=tags,
         params=flatten_config(cfg_container),
     )
+    apply_pending(Path(obj.run.dir), tracker)
+    return tracker
 
 
 # ----------------------------------------------------------------------------- run dirs
 
 
-def resolve_run_dir(obj) -> tuple[Path, Path | None]:
-    """(run dir, checkpoint to resume from or None). Refuses to overwrite a run silently."""
-    from sat_cli.loop.state import latest_checkpoint, read_loop_state
+def resolve_run_dir(obj) -> tuple[Path, bool]:
+    """(run dir, whether it is resumed). Refuses to overwrite a run silently. Reads only; the
+    checkpoint to resume from is chosen and verified under the run's lock
+    (:func:`sat_cli.loop.manifest.resume_checkpoint`)."""
+    from sat_cli.loop.state import CheckpointError, latest_checkpoint, read_loop_state
 
     root = Path(obj.run.dir) / obj.run.experiment
     resume = obj.resume
     if resume not in (None, "auto"):
         run_dir = Path(resume)
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
+        if latest_checkpoint(run_dir / "checkpoints") is None:
             raise UserError(
                 f"resume={resume!r}: no complete checkpoint under {run_dir}/checkpoints"
             )
-        return run_dir, ckpt
+        return run_dir, True
     if resume == "auto" and obj.run.name is None:
+
+        def finished(ck: Path) -> bool:
+            try:
+                return bool(read_loop_state(latest_checkpoint(ck)).get("finished"))
+            except CheckpointError:
+                return False  # damaged: resume=auto falls back to an older checkpoint
+
         cands = sorted(
             (p for p in root.glob("*/checkpoints") if latest_checkpoint(p)),
             key=lambda p: p.stat().st_mtime,
         )
-        unfinished = [
-            p.parent for p in cands if not read_loop_state(latest_checkpoint(p)).get("finished")
-        ]
+        unfinished = [p.parent for p in cands if not finished(p)]
         if unfinished:
-            return unfinished[-1], latest_checkpoint(unfinished[-1] / "checkpoints")
+            return unfinished[-1], True
     name = obj.run.name or default_run_name(obj)
     run_dir = root / name
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is not None:
+    if latest_checkpoint(run_dir / "checkpoints") is not None:
         if resume != "auto":
+            from sat_cli.loop.runlock import refuse_if_owned
+
+            refuse_if_owned(run_dir)  # a live run of this folder: name it
             raise UserError(
                 f"run {run_dir} already has checkpoints; continue it with resume=auto "
                 "or choose another run.name"
             )
-        return run_dir, ckpt
-    return run_dir, None
+        return run_dir, True
+    return run_dir, False
 
 
 def _warn_recompute(obj, log) -> None:
@@ -487,38 +425,60 @@ def _warn_recompute(obj, log) -> None:
 
 
 def train(cfg, obj, overrides) -> dict:
-    """`sat train`: SIGTERM is turned into ``Terminated`` (exit 143) for the whole command."""
+    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.signals``)."""
+    from sat_cli.signals import orderly_stop
+
     if obj.lag.inflight_updates:
         raise UserError(
             "lag.inflight_updates=true is not supported yet: the local engine "
             "generates each request with one weight version"
         )
-    previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    with orderly_stop():
         return _train(cfg, obj)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
 
 
 def _train(cfg, obj) -> dict:
+    from sat_cli.loop import preflight
+    from sat_cli.loop.manifest import resume_checkpoint
+    from sat_cli.loop.runlock import RunLock
+    from sat_cli.loop.state import read_loop_state
+
+    # every input is checked before the run folder is created or written, or a process starts
+    run_dir, resuming = resolve_run_dir(obj)
+    log = print
+    preflight.check_run_folder(run_dir)
+    path = model_path(obj, log=log)
+    tokenizer = preflight.load_tokenizer(path)
+    task = build_task(obj)
+    dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
+    spec = eval_problems(obj, task) if obj.eval.every > 0 else None
+    if spec is not None:
+        preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
+    preflight.check_trainer_layout(obj, path)
+    with RunLock(run_dir, log):  # nothing in the run folder is written before this point
+        ckpt = resume_checkpoint(run_dir, resuming, path, log)
+        done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
+        if done > obj.max_steps:
+            raise UserError(
+                f"max_steps={obj.max_steps} is below the step {done} of the checkpoint "
+                f"{ckpt}; resume with max_steps >= {done}"
+            )
+        return _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log)
+
+
+def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> dict:
     import torch
     from omegaconf import OmegaConf
 
     from sat_cli.engines.base import SamplingParams
+    from sat_cli.loop.final_status import end_run, keep_previous_status
     from sat_cli.loop.lag import LagPolicy
     from sat_cli.loop.progress import Progress
     from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
 
-    # inputs are checked before the run directory is created or any process starts
-    run_dir, ckpt = resolve_run_dir(obj)
-    log = print
     state0 = read_loop_state(ckpt) if ckpt else {}
     log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
-    path = model_path(obj, log=log)
-    task = build_task(obj)
-    spec = eval_problems(obj, task) if obj.eval.every > 0 else None
-
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
@@ -526,16 +486,13 @@ def _train(cfg, obj) -> dict:
     torch.set_num_threads(obj.trainer.num_threads)
     cfg_container = OmegaConf.to_container(cfg, resolve=True)
     engine = trainer = tracker = None
-    status = "FAILED"
+    status, steps_done = "FAILED", []
     try:
-        tracker = _tracker(obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"))
+        tracker = _tracker(obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), dropped)
         tracker.log_artifact(str(run_dir / "config.yaml"))
         trainer = _loading(path, lambda: build_trainer(obj, path, run_dir))
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3))
         write_pids(logs, engine)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec) if spec is not None else None
         )
@@ -587,6 +544,7 @@ def _train(cfg, obj) -> dict:
                 progress=progress,
                 resume_from=ckpt,
                 meta={"mlflow_run_id": tracker.run_id},
+                on_state=lambda _: steps_done.append(1),
             )
         finally:
             progress.close()
@@ -597,13 +555,15 @@ def _train(cfg, obj) -> dict:
     except KeyboardInterrupt:
         status = "KILLED"
         raise
-    finally:
-        if engine is not None:
-            engine.close()
-        if trainer is not None:
-            trainer.close()
-        if tracker is not None:
-            tracker.end(status)
+    finally:  # each part is closed even if closing another one fails
+        for part in (engine, trainer):
+            try:
+                if part is not None:
+                    part.close()
+            except Exception as exc:  # noqa: BLE001 - reported, the others still close
+                log(f"WARNING: closing {type(part).__name__} failed: {exc}")
+        status = keep_previous_status(tracker, status, len(steps_done))
+        end_run(tracker, status, Path(obj.run.dir), log)
 
 
 def _loading(path: str, build):
@@ -651,10 +611,14 @@ def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:
         )
 
 
-def pretrain(obj) -> None:
+def pretrain(obj, use_shipped: bool = False) -> None:
     """Train the warm start from scratch (cached under <run.dir>/cache), even when the shipped
-    checkpoint has the same key: this is how the shipped one is reproduced."""
-    path = model_path(obj, use_shipped=False)
+    checkpoint has the same key: this is how the shipped one is reproduced. ``use_shipped``:
+    resolve it exactly as `sat train` does (`sat sweep --jobs N` prepares runs this way)."""
+    from sat_cli.loop.preflight import check_output_dir
+
+    check_output_dir(Path(obj.run.dir) / "cache", "warm-start cache")
+    path = model_path(obj, use_shipped=use_shipped)
     print(f"warm-start checkpoint: {path}")
 
 

@@ -6,6 +6,8 @@ requested but not yet consumed (with the weight version each was requested with,
 regenerates exactly the same samples), the engine's weight version, eval best/last, counters and
 the MLflow run id. It is written to a temporary folder and renamed into place, so a crash never
 leaves a half checkpoint under a final name; ``latest_checkpoint`` only returns complete ones.
+``manifest.json`` (sizes and SHA-256 of every file, written last) lets ``resume`` verify a
+checkpoint and fall back to the previous one when it is damaged (``sat_cli.loop.manifest``).
 A write that fails (disk full, a file where a folder must go, an I/O error) removes its temporary
 folder and raises :class:`CheckpointWriteError` (a ``RunFailed``: exit code 1) naming the last
 complete checkpoint, which is left untouched.
@@ -21,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sat_cli.errors import RunFailed
+from sat_cli.errors import RunFailed, as_os_error
+from sat_cli.loop.manifest import write_manifest
 
 STATE_FILE = "loop_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -62,10 +65,16 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
         tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=ckpt_root))
         trainer.save(tmp / "trainer")
         atomic_write_json(tmp / STATE_FILE, loop_state)
+        write_manifest(tmp)  # last: a checkpoint with a manifest was written completely
         if final.exists() or final.is_symlink():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as exc:
+    except Exception as exc:
+        if as_os_error(exc) is None:  # not an I/O failure: a bug, shown as such
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        exc = as_os_error(exc)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         last = None
@@ -74,7 +83,7 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
         except OSError:
             pass
         raise CheckpointWriteError(
-            f"cannot write checkpoint {final}: {type(exc).__name__}: {exc}. "
+            f"cannot write checkpoint {final}: {type(exc).__name__}: {exc.strerror or exc}. "
             + (
                 f"The last complete checkpoint is {last}; continue with resume=auto "
                 "once the disk problem is fixed."

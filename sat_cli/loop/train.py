@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.engines.base import Sample, SamplingParams
-from sat_cli.errors import RunFailed
+from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.state import (
     CheckpointError,
@@ -207,7 +207,7 @@ def train_loop(
         if not (weights_dir / "v0").is_dir():
             if st["step"] != 0:
                 raise CheckpointError(f"{weights_dir / 'v0'} is missing: cannot resume this run")
-            trainer.publish_weights(weights_dir, 0)
+            _publish(trainer, weights_dir, 0, ckpt_root)
         pending: dict[int, tuple[int, Future]] = {}
 
         def prompts_for(k: int) -> list[dict]:
@@ -221,7 +221,7 @@ def train_loop(
 
         def publish(version: int) -> None:
             if version not in st["published"]:
-                trainer.publish_weights(weights_dir, version)
+                _publish(trainer, weights_dir, version, ckpt_root)
                 st["published"].append(version)
 
         def run_eval(step: int, version: int, metrics: dict) -> None:
@@ -248,6 +248,12 @@ def train_loop(
             save_checkpoint(ckpt_root, step_done, trainer, st)
             prune_checkpoints(ckpt_root, s.checkpoint_keep)
 
+        if resume_from is not None and st["step"] < s.max_steps:
+            # a finished run extended with a larger max_steps: its last weights were never
+            # published (no batch needed them then); the trainer holds exactly that version
+            st["finished"] = False
+            if s.lag.publish_after(st["step"], s.max_steps):
+                publish(st["step"])
         # batches requested before the interruption are requested again with the same versions
         for k, v in st["pending"]:
             submit(int(k), int(v))
@@ -418,6 +424,30 @@ def train_loop(
     finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
         rollouts.close()
     return st
+
+
+class WeightsWriteError(RunFailed):
+    """Publishing weights failed (a full disk, an I/O error): exit 1, checkpoints untouched."""
+
+
+def _publish(trainer, weights_dir: Path, version: int, ckpt_root: Path) -> None:
+    try:
+        trainer.publish_weights(weights_dir, version)
+    except Exception as exc:
+        os_exc = as_os_error(exc)
+        if os_exc is None:
+            raise
+        last = latest_checkpoint(ckpt_root)
+        raise WeightsWriteError(
+            f"cannot publish weights v{version} to {weights_dir}: {os_exc.strerror or os_exc}"
+            f" ({type(exc).__name__}). "
+            + (
+                f"The last complete checkpoint is {last}; continue with resume=auto once the "
+                "disk problem is fixed."
+                if last is not None
+                else "No checkpoint was written yet."
+            )
+        ) from exc
 
 
 def _digest(texts: list[str]) -> float:

@@ -133,17 +133,34 @@ def load_model(
 
     Used by the local engine and the local trainer. SDPA attention; the experts implementation is
     transformers' default for the model. Turns off transformers' progress bars (process-wide).
+    A local folder is checked completely first (``sat_cli.models.weights_check``) and any tensor
+    transformers reports missing, unexpected or mismatched raises ``WeightsError``: a weight is
+    never silently initialised at random — also for checkpoints loaded mid-run.
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no per-load progress bars in engine/trainer logs
-    model = AutoModelForCausalLM.from_pretrained(
+    if Path(path_or_hub_id).is_dir():  # every tensor present, expected, of the right shape/dtype
+        from sat_cli.models.weights_check import check_hf_dir
+
+        check_hf_dir(path_or_hub_id, "weights")
+    model, info = AutoModelForCausalLM.from_pretrained(
         str(path_or_hub_id),
         dtype=torch_dtype(dtype),
         attn_implementation="sdpa",
         use_safetensors=True,  # never fall back to pickle weights (a hub id is not pre-checked)
+        output_loading_info=True,
     )
+    bad = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if bad or info.get("error_msgs"):  # transformers would fill the gaps with random weights
+        from sat_cli.models.weights_check import WeightsError
+
+        raise WeightsError(
+            f"weights={str(path_or_hub_id)!r} do not match the model: "
+            + "; ".join(f"{k}: {', '.join(map(str, v[:4]))}" for k, v in bad.items())
+            + "; ".join(str(e)[:200] for e in info.get("error_msgs") or [])
+        )
     return model.to(device).eval()
 
 

@@ -17,14 +17,18 @@ the project's own ``{id, problem, answer}``; AIME/MATH-500 hub copies (``problem
 so the prompt template ``dapo`` can put it back). Numeric answers become strings.
 
 Any malformed input raises :class:`DataError` naming ``file:line`` and the reason: bad JSON,
-missing or non-string fields, an empty file, bytes that are not UTF-8, duplicate ids.
+missing or non-string fields, an empty file, bytes that are not UTF-8, duplicate ids. Rows are
+parsed defensively (:func:`parse_row`): nesting beyond ``MAX_DEPTH``, integers beyond Python's
+digit limit, ``NaN``/``Infinity`` and lone UTF-16 surrogates are refused the same way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -97,10 +101,60 @@ def _first(raw: Mapping[str, Any], *keys: str) -> tuple[str | None, Any]:
 def _as_text(value: Any, field: str, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"{where}: field {field!r} is {value}, not a usable value")
     text = str(value).strip()
     if not text:
         raise DataError(f"{where}: field {field!r} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone UTF-16 surrogate, e.g. "\ud800" in the JSON
+        raise DataError(
+            f"{where}: field {field!r} holds {text[err.start]!r} at character {err.start + 1}, "
+            "a lone UTF-16 surrogate that is not valid Unicode text"
+        ) from None
     return text
+
+
+MAX_DEPTH = 32  # nesting levels of one row (the known layouts need 3)
+
+
+def _depth_ok(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_DEPTH:
+            return False
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return True
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_row(line: str, where: str) -> Any:
+    """One JSON value of a JSONL line, parsed defensively: malformed JSON, nesting deeper than
+    ``MAX_DEPTH`` (or than the parser's recursion limit), integers longer than Python's
+    4300-digit conversion limit and the non-standard constants ``NaN`` / ``Infinity`` are all a
+    ``DataError`` naming ``file:line``."""
+    try:
+        raw = json.loads(line, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer beyond the digit limit, NaN / Infinity
+        msg = str(err)
+        if "digits" in msg:
+            msg = f"an integer with more than {sys.get_int_max_str_digits()} digits"
+        raise DataError(f"{where}: unusable JSON value ({msg[:120]})") from None
+    if not _depth_ok(raw):
+        raise DataError(f"{where}: JSON nested more than {MAX_DEPTH} levels deep")
+    return raw
 
 
 def _strip_dapo_wrapper(text: str) -> str:
@@ -183,7 +237,9 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
     """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file")
+        raise DataError(
+            f"{path}: " + ("a folder, not a JSONL file" if path.is_dir() else "no such file")
+        )
     rows: list[dict[str, str]] = []
     wheres: list[str] = []
     with path.open("rb") as fh:
@@ -200,12 +256,7 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
                 line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(
-                    f"{where}: malformed JSON ({err.msg} at column {err.colno})"
-                ) from None
+            raw = parse_row(line, where)
             rows.append(normalize_row(raw, where=where, default_id=f"{path.stem}-{lineno:05d}"))
             wheres.append(where)
             if limit is not None and len(rows) >= limit:

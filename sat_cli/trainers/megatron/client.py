@@ -7,7 +7,7 @@ subprocess and driving it over the channel described in ``protocol.py``:
 
     [python, -m, torch.distributed.run, --nproc_per_node, N, --nnodes, M,
      --rdzv-backend, c10d, --rdzv-endpoint, HOST:PORT, --rdzv-id, ID, --max-restarts, 0,
-     --monitor-interval, 0.1, -m, sat_cli.trainers.megatron.worker,
+     --monitor-interval, 0.1, --log-dir, WORK/torchelastic, -m, sat_cli.trainers.megatron.worker,
      --config, WORK/worker_config.json, --reply-fifo, WORK/reply.fifo]
 
 - ``work_dir`` (run-local) holds the config, the reply FIFO and the batch/result safetensors
@@ -38,6 +38,7 @@ import inspect
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -175,6 +176,10 @@ class MegatronTrainer:
             "0",
             "--monitor-interval",
             "0.1",
+            # torchrun's own log folder: by default a /tmp/torchelastic_* folder that it never
+            # removes; here it lives in the run-local work dir and is removed on close
+            "--log-dir",
+            str(self.work_dir / "torchelastic"),
             "-m",
             "sat_cli.trainers.megatron.worker",
             "--config",
@@ -378,6 +383,7 @@ class MegatronTrainer:
             self._log.close()
             self._log = None
         (self.work_dir / "reply.fifo").unlink(missing_ok=True)
+        shutil.rmtree(self.work_dir / "torchelastic", ignore_errors=True)
 
     def __enter__(self) -> MegatronTrainer:
         return self

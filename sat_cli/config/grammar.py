@@ -1,0 +1,117 @@
+"""Checks of the override grammar that Hydra itself does not make (run before composing).
+
+Hydra accepts some overrides that `sat` must refuse, or fails on them with a raw exception:
+
+* a **config group given a non-string value** — ``lag=2.5``, ``lag=1e9``, ``lag=null``,
+  ``algo=1``, ``'lag=[1,2]'`` — raises a ``ValueError`` inside Hydra. A group takes one option
+  name; the only number a group accepts is the ``lag=<int>`` shorthand for ``lag.n``
+  (:func:`sat_cli.config._preprocess`), so every other non-string value is refused here;
+* ``+key=value`` / ``++key=value`` **add keys the schema does not know**, which the typed config
+  then silently drops (``+trainer.lrr=1e-4`` was accepted and ignored). Adding is allowed for
+  the config groups (``+experiment=…``) and for keys the schema has; anything else is refused;
+* a **group option that climbs out of its folder** (``algo=../../x``, ``algo=/abs/x``) would
+  load any YAML file on the machine. Options are names of files in ``conf/<group>/``: ``..``,
+  absolute paths and backslashes are refused, and the resolved file must lie in that folder;
+* ``~key`` **deleting a key of the schema** (``~seed``) silently fell back to the default:
+  deleting is for config groups (``~experiment``).
+
+Every refusal is a :class:`ConfigError` naming the override and the key (exit code 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sat_cli.config.schema import ConfigError
+
+
+def _schema_has(key: str) -> bool:
+    """True if the dotted ``key`` is a field of :class:`SatConfig` (nested dataclasses walked)."""
+    import dataclasses
+
+    from sat_cli.config.schema import SatConfig
+
+    node: Any = SatConfig()
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {
+            f.name for f in dataclasses.fields(node)
+        }:
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def unknown_keys(cfg, prefix: str = "") -> list[str]:
+    """Dotted keys of a composed config that the schema does not have (``+key`` additions)."""
+    from omegaconf import DictConfig
+
+    out: list[str] = []
+    for k in cfg.keys():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if not _schema_has(key):
+            out.append(key)
+            continue
+        value = cfg._get_node(k)
+        if isinstance(value, DictConfig) and not value._is_none():
+            out.extend(unknown_keys(value, key))
+    return out
+
+
+def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
+    path = PurePosixPath(option)
+    if (
+        not option
+        or option.startswith(("/", "~"))
+        or "\\" in option
+        or "\0" in option
+        or ".." in path.parts
+    ):
+        raise ConfigError(
+            f"{text!r}: a {group!r} option is the name of a file in conf/{group}/ "
+            "(no '..', no absolute path)"
+        )
+    folder = (conf_dir / group).resolve()
+    target = (folder / f"{option}.yaml").resolve()
+    if folder not in target.parents:
+        raise ConfigError(f"{text!r}: the option resolves outside conf/{group}/")
+
+
+def check_overrides(overrides: list[str], groups: tuple[str, ...], conf_dir: Path) -> None:
+    """Refuse the overrides described in the module docstring (``ConfigError``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            ov = parser.parse_override(text)
+        except HydraException:
+            continue  # a syntax error: Hydra's own message is translated by the caller
+        key = ov.key_or_group
+        if ov.is_delete():
+            if key not in groups and _schema_has(key):
+                raise ConfigError(
+                    f"{text!r} deletes {key!r}, a key every config has; set it instead "
+                    f"({key}=…). '~' removes a config group, e.g. ~experiment"
+                )
+            continue
+        if key in groups:
+            if ov.is_sweep_override():
+                continue  # refused by compose ("requires --multirun"), translated there
+            value = ov.value()
+            if not isinstance(value, str):
+                shown = "null" if value is None else repr(value)
+                extra = " (for lag: lag=<integer> or lag.n=<integer>)" if key == "lag" else ""
+                opts = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+                raise ConfigError(
+                    f"{text!r}: the config group {key!r} takes one option name, not "
+                    f"{shown}{extra}. Valid options for {key!r}: {', '.join(opts)}"
+                )
+            _check_option(key, value, text, conf_dir)
+            continue
+        if (ov.is_add() or ov.is_force_add()) and not _schema_has(key):
+            raise ConfigError(
+                f"unknown config key {key!r} in {text!r}: '+' and '++' may only add a config "
+                "group or set a key the schema has; to list every key: sat config"
+            )

@@ -1,0 +1,187 @@
+"""Checkpoint manifests: what a complete checkpoint holds, written last, verified on resume.
+
+``write_manifest(folder)`` records every file of a checkpoint folder (relative path, size,
+SHA-256) in ``manifest.json``; :func:`sat_cli.loop.state.save_checkpoint` writes it after the
+trainer state and the loop state, inside the temporary folder, just before the rename, so a
+checkpoint with a manifest is one that was completely written.
+
+``select_checkpoint(ckpt_root)`` is what ``resume`` uses: the newest checkpoint that passes
+:func:`verify_checkpoint` — every file of the manifest present with its size and hash, the loop
+state a JSON object whose ``step`` matches the folder name, the trainer's state, optimizer and
+model present (the layout both trainers write) and the model complete
+(:func:`sat_cli.models.weights_check.check_hf_dir`). A damaged newer checkpoint is reported (one
+line each) and skipped; when none is usable, ``UserError`` (exit 2) lists each one's problem.
+Checkpoints written before manifests existed (no ``manifest.json``) are accepted when the other
+checks pass. Hashing reads every byte once (about 1 s per GB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+from sat_cli.errors import UserError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Write ``folder/manifest.json`` (sizes and hashes of every other file), fsynced."""
+    import os
+
+    files = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            files[p.relative_to(folder).as_posix()] = {
+                "size": p.stat().st_size,
+                "sha256": _sha256(p),
+            }
+    data = json.dumps({"format": FORMAT, "files": files}, indent=1, sort_keys=True)
+    with open(folder / MANIFEST, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None if ``ckpt`` is a complete, undamaged checkpoint, else a one-line reason."""
+    from sat_cli.loop.state import STATE_FILE
+
+    man = ckpt / MANIFEST
+    if man.exists():
+        try:
+            files = json.loads(man.read_text())["files"]
+            items = [(str(k), int(v["size"]), str(v["sha256"])) for k, v in files.items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return f"{MANIFEST} is unreadable ({type(exc).__name__}: {str(exc)[:100]})"
+        for rel, size, digest in items:
+            p = ckpt / rel
+            if ".." in Path(rel).parts or not p.is_file():
+                return f"{rel} is missing"
+            if p.stat().st_size != size:
+                return f"{rel} has {p.stat().st_size} bytes, the manifest says {size}"
+            if _sha256(p) != digest:
+                return f"{rel} does not match its SHA-256 in {MANIFEST}"
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"{STATE_FILE} is unreadable ({type(exc).__name__}: {str(exc)[:100]})"
+    m = re.fullmatch(r"step_(\d+)", ckpt.name)
+    if not isinstance(state, dict) or (m and state.get("step") != int(m.group(1))):
+        return f"{STATE_FILE} does not describe {ckpt.name}"
+    trainer = ckpt / "trainer"
+    for need, found in (
+        ("trainer/trainer_state.json", (trainer / "trainer_state.json").is_file()),
+        ("trainer/optimizer*.safetensors", any(trainer.glob("optimizer*.safetensors"))),
+        ("trainer/model/", (trainer / "model").is_dir()),
+    ):
+        if not found:
+            return f"{need} is missing"
+    model = trainer / "model"
+    if model.is_dir():
+        from sat_cli.models.weights_check import check_hf_dir
+
+        try:
+            check_hf_dir(model, "trainer/model")
+        except UserError as exc:
+            return str(exc).split(": ", 1)[-1][:300]
+    return None
+
+
+def select_checkpoint(ckpt_root: Path, log=print) -> tuple[Path | None, list[Path]]:
+    """(newest usable checkpoint or None when there is none at all, damaged newer ones).
+
+    Raises ``UserError`` when checkpoints exist but none is usable."""
+    from sat_cli.loop.state import list_checkpoints
+
+    damaged: list[tuple[Path, str]] = []
+    for _, ckpt in reversed(list_checkpoints(ckpt_root)):
+        reason = verify_checkpoint(ckpt)
+        if reason is None:
+            for bad, why in damaged:
+                log(f"WARNING: checkpoint {bad} is damaged ({why}); using {ckpt.name} instead")
+            return ckpt, [bad for bad, _ in damaged]
+        damaged.append((ckpt, reason))
+    if damaged:
+        raise UserError(
+            f"no usable checkpoint under {ckpt_root}: "
+            + "; ".join(f"{p.name}: {why}" for p, why in damaged)
+            + ". Nothing was changed; remove the damaged checkpoint(s) to start over, or "
+            "choose another run.name"
+        )
+    return None, []
+
+
+# config.json keys that decide which weights (names and shapes) a model has
+_ARCH_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "tie_word_embeddings",
+)
+
+
+def _same_model(ckpt_model: Path, model_path: str) -> str | None:
+    """None if the checkpoint's model has the architecture of ``model_path``, else the keys."""
+    try:
+        a = json.loads((ckpt_model / "config.json").read_text())
+        b = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # a hub id or a trainer without an HF model folder: the loader decides
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    keys = [k for k in _ARCH_KEYS if a.get(k) != b.get(k)]
+    return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4]) or None
+
+
+def resume_checkpoint(run_dir: Path, resuming: bool, model_path: str, log=print) -> Path | None:
+    """The checkpoint a run continues from, chosen under the run's lock: the newest verified one.
+
+    Damaged newer checkpoints are renamed ``damaged_step_N`` (kept for inspection, never chosen
+    again). Refusals (``UserError``) change nothing: no checkpoint at all although the run was
+    to be resumed, none usable, a checkpoint of another model (e.g. another ``model.*``), or a
+    run that gained checkpoints since the command started without ``resume``."""
+    from sat_cli.loop.state import list_checkpoints
+
+    root = run_dir / "checkpoints"
+    if not resuming:
+        if list_checkpoints(root):
+            raise UserError(
+                f"run {run_dir} already has checkpoints; continue it with resume=auto "
+                "or choose another run.name"
+            )
+        return None
+    ckpt, damaged = select_checkpoint(root, log)
+    if ckpt is None:
+        raise UserError(f"no complete checkpoint under {root} to resume from")
+    diff = _same_model(ckpt / "trainer" / "model", model_path)
+    if diff:
+        raise UserError(
+            f"checkpoint {ckpt} holds another model than the one configured ({diff}); resume "
+            "with the settings the run was started with (its config.yaml)"
+        )
+    for bad in damaged:
+        target = bad.with_name(f"damaged_{bad.name}")
+        if target.exists():
+            target = bad.with_name(f"damaged_{bad.name}_{int(time.time())}")
+        bad.rename(target)
+        log(f"moved the damaged checkpoint {bad.name} to {target.name}")
+    return ckpt

@@ -1,0 +1,253 @@
+"""Checks made before a command writes anything or starts a process (all raise ``UserError``).
+
+* ``check_output_dir(path, what)`` — a folder the command will create or write into: every
+  existing part of the path is a folder, each name fits the file system (``NAME_MAX``), the
+  whole path fits ``PATH_MAX``, and the nearest existing folder is writable (``os.access``,
+  which also sees read-only mounts).
+* ``load_tokenizer(path)`` — the model's tokenizer loads (missing or truncated tokenizer files
+  are named up front rather than after the engine and trainer started).
+* ``check_prompt_lengths`` — **bounded prompts**. A prompt is *too long* when it fills the
+  model's context (``max_position_embeddings`` of its ``config.json``) so that not one token can
+  be generated: ``prompt tokens >= context``. (The generation budget is not counted: models
+  without a hard position limit, like the tiny model, sample past it, and a server enforces its
+  own limit on prompt + ``max_new_tokens``.) Training prompts that are too long are
+  dropped from the prompt set before the run starts and counted (printed, and the MLflow tag
+  ``data.overlong_dropped``); if none is left the run is refused. Evaluation problems that are
+  too long are refused (exit 2, the count and the first ids), because a score over a silently
+  reduced set would not be the benchmark's. The toy task's prompts all have one length (one is
+  checked). Without ``max_position_embeddings`` nothing is checked.
+* ``check_trainer_layout`` — ``trainer=megatron`` supports what its worker supports (Qwen3-MoE,
+  data + expert parallelism with ``ep`` dividing the ranks and the experts): anything else is
+  refused naming the setting, instead of failing inside the worker as "cannot load the model".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sat_cli.errors import UserError
+
+
+def _lexists(p: Path) -> bool:
+    try:
+        os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> None:
+    p = Path(os.path.abspath(path))
+    if len(os.fsencode(p)) >= 4096:
+        raise UserError(f"{what} {str(path)[:80]}…: the path is longer than the system allows")
+    existing = Path(p.anchor)
+    for part in p.parts[1:]:  # walk down while the parts exist (each name checked first)
+        try:
+            name_max = os.pathconf(existing, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(
+                f"{what} {str(path)[:80]}…: the name {part[:40]!r}… has "
+                f"{len(os.fsencode(part))} bytes; this file system allows {name_max}"
+            )
+        if not _lexists(existing / part):
+            if (existing / part).is_symlink():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            break
+        if not (existing / part).is_dir():
+            if (existing / part).is_symlink() and not (existing / part).exists():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            raise UserError(f"{what} {path}: {existing / part} is a file, not a folder")
+        existing = existing / part
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only(existing) else "is not writable"
+        raise UserError(f"{what} {path}: {existing} {why}")
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """``check_output_dir`` plus the fixed parts of a run folder: ``checkpoints``, ``weights``
+    and ``logs`` are folders and ``config.yaml`` is not, where they exist."""
+    check_output_dir(run_dir, "run folder")
+    for name, want_dir in (("checkpoints", True), ("weights", True), ("logs", True)):
+        p = Path(run_dir) / name
+        if (p.exists() or p.is_symlink()) and p.is_dir() != want_dir:
+            raise UserError(f"run folder {run_dir}: {p} is a file, not a folder")
+    if (Path(run_dir) / "config.yaml").is_dir():
+        raise UserError(f"run folder {run_dir}: {Path(run_dir) / 'config.yaml'} is a folder")
+
+
+def _read_only(p: Path) -> bool:
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def load_tokenizer(path: str):
+    """The model's tokenizer, or ``UserError``: a local folder must have tokenizer files
+    (without them transformers builds an empty tokenizer of the model type that encodes every
+    text to nothing), they must load, the tokenizer must encode text, have an end-of-sequence
+    token, and every token id must be a row of the model's embedding (``vocab_size``)."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if p.is_dir() and not any((p / f).is_file() for f in _TOKENIZER_FILES):
+        raise UserError(
+            f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): add the "
+            "tokenizer the model was trained with"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        sample = tok("1+1=", add_special_tokens=False)["input_ids"]
+    except Exception as exc:  # OSError, ValueError, JSONDecodeError, tokenizers' Exception
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise UserError(
+            f"cannot load the tokenizer of {path}: {type(exc).__name__}: {first}"
+        ) from None
+    if not sample:
+        raise UserError(f"the tokenizer of {path} encodes text to no tokens: it is empty")
+    if tok.eos_token_id is None:
+        raise UserError(f"the tokenizer of {path} has no end-of-sequence token (eos_token)")
+    try:
+        vocab = json.loads((p / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab = None
+    if isinstance(vocab, int) and len(tok) > vocab:
+        raise UserError(
+            f"the tokenizer of {path} has {len(tok)} tokens but the model's embedding only "
+            f"{vocab} rows (config.json vocab_size): they do not belong together"
+        )
+    return tok
+
+
+def context_length(path: str) -> int | None:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def _too_long(tokenize, texts: list[str], limit: int, max_token_bytes: int) -> list[int]:
+    """Indices of ``texts`` with more than ``limit`` tokens. Only texts in between are
+    tokenized: a text of at most ``limit - 8`` UTF-8 bytes fits (no tokenizer in use makes more
+    tokens than bytes, plus a few special tokens), and one longer than ``limit`` times the
+    longest token of the vocabulary cannot fit — so a 50 MB prompt is not tokenized (that alone
+    took gigabytes)."""
+    out = []
+    for i, text in enumerate(texts):
+        n = len(text.encode("utf-8", "surrogatepass"))
+        if n + 8 <= limit:
+            continue
+        if n > limit * max_token_bytes or len(tokenize(text)) > limit:
+            out.append(i)
+    return out
+
+
+def _max_token_bytes(tokenizer) -> int:
+    """Bytes of the longest vocabulary entry (an upper bound on what one token covers)."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(1, max((len(str(t).encode("utf-8", "surrogatepass")) for t in vocab), default=1))
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: tokenize everything
+        return 1 << 30
+
+
+def _render_all(template: str, problems: list[str], what: str) -> list[str]:
+    from sat_cli.tasks.prompts import render
+
+    try:
+        return [render(template, p) for p in problems]
+    except ValueError as exc:
+        raise UserError(f"{what}: {exc}") from None
+
+
+def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
+    """Drop training prompts that cannot fit (returns how many); see the module docstring."""
+    limit = context_length(path)
+    if limit is None:
+        return 0
+    budget = limit - 1  # room for at least one generated token
+
+    def tokenize(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    rows = getattr(task, "rows", None)
+    if rows is None:  # the toy task: every prompt has the same length
+        prompts = [r["prompt"] for r in task.sample_prompts(1, 0)]
+        if _too_long(tokenize, prompts, budget, _max_token_bytes(tokenizer)):
+            raise UserError(
+                f"task prompts have more than {budget} tokens: they fill the model's context of "
+                f"{limit} tokens (see task.template)"
+            )
+        return 0
+    texts = _render_all(task.template, [r["problem"] for r in rows], "task.template")
+    bad = set(_too_long(tokenize, texts, budget, _max_token_bytes(tokenizer)))
+    if not bad:
+        return 0
+    if len(bad) == len(rows):
+        raise UserError(
+            f"all {len(rows)} training prompts are longer than {budget} tokens: they fill the "
+            f"model's context of {limit} tokens"
+        )
+    task.rows = [r for i, r in enumerate(rows) if i not in bad]
+    log(
+        f"dropped {len(bad)} of {len(rows)} training prompts longer than {budget} tokens "
+        f"(the model's context is {limit})"
+    )
+    return len(bad)
+
+
+def check_eval_lengths(problems, template: str, tokenizer, path: str) -> None:
+    limit = context_length(path)
+    if limit is None or not problems:
+        return
+    texts = _render_all(template, [p["problem"] for p in problems], "eval.template")
+    bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1, _max_token_bytes(tokenizer))
+    if bad:
+        ids = ", ".join(repr(problems[i]["id"]) for i in bad[:3])
+        raise UserError(
+            f"{len(bad)} of {len(problems)} evaluation problems ({ids}{' …' if len(bad) > 3 else ''}) "
+            f"are longer than {limit - 1} tokens: they fill the model's context of {limit} tokens "
+            "(a score over the others would not be this benchmark's); remove them from the file"
+        )
+
+
+def check_trainer_layout(obj, path: str) -> None:
+    t = obj.trainer
+    if t.name != "megatron":
+        return
+    if (t.tp, t.pp, t.cp) != (1, 1, 1):
+        raise UserError(
+            "trainer=megatron supports data + expert parallelism only: trainer.tp, trainer.pp "
+            f"and trainer.cp must be 1 (got tp={t.tp}, pp={t.pp}, cp={t.cp}); see docs/megatron.md"
+        )
+    ranks = t.nproc_per_node * t.nnodes
+    if ranks % t.ep:
+        raise UserError(
+            f"trainer=megatron: trainer.ep={t.ep} must divide the number of ranks "
+            f"(trainer.nproc_per_node x trainer.nnodes = {ranks})"
+        )
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # a hub id: the worker reports it
+    from sat_cli.trainers.megatron.model import check_supported, rope_theta
+
+    try:
+        check_supported(config)
+        rope_theta(config)
+    except (NotImplementedError, ValueError) as exc:
+        raise UserError(f"trainer=megatron cannot train the model at {path}: {exc}") from None
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if experts and experts % t.ep:
+        raise UserError(
+            f"trainer=megatron: trainer.ep={t.ep} must divide the model's {experts} experts"
+        )

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_sat
 
 SMALL = [
     "experiment=cpu_smoke",
@@ -49,14 +50,7 @@ def _env() -> dict[str, str]:
 
 
 def sat(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sat_cli.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=_env(),
-    )
+    return run_sat(*args, cwd=cwd, timeout=timeout)
 
 
 class Run:

@@ -7,6 +7,13 @@ the experiment ``eval`` with the per-problem table as an artifact. An interrupte
 evaluation writes what it finished and says INCOMPLETE; it never reports a partial score as
 complete (exit 1; Ctrl-C exits 130 and SIGTERM 143, the MLflow run marked KILLED). Every input
 (model folder, checkpoint, data file) is checked before anything is written or started.
+
+The benchmark files come from ``data.dir`` / ``$SAT_DATA_DIR`` when they hold a copy, else from
+the evaluation sets shipped in the package (:func:`sat_cli.tasks.data.benchmark_file`); the file
+used is printed and logged as the param ``eval.data_file``. ``eval.max_new_tokens`` is capped at
+the model's context (``max_position_embeddings``): the benchmark configs ask 32768 tokens for
+real reasoning models, which would be meaningless (and hours of CPU) for the 512-position tiny
+default model if it ever failed to stop.
 """
 
 from __future__ import annotations
@@ -35,6 +42,37 @@ def _model_dir(obj) -> str:
     return model_path(obj)
 
 
+def _data_file(obj) -> str | None:
+    """The JSONL file a benchmark name resolves to (data directory, else the shipped copy)."""
+    from sat_cli.tasks.data import BENCHMARK_FILES, benchmark_file
+
+    e = obj.eval
+    if e.benchmark == "jsonl":
+        return e.path
+    if e.benchmark in BENCHMARK_FILES:
+        return str(benchmark_file(e.benchmark, obj.data.dir))
+    return None
+
+
+def _cap_to_context(e, path: str) -> int | None:
+    """Lower ``eval.max_new_tokens`` to the model's ``max_position_embeddings``; the cap or None."""
+    from sat_cli.loop.run import _hf_config
+
+    try:
+        ctx = int(_hf_config(path).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return None
+    if ctx <= 0 or e.max_new_tokens <= ctx:
+        return None
+    print(
+        f"eval.max_new_tokens={e.max_new_tokens} exceeds the model's context "
+        f"(max_position_embeddings={ctx}): capped at {ctx}",
+        flush=True,
+    )
+    e.max_new_tokens = ctx
+    return ctx
+
+
 def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
@@ -57,6 +95,7 @@ def run_eval_command(cfg, obj) -> None:
     e = obj.eval
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
+    data_file = _data_file(obj)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
@@ -67,6 +106,11 @@ def run_eval_command(cfg, obj) -> None:
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
     params["eval.model_path"] = path
+    if data_file is not None:
+        params["eval.data_file"] = data_file
+    cap = _cap_to_context(e, path)
+    if cap is not None:
+        params["eval.max_new_tokens_capped"] = str(cap)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
@@ -74,7 +118,8 @@ def run_eval_command(cfg, obj) -> None:
         holder: dict = {}
         try:
             run = build_evaluator(obj, engine, tokenizer, task, keep=holder, spec=spec)
-            print(f"eval {e.name}: {e.n} samples per problem, model {path}", flush=True)
+            data = f", data {data_file}" if data_file else ""
+            print(f"eval {e.name}: {e.n} samples per problem, model {path}{data}", flush=True)
             m = run()
         finally:
             engine.close()

@@ -2,12 +2,18 @@
 
 Sources, in the order tried by :func:`load_benchmark`:
 
-* a benchmark name resolved in a data directory (argument ``data_dir``, else the environment
-  variable ``SAT_DATA_DIR``): ``aime24``, ``aime25``, ``math500``, ``gsm8k`` (``gsm8k_test.jsonl``),
-  ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``);
+* a benchmark name (:func:`benchmark_file`): ``aime24``, ``aime25``, ``math500``, ``gsm8k``
+  (``gsm8k_test.jsonl``), ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``). The file is
+  looked up in the data directory (argument ``data_dir``, else ``$SAT_DATA_DIR``), then in the
+  evaluation sets shipped inside the package (``sat_cli/assets/benchmarks``: aime24, aime25,
+  math500, gsm8k test; provenance and hashes in its ``provenance.json``). A data directory that
+  does not exist is an error (a typo must not silently fall back); one that exists but lacks the
+  file falls back to the shipped copy. Training sets (GSM8K train, DeepMath, DAPO-Math-17k) are
+  not shipped: they need a data directory;
 * any path to a ``.jsonl`` file;
 * ``hf:<repo>[:<config>][@<split>]`` — a Hugging Face hub dataset through the ``datasets``
-  package (imported lazily; not a dependency of ``sat``; needs the network or a warm HF cache).
+  package (imported lazily; the optional extra ``sat-cli[hub]``; needs the network or a warm HF
+  cache).
 
 Every row goes through one mapping, :func:`normalize_row`, that understands the layouts in use:
 the project's own ``{id, problem, answer}``; AIME/MATH-500 hub copies (``problem``/``Problem``,
@@ -30,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR_ENV = "SAT_DATA_DIR"
+
+# The evaluation sets shipped inside the package (package data; see its README.md).
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "benchmarks"
 
 BENCHMARK_FILES: dict[str, str] = {
     "aime24": "aime24.jsonl",
@@ -61,7 +70,9 @@ _DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
 __all__ = [
     "BENCHMARK_FILES",
+    "SHIPPED_DIR",
     "DataError",
+    "benchmark_file",
     "data_dir_from",
     "load_benchmark",
     "load_jsonl",
@@ -216,19 +227,41 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
     return rows
 
 
+def benchmark_file(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """The JSONL file of a benchmark name: ``<data dir>/<file>`` if present, else the shipped copy.
+
+    Raises :class:`DataError` for a data directory that does not exist, and for a set that is
+    neither in the data directory nor shipped (the training sets).
+    """
+    fname = BENCHMARK_FILES[name]
+    root = data_dir_from(data_dir)
+    if root is not None:
+        if not root.is_dir():
+            source = "data.dir" if data_dir is not None else f"${DATA_DIR_ENV}"
+            raise DataError(f"data directory {root} ({source}) does not exist or is not a folder")
+        if (root / fname).is_file():
+            return root / fname
+    shipped = SHIPPED_DIR / fname
+    if shipped.is_file():
+        return shipped
+    where = f"not in data directory {root}" if root is not None else "no data directory is set"
+    raise DataError(
+        f"benchmark {name!r}: {fname} is a training set, not shipped with sat (only the "
+        f"evaluation sets {', '.join(_shipped_names())} are); {where}. Set data.dir=<folder> "
+        f"(or pass data_dir) or {DATA_DIR_ENV} to a folder holding {fname}"
+    )
+
+
+def _shipped_names() -> list[str]:
+    return [
+        n for n, f in BENCHMARK_FILES.items() if (SHIPPED_DIR / f).is_file() and n != "gsm8k_test"
+    ]
+
+
 def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Path | None:
-    """A benchmark name (looked up in the data directory) or a JSONL path; None if neither."""
+    """A benchmark name (see :func:`benchmark_file`) or a JSONL path; None if neither."""
     if name_or_path in BENCHMARK_FILES:
-        root = data_dir_from(data_dir)
-        if root is None:
-            raise DataError(
-                f"benchmark {name_or_path!r}: no data directory; set data.dir=<folder> (or pass data_dir) or set "
-                f"{DATA_DIR_ENV} (a folder holding {BENCHMARK_FILES[name_or_path]})"
-            )
-        path = root / BENCHMARK_FILES[name_or_path]
-        if not path.is_file():
-            raise DataError(f"benchmark {name_or_path!r}: {path} not found")
-        return path
+        return benchmark_file(name_or_path, data_dir)
     candidate = Path(name_or_path)
     if candidate.suffix == ".jsonl" or candidate.is_file():
         return candidate
@@ -267,8 +300,8 @@ def load_hf(spec: str, *, limit: int | None = None) -> list[dict[str, str]]:
     except ImportError:
         raise DataError(
             f"{spec!r}: loading from the Hugging Face hub needs the 'datasets' package, which is "
-            "not installed (pip install datasets), and the network or a warm HF cache; "
-            "or put a JSONL copy in the data directory"
+            "not installed (pip install 'sat-cli[hub]', or pip install datasets), and the network "
+            "or a warm HF cache; or put a JSONL copy in the data directory"
         ) from None
     ds = datasets.load_dataset(repo, config, split=split)
     rows: list[dict[str, str]] = []
@@ -323,6 +356,14 @@ def _dedupe_by_problem(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
+def _dapo_missing(root: Path | None) -> str:
+    where = f"not in data directory {root}" if root is not None else "no data directory is set"
+    return (
+        f"DAPO-Math-17k is a training set, not shipped with sat; {' / '.join(DAPO_FILES)} "
+        f"{where} (data.dir=<folder> or {DATA_DIR_ENV})"
+    )
+
+
 def load_training_prompts(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -349,14 +390,14 @@ def load_training_prompts(
                 rows = _dedupe_by_problem(load_hf("hf:dapo_math"))
             except DataError as err:
                 raise DataError(
-                    f"task=dapo_math: no {' / '.join(DAPO_FILES)} in data directory {root} and "
-                    f"the hub is not usable ({err}). Offline stand-ins: task=gsm8k "
-                    "(gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
+                    f"task=dapo_math: {_dapo_missing(root)} and the hub is not usable ({err}). "
+                    "Offline stand-ins (also external): task=gsm8k (gsm8k_train.jsonl) or "
+                    "deepmath (deepmath_subset.jsonl)"
                 ) from None
         else:
             raise DataError(
-                f"task=dapo_math: no {' / '.join(DAPO_FILES)} in data directory {root}; "
-                "offline stand-ins: gsm8k (gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
+                f"task=dapo_math: {_dapo_missing(root)}; offline stand-ins (also external): "
+                "gsm8k (gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
             )
     elif name == "gsm8k":
         rows = load_benchmark("gsm8k_train", data_dir)

@@ -27,6 +27,7 @@ What it does, in order:
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import signal
 import socket
@@ -55,6 +56,8 @@ def _raise_stop(signum, frame):  # pragma: no cover - exercised through a real p
 
 def check_port(host: str, port: int) -> None:
     """Raise :class:`UserError` unless ``host:port`` can be listened on right now."""
+    if not host.strip():
+        raise UserError("--host must not be empty (default 127.0.0.1)")
     if not 1 <= port <= 65535:
         raise UserError(f"--port {port} is not a TCP port: use 1-65535")
     try:
@@ -75,8 +78,14 @@ def check_port(host: str, port: int) -> None:
 
 
 def base_url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
-    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    """The URL a browser on this machine uses: a wildcard bind address shows as loopback."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"http://{host}:{port}"
+    if ip.is_unspecified:
+        ip = ipaddress.ip_address("::1" if ip.version == 6 else "127.0.0.1")
+    return f"http://[{ip}]:{port}" if ip.version == 6 else f"http://{ip}:{port}"
 
 
 def experiment_url(base: str, experiment_id: str) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from sat_cli.ui import WORKFLOW_QUERY, check_port, server_env
+from sat_cli.ui import WORKFLOW_QUERY, base_url, check_port, experiment_url, server_env
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -90,6 +90,16 @@ def test_server_env_disables_telemetry_unless_asked():
     # --telemetry: the environment as the user has it (MLflow's default, or the user's choice)
     assert server_env(True, {"A": "1"}) == {"A": "1"}
     assert server_env(True, {"DO_NOT_TRACK": "true"}) == {"DO_NOT_TRACK": "true"}
+
+
+def test_urls_for_wildcard_and_ipv6_hosts():
+    assert base_url("127.0.0.1", 5000) == "http://127.0.0.1:5000"
+    assert base_url("0.0.0.0", 5001) == "http://127.0.0.1:5001"  # a browser cannot open 0.0.0.0
+    assert base_url("::", 5002) == "http://[::1]:5002"
+    assert base_url("localhost", 5003) == "http://localhost:5003"
+    assert experiment_url("http://h:1", "7") == f"http://h:1/#/experiments/7?{WORKFLOW_QUERY}"
+    with pytest.raises(Exception, match="--host must not be empty"):
+        check_port(" ", 5000)
 
 
 # ----------------------------------------------------------------------------- a real sat ui

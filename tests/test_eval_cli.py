@@ -3,8 +3,8 @@
 The shipped AIME 2024 file is used, the tiny default model is evaluated (and scores 0: it only
 knows 3-digit addition), ``eval.max_new_tokens`` (32768 in the benchmark config) is capped at the
 model's 512 positions, and the MLflow ``eval`` run records the data file and the cap. With
-``ckpt=`` the checkpoint's model is evaluated instead (a checkpoint folder holding a copy of the
-shipped model, in the ``trainer/model`` layout a training run writes).
+``ckpt=`` (a checkpoint folder holding a copy of the shipped model, in the ``trainer/model``
+layout a training run writes) or ``model.path=`` that model is evaluated instead.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def test_sat_eval_aime24_with_no_flags(tmp_path, sat_cli, monkeypatch):
     assert run.data.metrics["eval/aime24/avg_at_2"] == 0.0
 
 
-def test_sat_eval_aime24_of_a_checkpoint(tmp_path, sat_cli, monkeypatch):
+@pytest.mark.parametrize("flag", ["ckpt", "model.path"])
+def test_sat_eval_aime24_of_a_checkpoint_or_model_dir(tmp_path, sat_cli, monkeypatch, flag):
     monkeypatch.delenv("SAT_DATA_DIR", raising=False)
     model = tmp_path / "ck" / "step_3" / "trainer" / "model"
     shutil.copytree(TINY, model)
-    out = sat_cli(
-        "eval", "aime24", "eval.n=1", "eval.limit=2", f"ckpt={model.parents[1]}", cwd=tmp_path
-    )
+    target = model.parents[1] if flag == "ckpt" else model
+    out = sat_cli("eval", "aime24", "eval.n=1", "eval.limit=2", f"{flag}={target}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"model {model}" in out.stdout and "avg@1" in out.stdout
     _, summary = _summary(tmp_path)

@@ -44,7 +44,7 @@ def _model_dir(obj) -> str:
 
 def _data_file(obj) -> str | None:
     """The JSONL file a benchmark name resolves to (data directory, else the shipped copy)."""
-    from sat_cli.tasks.data import BENCHMARK_FILES, benchmark_file
+    from sat_cli.tasks.datafiles import BENCHMARK_FILES, benchmark_file
 
     e = obj.eval
     if e.benchmark == "jsonl":

@@ -2,14 +2,10 @@
 
 Sources, in the order tried by :func:`load_benchmark`:
 
-* a benchmark name (:func:`benchmark_file`): ``aime24``, ``aime25``, ``math500``, ``gsm8k``
-  (``gsm8k_test.jsonl``), ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``). The file is
-  looked up in the data directory (argument ``data_dir``, else ``$SAT_DATA_DIR``), then in the
-  evaluation sets shipped inside the package (``sat_cli/assets/benchmarks``: aime24, aime25,
-  math500, gsm8k test; provenance and hashes in its ``provenance.json``). A data directory that
-  does not exist is an error (a typo must not silently fall back); one that exists but lacks the
-  file falls back to the shipped copy. Training sets (GSM8K train, DeepMath, DAPO-Math-17k) are
-  not shipped: they need a data directory;
+* a benchmark name: ``aime24``, ``aime25``, ``math500``, ``gsm8k`` (``gsm8k_test.jsonl``),
+  ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``), found in the data directory or among
+  the evaluation sets shipped in the package (:mod:`sat_cli.tasks.datafiles`; training sets are
+  not shipped);
 * any path to a ``.jsonl`` file;
 * ``hf:<repo>[:<config>][@<split>]`` — a Hugging Face hub dataset through the ``datasets``
   package (imported lazily; the optional extra ``sat-cli[hub]``; needs the network or a warm HF
@@ -35,20 +31,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-DATA_DIR_ENV = "SAT_DATA_DIR"
-
-# The evaluation sets shipped inside the package (package data; see its README.md).
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "benchmarks"
-
-BENCHMARK_FILES: dict[str, str] = {
-    "aime24": "aime24.jsonl",
-    "aime25": "aime25.jsonl",
-    "math500": "math500.jsonl",
-    "gsm8k": "gsm8k_test.jsonl",
-    "gsm8k_test": "gsm8k_test.jsonl",
-    "gsm8k_train": "gsm8k_train.jsonl",
-    "deepmath": "deepmath_subset.jsonl",
-}
+from sat_cli.tasks.datafiles import (
+    BENCHMARK_FILES,
+    DAPO_FILES,
+    DATA_DIR_ENV,
+    SHIPPED_DIR,
+    STAND_INS,
+    DataError,
+    benchmark_file,
+    dapo_missing,
+    data_dir_from,
+)
 
 # Hub copies used when the name is given as `hf:` without a repo, or for DAPO training prompts.
 HF_DATASETS: dict[str, tuple[str, str | None, str]] = {
@@ -59,9 +52,6 @@ HF_DATASETS: dict[str, tuple[str, str | None, str]] = {
     "dapo_math": ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train"),
 }
 
-# Local file names a DAPO-Math-17k copy may have in the data directory (see the data README).
-DAPO_FILES = ("dapo_math_17k.jsonl", "dapo-math-17k.jsonl", "dapo_math.jsonl")
-
 _DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be "
     "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
@@ -70,6 +60,7 @@ _DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
 __all__ = [
     "BENCHMARK_FILES",
+    "DATA_DIR_ENV",
     "SHIPPED_DIR",
     "DataError",
     "benchmark_file",
@@ -79,18 +70,6 @@ __all__ = [
     "load_training_prompts",
     "normalize_row",
 ]
-
-
-class DataError(ValueError):
-    """A data file or row that cannot be turned into ``{id, problem, answer}``."""
-
-
-def data_dir_from(data_dir: str | os.PathLike | None) -> Path | None:
-    """The data directory: the argument, else ``$SAT_DATA_DIR``, else None."""
-    if data_dir is not None:
-        return Path(data_dir)
-    env = os.environ.get(DATA_DIR_ENV)
-    return Path(env) if env else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,37 +206,6 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
     return rows
 
 
-def benchmark_file(name: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """The JSONL file of a benchmark name: ``<data dir>/<file>`` if present, else the shipped copy.
-
-    Raises :class:`DataError` for a data directory that does not exist, and for a set that is
-    neither in the data directory nor shipped (the training sets).
-    """
-    fname = BENCHMARK_FILES[name]
-    root = data_dir_from(data_dir)
-    if root is not None:
-        if not root.is_dir():
-            source = "data.dir" if data_dir is not None else f"${DATA_DIR_ENV}"
-            raise DataError(f"data directory {root} ({source}) does not exist or is not a folder")
-        if (root / fname).is_file():
-            return root / fname
-    shipped = SHIPPED_DIR / fname
-    if shipped.is_file():
-        return shipped
-    where = f"not in data directory {root}" if root is not None else "no data directory is set"
-    raise DataError(
-        f"benchmark {name!r}: {fname} is a training set, not shipped with sat (only the "
-        f"evaluation sets {', '.join(_shipped_names())} are); {where}. Set data.dir=<folder> "
-        f"(or pass data_dir) or {DATA_DIR_ENV} to a folder holding {fname}"
-    )
-
-
-def _shipped_names() -> list[str]:
-    return [
-        n for n, f in BENCHMARK_FILES.items() if (SHIPPED_DIR / f).is_file() and n != "gsm8k_test"
-    ]
-
-
 def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Path | None:
     """A benchmark name (see :func:`benchmark_file`) or a JSONL path; None if neither."""
     if name_or_path in BENCHMARK_FILES:
@@ -356,14 +304,6 @@ def _dedupe_by_problem(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def _dapo_missing(root: Path | None) -> str:
-    where = f"not in data directory {root}" if root is not None else "no data directory is set"
-    return (
-        f"DAPO-Math-17k is a training set, not shipped with sat; {' / '.join(DAPO_FILES)} "
-        f"{where} (data.dir=<folder> or {DATA_DIR_ENV})"
-    )
-
-
 def load_training_prompts(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -390,14 +330,13 @@ def load_training_prompts(
                 rows = _dedupe_by_problem(load_hf("hf:dapo_math"))
             except DataError as err:
                 raise DataError(
-                    f"task=dapo_math: {_dapo_missing(root)} and the hub is not usable ({err}). "
-                    "Offline stand-ins (also external): task=gsm8k (gsm8k_train.jsonl) or "
-                    "deepmath (deepmath_subset.jsonl)"
+                    f"task=dapo_math: {dapo_missing(root)} and the hub is not usable ({err}). "
+                    f"Offline stand-ins (also external): {STAND_INS}"
                 ) from None
         else:
             raise DataError(
-                f"task=dapo_math: {_dapo_missing(root)}; offline stand-ins (also external): "
-                "gsm8k (gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
+                f"task=dapo_math: {dapo_missing(root)}; offline stand-ins (also external): "
+                f"{STAND_INS}"
             )
     elif name == "gsm8k":
         rows = load_benchmark("gsm8k_train", data_dir)

@@ -10,6 +10,14 @@ PYTEST_ARGS ?=
 SGLANG_VENV ?= .venv-sglang
 SGLANG_KERNEL_WHEEL ?= ../shared/sglang-cpu/sglang_kernel_cpu-0.4.6.post1-cp311-cp311-linux_x86_64.whl
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
+# torch, installed first and on its own (README "Install"). TORCH_SPEC is the requirement;
+# TORCH_INDEX_URL, when set, the only index it is taken from, e.g. a CPU-only machine:
+#   make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# constraints-cpu.txt keeps the later install from replacing it (used with the default spec only).
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+TORCH_ARGS = $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
+CONSTRAINTS = $(if $(filter torch==2.13.0,$(TORCH_SPEC)),-c constraints-cpu.txt)
 
 .DEFAULT_GOAL := help
 
@@ -19,8 +27,8 @@ help: ## list the targets
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[dev,megatron]'
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) $(TORCH_ARGS) '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e '.[dev,megatron]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install sat with dev tools and megatron-core (idempotent)

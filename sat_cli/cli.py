@@ -133,25 +133,27 @@ def report_cmd(
 
 @app.command("ui")
 def ui_cmd(
-    port: int = typer.Option(5000, help="port on 127.0.0.1"),
+    port: int = typer.Option(5000, help="port on 127.0.0.1 (1-65535; must be free)"),
     host: str = typer.Option("127.0.0.1", help="bind address (default loopback only)"),
     run_dir: str = typer.Option("runs", "--run-dir", help="run.dir holding mlflow.db"),
+    telemetry: bool = typer.Option(
+        False, "--telemetry", help="let MLflow send its usage telemetry (off by default)"
+    ),
 ) -> None:
-    """Start the MLflow UI for the local store, bound to 127.0.0.1."""
-    import subprocess
-    from pathlib import Path
+    """Start the MLflow UI for the local store, bound to 127.0.0.1, and print experiment URLs."""
+    import os
 
-    from sat_cli.tracking import ui_command
+    from sat_cli.ui import run_ui
 
-    db = Path(run_dir) / "mlflow.db"
-    if not db.exists():
-        fail(f"no MLflow store at {db}: run `sat train` first or pass --run-dir")
-    cmd = ui_command(f"sqlite:///{db}", host=host, port=port)
-    typer.echo(f"MLflow UI on http://{host}:{port}  (Ctrl-C to stop)")
-    try:
-        raise typer.Exit(subprocess.call(cmd))
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+    env = dict(os.environ)  # before _guard sets sat's own defaults (telemetry off in-process)
+    code = 0
+
+    def body() -> None:
+        nonlocal code
+        code = run_ui(run_dir, host=host, port=port, telemetry=telemetry, env=env)
+
+    _guard(body)
+    raise typer.Exit(code)
 
 
 @app.command("version")

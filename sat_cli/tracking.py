@@ -13,7 +13,10 @@ What it does:
 * **Stores.** ``sqlite:///…`` stores get an explicit artifact location (default
   ``<directory of the db>/mlartifacts``), so artifacts never land in ``./mlruns`` of the
   current directory. ``http(s)://`` servers keep their own artifact root unless one is given.
-  The experiment is created when absent and reused otherwise. ``uri=None`` / ``"none"`` or
+  The experiment is created when absent and reused otherwise, tagged
+  ``mlflow.experimentKind=custom_model_development`` (:data:`EXPERIMENT_KIND`) when created and
+  when an existing one has no kind or only an inferred one (a kind a user chose is kept), so the
+  MLflow 3 UI treats it as model training rather than GenAI. ``uri=None`` / ``"none"`` or
   ``enabled=False`` gives a disabled tracker: every method is a no-op and ``run_id`` is None.
 * **Metrics.** ``log_metrics`` sends one ``log_batch`` per step (chunks of ≤ 1000 points).
   NaN/±inf values are not logged (the sqlite store would keep NaN and clip inf to ±1.8e308,
@@ -79,6 +82,9 @@ REDACTED = "***"
 NONFINITE_KEY = "tracking/nonfinite_metrics"
 _TRUNCATED = "...[truncated]"
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow 3's experiment kind: the UI opens such experiments in the model-training view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 class TrackingError(RuntimeError):
@@ -458,7 +464,9 @@ class Tracker:
         if exp is None:
             try:
                 return client.create_experiment(
-                    self.experiment, artifact_location=self.artifact_root
+                    self.experiment,
+                    artifact_location=self.artifact_root,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
                 )
             except self._errors as exc:
                 # another process (e.g. a parallel sweep job) created it in the meantime
@@ -471,6 +479,14 @@ class Tracker:
                 f"restore it (`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
                 "or choose another experiment name."
             )
+        kind = exp.tags.get(EXPERIMENT_KIND_TAG)
+        if kind is None or kind.endswith("_inferred") or kind == "no_inferred_type":
+            try:
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            except self._errors as exc:  # e.g. a server that lets this user log runs only
+                log.warning(
+                    "could not tag MLflow experiment %r as model training: %s", exp.name, exc
+                )
         return exp.experiment_id
 
     def _start(self, run_id: str | None, tags: dict[str, Any], params: dict[str, str]) -> None:

@@ -1,4 +1,12 @@
-"""Shared test setup: repo paths, the shared data folder, and single-threaded torch."""
+"""Shared test setup: repo paths, the data folders, and single-threaded torch.
+
+* ``benchmark_data``: the evaluation sets shipped inside the package (``sat_cli/assets/
+  benchmarks``: aime24, aime25, math500, gsm8k test). Always present: no test skips for them.
+* ``training_data``: the external training sets (``gsm8k_train.jsonl``,
+  ``deepmath_subset.jsonl``), which are not shipped: ``$SAT_DATA_DIR``, else ``../shared/data``
+  beside the repository. Only ``slow`` tests use them, and they skip, naming the folder, where the
+  files are absent, so the default suite never skips for lack of data.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,12 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_sat
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SAT_DATA_DIR") or REPO.parent / "shared" / "data")
+BENCHMARK_DATA = REPO / "sat_cli" / "assets" / "benchmarks"
+TRAINING_DATA = Path(os.environ.get("SAT_DATA_DIR") or REPO.parent / "shared" / "data")
+TRAINING_FILES = ("gsm8k_train.jsonl", "deepmath_subset.jsonl")
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -21,10 +32,31 @@ def repo() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not (SHARED_DATA / "aime24.jsonl").exists():
-        pytest.skip(f"shared data folder absent ({SHARED_DATA}); set SAT_DATA_DIR to run this")
-    return SHARED_DATA
+def benchmark_data() -> Path:
+    return BENCHMARK_DATA
+
+
+@pytest.fixture(scope="session")
+def shared_data(benchmark_data) -> Path:
+    """Older name of ``benchmark_data`` (the evaluation sets used to come from ../shared/data)."""
+    return benchmark_data
+
+
+@pytest.fixture(scope="session")
+def training_data() -> Path:
+    missing = [f for f in TRAINING_FILES if not (TRAINING_DATA / f).is_file()]
+    if missing:
+        pytest.skip(
+            f"external training sets absent ({', '.join(missing)} not in {TRAINING_DATA}); "
+            "they are not shipped with sat: set SAT_DATA_DIR to a folder holding them"
+        )
+    return TRAINING_DATA
+
+
+@pytest.fixture(scope="session")
+def sat_cli():
+    """:func:`cli_helpers.run_sat`, for tests and fixtures of any scope."""
+    return run_sat
 
 
 @pytest.fixture

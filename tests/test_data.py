@@ -1,8 +1,10 @@
-"""Data loaders: the shared benchmark files, the layouts they map from, and clear errors naming
-``file:line`` for every kind of malformed input."""
+"""Data loaders: the shipped evaluation sets (provenance hashes, row counts, content), where
+benchmark names are looked up (data directory, ``$SAT_DATA_DIR``, shipped fallback), the layouts
+rows map from, and clear errors naming ``file:line`` for every kind of malformed input."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -10,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from sat_cli.tasks.data import (
+    BENCHMARK_FILES,
+    SHIPPED_DIR,
     DataError,
+    benchmark_file,
     load_benchmark,
     load_jsonl,
     load_training_prompts,
@@ -24,14 +29,8 @@ AIME24_ANSWERS = (
     "73 236 45 33 80 55 699 127 902 468 601 23 321 211 315"
 ).split()
 
-EXPECTED_ROWS = {
-    "aime24": 30,
-    "aime25": 30,
-    "math500": 500,
-    "gsm8k": 1319,
-    "gsm8k_train": 7473,
-    "deepmath": 4990,
-}
+SHIPPED_ROWS = {"aime24": 30, "aime25": 30, "math500": 500, "gsm8k": 1319, "gsm8k_test": 1319}
+TRAINING_ROWS = {"gsm8k_train": 7473, "deepmath": 4990}
 
 
 def _write(path: Path, lines: list[str] | bytes) -> Path:
@@ -46,79 +45,174 @@ def _row(i: int, answer: str = "1") -> str:
     return json.dumps({"id": f"p{i}", "problem": f"What is {i}?", "answer": answer})
 
 
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv("SAT_DATA_DIR", raising=False)
+
+
 # --------------------------------------------------------------------------------------------
-# Shared data files
+# Shipped evaluation sets
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "count"), sorted(EXPECTED_ROWS.items()))
-def test_benchmarks_load_from_data_dir(shared_data, name: str, count: int) -> None:
-    rows = load_benchmark(name, data_dir=shared_data)
+def test_provenance_matches_the_shipped_files(benchmark_data) -> None:
+    """provenance.json lists every shipped JSONL file with its row count, size and SHA-256 (so a
+    file changed by accident fails here), its source, revision and licence, and the licence
+    texts it names exist."""
+    prov = json.loads((benchmark_data / "provenance.json").read_text("utf-8"))
+    sets = prov["sets"]
+    assert benchmark_data == SHIPPED_DIR
+    assert sorted(e["file"] for e in sets.values()) == sorted(
+        p.name for p in benchmark_data.glob("*.jsonl")
+    )
+    assert sorted(sets) == ["aime24", "aime25", "gsm8k", "math500"]
+    for name, e in sets.items():
+        data = (benchmark_data / e["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == e["sha256"], f"{e['file']} changed"
+        assert len(data) == e["bytes"]
+        assert sum(1 for line in data.split(b"\n") if line.strip()) == e["rows"]
+        assert e["rows"] == SHIPPED_ROWS[name]
+        assert BENCHMARK_FILES[name] == e["file"]
+        for field in ("source", "revision", "licence", "what"):
+            assert isinstance(e[field], str) and len(e[field]) >= 3, (name, field)
+        assert e["licence_files"]
+        for lic in e["licence_files"]:
+            text = (benchmark_data / lic).read_text("utf-8")
+            assert "Permission is hereby granted" in text or "Apache License" in text
+
+
+@pytest.mark.parametrize(("name", "count"), sorted(SHIPPED_ROWS.items()))
+def test_shipped_benchmarks_load_without_a_data_dir(no_env, name: str, count: int) -> None:
+    assert benchmark_file(name) == SHIPPED_DIR / BENCHMARK_FILES[name]
+    rows = load_benchmark(name)
     assert len(rows) == count
     assert len({r["id"] for r in rows}) == count
     assert all(set(r) == {"id", "problem", "answer"} for r in rows)
     assert all(r["problem"] and r["answer"] for r in rows)
 
 
-def test_aime24_content_and_env_fallback(shared_data, monkeypatch) -> None:
-    monkeypatch.setenv("SAT_DATA_DIR", str(shared_data))
+def test_aime24_content(no_env, benchmark_data) -> None:
     rows = load_benchmark("aime24")
     assert [r["answer"] for r in rows] == AIME24_ANSWERS
     assert rows[0]["id"] == "aime2024-I-01" and rows[-1]["id"] == "aime2024-II-15"
     assert load_benchmark("aime24", limit=3) == rows[:3]
     # a path works too, and gives the same rows
-    assert load_benchmark(shared_data / "aime24.jsonl") == rows
+    assert load_benchmark(benchmark_data / "aime24.jsonl") == rows
 
 
-def test_math500_keeps_latex_answers(shared_data) -> None:
-    rows = {r["id"]: r for r in load_benchmark("math500", data_dir=shared_data)}
+def test_math500_keeps_latex_answers(no_env) -> None:
+    rows = {r["id"]: r for r in load_benchmark("math500")}
     answers = {r["answer"] for r in rows.values()}
     assert "\\text{Evelyn}" in answers
     assert "\\left( 3, \\frac{\\pi}{2} \\right)" in answers
+    assert rows["test/precalculus/807.json"]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
 
 
-def test_training_prompts_gsm8k_and_seeded_shuffle(shared_data) -> None:
-    rows = load_training_prompts("gsm8k", data_dir=shared_data)
-    assert len(rows) == 7473 and rows[0]["answer"] == "72"
-    a = load_training_prompts("gsm8k", data_dir=shared_data, seed=3, limit=50)
-    b = load_training_prompts("gsm8k", data_dir=shared_data, seed=3, limit=50)
-    c = load_training_prompts("gsm8k", data_dir=shared_data, seed=4, limit=50)
+# --------------------------------------------------------------------------------------------
+# Name resolution: data directory, $SAT_DATA_DIR, shipped fallback
+# --------------------------------------------------------------------------------------------
+
+
+def test_data_dir_and_env_override_the_shipped_copy(no_env, monkeypatch, tmp_path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    _write(mine / "aime24.jsonl", [_row(1, "7"), _row(2, "8")])
+    env = tmp_path / "env"
+    env.mkdir()
+    _write(env / "aime24.jsonl", [_row(3, "9")])
+    shipped = load_benchmark("aime24")
+    # data_dir (data.dir) wins over everything
+    assert [r["answer"] for r in load_benchmark("aime24", data_dir=mine)] == ["7", "8"]
+    monkeypatch.setenv("SAT_DATA_DIR", str(env))
+    assert [r["answer"] for r in load_benchmark("aime24")] == ["9"]
+    assert [r["answer"] for r in load_benchmark("aime24", data_dir=mine)] == ["7", "8"]
+    # a data directory without the file: the shipped copy
+    assert load_benchmark("aime25", data_dir=mine) == load_benchmark("aime25")
+    assert benchmark_file("aime25", mine) == SHIPPED_DIR / "aime25.jsonl"
+    monkeypatch.setenv("SAT_DATA_DIR", "")  # empty means unset
+    assert load_benchmark("aime24") == shipped
+
+
+def test_missing_data_dir_is_an_error_not_a_silent_fallback(no_env, monkeypatch, tmp_path):
+    with pytest.raises(DataError, match=r"data directory .*nope \(data.dir\) does not exist"):
+        load_benchmark("aime24", data_dir=tmp_path / "nope")
+    monkeypatch.setenv("SAT_DATA_DIR", str(tmp_path / "typo"))
+    with pytest.raises(DataError, match=r"typo \(\$SAT_DATA_DIR\) does not exist"):
+        load_benchmark("aime24")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="is not a folder"):
+        load_benchmark("math500", data_dir=tmp_path / "file")
+
+
+@pytest.mark.parametrize("name", ["gsm8k_train", "deepmath"])
+def test_training_sets_are_not_shipped(no_env, tmp_path, name: str) -> None:
+    fname = BENCHMARK_FILES[name]
+    with pytest.raises(DataError, match=f"{fname} is a training set, not shipped.*SAT_DATA_DIR"):
+        load_benchmark(name)
+    with pytest.raises(DataError, match=f"not in data directory {tmp_path}"):
+        load_benchmark(name, data_dir=tmp_path)
+    task = "gsm8k" if name == "gsm8k_train" else name
+    with pytest.raises(DataError, match="not shipped with sat"):
+        load_training_prompts(task)
+
+
+def test_training_prompts_gsm8k_and_seeded_shuffle(tmp_path) -> None:
+    """task=gsm8k reads gsm8k_train.jsonl from the data directory, in the upstream layout
+    (question + worked answer ending in '#### N'); seeded shuffles are reproducible."""
+    upstream = [
+        json.dumps(
+            {
+                "question": f"Tom has {i} apples and buys {i + 1}.",
+                "answer": f"... #### {2 * i + 1:,}",
+            }
+        )
+        for i in range(200, 300)
+    ]
+    _write(tmp_path / "gsm8k_train.jsonl", upstream)
+    rows = load_training_prompts("gsm8k", data_dir=tmp_path)
+    assert len(rows) == 100 and rows[0]["answer"] == "401" and rows[-1]["answer"] == "599"
+    assert rows[0]["id"] == "gsm8k_train-00001"
+    a = load_training_prompts("gsm8k", data_dir=tmp_path, seed=3, limit=50)
+    b = load_training_prompts("gsm8k", data_dir=tmp_path, seed=3, limit=50)
+    c = load_training_prompts("gsm8k", data_dir=tmp_path, seed=4, limit=50)
     assert a == b and a != c and len(a) == 50
-    ids = {r["id"] for r in rows}
-    assert {r["id"] for r in a} <= ids
+    assert {r["id"] for r in a} <= {r["id"] for r in rows}
 
 
-# --------------------------------------------------------------------------------------------
-# Name resolution
-# --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "count"), sorted(TRAINING_ROWS.items()))
+def test_external_training_sets_load(training_data, name: str, count: int) -> None:
+    rows = load_benchmark(name, data_dir=training_data)
+    assert len(rows) == count and len({r["id"] for r in rows}) == count
+    assert all(set(r) == {"id", "problem", "answer"} for r in rows)
+    if name == "gsm8k_train":
+        assert rows[0]["answer"] == "72"
+        assert load_training_prompts("gsm8k", data_dir=training_data) == rows
 
 
-def test_unknown_name_and_missing_data_dir(monkeypatch, tmp_path) -> None:
-    monkeypatch.delenv("SAT_DATA_DIR", raising=False)
+def test_unknown_name(no_env, tmp_path) -> None:
     with pytest.raises(DataError, match="unknown benchmark 'aime23'.*aime24"):
         load_benchmark("aime23")
-    with pytest.raises(DataError, match="no data directory.*SAT_DATA_DIR"):
-        load_benchmark("aime24")
-    with pytest.raises(DataError, match="aime24.jsonl not found"):
-        load_benchmark("aime24", data_dir=tmp_path)
     with pytest.raises(DataError, match="no such file"):
         load_benchmark(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match="limit"):
         load_benchmark("aime24", data_dir=tmp_path, limit=0)
 
 
-def test_hub_needs_datasets(tmp_path) -> None:
+def test_hub_needs_datasets(no_env, tmp_path) -> None:
     if importlib.util.find_spec("datasets") is not None:
         pytest.skip("'datasets' is installed here; the missing-package message cannot be checked")
-    with pytest.raises(DataError, match="needs the 'datasets' package"):
+    with pytest.raises(DataError, match=r"needs the 'datasets' package.*sat-cli\[hub\]"):
         load_benchmark("hf:HuggingFaceH4/MATH-500@test")
     with pytest.raises(DataError, match="expected hf:<owner>/<dataset>"):
         load_benchmark("hf:nonsense")
-    # task=dapo_math with no local copy: the error names the offline stand-ins
-    with pytest.raises(DataError, match="task=dapo_math.*gsm8k.*deepmath"):
+    # task=dapo_math with no local copy: the error says it is not shipped and names the stand-ins
+    with pytest.raises(
+        DataError, match="task=dapo_math: DAPO-Math-17k is a training set.*gsm8k.*deepmath"
+    ):
         load_training_prompts("dapo_math", data_dir=tmp_path)
-    with pytest.raises(DataError, match="task=dapo_math.*stand-ins"):
-        load_training_prompts("dapo_math", data_dir=tmp_path, allow_hub=False)
+    with pytest.raises(DataError, match="task=dapo_math.*no data directory is set.*stand-ins"):
+        load_training_prompts("dapo_math", allow_hub=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import fs_faults
 import pytest
+from cli_helpers import run_sat
 
 SMALL = [
     "experiment=cpu_smoke",
@@ -51,14 +52,7 @@ def _env() -> dict[str, str]:
 
 
 def sat(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sat_cli.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=_env(),
-    )
+    return run_sat(*args, cwd=cwd, timeout=timeout)
 
 
 class Run:

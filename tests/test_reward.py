@@ -1,5 +1,6 @@
 """The math grader: extraction, equivalence, thread safety, time limits, and oracle checks on the
-shared data (gold answers boxed score 100%; a shuffled-answer control scores near 0%)."""
+data (gold answers boxed score 100%; a shuffled-answer control scores near 0%): the shipped
+evaluation sets in the default suite, the external training sets in slow tests."""
 
 from __future__ import annotations
 
@@ -13,16 +14,8 @@ import pytest
 from sat_cli.tasks import reward as R
 from sat_cli.tasks.reward import answers_equal, extract_answer, grade, grade_many
 
-DATA_FILES = [
-    "aime24.jsonl",
-    "aime25.jsonl",
-    "math500.jsonl",
-    "gsm8k_test.jsonl",
-    "gsm8k_train.jsonl",
-    "deepmath_subset.jsonl",
-]
-LARGE = {"gsm8k_train.jsonl", "deepmath_subset.jsonl"}
-SUBSET = 300  # rows of a large file checked in the default suite (every k-th row)
+DATA_FILES = ["aime24.jsonl", "aime25.jsonl", "math500.jsonl", "gsm8k_test.jsonl"]  # shipped
+LARGE = {"gsm8k_train.jsonl", "deepmath_subset.jsonl"}  # external training sets
 
 # (response, gold, expected)
 GRADE_CASES = [
@@ -188,19 +181,14 @@ def test_grade_many_matches_grade_and_checks_lengths() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _rows(shared_data, name: str, full: bool) -> list[dict]:
-    text = (shared_data / name).read_text("utf-8")
-    rows = [
-        json.loads(line) for line in text.split("\n") if line.strip()
-    ]  # not splitlines(): U+2028 occurs in strings
-    if name in LARGE and not full:
-        step = len(rows) // SUBSET
-        rows = rows[::step][:SUBSET]  # deterministic, spread over the whole file
-    return rows
+def _rows(folder, name: str) -> list[dict]:
+    text = (folder / name).read_text("utf-8")
+    # not splitlines(): U+2028 occurs in strings
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
-def _oracle(shared_data, name: str, full: bool) -> None:
-    rows = _rows(shared_data, name, full)
+def _oracle(folder, name: str) -> None:
+    rows = _rows(folder, name)
     golds = [r["answer"] for r in rows]
     responses = [f"Reasoning ... so the final answer is \\boxed{{{g}}}." for g in golds]
     # 1) the public grader: every boxed gold answer is correct
@@ -219,8 +207,8 @@ def _oracle(shared_data, name: str, full: bool) -> None:
     assert mv_fail == [], f"{name}: math-verify fails to self-match {mv_fail[:10]}"
 
 
-def _shuffled_control(shared_data, name: str, full: bool) -> None:
-    rows = _rows(shared_data, name, full)
+def _shuffled_control(folder, name: str) -> None:
+    rows = _rows(folder, name)
     golds = [r["answer"] for r in rows]
     order = list(range(len(rows)))
     random.Random(0).shuffle(order)
@@ -240,22 +228,27 @@ def _shuffled_control(shared_data, name: str, full: bool) -> None:
 
 
 @pytest.mark.parametrize("name", DATA_FILES)
-def test_oracle_gold_scores_100(shared_data, name: str) -> None:
-    _oracle(shared_data, name, full=False)
+def test_oracle_gold_scores_100(benchmark_data, name: str) -> None:
+    _oracle(benchmark_data, name)
 
 
 @pytest.mark.parametrize("name", ["aime24.jsonl", "aime25.jsonl", "math500.jsonl"])
-def test_shuffled_control_scores_near_zero(shared_data, name: str) -> None:
-    _shuffled_control(shared_data, name, full=False)
+def test_shuffled_control_scores_near_zero(benchmark_data, name: str) -> None:
+    _shuffled_control(benchmark_data, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LARGE))
-def test_oracle_full_large_files(shared_data, name: str) -> None:
-    _oracle(shared_data, name, full=True)
+def test_oracle_training_sets(training_data, name: str) -> None:
+    _oracle(training_data, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gsm8k_test.jsonl", *sorted(LARGE)])
-def test_shuffled_control_large_files(shared_data, name: str) -> None:
-    _shuffled_control(shared_data, name, full=True)
+def test_shuffled_control_gsm8k_test(benchmark_data) -> None:
+    _shuffled_control(benchmark_data, "gsm8k_test.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LARGE))
+def test_shuffled_control_training_sets(training_data, name: str) -> None:
+    _shuffled_control(training_data, name)

@@ -387,6 +387,25 @@ def test_unreachable_store_at_start_raises_quickly():
     assert {k: os.environ.get(k) for k in before} == before
 
 
+def test_experiments_are_tagged_as_model_training(store, client):
+    """New experiments are created with mlflow.experimentKind=custom_model_development; existing
+    ones get it when they have no kind or an inferred one; a kind someone chose is kept."""
+    kind = "mlflow.experimentKind"
+    with Tracker(store, "kind-new", "r") as tr:
+        assert client.get_experiment(tr.experiment_id).tags[kind] == "custom_model_development"
+    untagged = client.create_experiment("kind-old", artifact_location=default_artifact_root(store))
+    inferred = client.create_experiment("kind-inferred", tags={kind: "genai_development_inferred"})
+    chosen = client.create_experiment("kind-chosen", tags={kind: "genai_development"})
+    for name, exp_id in (("kind-old", untagged), ("kind-inferred", inferred)):
+        assert client.get_experiment(exp_id).tags.get(kind) != "custom_model_development"
+        with Tracker(store, name, "r") as tr:
+            assert tr.experiment_id == exp_id
+        assert client.get_experiment(exp_id).tags[kind] == "custom_model_development"
+    with Tracker(store, "kind-chosen", "r"):
+        pass
+    assert client.get_experiment(chosen).tags[kind] == "genai_development"
+
+
 def test_ui_command_binds_localhost(store):
     cmd = ui_command(store, port=5123)
     db = Path(store.removeprefix("sqlite:///")).resolve()

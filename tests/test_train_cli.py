@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_sat
 
 SMOKE = [
     "experiment=cpu_smoke",
@@ -22,15 +23,7 @@ SMOKE = [
 
 
 def sat(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "sat_cli.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
+    return run_sat(*args, cwd=cwd, timeout=timeout)
 
 
 def _client(run_dir: Path):

@@ -9,6 +9,13 @@ complete (exit 1; Ctrl-C exits 130, SIGTERM 143 and SIGHUP 129, the MLflow run m
 Every input (model folder, checkpoint, data file, tokenizer, prompt lengths, the output folder)
 is checked before anything is written or started. Results that cannot be written (a full disk)
 end the command with exit 1 and the MLflow run FAILED.
+
+The benchmark files come from ``data.dir`` / ``$SAT_DATA_DIR`` when they hold a copy, else from
+the evaluation sets shipped in the package (:func:`sat_cli.tasks.data.benchmark_file`); the file
+used is printed and logged as the param ``eval.data_file``. ``eval.max_new_tokens`` is capped at
+the model's context (``max_position_embeddings``): the benchmark configs ask 32768 tokens for
+real reasoning models, which would be meaningless (and hours of CPU) for the 512-position tiny
+default model if it ever failed to stop.
 """
 
 from __future__ import annotations
@@ -56,6 +63,37 @@ def _own_folder(base: Path) -> Path:
     raise UserError(f"cannot create an evaluation folder next to {base}: 999 exist")
 
 
+def _data_file(obj) -> str | None:
+    """The JSONL file a benchmark name resolves to (data directory, else the shipped copy)."""
+    from sat_cli.tasks.datafiles import BENCHMARK_FILES, benchmark_file
+
+    e = obj.eval
+    if e.benchmark == "jsonl":
+        return e.path
+    if e.benchmark in BENCHMARK_FILES:
+        return str(benchmark_file(e.benchmark, obj.data.dir))
+    return None
+
+
+def _cap_to_context(e, path: str) -> int | None:
+    """Lower ``eval.max_new_tokens`` to the model's ``max_position_embeddings``; the cap or None."""
+    from sat_cli.loop.run import _hf_config
+
+    try:
+        ctx = int(_hf_config(path).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return None
+    if ctx <= 0 or e.max_new_tokens <= ctx:
+        return None
+    print(
+        f"eval.max_new_tokens={e.max_new_tokens} exceeds the model's context "
+        f"(max_position_embeddings={ctx}): capped at {ctx}",
+        flush=True,
+    )
+    e.max_new_tokens = ctx
+    return ctx
+
+
 def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
@@ -79,6 +117,7 @@ def run_eval_command(cfg, obj) -> None:
     e = obj.eval
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
+    data_file = _data_file(obj)
     tokenizer = preflight.load_tokenizer(path)
     preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -89,13 +128,19 @@ def run_eval_command(cfg, obj) -> None:
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
     params["eval.model_path"] = path
+    if data_file is not None:
+        params["eval.data_file"] = data_file
+    cap = _cap_to_context(e, path)
+    if cap is not None:
+        params["eval.max_new_tokens_capped"] = str(cap)
     with orderly_stop():
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
         write_pids(logs, engine)
         holder: dict = {}
         try:
             run = build_evaluator(obj, engine, tokenizer, task, keep=holder, spec=spec)
-            print(f"eval {e.name}: {e.n} samples per problem, model {path}", flush=True)
+            data = f", data {data_file}" if data_file else ""
+            print(f"eval {e.name}: {e.n} samples per problem, model {path}{data}", flush=True)
             m = run()
         finally:
             engine.close()

@@ -2,12 +2,14 @@
 
 Sources, in the order tried by :func:`load_benchmark`:
 
-* a benchmark name resolved in a data directory (argument ``data_dir``, else the environment
-  variable ``SAT_DATA_DIR``): ``aime24``, ``aime25``, ``math500``, ``gsm8k`` (``gsm8k_test.jsonl``),
-  ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``);
+* a benchmark name: ``aime24``, ``aime25``, ``math500``, ``gsm8k`` (``gsm8k_test.jsonl``),
+  ``gsm8k_train``, ``deepmath`` (``deepmath_subset.jsonl``), found in the data directory or among
+  the evaluation sets shipped in the package (:mod:`sat_cli.tasks.datafiles`; training sets are
+  not shipped);
 * any path to a ``.jsonl`` file;
 * ``hf:<repo>[:<config>][@<split>]`` — a Hugging Face hub dataset through the ``datasets``
-  package (imported lazily; not a dependency of ``sat``; needs the network or a warm HF cache).
+  package (imported lazily; the optional extra ``sat-cli[hub]``; needs the network or a warm HF
+  cache).
 
 Every row goes through one mapping, :func:`normalize_row`, that understands the layouts in use:
 the project's own ``{id, problem, answer}``; AIME/MATH-500 hub copies (``problem``/``Problem``,
@@ -33,17 +35,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-DATA_DIR_ENV = "SAT_DATA_DIR"
-
-BENCHMARK_FILES: dict[str, str] = {
-    "aime24": "aime24.jsonl",
-    "aime25": "aime25.jsonl",
-    "math500": "math500.jsonl",
-    "gsm8k": "gsm8k_test.jsonl",
-    "gsm8k_test": "gsm8k_test.jsonl",
-    "gsm8k_train": "gsm8k_train.jsonl",
-    "deepmath": "deepmath_subset.jsonl",
-}
+from sat_cli.tasks.datafiles import (
+    BENCHMARK_FILES,
+    DAPO_FILES,
+    DATA_DIR_ENV,
+    SHIPPED_DIR,
+    STAND_INS,
+    DataError,
+    benchmark_file,
+    dapo_missing,
+    data_dir_from,
+)
 
 # Hub copies used when the name is given as `hf:` without a repo, or for DAPO training prompts.
 HF_DATASETS: dict[str, tuple[str, str | None, str]] = {
@@ -54,9 +56,6 @@ HF_DATASETS: dict[str, tuple[str, str | None, str]] = {
     "dapo_math": ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train"),
 }
 
-# Local file names a DAPO-Math-17k copy may have in the data directory (see the data README).
-DAPO_FILES = ("dapo_math_17k.jsonl", "dapo-math-17k.jsonl", "dapo_math.jsonl")
-
 _DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be "
     "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
@@ -65,25 +64,16 @@ _DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
 __all__ = [
     "BENCHMARK_FILES",
+    "DATA_DIR_ENV",
+    "SHIPPED_DIR",
     "DataError",
+    "benchmark_file",
     "data_dir_from",
     "load_benchmark",
     "load_jsonl",
     "load_training_prompts",
     "normalize_row",
 ]
-
-
-class DataError(ValueError):
-    """A data file or row that cannot be turned into ``{id, problem, answer}``."""
-
-
-def data_dir_from(data_dir: str | os.PathLike | None) -> Path | None:
-    """The data directory: the argument, else ``$SAT_DATA_DIR``, else None."""
-    if data_dir is not None:
-        return Path(data_dir)
-    env = os.environ.get(DATA_DIR_ENV)
-    return Path(env) if env else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,18 +258,9 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
 
 
 def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Path | None:
-    """A benchmark name (looked up in the data directory) or a JSONL path; None if neither."""
+    """A benchmark name (see :func:`benchmark_file`) or a JSONL path; None if neither."""
     if name_or_path in BENCHMARK_FILES:
-        root = data_dir_from(data_dir)
-        if root is None:
-            raise DataError(
-                f"benchmark {name_or_path!r}: no data directory; set data.dir=<folder> (or pass data_dir) or set "
-                f"{DATA_DIR_ENV} (a folder holding {BENCHMARK_FILES[name_or_path]})"
-            )
-        path = root / BENCHMARK_FILES[name_or_path]
-        if not path.is_file():
-            raise DataError(f"benchmark {name_or_path!r}: {path} not found")
-        return path
+        return benchmark_file(name_or_path, data_dir)
     candidate = Path(name_or_path)
     if candidate.suffix == ".jsonl" or candidate.is_file():
         return candidate
@@ -318,8 +299,8 @@ def load_hf(spec: str, *, limit: int | None = None) -> list[dict[str, str]]:
     except ImportError:
         raise DataError(
             f"{spec!r}: loading from the Hugging Face hub needs the 'datasets' package, which is "
-            "not installed (pip install datasets), and the network or a warm HF cache; "
-            "or put a JSONL copy in the data directory"
+            "not installed (pip install 'sat-cli[hub]', or pip install datasets), and the network "
+            "or a warm HF cache; or put a JSONL copy in the data directory"
         ) from None
     ds = datasets.load_dataset(repo, config, split=split)
     rows: list[dict[str, str]] = []
@@ -400,14 +381,13 @@ def load_training_prompts(
                 rows = _dedupe_by_problem(load_hf("hf:dapo_math"))
             except DataError as err:
                 raise DataError(
-                    f"task=dapo_math: no {' / '.join(DAPO_FILES)} in data directory {root} and "
-                    f"the hub is not usable ({err}). Offline stand-ins: task=gsm8k "
-                    "(gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
+                    f"task=dapo_math: {dapo_missing(root)} and the hub is not usable ({err}). "
+                    f"Offline stand-ins (also external): {STAND_INS}"
                 ) from None
         else:
             raise DataError(
-                f"task=dapo_math: no {' / '.join(DAPO_FILES)} in data directory {root}; "
-                "offline stand-ins: gsm8k (gsm8k_train.jsonl) or deepmath (deepmath_subset.jsonl)"
+                f"task=dapo_math: {dapo_missing(root)}; offline stand-ins (also external): "
+                f"{STAND_INS}"
             )
     elif name == "gsm8k":
         rows = load_benchmark("gsm8k_train", data_dir)

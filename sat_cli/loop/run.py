@@ -317,13 +317,26 @@ def _loss_kwargs(obj) -> dict:
         out["dppo_delta"] = a.dppo_delta
     if a.name == "m2po":
         out["m2po_tau"] = a.m2po_tau
+    if a.name in ("decoupled_ppo", "a3po"):
+        out["behav_cap"], out["behav_mode"] = a.behav_cap, a.behav_mode
+    if a.name == "vcpo":
+        out["group_size"] = obj.task.samples_per_prompt
+        out["vcpo_is_cap"], out["vcpo_ess_base"] = a.vcpo_is_cap, a.vcpo_ess_base
+        out["vcpo_opob"] = a.vcpo_opob
+    if obj.clip.adaptive and obj.clip.q_scope == "micro_batch":
+        out["q_rows"] = obj.clip.micro_batch_size
     return out
 
 
-def eval_problems(obj, task) -> tuple[list, object, str]:
+_CONFIGURED = object()
+
+
+def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     """(problems, grader, template) of the configured evaluation; raises ``DataError`` for a bad
-    data file. Called before any process starts, so bad input fails fast and writes nothing."""
+    data file. Called before any process starts, so bad input fails fast and writes nothing.
+    ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
     e = obj.eval
+    limit = e.limit if limit is _CONFIGURED else limit
     if e.benchmark == "toy":
         problems = task.heldout()
         grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
@@ -333,23 +346,30 @@ def eval_problems(obj, task) -> tuple[list, object, str]:
         from sat_cli.tasks.reward import grade
 
         problems = load_benchmark(
-            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=e.limit
+            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=limit
         )
         grader, template = grade, e.template
-    if e.limit:
-        problems = problems[: e.limit]
+    if limit:
+        problems = problems[:limit]
     return problems, grader, template
 
 
-def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec=None):
+def build_evaluator(
+    obj, engine, tokenizer, task, keep: dict | None = None, spec=None, *, final: bool = False
+):
     """In-training evaluation on the held-out set (toy) or the configured benchmark.
 
-    ``spec``: the result of :func:`eval_problems` when already loaded."""
+    ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
+    evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
+    problems, default all), with metrics under ``final/<name>/``."""
     from sat_cli.engines.base import SamplingParams
     from sat_cli.evaluation import evaluate, metrics
 
     e = obj.eval
-    problems, grader, template = spec if spec is not None else eval_problems(obj, task)
+    if spec is None:
+        spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
+    problems, grader, template = spec
+    n, prefix = (e.final_n, f"final/{e.name}/") if final else (e.n, f"eval/{e.name}/")
     sampling = SamplingParams(
         temperature=e.temperature,
         top_p=e.top_p,
@@ -364,7 +384,7 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec
             engine,
             tokenizer,
             problems,
-            n=e.n,
+            n=n,
             sampling=sampling,
             template=template,
             grader=grader,
@@ -373,7 +393,7 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec
         )
         if keep is not None:
             keep["result"] = res
-        return metrics(res, prefix=f"eval/{e.name}/")
+        return metrics(res, prefix=prefix)
 
     return run
 
@@ -392,6 +412,7 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None):
         "r3": obj.r3,
         "seed": obj.seed,
         "correction": obj.algo.correction,
+        "sat.inert_recompute": sat_inert_recompute(obj),
     }
     sweep_id = os.environ.get("SAT_SWEEP_ID")
     if sweep_id:
@@ -465,6 +486,29 @@ def _warn_recompute(obj, log) -> None:
         )
         warnings.warn(msg, stacklevel=2)
         log(msg)
+    if sat_inert_recompute(obj):
+        msg = (
+            "WARNING: SAT IS INERT IN THIS RUN. clip=" + obj.clip.name + " with algo="
+            f"{obj.algo.name}, correction={obj.algo.correction}, ratio_denominator="
+            f"{obj.algo.ratio_denominator}: the loss ratio's denominator is the trainer's own "
+            "recompute (pi_old), and with one optimizer step per batch (algo.num_minibatches=1) "
+            "pi_theta == pi_old at the gradient, so d = 0 for every token, q = 0 and SAT changes "
+            "nothing: this run is the base method. Use the rollout denominator (no correction) "
+            "or algo.num_minibatches > 1 for SAT to act. `sat report` flags such runs."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log(msg)
+
+
+def sat_inert_recompute(obj) -> bool:
+    """SAT with a recompute denominator (TIS, MIS, IcePop, decoupled PPO, M2PO or
+    ``ratio_denominator=recompute``) at one optimizer step per batch: ``d == 0``, SAT inert."""
+    from sat_cli.rl import registry
+
+    if not obj.clip.adaptive or obj.algo.num_minibatches != 1:
+        return False
+    spec = registry.resolve(obj.algo.name, obj.algo.correction, obj.algo.ratio_denominator)
+    return spec.denominator == "old"
 
 
 # ----------------------------------------------------------------------------- commands
@@ -502,6 +546,7 @@ def _train(cfg, obj) -> dict:
     path = model_path(obj, log=log)
     task = build_task(obj)
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
+    final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
 
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -523,6 +568,11 @@ def _train(cfg, obj) -> dict:
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec) if spec is not None else None
         )
+        final_evaluator = None
+        if obj.eval.final_n is not None:
+            final_evaluator = build_evaluator(
+                obj, engine, tokenizer, task, spec=final_spec, final=True
+            )
         sampling = SamplingParams(
             temperature=obj.task.temperature,
             top_p=obj.task.top_p,
@@ -571,6 +621,7 @@ def _train(cfg, obj) -> dict:
                 progress=progress,
                 resume_from=ckpt,
                 meta={"mlflow_run_id": tracker.run_id},
+                final_evaluator=final_evaluator,
             )
         finally:
             progress.close()

@@ -53,6 +53,8 @@ def test_short_run_lands_in_mlflow(tmp_path):
         "run.dir=runs",
         "run.name=smoke",
         "tracking.histogram_every=1",
+        "eval.final_n=2",
+        "eval.final_limit=5",
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -83,6 +85,15 @@ def test_short_run_lands_in_mlflow(tmp_path):
     assert sorted(m.step for m in evals) == [0, 2, 3]
     for m in evals:
         assert 0.0 <= m.value <= 100.0
+    # the final evaluation: once, at the last step, 5 problems x 2 samples (10 graded samples:
+    # its avg@2 is a multiple of 10 %)
+    (final,) = client.get_metric_history(run.info.run_id, "final/toy/avg_at_2")
+    assert final.step == 3 and 0.0 <= final.value <= 100.0 and final.value % 10 == 0
+    # new per-step diagnostics: ESS of pi/mu, clip fraction per side, two-sided SAT flags
+    for key in ("staleness/ess", "loss/clipfrac_low", "loss/clipfrac_high", "sat/active_low_frac"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 3, key
+    ess = client.get_metric_history(run.info.run_id, "staleness/ess")
+    assert all(0.0 < m.value <= 1.0 for m in ess)
     arts = _all_artifacts(client, run.info.run_id)
     assert "config.yaml" in arts
     assert any(a.startswith("images/staleness~abs_logratio+step+1") for a in arts), arts

@@ -324,7 +324,8 @@ def _sweep_records(client, parent) -> dict[str, dict]:
 
 
 def row_order(runs: list[RunData], methods: list[str] | None) -> list[str]:
-    """Rows in the sweep's method order (else the paper's), then by first appearance."""
+    """Rows in the sweep's method order (else the paper's), then by the other axes' values
+    (numbers numerically), then by first appearance."""
     order = list(methods or PAPER_ORDER)
     seen: list[str] = []
     for r in runs:
@@ -340,7 +341,10 @@ def row_order(runs: list[RunData], methods: list[str] | None) -> list[str]:
             ),
             None,
         )
-        return (order.index(method) if method is not None else len(order), seen.index(row))
+        head, *rest = row.split(" · ")
+        first = next(i for i, r in enumerate(seen) if r.split(" · ")[0] == head)
+        axes = tuple(lag_key(v.partition("=")[2]) for v in rest)
+        return (order.index(method) if method is not None else len(order), first, axes)
 
     return sorted(seen, key=rank)
 

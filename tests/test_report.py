@@ -462,3 +462,24 @@ def test_cli_exit_2_on_unknown_target(store, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "no sweep id or MLflow experiment named 'nope'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_row_order_sorts_axis_values_numerically():
+    from sat_cli.report import row_order
+    from sat_cli.report_tables import RunData
+
+    def rd(row):
+        return RunData("id", "n", "FINISHED", 0, row.split(" · ")[0], "1", "0", row=row)
+
+    seen = [
+        "B · trainer.lr=0.0007",
+        "A · trainer.lr=1e-05",
+        "B · trainer.lr=0.0005",
+        "A · trainer.lr=0.0001",
+    ]
+    rows = row_order([rd(r) for r in seen], ["A", "B"])
+    assert rows == ["A · trainer.lr=1e-05", "A · trainer.lr=0.0001", "B · trainer.lr=0.0005",
+                    "B · trainer.lr=0.0007"]  # fmt: skip
+    # methods outside the sweep's list keep their first appearance, grouped
+    rows = row_order([rd(r) for r in ["Z · x=2", "Y · x=1", "Z · x=1"]], ["A"])
+    assert rows == ["Z · x=1", "Z · x=2", "Y · x=1"]

@@ -189,3 +189,30 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert w_full.keys() == w_cut.keys()
     for k in w_full:
         assert (w_full[k] == w_cut[k]).all(), k
+
+
+@pytest.mark.parametrize(
+    "overrides,inert",
+    [
+        (["algo.correction=tis"], True),  # default clip=sat
+        (["algo.ratio_denominator=recompute"], True),
+        (["algo=decoupled_ppo"], True),
+        (["algo.correction=icepop", "algo.num_minibatches=2"], False),  # pi_theta moves: d != 0
+        (["algo.correction=tis", "clip=ppo"], False),  # no SAT
+        ([], False),  # rollout denominator: d = log pi - log mu
+    ],
+)
+def test_sat_with_a_recompute_denominator_warns_loudly(overrides, inert):
+    from sat_cli.config import load
+    from sat_cli.loop.run import _warn_recompute, sat_inert_recompute
+
+    _, obj = load(overrides)
+    assert sat_inert_recompute(obj) is inert
+    lines: list[str] = []
+    if inert:
+        with pytest.warns(UserWarning, match="SAT IS INERT IN THIS RUN"):
+            _warn_recompute(obj, lines.append)
+        assert any("d = 0 for every token, q = 0" in x for x in lines)
+    else:
+        _warn_recompute(obj, lines.append)
+        assert not any("INERT" in x for x in lines)

@@ -1,9 +1,10 @@
-"""Regenerate the summary tables of docs/results/README.md from the reports' CSV files.
+"""Regenerate the summary tables of docs/results/*.md from the reports' CSV files.
 
     python scripts/results_tables.py           # rewrite the generated blocks in place
-    python scripts/results_tables.py --check   # exit 1 if README.md differs (tests run this)
+    python scripts/results_tables.py --check   # exit 1 if a file differs (tests run this)
 
-Every table in docs/results/README.md that quotes numbers sits between
+Every table in docs/results/README.md and docs/results/sat_power_cpu.md that quotes numbers
+sits between
 ``<!-- generated: NAME -->`` and ``<!-- /generated -->``; this script recomputes each block from
 ``docs/results/<report>/{table,regime,pairs}.csv`` (written by `sat report`), so the prose around
 them can be re-read against numbers that cannot drift from the reports. Block names and what
@@ -21,6 +22,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 README = RESULTS / "README.md"
+DOCS = (README, RESULTS / "sat_power_cpu.md")  # the files whose generated blocks are kept
 DASH = "—"
 
 
@@ -152,7 +154,15 @@ def dpi_pairs() -> str:
         lower += dpi < base
         changes.append(rel)
         lines.append(
-            [method, _sat_base(method), lag, seed, f"{dpi:.4f}", f"{base:.4f}", f"{100 * rel:+.0f} %"]
+            [
+                method,
+                _sat_base(method),
+                lag,
+                seed,
+                f"{dpi:.4f}",
+                f"{base:.4f}",
+                f"{100 * rel:+.0f} %",
+            ]
         )
     head = ["SAT row", "base row", "lag", "seed", "SAT d̄π", "base d̄π", "change"]
     lo = min(c for c in changes if c < 0) if lower else math.nan
@@ -164,7 +174,45 @@ def dpi_pairs() -> str:
     return summary + "\n\n" + _table(head, lines)
 
 
+def _by_seed(report: str, method: str, lag: str, col: str) -> dict[str, float]:
+    """Per-seed values of a regime.csv column for one row × lag."""
+    out = {}
+    for r in _rows(report, "regime.csv"):
+        if r["method"] == method and r["lag"] == lag and r[col] != "":
+            out[r["seed"]] = float(r[col])
+    return out
+
+
+def lr_check() -> str:
+    """The short check that chose the powered test's second lr (two rounds, two seeds): per lr,
+    GRPO's mean of the last 3 evals at lag 1 and lag 8 and their difference, SAT-GRPO's mean q
+    per seed at lag 8, and whether the rule (difference <= -3 points, q < 0.18 in both seeds)
+    holds."""
+    lines = []
+    for rnd in ("round1", "round2"):
+        report = f"sat_power_lr_check_cpu/{rnd}"
+        table = {(r["row"], r["lag"]): r for r in _rows(report, "table.csv")}
+        lrs = sorted({row.split("=")[1] for row, _ in table}, key=float)
+        for lr in lrs:
+            l1 = float(table[(f"GRPO (lag 1) · trainer.lr={lr}", "1")]["lastk_mean"])
+            l8 = float(table[(f"GRPO · trainer.lr={lr}", "8")]["lastk_mean"])
+            qs = _by_seed(report, f"SAT-GRPO · trainer.lr={lr}", "8", "mean sat/q")
+            act = _by_seed(report, f"SAT-GRPO · trainer.lr={lr}", "8", "SAT can act (either side)")
+            hurt, low_q = l8 - l1 <= -3, all(q < 0.18 for q in qs.values())
+            lines.append([
+                rnd.replace("round", "round "), lr, f"{l1:.2f}", f"{l8:.2f}", f"{l8 - l1:+.2f}",
+                " / ".join(f"{qs[k]:.3f}" for k in sorted(qs)),
+                " / ".join(f"{act[k]:.2f}" for k in sorted(act)),
+                "yes" if hurt else "no", "yes" if low_q else "no",
+            ])  # fmt: skip
+    head = ["round", "lr", "GRPO lag 1 mean last 3", "GRPO lag 8 mean last 3", "lag 8 − lag 1",
+            "SAT-GRPO mean q (seed 0 / 1)", "SAT can act, fraction of steps (seed 0 / 1)",
+            "lag hurts ≥ 3", "q < 0.18"]  # fmt: skip
+    return _table(head, lines)
+
+
 BLOCKS = {
+    "lr_check": lr_check,
     "regime_map": regime_map,
     "table1": table1,
     "table1_regime": table1_regime,
@@ -187,16 +235,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
     args = ap.parse_args(argv)
-    text = README.read_text()
-    new = render(text)
-    if args.check:
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render(text)
+        name = doc.relative_to(RESULTS.parent.parent)
         if new != text:
-            print("docs/results/README.md is out of date: run python scripts/results_tables.py")
+            stale.append(str(name))
+            if not args.check:
+                doc.write_text(new)
+                print(f"rewrote the generated blocks of {name}")
+    if args.check:
+        if stale:
+            print(f"out of date: {', '.join(stale)}; run python scripts/results_tables.py")
             return 1
-        print("docs/results/README.md is up to date")
-        return 0
-    README.write_text(new)
-    print(f"rewrote the generated blocks of {README.relative_to(RESULTS.parent.parent)}")
+        print("generated blocks are up to date")
     return 0
 
 

@@ -211,7 +211,136 @@ def lr_check() -> str:
     return _table(head, lines)
 
 
+POWER = "sat_power_cpu"
+LRS = ("0.0003", "0.0006")
+PRIMARY_LR = "0.0006"
+
+
+def _power_pair(kind: str, a: str, lag_a: str, b: str, endpoint: str) -> dict[str, str] | None:
+    for r in _rows(POWER, "pairs.csv"):
+        if (r["kind"], r["a"], r["lag_a"], r["b"], r["endpoint"]) == (kind, a, lag_a, b, endpoint):
+            return r
+    return None
+
+
+def _diff(r: dict[str, str] | None, nd: int = 2) -> list[str]:
+    if r is None:
+        return [DASH] * 5
+    lo, hi = _f(r["ci95_lo"]), _f(r["ci95_hi"])
+    ci = DASH if lo is None else f"[{lo:+.{nd}f}, {hi:+.{nd}f}]"
+    p_t, p_w = _f(r["p_t"]), _f(r["p_wilcoxon"])
+    return [
+        r["n"],
+        f"{float(r['mean_diff']):+.{nd}f} {ci}",
+        DASH if p_t is None else f"{p_t:.3g}",
+        DASH if p_w is None else f"{p_w:.3g}",
+        f"{r['a_greater']}/{r['b_greater']}",
+    ]
+
+
+def power_pairs() -> str:
+    """The powered test: SAT-GRPO − GRPO at lag 8 and GRPO lag 8 − GRPO lag 1, per lr, paired
+    by seed, on the final evaluation (primary), the mean of the last 3 evals, the best eval and
+    the run-mean d̄π."""
+    lines = []
+    for lr in LRS:
+        g8, s8, g1 = (f"{m} · trainer.lr={lr}" for m in ("GRPO", "SAT-GRPO", "GRPO (lag 1)"))
+        for ep, title, nd in (("final", "final eval (2,048 samples)", 2),
+                              ("lastk", "mean of last 3 evals", 2), ("best", "best eval", 2),
+                              ("dpi_run", "d̄π run mean", 4)):  # fmt: skip
+            lines.append([lr, "SAT-GRPO − GRPO, lag 8", title,
+                          *_diff(_power_pair("SAT vs base", s8, "8", g8, ep), nd)])  # fmt: skip
+        for ep, title, nd in (("final", "final eval (2,048 samples)", 2),
+                              ("dpi_run", "d̄π run mean", 4)):  # fmt: skip
+            lines.append([lr, "GRPO lag 8 − GRPO lag 1", title,
+                          *_diff(_power_pair("requested", g8, "8", g1, ep), nd)])  # fmt: skip
+    head = ["lr", "comparison (a − b)", "endpoint", "n", "mean diff [95 % CI]", "paired t p",
+            "Wilcoxon p", "seeds a > b / a < b"]  # fmt: skip
+    return _table(head, lines)
+
+
+def power_cells() -> str:
+    """The powered test per arm: mean ± 95 % t-interval over the 10 seeds."""
+    table = {(r["row"], r["lag"]): r for r in _rows(POWER, "table.csv")}
+    lines = []
+    for lr in LRS:
+        for m, lag in (("GRPO (lag 1)", "1"), ("GRPO", "8"), ("SAT-GRPO", "8")):
+            r = table.get((f"{m} · trainer.lr={lr}", lag))
+            if r is None:
+                continue
+            lines.append([
+                lr, m, lag, r["n_seeds"],
+                _cell(_f(r["final_mean"]), _f(r["final_ci95"]), 2),
+                _cell(_f(r["lastk_mean"]), _f(r["lastk_ci95"]), 2),
+                _cell(_f(r["best_mean"]), _f(r["best_ci95"]), 2),
+                _cell(_f(r["dpi_run_mean"]), _f(r["dpi_run_ci95"]), 4),
+                _cell(_f(r["ess_mean"]), _f(r["ess_ci95"]), 3),
+                f"{r['collapsed']}/{r['collapse_n']}",
+            ])  # fmt: skip
+    head = ["lr", "arm", "lag", "n", "final eval", "mean last 3 evals", "best eval",
+            "d̄π run mean", "ESS mean", "collapsed"]  # fmt: skip
+    return _table(head, lines)
+
+
+def power_checks() -> str:
+    """Manipulation checks of the SAT-GRPO lag-8 runs: per lr the range over seeds of the mean
+    q, of the fraction of steps where SAT can act (two-sided), and of the SAT band."""
+    lines = []
+    for lr in LRS:
+        m = f"SAT-GRPO · trainer.lr={lr}"
+        cols = ("mean sat/q", "SAT can act (either side)", "mean sat/clipfrac_sat_band",
+                "mean sat/gate_rate")  # fmt: skip
+        vals = {c: list(_by_seed(POWER, m, "8", c).values()) for c in cols}
+        if not vals[cols[0]]:
+            continue
+        line = [lr, str(len(vals[cols[0]]))]
+        for c, nd in zip(cols, (3, 2, 4, 3), strict=True):
+            v = vals[c]
+            line.append(f"{min(v):.{nd}f} – {max(v):.{nd}f} (mean {sum(v) / len(v):.{nd}f})")
+        line.append("yes" if max(vals[cols[0]]) < math.log1p(0.2) else "no")
+        line.append("yes" if min(vals[cols[2]]) > 0 else "no")
+        lines.append(line)
+    head = ["lr", "runs", "mean q per run", "SAT can act (fraction of steps)",
+            "SAT band (tokens whose gradient SAT removed)", "gate rate", "mean q < 0.182 in all",
+            "band > 0 in all"]  # fmt: skip
+    return _table(head, lines)
+
+
+def power_verdict() -> str:
+    """The decision rule of sat_power_cpu.md applied to the numbers (primary lr first)."""
+    out = []
+    for lr in (PRIMARY_LR, *(x for x in LRS if x != PRIMARY_LR)):
+        g8, s8, g1 = (f"{m} · trainer.lr={lr}" for m in ("GRPO", "SAT-GRPO", "GRPO (lag 1)"))
+        sat = _power_pair("SAT vs base", s8, "8", g8, "final")
+        lag = _power_pair("requested", g8, "8", g1, "final")
+        if sat is None or lag is None:
+            out.append(f"- lr {lr}: not all runs have finished.")
+            continue
+        mean, hi, p = float(sat["mean_diff"]), float(sat["ci95_hi"]), float(sat["p_t"])
+        if mean >= 2 and p < 0.05:
+            verdict = "**confirms** (mean ≥ +2 points, p < 0.05)"
+        elif hi < 2:
+            verdict = "**refutes** a +2-point gain (the 95 % interval lies below +2)"
+        else:
+            verdict = "**inconclusive**"
+        hurt = float(lag["mean_diff"]) < 0 and float(lag["p_t"]) < 0.05
+        role = "primary" if lr == PRIMARY_LR else "secondary"
+        out.append(
+            f"- lr {lr} ({role}): SAT-GRPO − GRPO at lag 8 on the final evaluation = "
+            f"{mean:+.2f} points, 95 % CI [{float(sat['ci95_lo']):+.2f}, {hi:+.2f}], paired t "
+            f"p = {p:.3g} (Wilcoxon p = {float(sat['p_wilcoxon']):.3g}), n = {sat['n']}: "
+            f"{verdict}. Manipulation check 1 (lag hurts GRPO): GRPO lag 8 − lag 1 = "
+            f"{float(lag['mean_diff']):+.2f} points, p = {float(lag['p_t']):.3g}: "
+            f"{'holds' if hurt else 'does not hold'}."
+        )
+    return "\n".join(out)
+
+
 BLOCKS = {
+    "power_pairs": power_pairs,
+    "power_cells": power_cells,
+    "power_checks": power_checks,
+    "power_verdict": power_verdict,
     "lr_check": lr_check,
     "regime_map": regime_map,
     "table1": table1,

@@ -55,6 +55,13 @@ log mu)``, ``alpha = (v_prox - v_behav) / (v_theta - v_behav)`` clamped to ``[0,
 Consequences here: the behaviour weight is ``exp(alpha d)`` and the ratio ``exp((1 - alpha) d)``
 in value (``d = log pi_theta - log mu``); at lag 1 in interval mode every sample has ``k = 1``,
 so A-3PO is GRPO with a rollout denominator, bit for bit.
+
+**ESTR** (Zhao et al., "Deconstructing Off-Policy Ratios: Entropy-Scaled Trust Regions for
+Asynchronous Reinforcement Learning", arXiv 2607.22186) is *not* implemented: only its abstract
+could be read ("scales each token's off-policy deviation by its local entropy"), which does not
+fix the formula (which deviation, which entropy, how it enters the trust region), and no
+implementation by its authors was found. Issue 18 allows it only if the exact formula can be
+established from the paper's text.
 """
 
 from __future__ import annotations

@@ -199,9 +199,22 @@ def _pairs(path):
         }
 
 
-def test_table_cells_intervals_and_csv(store, capsys, tmp_path):
-    out = tmp_path / "rep"
-    run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
+@pytest.fixture(scope="module")
+def report(store):
+    """The default report of the sweep, written once (``(folder, printed text)``): the tests
+    below only read it."""
+    import contextlib
+    import io
+
+    out = store["tmp"] / "default-report"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
+    return out, buf.getvalue()
+
+
+def test_table_cells_intervals_and_csv(report):
+    out, printed = report
     md = (out / "report.md").read_text()
     assert (
         "| method | lag 1 best (steps) | lag 1 last | lag 1 d̄π | lag 1 n | lag 8 best (steps) "
@@ -224,7 +237,7 @@ def test_table_cells_intervals_and_csv(store, capsys, tmp_path):
     assert "| 40.00 (5) | 40.00 | 0.2500 | 1 |" in md
     assert md.index("| SAT-GRPO |") < md.index("| GRPO |")
     assert "99.00" not in md  # the FAILED attempt (99) is left out
-    assert "| GRPO | 29.67 ±" in capsys.readouterr().out
+    assert "| GRPO | 29.67 ±" in printed
 
     rows = _csv(out / "table.csv")
     g1 = rows[("GRPO", "1")]
@@ -251,9 +264,8 @@ def test_table_cells_intervals_and_csv(store, capsys, tmp_path):
     assert f"| 42.00 ± {T2 * 2 / math.sqrt(3):.2f} |" in md
 
 
-def test_paired_differences_against_hand_values(store, tmp_path):
-    out = tmp_path / "rep"
-    run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
+def test_paired_differences_against_hand_values(report):
+    out = report[0]
     pairs = _pairs(out / "pairs.csv")
     # SAT-GRPO − GRPO at lag 1, final: d = [1, 2, 3] -> mean 2, s = 1, t = 2 sqrt(3) = 3.4641,
     # two-sided p (t, df 2) = 1 - t / sqrt(t^2 + 2) = 1 - 3.4641 / sqrt(14) = 0.074180;
@@ -310,9 +322,8 @@ def test_requested_pair_and_options(store, tmp_path):
         run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"], pairs=["GRPO"])
 
 
-def test_regime_section(store, tmp_path):
-    out = tmp_path / "rep"
-    run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
+def test_regime_section(report):
+    out = report[0]
     with open(out / "regime.csv") as f:
         rows = {r["run"]: r for r in csv.DictReader(f)}
     sat = rows["sat-grpo-lag1-s0"]
@@ -334,9 +345,8 @@ def test_regime_section(store, tmp_path):
     assert "| SAT-GRPO | 1 | 3 | 0.1500 | 1.00 | 1.00 | 0.50 | 0.0750 | 0.0300 |" in md
 
 
-def test_plots_and_parent_artifacts(store, tmp_path):
-    out = tmp_path / "rep"
-    run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
+def test_plots_and_parent_artifacts(report, store):
+    out = report[0]
     names = ("eval.png", "eval_ess.png", "reward.png", "dpi.png", "sat_gate_rate.png",
              "sat_band.png", "staleness_hist.png")  # fmt: skip
     for name in names:
@@ -371,11 +381,11 @@ def test_histogram_reads_the_last_table(store):
     assert t["step"] == 10 and t["counts"] == [5, 3, 1] and t["marks"] == {"q": 0.05}
 
 
-def test_target_by_experiment_name_equals_sweep_id(store, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    run_report(SWEEP_ID, out=str(a), tracking_uri=store["uri"])
+def test_target_by_experiment_name_equals_sweep_id(store, report, tmp_path):
+    b = tmp_path / "b"
     run_report("toy", out=str(b), tracking_uri=store["uri"])
-    assert (a / "table.csv").read_text() == (b / "table.csv").read_text()
+    for name in ("table.csv", "pairs.csv", "regime.csv"):
+        assert (report[0] / name).read_text() == (b / name).read_text(), name
 
 
 def test_plain_experiment_methods_derived_in_paper_order(store, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from sat_cli.report_pairs import pair_rows, pairs_markdown
 from sat_cli.report_tables import (
     BAND_KEYS,
     CLIP_KEYS,
@@ -17,8 +18,6 @@ from sat_cli.report_tables import (
     Settings,
     display_key,
     endpoint_table,
-    pair_rows,
-    pairs_markdown,
     paper_table,
 )
 

@@ -124,11 +124,30 @@ def report_cmd(
     tracking_uri: str = typer.Option(
         None, "--tracking-uri", help="default: sqlite:///runs/mlflow.db"
     ),
+    pair: list[str] = typer.Option(
+        None, "--pair", help="a paired comparison 'A@LAG:B@LAG' (A minus B, same seeds); repeat"
+    ),
+    last_k: int = typer.Option(3, "--last-k", help="evaluations averaged for 'mean last K'"),
+    epoch_steps: int = typer.Option(16, "--epoch-steps", help="steps of the last-epoch d̄π"),
+    collapse_below: float = typer.Option(
+        None, "--collapse-below", help="collapse threshold (default: half the step-0 score)"
+    ),
 ) -> None:
-    """The paper-style table (best (step), last, d̄π per method × lag) and plots from MLflow."""
+    """The paper-style table with 95 % t-intervals over seeds, endpoints, paired differences
+    (paired t, Wilcoxon), the regime section and plots, from MLflow."""
     from sat_cli.report import run_report
 
-    _guard(lambda: run_report(target, out=out, tracking_uri=tracking_uri))
+    _guard(
+        lambda: run_report(
+            target,
+            out=out,
+            tracking_uri=tracking_uri,
+            pairs=pair or [],
+            last_k=last_k,
+            epoch_steps=epoch_steps,
+            collapse_below=collapse_below,
+        )
+    )
 
 
 @app.command("ui")

@@ -19,6 +19,8 @@ def test_every_group_option_composes(group, option):
     overrides = [f"{group}='{option}'" if option.isdigit() else f"{group}={option}"]
     if group == "eval" and option == "jsonl":
         overrides.append("eval.path=problems.jsonl")
+    if group == "algo" and option in ("m2po", "vcpo"):
+        overrides.append("clip=ppo")  # no clip interval: the default clip=sat is refused
     cfg, obj = load(overrides)
     values = yaml.safe_load((conf_dir() / group / f"{option}.yaml").read_text()) or {}
     if group == "experiment":
@@ -83,7 +85,7 @@ def test_experiment_overlay_changes_only_its_values():
 @pytest.mark.parametrize(
     "override,needle",
     [
-        ("algo=nope", "Valid options for 'algo': decoupled_ppo, dppo_tv, grpo, gspo"),
+        ("algo=nope", "Valid options for 'algo': a3po, decoupled_ppo, dppo_tv, grpo, gspo"),
         ("lag=-1", "lag.n=-1 is out of range"),
         ("lag=abc", "Valid options for 'lag': 0, 1, 2, 4, 8"),
         ("algo.eps_high=2", "algo.eps_high=2.0 is out of range: need 0 < algo.eps_high < 1"),
@@ -148,3 +150,27 @@ def test_sglang_derived_settings():
     assert not obj.engine.seeded and obj.engine.router and obj.engine.servers == 2
     _, obj = load(["engine=sglang", "engine.urls=[http://10.0.0.2:30000]"])
     assert obj.engine.servers == 0 and not obj.engine.router
+
+
+@pytest.mark.parametrize("algo", ["m2po", "vcpo"])
+def test_sat_on_an_unclipped_algorithm_is_refused(algo):
+    with pytest.raises(ConfigError, match=f"algo={algo} has no clip interval"):
+        load([f"algo={algo}"])
+    load([f"algo={algo}", "clip=ppo"])
+
+
+def test_new_options_validated():
+    with pytest.raises(ConfigError, match="clip.q_scope"):
+        load(["clip.q_scope=rank"])
+    with pytest.raises(ConfigError, match="clip.micro_batch_size"):
+        load(["clip.micro_batch_size=0"])
+    with pytest.raises(ConfigError, match="seq-mean-token-mean"):
+        load(["algo=vcpo", "clip=ppo", "algo.loss_agg=token-mean"])
+    with pytest.raises(ConfigError, match="algo.vcpo_ess_base"):
+        load(["algo=vcpo", "clip=ppo", "algo.vcpo_ess_base=2"])
+    with pytest.raises(ConfigError, match="algo.behav_mode"):
+        load(["algo=a3po", "algo.behav_mode=drop"])
+    with pytest.raises(ConfigError, match="eval.final_n"):
+        load(["eval.final_n=0"])
+    _, obj = load(["eval.final_n=8", "clip.q_scope=micro_batch", "clip.micro_batch_size=4"])
+    assert (obj.eval.final_n, obj.clip.q_scope, obj.clip.micro_batch_size) == (8, "micro_batch", 4)

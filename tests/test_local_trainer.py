@@ -86,6 +86,17 @@ def test_on_policy_recompute_matches_rollout_logp(ckpt, samples):
     assert (lp - batch.rollout_logp)[m].abs().max() <= 1e-5
 
 
+def _reference_logprobs(batch):
+    """An independent batched forward of the checkpoint's model: ``(model, logp [B, S])``."""
+    ref = build_tiny_moe(2).train()
+    out = ref(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+    )
+    return ref, token_logprobs(out.logits, batch.input_ids, 1.0)[0]
+
+
 def test_one_grpo_step_equals_a_hand_built_adamw_update(ckpt, samples):
     adv = [1.0, -0.5, 2.0, -1.0]
     batch = collate(samples, adv, pad_id=0)
@@ -96,13 +107,7 @@ def test_one_grpo_step_equals_a_hand_built_adamw_update(ckpt, samples):
 
     # reference: at lag 0 with the rollout denominator r = 1, the clip is inactive and the
     # token-mean loss is -sum(A * logp) / N with gradient -sum(A * grad logp) / N
-    ref = build_tiny_moe(2).train()
-    out = ref(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-    )
-    lp, _ = token_logprobs(out.logits, batch.input_ids, 1.0)
+    ref, lp = _reference_logprobs(batch)
     m = batch.loss_mask.bool()
     loss = -(batch.advantages[m] * lp[m]).sum() / m.sum()
     loss.backward()
@@ -217,3 +222,66 @@ def test_load_refuses_a_checkpoint_with_missing_or_integer_tensors(tmp_path):
     save_file(sd, str(st), metadata={"format": "pt"})
     with pytest.raises(WeightsError, match=r"is stored as I64 but the model needs float32"):
         tr.load(tmp_path / "ck")
+
+
+def _perturbed(samples, shift):
+    """The same samples with rollout log-probs shifted (a stale behaviour policy)."""
+    return [
+        Sample(s.prompt_ids, s.response_ids, [x + shift for x in s.rollout_logp],
+               s.finish_reason, s.weight_version)
+        for s in samples
+    ]  # fmt: skip
+
+
+def test_a3po_step_at_staleness_one_equals_grpo(ckpt, samples):
+    # the trainer holds version step_count = 0 ... samples of version -1 would be k = 1;
+    # use step_count = 3 and samples of version 2: alpha = 0, pi_prox = mu -> GRPO exactly
+    stale = [
+        Sample(s.prompt_ids, s.response_ids, [x - 0.1 for x in s.rollout_logp], s.finish_reason, 2)
+        for s in samples
+    ]
+    batch = collate(stale, [1.0, -0.5, 2.0, -1.0], pad_id=0)
+    out = {}
+    for algo in ("a3po", "grpo"):
+        tr = LocalTrainer(str(ckpt), lr=1e-2, algo=algo)
+        tr.step_count = 3
+        m = tr.step(batch)
+        out[algo] = ({n: p.detach().clone() for n, p in tr.model.named_parameters()}, m)
+    for n, p in out["grpo"][0].items():
+        assert torch.equal(p, out["a3po"][0][n]), n
+    assert out["a3po"][1]["a3po/alpha_mean"] == 0.0
+    # staleness 4 (version 2 at step 6): alpha = 3/4, the update differs from GRPO's
+    tr = LocalTrainer(str(ckpt), lr=1e-2, algo="a3po")
+    tr.step_count = 6
+    assert tr.step(batch)["a3po/alpha_mean"] == pytest.approx(0.75)
+
+
+def test_vcpo_score_norms_and_scaled_step(ckpt, samples):
+    batch = collate(_perturbed(samples, -0.3), [1.0, -1.0, 0.5, -0.5], pad_id=0)
+    kw = dict(lr=1e-3, grad_clip=0.0, algo="vcpo", loss_agg="seq-mean-token-mean")
+    tr = LocalTrainer(str(ckpt), loss_kwargs={"group_size": 2}, **kw)
+    # ||grad sum_t log pi||^2 per response, from an independent batched forward
+    sq = tr._score_sqnorms(batch)
+    ref, lp = _reference_logprobs(batch)
+    m = batch.loss_mask.bool()
+    for b in range(4):
+        grads = torch.autograd.grad(lp[b][m[b]].sum(), list(ref.parameters()), retain_graph=True)
+        expected = sum(float(g.double().pow(2).sum()) for g in grads)
+        assert float(sq[b]) == pytest.approx(expected, rel=1e-4)
+    # the step: learning rate lr * sqrt(ESS/B); rollout logp shifted by -0.3 per token, so the
+    # sequence weights differ by response length and ESS < 1
+    metrics = tr.step(batch)
+    scale = metrics["opt/lr_scale"]
+    assert 0 < scale < 1 and scale == pytest.approx(math.sqrt(metrics["vcpo/ess"]))
+    assert metrics["staleness/ess"] == pytest.approx(metrics["vcpo/ess"])
+    assert tr.opt.param_groups[0]["lr"] == 1e-3  # restored after the step
+    # the same step with lr * scale and no ESS scaling (base ~ 0 -> factor 1) is identical
+    tr2 = LocalTrainer(
+        str(ckpt), loss_kwargs={"group_size": 2, "vcpo_ess_base": 1e-12},
+        **(kw | {"lr": 1e-3 * scale}),
+    )  # fmt: skip
+    assert tr2.step(batch)["opt/lr_scale"] == 1.0
+    for (n, p), (_, p2) in zip(
+        tr.model.named_parameters(), tr2.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(p, p2), n

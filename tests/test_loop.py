@@ -133,6 +133,21 @@ def _trainer(path):
     return LocalTrainer(str(path), lr=1e-2, algo="grpo", adaptive=True, seed=0)
 
 
+def _settings(sampling, lag, run_dir, **kw) -> LoopSettings:
+    """STEPS steps of P prompts x G samples, seed 5, no histograms."""
+    return LoopSettings(
+        max_steps=STEPS,
+        prompts_per_step=P,
+        group_size=G,
+        sampling=sampling,
+        lag=lag,
+        run_dir=run_dir,
+        seed=5,
+        histogram_every=0,
+        **kw,
+    )
+
+
 def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     from sat_cli.engines.local import LocalEngine
     from sat_cli.rl.advantages import group_advantages
@@ -143,16 +158,7 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     trainer = _trainer(tiny_dir)
     rec = Recorder()
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
-    settings = LoopSettings(
-        max_steps=STEPS,
-        prompts_per_step=P,
-        group_size=G,
-        sampling=sampling,
-        lag=LagPolicy(0),
-        run_dir=tmp_path / "loop",
-        seed=5,
-        histogram_every=0,
-    )
+    settings = _settings(sampling, LagPolicy(0), tmp_path / "loop")
     with LocalEngine(str(tiny_dir), seed=0) as engine:
         train_loop(
             settings,
@@ -285,3 +291,38 @@ def test_bounded_mode_keeps_staleness_within_n(tiny_dir, tmp_path):
     lags = [rec.metrics[t]["staleness/version_lag_max"] for t in range(1, 7)]
     # batch 0 fresh; batches 1, 2 requested at version 0 (1, 2 stale); later ones 2 ahead
     assert lags == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+
+
+def test_final_evaluation_runs_once_on_the_final_weights(tiny_dir, tmp_path):
+    """``final_evaluator`` runs once, after the last step, with the engine holding the final
+    weights; its metrics are logged at step max_steps beside the last in-training evaluation."""
+    from sat_cli.engines.local import LocalEngine
+
+    trainer = _trainer(tiny_dir)
+    rec = Recorder()
+    calls = {"eval": [], "final": []}
+    sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
+    settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", eval_every=2)
+    with LocalEngine(str(tiny_dir), seed=0) as engine:
+
+        def evaluator():
+            calls["eval"].append(engine.weight_version)
+            return {"eval/x/avg@2": float(engine.weight_version)}
+
+        def final():
+            calls["final"].append(engine.weight_version)
+            return {"final/x/avg@8": 42.0}
+
+        train_loop(
+            settings,
+            task=SevensTask(),
+            tokenizer=trainer.tokenizer,
+            engine=engine,
+            trainer=trainer,
+            tracker=rec,
+            evaluator=evaluator,
+            final_evaluator=final,
+        )
+    assert calls == {"eval": [2, STEPS], "final": [STEPS]}
+    assert rec.metrics[STEPS]["final/x/avg@8"] == 42.0
+    assert all("final/x/avg@8" not in rec.metrics[t] for t in range(1, STEPS))

@@ -156,10 +156,20 @@ def loss_and_grad(loss, logp):
 def test_valid_names_and_unknown_names():
     names = R.valid_names()
     assert names["algorithms"] == sorted(
-        ["ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po"]
+        [
+            "ppo",
+            "grpo",
+            "gspo",
+            "gspo_token",
+            "dppo_tv",
+            "decoupled_ppo",
+            "m2po",
+            "a3po",
+            "vcpo",
+        ]
     )
     assert names["corrections"] == sorted(["none", "tis", "mis", "icepop"])
-    with pytest.raises(ValueError, match="valid: decoupled_ppo, dppo_tv, grpo"):
+    with pytest.raises(ValueError, match="valid: a3po, decoupled_ppo, dppo_tv, grpo"):
         R.compute_loss("sat", "none", **batch())
     with pytest.raises(ValueError, match="valid: icepop, mis, none, tis"):
         R.needs_old_logp("grpo", "is")
@@ -178,6 +188,8 @@ def test_valid_names_and_unknown_names():
         ("dppo_tv", "none", "rollout", False),
         ("decoupled_ppo", "none", "rollout", True),
         ("m2po", "none", "rollout", True),
+        ("a3po", "none", "rollout", False),
+        ("vcpo", "none", "recompute", False),
     ],
 )
 def test_needs_old_logp(algo, corr, den, expected):
@@ -296,6 +308,8 @@ def test_invalid_combinations():
         ("dppo_tv", "none", "recompute", ("token", "rollout", False, True)),
         ("decoupled_ppo", "none", "rollout", ("token", "old", True, True)),
         ("m2po", "none", "rollout", ("token", "old", True, False)),
+        ("a3po", "none", "rollout", ("token", "custom", False, True)),
+        ("vcpo", "none", "rollout", ("token", "custom", False, False)),
     ],
 )
 def test_resolve_spec(algo, corr, den, expected):

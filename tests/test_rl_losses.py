@@ -144,7 +144,11 @@ def test_ppo_hand_case():
     # k3 = 1/r - 1 + ln r = [0.072132, 0.005750, 0, 0.071896] -> mean 0.037445
     assert m["loss/kl_k3"] == pytest.approx(sum(math.exp(-x) - 1 + x for x in d) / 4)
     assert m["loss/kl_k3"] == pytest.approx(0.037445, abs=1e-6)
-    assert not any(k.startswith("sat/") and k != "sat/clipfrac_sat_band" for k in m)
+    # t0 clips on the high side (A > 0), t3 on the low side (A < 0)
+    assert m["loss/clipfrac_high"] == 0.25 and m["loss/clipfrac_low"] == 0.25
+    band = {"sat/clipfrac_sat_band", "sat/clipfrac_sat_band_low", "sat/clipfrac_sat_band_high"}
+    assert not any(k.startswith("sat/") and k not in band for k in m)
+    assert all(m[k] == 0.0 for k in band)
 
 
 def test_dual_clip_hand_case():
@@ -237,6 +241,58 @@ def test_sat_hand_case_gate_on():
     assert m["sat/active"] == 1.0  # q = 0.05 < ln 1.2
     assert m["sat/c_min"] == pytest.approx(1 / (1 + 3.2**2))
     assert m["sat/eps_high_eff_mean"] == pytest.approx(0.2 * (3 + 0.1) / 4)
+
+
+def test_sat_active_is_two_sided_at_q_0_2():
+    # eps = 0.2: ln(1.2) = 0.1823 < q = 0.2 < -ln(0.8) = 0.2231. Five tokens, quantile 0.8:
+    # sorted |d| = [0.2, 0.2, 0.2, 0.2, 0.22] -> k = 4 -> q = 0.2; gated: the |d| = 0.22 token.
+    # d = -0.22 with A < 0: r = e^-0.22 = 0.8025 lies inside PPO's [0.8, 1.2] (grad kept by PPO);
+    # SAT's lower bound 1 - 0.2 * psi(0.22), psi = 1 / (1 + 1.1^2) = 0.452489 -> 0.909502 > r:
+    # newly clipped on the LOW side. SAT acts although q >= ln(1 + eps_high).
+    d = torch.tensor([[0.2, -0.2, 0.2, -0.2, -0.22]], dtype=F64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0]], dtype=F64)
+    logp = d.clone().requires_grad_()
+    loss, m = policy_loss(
+        logp, torch.zeros_like(d), adv, torch.ones(1, 5), adaptive=True, quantile=0.8
+    )
+    assert m["sat/q"] == pytest.approx(0.2)
+    assert m["sat/active"] == 1.0
+    assert m["sat/active_low"] == 1.0 and m["sat/active_high"] == 0.0
+    assert m["sat/clipfrac_sat_band"] == pytest.approx(0.2)
+    assert m["sat/clipfrac_sat_band_low"] == pytest.approx(0.2)
+    assert m["sat/clipfrac_sat_band_high"] == 0.0
+    loss.backward()
+    assert float(logp.grad[0, 4]) == 0.0  # SAT removed this gradient; PPO would keep it
+    ppo = d.clone().requires_grad_()
+    policy_loss(ppo, torch.zeros_like(d), adv, torch.ones(1, 5))[0].backward()
+    assert float(ppo.grad[0, 4]) == pytest.approx(math.exp(-0.22) / 5)
+    # q above both thresholds: inert on both sides
+    _, m = policy_loss(
+        (d * 2).requires_grad_(), torch.zeros_like(d), adv, torch.ones(1, 5), adaptive=True
+    )
+    assert m["sat/q"] == pytest.approx(0.44)
+    assert (m["sat/active"], m["sat/active_low"], m["sat/active_high"]) == (0.0, 0.0, 0.0)
+
+
+def test_sat_can_act_thresholds():
+    from sat_cli.rl.losses import sat_can_act
+
+    assert sat_can_act(0.18, 0.2, 0.2) == (True, True)
+    assert sat_can_act(0.2, 0.2, 0.2) == (True, False)
+    assert sat_can_act(0.23, 0.2, 0.2) == (False, False)
+    assert sat_can_act(0.3, 0.28, 0.2) == (True, False)  # -ln(0.72) = 0.3285
+    assert sat_can_act(5.0, 1.0, 0.2) == (True, False)  # eps_low = 1: the low side never binds
+
+
+def test_clipfrac_split_by_side_hand_case():
+    # r = [1.5, 1.3, 0.7, 0.5, 1.0], A = [1, -1, -1, 1, 1]: high-side clips: t0 (A>0, r>1.2);
+    # low-side clips: t2 (A<0, r<0.8). t1 (A<0, r>1.2) and t3 (A>0, r<0.8) pull back: kept.
+    r = torch.tensor([[1.5, 1.3, 0.7, 0.5, 1.0]], dtype=F64)
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, 1.0]], dtype=F64)
+    _, m = policy_loss(torch.log(r).requires_grad_(), torch.zeros_like(r), adv, torch.ones(1, 5))
+    assert m["loss/clipfrac_high"] == pytest.approx(0.2)
+    assert m["loss/clipfrac_low"] == pytest.approx(0.2)
+    assert m["loss/clipfrac"] == pytest.approx(0.4)
 
 
 def test_sat_gate_off_is_bit_identical_to_ppo():
@@ -498,3 +554,55 @@ def test_min_q_eps_bites_where_plain_sat_is_inert():
     diff = (math.exp(0.15) - up[0]) + (1.2 - up[1]) + (1.2 - up[2])
     assert grads["mqe"][1] - grads["ppo"][1] == pytest.approx(diff / 4, rel=1e-12)
     assert grads["mqe"][2]["sat/clipfrac_sat_band"] == 0.25
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_token"])
+@pytest.mark.parametrize("q_rows", [1, 2, 3])
+def test_per_micro_batch_scope_equals_blockwise_losses(level, q_rows):
+    """``q_rows``: each block of rows gets its own q, so the loss is the token- (or sequence-)
+    weighted combination of the losses of the blocks computed alone, value and gradient."""
+    logp, denom, adv, mask = make_batch(7, B=7, T=6, scale=0.1)
+    kw = dict(level=level, adaptive=True, quantile=0.75)
+    loss, m = policy_loss(logp, denom, adv, mask, q_rows=q_rows, **kw)
+    (grad,) = torch.autograd.grad(loss, logp)
+    seq_level = level != "token"
+    total = int(mask.any(-1).sum()) if seq_level else int(mask.sum())
+    ref = logp.sum() * 0.0
+    gates, qs = 0.0, []
+    for r0 in range(0, 7, q_rows):
+        sl = slice(r0, r0 + q_rows)
+        n_c = int(mask[sl].any(-1).sum()) if seq_level else int(mask[sl].sum())
+        if n_c == 0:
+            continue
+        lb, mb = policy_loss(logp[sl], denom[sl], adv[sl], mask[sl], **kw)
+        ref = ref + lb * (n_c / total)
+        n_tok = int(mask[sl].sum())
+        gates += mb["sat/gate_rate"] * n_tok
+        qs.append((mb["sat/q"], n_tok))
+    (ref_grad,) = torch.autograd.grad(ref, logp)
+    torch.testing.assert_close(loss.detach(), ref.detach())
+    torch.testing.assert_close(grad, ref_grad)
+    n_tok = int(mask.sum())
+    assert m["sat/gate_rate"] == pytest.approx(gates / n_tok)
+    assert m["sat/q"] == pytest.approx(sum(q * n for q, n in qs) / n_tok)
+    # one block = the default global scope, bit for bit
+    l1, _ = policy_loss(logp, denom, adv, mask, q_rows=7, **kw)
+    l0, _ = policy_loss(logp, denom, adv, mask, **kw)
+    assert torch.equal(l0, l1)
+
+
+def test_per_micro_batch_active_fraction_hand_case():
+    # block 0 (row 0): |d| = 0.5 everywhere -> q = 0.5, inert; block 1 (row 1): q = 0.01.
+    d = torch.tensor([[0.5, -0.5], [0.01, -0.01]], dtype=F64)
+    _, m = policy_loss(
+        d.clone().requires_grad_(),
+        torch.zeros_like(d),
+        torch.ones(2, dtype=F64),
+        torch.ones(2, 2),
+        adaptive=True,
+        q_rows=1,
+    )
+    assert m["sat/active"] == 0.5 and m["sat/active_high"] == 0.5
+    assert m["sat/q"] == pytest.approx((0.5 + 0.01) / 2)
+    with pytest.raises(ValueError, match="q_rows"):
+        policy_loss(d, torch.zeros_like(d), torch.ones(2), torch.ones(2, 2), q_rows=0)

@@ -46,6 +46,8 @@ def test_short_run_lands_in_mlflow(tmp_path):
         "run.dir=runs",
         "run.name=smoke",
         "tracking.histogram_every=1",
+        "eval.final_n=2",
+        "eval.final_limit=5",
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -76,6 +78,15 @@ def test_short_run_lands_in_mlflow(tmp_path):
     assert sorted(m.step for m in evals) == [0, 2, 3]
     for m in evals:
         assert 0.0 <= m.value <= 100.0
+    # the final evaluation: once, at the last step, 5 problems x 2 samples (10 graded samples:
+    # its avg@2 is a multiple of 10 %)
+    (final,) = client.get_metric_history(run.info.run_id, "final/toy/avg_at_2")
+    assert final.step == 3 and 0.0 <= final.value <= 100.0 and final.value % 10 == 0
+    # new per-step diagnostics: ESS of pi/mu, clip fraction per side, two-sided SAT flags
+    for key in ("staleness/ess", "loss/clipfrac_low", "loss/clipfrac_high", "sat/active_low_frac"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 3, key
+    ess = client.get_metric_history(run.info.run_id, "staleness/ess")
+    assert all(0.0 < m.value <= 1.0 for m in ess)
     arts = _all_artifacts(client, run.info.run_id)
     assert "config.yaml" in arts
     assert any(a.startswith("images/staleness~abs_logratio+step+1") for a in arts), arts
@@ -171,3 +182,30 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert w_full.keys() == w_cut.keys()
     for k in w_full:
         assert (w_full[k] == w_cut[k]).all(), k
+
+
+@pytest.mark.parametrize(
+    "overrides,inert",
+    [
+        (["algo.correction=tis"], True),  # default clip=sat
+        (["algo.ratio_denominator=recompute"], True),
+        (["algo=decoupled_ppo"], True),
+        (["algo.correction=icepop", "algo.num_minibatches=2"], False),  # pi_theta moves: d != 0
+        (["algo.correction=tis", "clip=ppo"], False),  # no SAT
+        ([], False),  # rollout denominator: d = log pi - log mu
+    ],
+)
+def test_sat_with_a_recompute_denominator_warns_loudly(overrides, inert):
+    from sat_cli.config import load
+    from sat_cli.loop.run import _warn_recompute, sat_inert_recompute
+
+    _, obj = load(overrides)
+    assert sat_inert_recompute(obj) is inert
+    lines: list[str] = []
+    if inert:
+        with pytest.warns(UserWarning, match="SAT IS INERT IN THIS RUN"):
+            _warn_recompute(obj, lines.append)
+        assert any("d = 0 for every token, q = 0" in x for x in lines)
+    else:
+        _warn_recompute(obj, lines.append)
+        assert not any("INERT" in x for x in lines)

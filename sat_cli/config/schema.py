@@ -12,12 +12,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po")
+ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po", "a3po", "vcpo")
+UNCLIPPED_ALGOS = ("m2po", "vcpo")  # no clip interval: SAT (clip.adaptive) cannot apply
 CORRECTIONS = ("none", "tis", "mis", "icepop")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 DENOMINATORS = ("rollout", "recompute")
 SCHEDULES = ("constant", "linear", "cosine")
 ANCHORS = ("q", "min_q_eps")
+Q_SCOPES = ("batch", "micro_batch")
+BEHAV_MODES = ("clip", "mask")
 LAG_MODES = ("interval", "fixed", "bounded")
 ENGINES = ("local", "sglang")
 ENGINE_DEVICES = ("cpu", "cuda")
@@ -159,6 +162,11 @@ class AlgoConfig:
     icepop_high: float = 5.0
     dppo_delta: float = 1e-3
     m2po_tau: float = 0.04
+    behav_cap: float | None = None  # decoupled_ppo, a3po: cap on the behaviour weight pi_prox/mu
+    behav_mode: str = "clip"  # clip: min(w, cap) | mask: w = 0 above cap
+    vcpo_is_cap: float = 8.0  # vcpo: truncation C of the sequence IS weight min(w, C)
+    vcpo_ess_base: float = 1.0  # vcpo: step scale sqrt(min(1, ESS/B / vcpo_ess_base))
+    vcpo_opob: bool = True  # vcpo: the off-policy optimal baseline (false: GRPO's group mean)
 
     def __post_init__(self) -> None:
         _choice("algo.name", self.name, ALGOS)
@@ -176,6 +184,16 @@ class AlgoConfig:
             raise ConfigError("need 0 < algo.icepop_low < algo.icepop_high")
         _range("algo.dppo_delta", self.dppo_delta, 0, lo_open=True)
         _range("algo.m2po_tau", self.m2po_tau, 0, lo_open=True)
+        if self.behav_cap is not None:
+            _range("algo.behav_cap", self.behav_cap, 0, lo_open=True)
+        _choice("algo.behav_mode", self.behav_mode, BEHAV_MODES)
+        _range("algo.vcpo_is_cap", self.vcpo_is_cap, 0, lo_open=True)
+        _range("algo.vcpo_ess_base", self.vcpo_ess_base, 0, 1, lo_open=True)
+        if self.name == "vcpo" and self.loss_agg != "seq-mean-token-mean":
+            raise ConfigError(
+                "algo=vcpo aggregates seq-mean-token-mean (its optimal baseline is per response); "
+                f"got algo.loss_agg={self.loss_agg}"
+            )
 
 
 @dataclass
@@ -189,9 +207,15 @@ class ClipConfig:
     )
     schedule: str = "constant"  # schedule of the nominal radii over steps
     final_scale: float = 1.0  # radii at max_steps = eps * final_scale (linear/cosine)
+    # scope of SAT's order statistic q: batch = over the whole optimizer minibatch (default);
+    # micro_batch = per block of micro_batch_size rows, the paper's per-micro-batch-per-rank scope
+    q_scope: str = "batch"
+    micro_batch_size: int = 1  # rows (responses) per micro-batch on one rank, for q_scope
 
     def __post_init__(self) -> None:
         _range("clip.quantile", self.quantile, 0, 1, lo_open=True, hi_open=True)
+        _choice("clip.q_scope", self.q_scope, Q_SCOPES)
+        _range("clip.micro_batch_size", self.micro_batch_size, 1)
         _range("clip.exponent", self.exponent, 0, lo_open=True)
         _choice("clip.anchor", self.anchor, ANCHORS)
         _choice("clip.schedule", self.schedule, SCHEDULES)
@@ -352,10 +376,17 @@ class EvalConfig:
     limit: int | None = None  # evaluate only the first N problems
     batch_size: int = 64  # prompts per engine request
     grader_timeout_s: float = 5.0
+    # one larger evaluation of the final weights after the last step, logged as final/<name>/*:
+    final_n: int | None = None  # samples per problem (None: no final evaluation)
+    final_limit: int | None = None  # problems (None: the whole held-out set / benchmark)
 
     def __post_init__(self) -> None:
         _range("eval.every", self.every, 0)
         _template("eval.template", self.template)
+        if self.final_n is not None:
+            _range("eval.final_n", self.final_n, 1)
+        if self.final_limit is not None:
+            _range("eval.final_limit", self.final_limit, 1)
         _range("eval.n", self.n, 1)
         _range("eval.temperature", self.temperature, 0, lo_open=True)
         _range("eval.top_p", self.top_p, 0, 1, lo_open=True)
@@ -441,6 +472,10 @@ class SatConfig:
         _range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
+        if self.algo.name in UNCLIPPED_ALGOS and self.clip.adaptive:
+            raise ConfigError(
+                f"algo={self.algo.name} has no clip interval for SAT to contract; use clip=ppo"
+            )
 
 
 def register() -> None:

@@ -258,13 +258,26 @@ def _loss_kwargs(obj) -> dict:
         out["dppo_delta"] = a.dppo_delta
     if a.name == "m2po":
         out["m2po_tau"] = a.m2po_tau
+    if a.name in ("decoupled_ppo", "a3po"):
+        out["behav_cap"], out["behav_mode"] = a.behav_cap, a.behav_mode
+    if a.name == "vcpo":
+        out["group_size"] = obj.task.samples_per_prompt
+        out["vcpo_is_cap"], out["vcpo_ess_base"] = a.vcpo_is_cap, a.vcpo_ess_base
+        out["vcpo_opob"] = a.vcpo_opob
+    if obj.clip.adaptive and obj.clip.q_scope == "micro_batch":
+        out["q_rows"] = obj.clip.micro_batch_size
     return out
 
 
-def eval_problems(obj, task) -> tuple[list, object, str]:
+_CONFIGURED = object()
+
+
+def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     """(problems, grader, template) of the configured evaluation; raises ``DataError`` for a bad
-    data file. Called before any process starts, so bad input fails fast and writes nothing."""
+    data file. Called before any process starts, so bad input fails fast and writes nothing.
+    ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
     e = obj.eval
+    limit = e.limit if limit is _CONFIGURED else limit
     if e.benchmark == "toy":
         problems = task.heldout()
         grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
@@ -274,23 +287,30 @@ def eval_problems(obj, task) -> tuple[list, object, str]:
         from sat_cli.tasks.reward import grade
 
         problems = load_benchmark(
-            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=e.limit
+            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=limit
         )
         grader, template = grade, e.template
-    if e.limit:
-        problems = problems[: e.limit]
+    if limit:
+        problems = problems[:limit]
     return problems, grader, template
 
 
-def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec=None):
+def build_evaluator(
+    obj, engine, tokenizer, task, keep: dict | None = None, spec=None, *, final: bool = False
+):
     """In-training evaluation on the held-out set (toy) or the configured benchmark.
 
-    ``spec``: the result of :func:`eval_problems` when already loaded."""
+    ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
+    evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
+    problems, default all), with metrics under ``final/<name>/``."""
     from sat_cli.engines.base import SamplingParams
     from sat_cli.evaluation import evaluate, metrics
 
     e = obj.eval
-    problems, grader, template = spec if spec is not None else eval_problems(obj, task)
+    if spec is None:
+        spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
+    problems, grader, template = spec
+    n, prefix = (e.final_n, f"final/{e.name}/") if final else (e.n, f"eval/{e.name}/")
     sampling = SamplingParams(
         temperature=e.temperature,
         top_p=e.top_p,
@@ -305,7 +325,7 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec
             engine,
             tokenizer,
             problems,
-            n=e.n,
+            n=n,
             sampling=sampling,
             template=template,
             grader=grader,
@@ -314,7 +334,7 @@ def build_evaluator(obj, engine, tokenizer, task, keep: dict | None = None, spec
         )
         if keep is not None:
             keep["result"] = res
-        return metrics(res, prefix=f"eval/{e.name}/")
+        return metrics(res, prefix=prefix)
 
     return run
 
@@ -334,6 +354,7 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, droppe
         "r3": obj.r3,
         "seed": obj.seed,
         "correction": obj.algo.correction,
+        "sat.inert_recompute": sat_inert_recompute(obj),
     }
     sweep_id = os.environ.get("SAT_SWEEP_ID")
     if sweep_id:
@@ -419,6 +440,29 @@ def _warn_recompute(obj, log) -> None:
         )
         warnings.warn(msg, stacklevel=2)
         log(msg)
+    if sat_inert_recompute(obj):
+        msg = (
+            "WARNING: SAT IS INERT IN THIS RUN. clip=" + obj.clip.name + " with algo="
+            f"{obj.algo.name}, correction={obj.algo.correction}, ratio_denominator="
+            f"{obj.algo.ratio_denominator}: the loss ratio's denominator is the trainer's own "
+            "recompute (pi_old), and with one optimizer step per batch (algo.num_minibatches=1) "
+            "pi_theta == pi_old at the gradient, so d = 0 for every token, q = 0 and SAT changes "
+            "nothing: this run is the base method. Use the rollout denominator (no correction) "
+            "or algo.num_minibatches > 1 for SAT to act. `sat report` flags such runs."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log(msg)
+
+
+def sat_inert_recompute(obj) -> bool:
+    """SAT with a recompute denominator (TIS, MIS, IcePop, decoupled PPO, M2PO or
+    ``ratio_denominator=recompute``) at one optimizer step per batch: ``d == 0``, SAT inert."""
+    from sat_cli.rl import registry
+
+    if not obj.clip.adaptive or obj.algo.num_minibatches != 1:
+        return False
+    spec = registry.resolve(obj.algo.name, obj.algo.correction, obj.algo.ratio_denominator)
+    return spec.denominator == "old"
 
 
 # ----------------------------------------------------------------------------- commands
@@ -452,8 +496,10 @@ def _train(cfg, obj) -> dict:
     task = build_task(obj)
     dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
-    if spec is not None:
-        preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
+    final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
+    for s in (spec, final_spec):
+        if s is not None:
+            preflight.check_eval_lengths(s[0], s[2], tokenizer, path)
     preflight.check_trainer_layout(obj, path)
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log)
@@ -463,10 +509,12 @@ def _train(cfg, obj) -> dict:
                 f"max_steps={obj.max_steps} is below the step {done} of the checkpoint "
                 f"{ckpt}; resume with max_steps >= {done}"
             )
-        return _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log)
+        return _run(
+            cfg, obj, run_dir, ckpt, path, tokenizer, task, (spec, final_spec), dropped, log
+        )
 
 
-def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> dict:
+def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) -> dict:
     import torch
     from omegaconf import OmegaConf
 
@@ -477,6 +525,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> 
     from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
 
+    spec, final_spec = specs  # in-training and final evaluation problems (or None)
     state0 = read_loop_state(ckpt) if ckpt else {}
     log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     logs = run_dir / "logs"
@@ -496,6 +545,11 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> 
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec) if spec is not None else None
         )
+        final_evaluator = None
+        if obj.eval.final_n is not None:
+            final_evaluator = build_evaluator(
+                obj, engine, tokenizer, task, spec=final_spec, final=True
+            )
         sampling = SamplingParams(
             temperature=obj.task.temperature,
             top_p=obj.task.top_p,
@@ -545,6 +599,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, spec, dropped, log) -> 
                 resume_from=ckpt,
                 meta={"mlflow_run_id": tracker.run_id},
                 on_state=lambda _: steps_done.append(1),
+                final_evaluator=final_evaluator,
             )
         finally:
             progress.close()

@@ -172,8 +172,11 @@ def train_loop(
     resume_from: Path | None = None,
     meta: dict | None = None,
     on_state: Callable[[dict], None] | None = None,
+    final_evaluator: Callable[[], dict[str, float]] | None = None,
 ) -> dict:
-    """Run steps until ``s.max_steps``; return the final loop state (with eval best/last)."""
+    """Run steps until ``s.max_steps``; return the final loop state (with eval best/last).
+    ``final_evaluator`` (optional) runs once on the final weights, after the last step's own
+    evaluation; its metrics are logged at step ``max_steps`` (``final/...``)."""
     import torch
 
     from sat_cli.rl.advantages import group_advantages
@@ -360,11 +363,7 @@ def train_loop(
                         )
                 metrics.update(tm)
                 if "sat/active" in tm:
-                    st["counters"]["sat_steps"] += 1
-                    st["counters"]["sat_active_steps"] += int(tm["sat/active"] > 0)
-                    metrics["sat/active_frac"] = (
-                        st["counters"]["sat_active_steps"] / st["counters"]["sat_steps"]
-                    )
+                    metrics.update(_sat_active_fractions(st["counters"], tm))
             else:
                 st["counters"]["skipped_steps"] += 1
                 trainer_skip = getattr(trainer, "skip_step", None)
@@ -382,6 +381,9 @@ def train_loop(
             # 5. evaluate, histograms, metrics, checkpoint
             if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
                 run_eval(new_version, new_version, metrics)
+            if final_evaluator is not None and new_version == s.max_steps:
+                publish(new_version)  # a larger evaluation of the final weights, logged as final/*
+                metrics.update(rollouts.call(new_version, final_evaluator).result())
             step_s = time.perf_counter() - t_step
             metrics["perf/step_s"] = step_s
             busy = max(timing["gen_s"], metrics.get("perf/train_s", 0.0))
@@ -448,6 +450,23 @@ def _publish(trainer, weights_dir: Path, version: int, ckpt_root: Path) -> None:
                 else "No checkpoint was written yet."
             )
         ) from exc
+
+
+def _sat_active_fractions(counters: dict, tm: dict) -> dict[str, float]:
+    """Running fractions of steps where SAT can act (``sat/active``, either side) and per side.
+    A step's ``sat/active`` is 0/1 with one ``q``, a fraction with several minibatches or
+    per-micro-batch ``q``: the counters add it as it is."""
+    counters["sat_steps"] = counters.get("sat_steps", 0) + 1
+    out = {}
+    for key, name in (
+        ("sat/active", "sat_active_steps"),
+        ("sat/active_low", "sat_active_low_steps"),
+        ("sat/active_high", "sat_active_high_steps"),
+    ):
+        if key in tm:
+            counters[name] = counters.get(name, 0) + float(tm[key])
+            out[key + "_frac"] = counters[name] / counters["sat_steps"]
+    return out
 
 
 def _digest(texts: list[str]) -> float:

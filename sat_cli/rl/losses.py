@@ -34,13 +34,24 @@ any product, so NaN/inf there reach neither the loss nor the gradients. An empty
 ``loss == 0`` that is still connected to ``logp`` (``backward`` yields zeros).
 
 Metrics: ``loss/policy``; ``loss/clipfrac`` = fraction of active tokens whose PPO clip binds
-(``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low`` on the level's ratio, i.e. gradient zeroed);
-``sat/clipfrac_sat_band`` = fraction clipped by SAT's interval but not by PPO's (0 without SAT);
+(``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low`` on the level's ratio, i.e. gradient zeroed),
+split by side into ``loss/clipfrac_low`` (``A < 0`` at the lower bound) and ``loss/clipfrac_high``;
+``sat/clipfrac_sat_band`` = fraction clipped by SAT's interval but not by PPO's (0 without SAT:
+the tokens whose gradient SAT actually removed), likewise split ``_low`` / ``_high``;
 ``staleness/abs_logratio_mean`` = mean ``|logp - denom_logp|`` on *token* ratios (also for
 GSPO); ``loss/kl_k3`` = mean of ``exp(-log r) - 1 + log r`` on token ratios; with SAT also
 ``sat/q``, ``sat/gate_rate``, ``sat/eps_low_eff_mean``, ``sat/eps_high_eff_mean``, ``sat/c_min``
-and ``sat/active`` (1.0 iff ``q < ln(1 + eps_high)``: the regime where the paper's SAT can change
-a gradient with one optimizer step per batch; the loop averages it into ``sat/active_frac``).
+and ``sat/active``: 1.0 iff ``q < max(ln(1 + eps_high), -ln(1 - eps_low))``, the regime where
+the paper's SAT can change a gradient with one optimizer step per batch (``sat_can_act``; for
+``q`` between 0.182 and 0.223 at eps = 0.2 only the lower side can act: tokens with ``d < 0``,
+``A < 0`` and ``q < |d| < 0.223``). Per side: ``sat/active_low``, ``sat/active_high``. The loop
+averages ``sat/active`` into ``sat/active_frac``.
+
+SAT scope (``q_rows``): ``None`` (default) takes one order statistic over the whole batch the
+loss sees (one optimizer minibatch); an int takes it per block of that many consecutive rows,
+the paper's per-micro-batch-per-rank scope (slime computes the loss per micro-batch on each
+rank). Then ``sat/q`` and the SAT means are active-token-weighted over blocks and
+``sat/active*`` are the token-weighted fractions of blocks where SAT can act.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ import math
 
 import torch
 
-from sat_cli.rl.sat import sat_sequence_bounds, sat_token_bounds
+from sat_cli.rl.sat import merge_bounds, sat_sequence_bounds, sat_token_bounds
 
 LEVELS = ("token", "sequence", "sequence_token")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -94,14 +105,16 @@ def _surrogate(ratio, adv, lower, upper, dual_clip_c, patch=None):
     clip_hi = (adv > 0) & (r > upper)  # [B, T]
     clip_lo = (adv < 0) & (r < lower)  # [B, T]
     r_eff = torch.where(clip_hi, upper, torch.where(clip_lo, lower, ratio))  # [B, T]
-    n_clip = (clip_hi | clip_lo).sum()
-    n_band = n_clip.new_zeros(())
+    # counts per side (A > 0 clips at the upper bound, A < 0 at the lower: disjoint)
+    n_clip = torch.stack([clip_lo.sum(), clip_hi.sum()])  # [2]: low, high
+    n_band = torch.zeros_like(n_clip)
     if patch is not None:
         idx, bound, side = patch
         a_g, r_g = adv.reshape(-1)[idx], r.reshape(-1)[idx]  # [G]
         hit = torch.where(side, (a_g > 0) & (r_g > bound), (a_g < 0) & (r_g < bound))
         was = torch.where(side, (a_g > 0) & (r_g > upper), (a_g < 0) & (r_g < lower))
-        n_band = (hit & ~was).sum()
+        band = hit & ~was
+        n_band = torch.stack([(band & ~side).sum(), (band & side).sum()])
         n_clip = n_clip + n_band
         cols = ratio.shape[-1]
         h = hit.nonzero().view(-1)
@@ -137,6 +150,7 @@ def policy_loss(
     dual_clip_c: float | None = None,
     token_weights: torch.Tensor | None = None,
     anchor: str = "q",
+    q_rows: int | None = None,
 ):
     """Negative clipped surrogate and detached metrics.
 
@@ -151,6 +165,8 @@ def policy_loss(
         agg: ``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum``.
         dual_clip_c: if set (> 1), ``S = max(S, c * A)`` where ``A < 0``.
         token_weights: ``[B, T]`` detached factors (IS weights, masks) on the per-token surrogate.
+        q_rows: SAT's scope: ``None`` = one ``q`` over the whole (mini)batch; an int = one ``q``
+            per block of that many consecutive rows (the paper's per-micro-batch scope).
 
     Returns:
         ``(loss, metrics)``; ``loss`` is a 0-dim tensor, ``metrics`` a dict of Python floats.
@@ -178,12 +194,25 @@ def policy_loss(
     adv = torch.where(mask, adv, 0.0)  # [B, T]
     token_lr = torch.where(mask, logp - denom_logp.detach(), 0.0)  # [B, T], 0 off-mask
 
+    if q_rows is not None and q_rows < 1:
+        raise ValueError(f"q_rows must be >= 1, got {q_rows}")
+    blocks = _row_blocks(mask, q_rows)  # [(r0, r1, n_active)], one block = the whole batch
+
     sat = None
     abs_lr = token_lr.detach().abs()  # [B, T], also the staleness metric
     if level == "token":
         ratio = torch.exp(token_lr)  # [B, T]
-        if adaptive:
+        if adaptive and len(blocks) == 1:
             sat = sat_token_bounds(token_lr.detach(), n_active, abs_d=abs_lr, **sat_kw)
+        elif adaptive:
+            cols = logp.shape[-1]
+            sat = _merge_blocks(
+                blocks,
+                lambda r0, r1, n_c: sat_token_bounds(
+                    token_lr.detach()[r0:r1], n_c, abs_d=abs_lr[r0:r1], **sat_kw
+                ),
+                cols,
+            )
     else:
         lens = mask.sum(-1, keepdim=True)  # [B, 1]
         seq_lr = token_lr.sum(-1, keepdim=True) / lens.clamp(min=1)  # [B, 1], log s_b
@@ -192,8 +221,16 @@ def policy_loss(
         else:
             logp_m = torch.where(mask, logp, 0.0)  # [B, T]
             ratio = torch.exp(seq_lr.detach() + (logp_m - logp_m.detach()))  # [B, T]
-        if adaptive:
+        if adaptive and len(blocks) == 1:
             sat = sat_sequence_bounds(seq_lr.detach(), lens, n_active, **sat_kw)
+        elif adaptive:
+            sat = _merge_blocks(
+                blocks,
+                lambda r0, r1, n_c: sat_sequence_bounds(
+                    seq_lr.detach()[r0:r1], lens[r0:r1], n_c, **sat_kw
+                ),
+                1,
+            )
 
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     lower, upper, patch = lo, hi, None
@@ -218,13 +255,19 @@ def policy_loss(
             r_g, a_g = ratio.detach()[g], adv[g]  # [G, T]
             up_g, lo_g = upper[g], lower[g]  # [G, 1]
             pos, neg = a_g > 0, a_g < 0
-            sat_g = (pos & (r_g > up_g)) | (neg & (r_g < lo_g))
-            ppo_g = (pos & (r_g > hi)) | (neg & (r_g < lo))
-            n_band = (sat_g & ~ppo_g).sum()
+            band_hi = pos & (r_g > up_g) & ~(r_g > hi)
+            band_lo = neg & (r_g < lo_g) & ~(r_g < lo)
+            n_band = torch.stack([band_lo.sum(), band_hi.sum()])
+        ppo_clip = (n_clip - n_band).double() / n  # [2]: low, high
+        band = n_band.double() / n
         vals = {
             "loss/policy": loss.detach(),
-            "loss/clipfrac": (n_clip - n_band).double() / n,
-            "sat/clipfrac_sat_band": n_band.double() / n,
+            "loss/clipfrac": ppo_clip.sum(),
+            "loss/clipfrac_low": ppo_clip[0],
+            "loss/clipfrac_high": ppo_clip[1],
+            "sat/clipfrac_sat_band": band.sum(),
+            "sat/clipfrac_sat_band_low": band[0],
+            "sat/clipfrac_sat_band_high": band[1],
             "staleness/abs_logratio_mean": abs_lr.sum() / n,
             # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
             "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
@@ -235,8 +278,63 @@ def policy_loss(
         floats = torch.stack([vals[k].to(torch.float64) for k in keys]).tolist()
         metrics = dict(zip(keys, floats, strict=True))
         if sat is not None:
-            metrics["sat/active"] = 1.0 if sat.q < math.log1p(eps_high) else 0.0
+            metrics.update(_active_flags(sat, blocks, eps_low, eps_high))
     return loss, metrics
+
+
+def sat_can_act(q: float, eps_low: float, eps_high: float) -> tuple[bool, bool]:
+    """``(low, high)``: whether SAT can change a gradient on that side at batch reference ``q``
+    with one optimizer step per batch (``r = exp(d)``): only tokens with ``q < |d| < ell_side``
+    can be newly clipped, ``ell_high = ln(1 + eps_high)``, ``ell_low = -ln(1 - eps_low)``
+    (ALGORITHMS.md §4 "When SAT is inert"; 0.182 and 0.223 at eps = 0.2)."""
+    ell_hi = math.log1p(eps_high)
+    ell_lo = -math.log1p(-eps_low) if eps_low < 1.0 else math.inf
+    return q < ell_lo, q < ell_hi
+
+
+def _active_flags(sat, blocks, eps_low, eps_high) -> dict[str, float]:
+    """``sat/active`` (either side), ``sat/active_low``, ``sat/active_high``: 1.0/0.0 for one
+    ``q``; with several blocks the active-token-weighted fraction of blocks."""
+    qs = getattr(sat, "block_qs", None) or [(sat.q, 1)]
+    n = float(max(sum(n_c for _, n_c in qs), 1))
+    out = {"sat/active": 0.0, "sat/active_low": 0.0, "sat/active_high": 0.0}
+    for q, n_c in qs:
+        low, high = sat_can_act(q, eps_low, eps_high)
+        w = n_c / n if len(qs) > 1 else 1.0
+        out["sat/active"] += w * (low or high)
+        out["sat/active_low"] += w * low
+        out["sat/active_high"] += w * high
+    return out
+
+
+def _row_blocks(mask: torch.Tensor, q_rows: int | None) -> list[tuple[int, int, int]]:
+    """``(r0, r1, n_active)`` per block of ``q_rows`` consecutive rows (blocks without active
+    tokens are left out); one block spanning all rows when ``q_rows`` is None or >= B."""
+    B = mask.shape[0]
+    if q_rows is None or q_rows >= B:
+        return [(0, B, -1)]
+    per_row = mask.sum(-1).tolist()
+    out = []
+    for r0 in range(0, B, q_rows):
+        r1 = min(r0 + q_rows, B)
+        n_c = int(sum(per_row[r0:r1]))
+        if n_c:
+            out.append((r0, r1, n_c))
+    return out or [(0, B, -1)]
+
+
+def _merge_blocks(blocks, compute, cols: int):
+    """SAT per block of rows, merged (``sat.merge_bounds``); flat indices offset by ``r0 * cols``.
+    The merged bounds carry ``block_qs`` = ``[(q, n_active)]`` for the active flags."""
+    parts = []
+    for r0, r1, n_c in blocks:
+        b = compute(r0, r1, n_c)
+        if b.index is not None:
+            b.index = b.index + r0 * cols
+        parts.append((b, n_c))
+    merged = merge_bounds(parts)
+    merged.block_qs = [(b.q, n_c) for b, n_c in parts]
+    return merged
 
 
 def kl_k3_penalty(

@@ -17,6 +17,14 @@ Which denominator each uses (``old`` = the recomputed ``pi_old``, ``rollout`` = 
 | dppo_tv        | token          | rollout (always)                     | TV keep-mask vs ``mu``        |
 | decoupled_ppo  | token          | old (always)                         | ``pi_old / mu`` (cap/mode)    |
 | m2po           | token, no clip | old (always)                         | M2 keep-mask of ``(old-mu)^2``|
+| a3po           | token          | interpolated ``pi_prox`` (no recompute) | ``pi_prox / mu`` (cap/mode) |
+| vcpo           | token, no clip | ``sg[pi_theta]`` (score function)    | ``min(w_seq, C)``; OPOB adv.  |
+
+``a3po`` and ``vcpo`` (``sat_cli.rl.offpolicy``, sources there) need extra inputs: ``a3po`` the
+tokens' weight ``versions`` and the trainer's ``current_version``; ``vcpo`` the per-response
+``seq_score_sqnorm`` (``||grad sum_t log pi||^2``, from the trainer) and ``groups`` (derived from
+``group_size``). ``vcpo`` also asks the trainer for a learning-rate factor for this step through
+the metric ``opt/lr_scale`` (ESS-guided step scaling).
 
 Corrections ``tis``, ``mis``, ``icepop`` apply to ppo/grpo/gspo/gspo_token only. They force the
 denominator to ``old`` whatever ``ratio_denominator`` says (the weight multiplies the PPO term
@@ -31,8 +39,9 @@ combination as a ``LossSpec``.
 ``compute_loss`` returns ``policy_loss``'s metrics, whose ``staleness/abs_logratio_mean`` uses
 the ratio's own denominator, plus ``staleness/abs_logratio_mean_mu`` = mean ``|logp -
 rollout_logp|`` over active tokens (the paper's ``d̄π`` against the behaviour policy, comparable
-across algorithms), and ``loss/token_weight_mean``, ``loss/token_weight_zero_frac`` when a
-per-token factor is used.
+across algorithms), ``staleness/ess`` = the normalised Kish ESS of the sequence importance
+weights ``pi/mu`` (``offpolicy.sequence_ess``), and ``loss/token_weight_mean``,
+``loss/token_weight_zero_frac`` when a per-token factor is used.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from sat_cli.rl import corrections as corr
+from sat_cli.rl import offpolicy as off
 from sat_cli.rl.losses import policy_loss
 
 DENOMINATORS = ("rollout", "recompute")
@@ -53,10 +63,13 @@ DENOMINATORS = ("rollout", "recompute")
 class AlgoSpec:
     name: str
     level: str  # "token" | "sequence" | "sequence_token"
-    denominator: str  # "config" (follows ratio_denominator) | "rollout" | "old"
+    denominator: str  # "config" (follows ratio_denominator) | "rollout" | "old" | "custom"
     clip: bool  # False: unclipped surrogate r * A
     accepts_correction: bool
     token_factor: Callable[..., torch.Tensor | None]  # extra detached [B, T] weight or None
+    # "custom" algorithms: fn(**ctx) -> Prep (denominator, advantages, metrics)
+    prepare: Callable[..., off.Prep] | None = None
+    needs: tuple[str, ...] = ()  # extra compute_loss inputs the trainer must pass
 
     @property
     def always_needs_old_logp(self) -> bool:
@@ -74,9 +87,13 @@ ALGORITHMS: dict[str, AlgoSpec] = {}
 CORRECTIONS: dict[str, CorrectionSpec] = {}
 
 
-def register_algorithm(name, *, level, denominator, clip=True, accepts_correction=True):
+def register_algorithm(
+    name, *, level, denominator, clip=True, accepts_correction=True, prepare=None, needs=()
+):
     def deco(fn):
-        ALGORITHMS[name] = AlgoSpec(name, level, denominator, clip, accepts_correction, fn)
+        ALGORITHMS[name] = AlgoSpec(
+            name, level, denominator, clip, accepts_correction, fn, prepare, tuple(needs)
+        )
         return fn
 
     return deco
@@ -116,6 +133,27 @@ def _decoupled(*, old_logp, rollout_logp, p, **_):
 @register_algorithm("m2po", level="token", denominator="old", clip=False, accepts_correction=False)
 def _m2po(*, old_logp, rollout_logp, mask, p, **_):
     return corr.m2po_mask(old_logp, rollout_logp, mask, tau=p["m2po_tau"])
+
+
+register_algorithm(
+    "a3po",
+    level="token",
+    denominator="custom",
+    accepts_correction=False,
+    prepare=off.a3po_prepare,
+    needs=("versions", "current_version"),
+)(_none)
+
+
+register_algorithm(
+    "vcpo",
+    level="token",
+    denominator="custom",
+    clip=False,
+    accepts_correction=False,
+    prepare=off.vcpo_prepare,
+    needs=("seq_score_sqnorm",),
+)(_none)
 
 
 register_correction("none", needs_old_logp=False)(_none)
@@ -160,9 +198,10 @@ class LossSpec:
     algo: str
     correction: str
     level: str  # "token" | "sequence" | "sequence_token"
-    denominator: str  # "rollout" (mu) | "old" (recomputed pi_old)
+    denominator: str  # "rollout" (mu) | "old" (recomputed pi_old) | "custom" (a3po, vcpo)
     needs_old_logp: bool  # the trainer must run the recompute pass
-    clip: bool  # False: unclipped surrogate (m2po); SAT not allowed
+    clip: bool  # False: unclipped surrogate (m2po, vcpo); SAT not allowed
+    needs: tuple[str, ...] = ()  # extra inputs: "versions", "current_version", "seq_score_sqnorm"
 
 
 def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollout") -> LossSpec:
@@ -183,7 +222,7 @@ def resolve(algo: str, correction: str = "none", ratio_denominator: str = "rollo
     else:
         denom = "rollout"
     needs_old = denom == "old" or c.needs_old_logp
-    return LossSpec(a.name, c.name, a.level, denom, needs_old, a.clip)
+    return LossSpec(a.name, c.name, a.level, denom, needs_old, a.clip, a.needs)
 
 
 def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str = "rollout"):
@@ -206,6 +245,7 @@ def compute_loss(
     quantile: float = 0.9,
     exponent: float = 2.0,
     anchor: str = "q",
+    q_rows: int | None = None,
     agg: str = "token-mean",
     dual_clip_c: float | None = None,
     ratio_denominator: str = "rollout",
@@ -216,9 +256,18 @@ def compute_loss(
     m2po_tau: float = 0.04,
     behav_cap: float | None = None,
     behav_mode: str = "clip",
+    versions: torch.Tensor | None = None,
+    current_version: int | None = None,
+    seq_score_sqnorm: torch.Tensor | None = None,
+    group_size: int | None = None,
+    vcpo_is_cap: float = 8.0,
+    vcpo_ess_base: float = 1.0,
+    vcpo_opob: bool = True,
 ):
     """Compose the named algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
-    (extra metrics: module docstring)."""
+    (extra metrics: module docstring). ``versions`` (``[B]`` or ``[B, T]``), ``current_version``,
+    ``seq_score_sqnorm`` (``[B]``) and ``group_size`` are read only by the algorithms that need
+    them (``AlgoSpec.needs``)."""
     spec = resolve(algo_name, correction_name, ratio_denominator)
     a, c, denom = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction], spec.denominator
     if spec.needs_old_logp and old_logp is None:
@@ -235,6 +284,10 @@ def compute_loss(
         "m2po_tau": m2po_tau,
         "behav_cap": behav_cap,
         "behav_mode": behav_mode,
+        "group_size": group_size,
+        "vcpo_is_cap": vcpo_is_cap,
+        "vcpo_ess_base": vcpo_ess_base,
+        "vcpo_opob": vcpo_opob,
     }
     ctx = dict(
         logp=logp,
@@ -243,16 +296,29 @@ def compute_loss(
         advantages=advantages,
         mask=mask,
         p=p,
+        versions=versions,
+        current_version=current_version,
+        seq_score_sqnorm=seq_score_sqnorm,
     )
+    denom_logp = old_logp if denom == "old" else rollout_logp
+    extra: dict[str, float] = {}
+    factors = [a.token_factor(**ctx), c.weights(**ctx)]
+    if a.prepare is not None:
+        prep = a.prepare(**ctx)
+        denom_logp = prep.denom_logp
+        advantages = advantages if prep.advantages is None else prep.advantages
+        agg = prep.agg or agg
+        extra.update(prep.metrics or {})
+        factors.append(prep.factor)
     weight = None
-    for factor in (a.token_factor(**ctx), c.weights(**ctx)):
+    for factor in factors:
         if factor is not None:
             weight = factor if weight is None else weight * factor
     if not a.clip:
         eps_low = eps_high = math.inf
     loss, metrics = policy_loss(
         logp,
-        old_logp if denom == "old" else rollout_logp,
+        denom_logp,
         advantages,
         mask,
         level=a.level,
@@ -265,7 +331,9 @@ def compute_loss(
         dual_clip_c=dual_clip_c,
         token_weights=weight,
         anchor=anchor,
+        q_rows=q_rows,
     )
+    metrics.update(extra)
     if denom == "rollout":
         metrics["staleness/abs_logratio_mean_mu"] = metrics["staleness/abs_logratio_mean"]
     else:
@@ -275,6 +343,7 @@ def compute_loss(
             metrics["staleness/abs_logratio_mean_mu"] = float(d_mu.abs().sum()) / max(
                 int(m.sum()), 1
             )
+    metrics["staleness/ess"] = off.sequence_ess(logp, rollout_logp, mask)
     if weight is not None:
         with torch.no_grad():
             m = mask.bool()

@@ -87,6 +87,7 @@ class SatBounds:
     index: torch.Tensor | None = None
     bound: torch.Tensor | None = None
     upper_side: torch.Tensor | None = None
+    block_qs: list[tuple[float, int]] | None = None  # per-block (q, n_active) when merged
 
     def dense(self, like: torch.Tensor, eps_low: float, eps_high: float):
         """Full ``(lower, upper)`` tensors shaped like ``like``; PPO's values off the gate."""
@@ -206,6 +207,35 @@ def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, an
         "c_min": torch.cat([psi64.new_ones(1), psi64]).min(),
     }
     return SatBounds(q, stats, idx, bound, side)
+
+
+def merge_bounds(parts: list[tuple[SatBounds, int]]) -> SatBounds:
+    """One ``SatBounds`` from several computed on disjoint parts (the per-micro-batch scope).
+
+    ``parts``: ``(bounds, n_active)`` with each ``bounds.index`` already offset into the whole
+    tensor. ``q`` and the means are weighted by active tokens (so one part is returned as is);
+    ``c_min`` is the minimum. The merged ``q`` is that token-weighted mean: a summary, the
+    contraction used each part's own ``q``.
+    """
+    if len(parts) == 1:
+        return parts[0][0]
+    n = float(max(sum(n_c for _, n_c in parts), 1))
+    f64 = torch.float64
+    stats = {}
+    for key in ("q", "gate_rate", "eps_low_eff_mean", "eps_high_eff_mean"):
+        stats[key] = sum(b.stats[key].to(f64) * (n_c / n) for b, n_c in parts)
+    stats["c_min"] = torch.stack([b.stats["c_min"].to(f64) for b, _ in parts]).min()
+    on = [b for b, _ in parts if b.index is not None]
+    q = float(stats["q"])
+    if not on:
+        return SatBounds(q, stats)
+    return SatBounds(
+        q,
+        stats,
+        torch.cat([b.index for b in on]),
+        torch.cat([b.bound for b in on]),
+        torch.cat([b.upper_side for b in on]),
+    )
 
 
 def sat_token_bounds(

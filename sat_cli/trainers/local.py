@@ -126,6 +126,7 @@ class LocalTrainer:
             **(loss_kwargs or {}),
         )
         self.needs_old = registry.needs_old_logp(algo, correction, ratio_denominator)
+        self.needs = registry.resolve(algo, correction, ratio_denominator).needs
         self.kl_coef = kl_coef
         self.temperature = temperature
         self.r3 = r3
@@ -225,6 +226,7 @@ class LocalTrainer:
                 old_logp=None if old_logp is None else old_logp[rows].to(dev),
                 advantages=mb.advantages.to(dev),
                 mask=mask,
+                **self._extra_inputs(mb),
                 **self.loss_args,
             )
             total = loss
@@ -239,7 +241,7 @@ class LocalTrainer:
                 max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             if torch.isfinite(grad_norm):
-                self.opt.step()
+                self._opt_step(metrics.get("opt/lr_scale"))
             else:
                 # a non-finite loss or gradient: no update, so the weights stay usable; the loop
                 # counts the step (loss/nonfinite_steps) and goes on
@@ -260,6 +262,48 @@ class LocalTrainer:
         out["perf/train_s"] = time.perf_counter() - t0
         out["perf/optimizer_steps"] = float(n_steps)
         return out
+
+    def _extra_inputs(self, mb: TrainBatch) -> dict:
+        """Inputs only some algorithms read (``registry.LossSpec.needs``): the samples' weight
+        versions and the version this trainer holds (A-3PO), per-response squared norms of
+        ``grad sum_t log pi`` (VCPO's optimal baseline)."""
+        out: dict = {}
+        if "versions" in self.needs:
+            v = mb.token_versions if mb.token_versions is not None else mb.versions
+            out["versions"], out["current_version"] = v.to(self.device), self.step_count
+        if "seq_score_sqnorm" in self.needs and self.loss_args.get("vcpo_opob", True):
+            out["seq_score_sqnorm"] = self._score_sqnorms(mb)
+        return out
+
+    def _score_sqnorms(self, mb: TrainBatch) -> torch.Tensor:
+        """``||grad_theta sum_t log pi(y_t)||^2`` per response (float64 ``[b]``): one forward and
+        backward per row, gradients taken with ``autograd.grad`` (``.grad`` is untouched)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        out = torch.zeros(mb.batch_size, dtype=torch.float64)
+        for b in range(mb.batch_size):
+            row = mb.select(slice(b, b + 1))
+            m = row.loss_mask.to(self.device).bool()
+            if not bool(m.any()):
+                continue
+            logp, _ = self._forward(self.model, row)
+            grads = torch.autograd.grad(logp[m].sum(), params, allow_unused=True)
+            out[b] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+        return out
+
+    def _opt_step(self, lr_scale: float | None) -> None:
+        """``AdamW.step``; with ``lr_scale`` (VCPO's ESS-guided step) the learning rate of this
+        step only is multiplied by it."""
+        if lr_scale is None:
+            self.opt.step()
+            return
+        base = [g["lr"] for g in self.opt.param_groups]
+        for g in self.opt.param_groups:
+            g["lr"] = g["lr"] * float(lr_scale)
+        try:
+            self.opt.step()
+        finally:
+            for g, lr in zip(self.opt.param_groups, base, strict=True):
+                g["lr"] = lr
 
     def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
         """Change the clip radii for later steps (a clip schedule)."""

@@ -117,11 +117,16 @@ class MegatronTrainer:
             )
         from sat_cli.rl import registry
 
-        registry.resolve(
+        spec = registry.resolve(
             actor_kwargs.get("algo", "grpo"),
             actor_kwargs.get("correction", "none"),
             actor_kwargs.get("ratio_denominator", "rollout"),
         )
+        if spec.needs:  # a3po, vcpo: their extra inputs are wired into the local trainer only
+            raise ValueError(
+                f"algo={spec.algo} needs {', '.join(spec.needs)}, which only trainer=local "
+                "provides; use trainer=local"
+            )
         self.step_count = 0
         self._msg_id = 0
         self._proc: subprocess.Popen | None = None

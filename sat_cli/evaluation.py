@@ -184,6 +184,20 @@ def _summarize(
 # --------------------------------------------------------------------------------------------
 
 
+def _overlong_row(prob: dict[str, str], n: int) -> ProblemResult:
+    """A problem whose prompt does not fit the context: ``n`` wrong samples, none generated."""
+    return ProblemResult(
+        id=str(prob["id"]),
+        gold=str(prob["answer"]),
+        n=n,
+        correct=0,
+        flags=[False] * n,
+        answers=[""] * n,
+        response_tokens=[0] * n,
+        finish_reasons=["overlong"] * n,
+    )
+
+
 def evaluate(
     engine: RolloutEngine,
     tokenizer: Any,
@@ -196,12 +210,15 @@ def evaluate(
     batch_size: int = 64,
     name: str = "eval",
     on_batch: Callable[[int, int], None] | None = None,
+    overlong: frozenset[int] = frozenset(),
 ) -> EvalResult:
     """Sample ``n`` responses per problem from ``engine`` and score them.
 
     ``problems`` are rows ``{id, problem, answer}`` (see ``sat_cli.tasks.data``); ``tokenizer``
     needs ``encode(text) -> list[int]`` and ``decode(ids, skip_special_tokens=True) -> str``.
-    ``on_batch(done, total)`` is called after each batch (progress display).
+    ``on_batch(done, total)`` is called after each batch (progress display). ``overlong``:
+    indices of problems whose prompt does not fit the model's context; they are not sent to the
+    engine and are scored as ``n`` wrong samples (finish reason ``overlong``).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -210,15 +227,29 @@ def evaluate(
     started = time.perf_counter()
     rows: list[ProblemResult] = []
     error: str | None = None
-    meta = {"template": template, "sampling": asdict(sampling), "batch_size": batch_size}
+    meta = {
+        "template": template,
+        "sampling": asdict(sampling),
+        "batch_size": batch_size,
+        "overlong": len(overlong),
+    }
     try:
         for start in range(0, len(problems), batch_size):
-            batch = problems[start : start + batch_size]
-            prompts = [list(tokenizer.encode(render(template, p["problem"]))) for p in batch]
-            groups = engine.generate(prompts, n, sampling)
-            if len(groups) != len(batch):
-                raise EngineError(f"engine returned {len(groups)} groups for {len(batch)} prompts")
-            for prob, samples in zip(batch, groups, strict=True):
+            idx = range(start, min(start + batch_size, len(problems)))
+            sent = [i for i in idx if i not in overlong]
+            prompts = [
+                list(tokenizer.encode(render(template, problems[i]["problem"]))) for i in sent
+            ]
+            groups = engine.generate(prompts, n, sampling) if prompts else []
+            if len(groups) != len(sent):
+                raise EngineError(f"engine returned {len(groups)} groups for {len(sent)} prompts")
+            by_index = dict(zip(sent, groups, strict=True))
+            for i in idx:
+                prob = problems[i]
+                if i in overlong:
+                    rows.append(_overlong_row(prob, n))
+                    continue
+                samples = by_index[i]
                 reasons = [s.finish_reason for s in samples]
                 if len(samples) != n or "abort" in reasons:
                     error = error or (
@@ -261,6 +292,8 @@ def metrics(result: EvalResult, prefix: str | None = None) -> dict[str, float]:
     prefix = f"eval/{result.name}/" if prefix is None else prefix
     out = {f"{prefix}avg@{result.n}": result.avg_at_k}
     out.update({f"{prefix}pass@{k}": v for k, v in result.pass_at_k.items()})
+    if result.meta.get("overlong"):
+        out[f"{prefix}overlong"] = float(result.meta["overlong"])
     return out
 
 

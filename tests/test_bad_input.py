@@ -741,7 +741,9 @@ CASES = {
                 _jsonl(
                     t,
                     "long.jsonl",
-                    GOOD_ROW
+                    b'{"id": "a", "problem": "'
+                    + b"8" * 600
+                    + b'", "answer": "1"}\n'
                     + b'{"id": "b", "problem": "'
                     + b"9" * 1_000_000
                     + b'", "answer": "1"}\n',
@@ -749,7 +751,7 @@ CASES = {
             ),
         ],
         2,
-        r"1 of 2 evaluation problems \('b'\) are longer than 511 tokens",
+        r"2 of 2 evaluation problems \('a', 'b'\) are longer than 511 tokens.*nothing the model can",
     ),
     "train-template-longer-than-context": (
         lambda t: [

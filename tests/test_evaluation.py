@@ -223,6 +223,32 @@ def test_evaluate_arithmetic_and_rows() -> None:
     assert "avg@4" in table and "41.67" in table and "3/3" in table and "complete" in table
 
 
+def test_overlong_problems_are_scored_wrong_without_sampling() -> None:
+    """Problems whose prompt does not fit the context stay in the benchmark as n wrong samples;
+    only the others reach the engine, in order, and the count is a metric."""
+    engine, tok = _engine()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=32)
+    res = evaluate(
+        engine, tok, PROBLEMS, n=4, sampling=sampling, template=TEMPLATE, batch_size=2,
+        name="toy", overlong=frozenset({1}),
+    )  # fmt: skip
+    # batch 1 sends p1 only (p2 is overlong), batch 2 sends p3
+    assert [len(c) for c in engine.calls] == [1, 1]
+    assert engine.calls[0][0] == tok.encode(render(TEMPLATE, "What is 2+3?"))
+    assert res.complete and [r.id for r in res.rows] == ["p1", "p2", "p3"]
+    assert [r.correct for r in res.rows] == [2, 0, 0]
+    assert res.rows[1].finish_reasons == ["overlong"] * 4 and res.rows[1].response_tokens == [0] * 4
+    # avg@4 over all three problems = (2/4 + 0 + 0)/3
+    assert res.avg_at_k == pytest.approx(100 * 2 / 12)
+    assert metrics(res)["eval/toy/overlong"] == 1.0
+    assert res.summary()["meta"]["overlong"] == 1
+    # every problem overlong: nothing reaches the engine
+    engine2, _ = _engine()
+    res2 = evaluate(engine2, tok, PROBLEMS, n=2, sampling=sampling, template=TEMPLATE,
+                    overlong=frozenset({0, 1, 2}))  # fmt: skip
+    assert engine2.calls == [] and res2.avg_at_k == 0.0 and res2.complete
+
+
 def test_custom_grader_is_used() -> None:
     engine, tok = _engine()
     # a grader that only accepts the literal string "\boxed{6}"

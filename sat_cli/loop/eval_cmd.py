@@ -119,7 +119,7 @@ def run_eval_command(cfg, obj) -> None:
     spec = eval_problems(obj, task)
     data_file = _data_file(obj)
     tokenizer = preflight.load_tokenizer(path)
-    preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
+    overlong = preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     preflight.check_output_dir(out, "evaluation folder")
     out = _own_folder(out)
@@ -138,7 +138,9 @@ def run_eval_command(cfg, obj) -> None:
         write_pids(logs, engine)
         holder: dict = {}
         try:
-            run = build_evaluator(obj, engine, tokenizer, task, keep=holder, spec=spec)
+            run = build_evaluator(
+                obj, engine, tokenizer, task, keep=holder, spec=spec, overlong=overlong
+            )
             data = f", data {data_file}" if data_file else ""
             print(f"eval {e.name}: {e.n} samples per problem, model {path}{data}", flush=True)
             m = run()

@@ -13,9 +13,12 @@
   own limit on prompt + ``max_new_tokens``.) Training prompts that are too long are
   dropped from the prompt set before the run starts and counted (printed, and the MLflow tag
   ``data.overlong_dropped``); if none is left the run is refused. Evaluation problems that are
-  too long are refused (exit 2, the count and the first ids), because a score over a silently
-  reduced set would not be the benchmark's. The toy task's prompts all have one length (one is
-  checked). Without ``max_position_embeddings`` nothing is checked.
+  too long stay in the benchmark and are **scored as wrong without sampling** (the model cannot
+  answer them; dropping them would make the score not the benchmark's): a warning names the
+  count and the first ids, ``summary.json`` and the metric ``eval/<name>/overlong`` count them,
+  and their per-problem rows say ``overlong``. If every problem is too long the command is
+  refused (exit 2). The toy task's prompts all have one length (one is checked). Without
+  ``max_position_embeddings`` nothing is checked.
 * ``check_trainer_layout`` — ``trainer=megatron`` supports what its worker supports (Qwen3-MoE,
   data + expert parallelism with ``ep`` dividing the ranks and the experts): anything else is
   refused naming the setting, instead of failing inside the worker as "cannot load the model".
@@ -205,19 +208,25 @@ def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
     return len(bad)
 
 
-def check_eval_lengths(problems, template: str, tokenizer, path: str) -> None:
+def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print) -> frozenset:
+    """Indices of the evaluation problems too long for the model's context (see the module
+    docstring: they are scored as wrong, not generated); refuses when every problem is."""
     limit = context_length(path)
     if limit is None or not problems:
-        return
+        return frozenset()
     texts = _render_all(template, [p["problem"] for p in problems], "eval.template")
     bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1, _max_token_bytes(tokenizer))
-    if bad:
-        ids = ", ".join(repr(problems[i]["id"]) for i in bad[:3])
-        raise UserError(
-            f"{len(bad)} of {len(problems)} evaluation problems ({ids}{' …' if len(bad) > 3 else ''}) "
-            f"are longer than {limit - 1} tokens: they fill the model's context of {limit} tokens "
-            "(a score over the others would not be this benchmark's); remove them from the file"
-        )
+    if not bad:
+        return frozenset()
+    ids = ", ".join(repr(problems[i]["id"]) for i in bad[:3]) + (" …" if len(bad) > 3 else "")
+    what = (
+        f"{len(bad)} of {len(problems)} evaluation problems ({ids}) are longer than {limit - 1} "
+        f"tokens: they fill the model's context of {limit} tokens"
+    )
+    if len(bad) == len(problems):
+        raise UserError(f"{what}; there is nothing the model can answer")
+    log(f"warning: {what}; they are scored as wrong without sampling (counted as 'overlong')")
+    return frozenset(bad)
 
 
 def check_trainer_layout(obj, path: str) -> None:

@@ -36,8 +36,9 @@ one name from running in the same folder at once.
 MLflow: a parent run ``sweep-<name>`` in experiment ``<name>`` with tags ``sat.sweep_id``,
 ``sat.sweep_role=parent``, the method order, axes and seeds, and artifacts ``sweep/runs.json``
 (every run's name, method, axis point, seed, overrides, hash) and the sweep file. Children get
-``SAT_SWEEP_ID``, ``SAT_OVERRIDE_HASH``, ``SAT_SWEEP_PARENT_RUN_ID`` and ``SAT_SWEEP_METHOD``
-in their environment, which ``sat train`` turns into tags (``mlflow.parentRunId`` nests them).
+the overrides ``++tracking.tags.{sweep_id,override_hash,method,parent_run_id}=…``, which
+``sat train`` logs as tags (``mlflow.parentRunId`` nests them); no environment variable carries
+configuration.
 
 Ctrl-C (or SIGTERM, or SIGHUP): SIGINT to each child's process group, a grace period
 (``SAT_SWEEP_GRACE_S``, default 30 s; a second Ctrl-C cuts it short), then SIGKILL; the parent
@@ -260,6 +261,12 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
             "e.g. {GRPO: [algo=grpo, clip=ppo]}"
         )
     methods = {str(m): _override_list(v, f"{p}: methods.{m}") for m, v in methods_doc.items()}
+    for m in methods:
+        if not m.strip() or "${" in m or any(ord(c) < 32 or ord(c) == 127 for c in m):
+            raise UserError(
+                f"{p}: method name {m!r}: a name must be non-empty and free of '${{' and control "
+                "characters (it becomes an MLflow tag and a report row)"
+            )
 
     seeds = doc["seeds"]
     if (
@@ -582,19 +589,23 @@ class _Child:
     started: float
 
 
-def _child_env(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        SAT_SWEEP_ID=sweep_id,
-        SAT_OVERRIDE_HASH=run.hash,
-        SAT_SWEEP_METHOD=run.method,
-        PYTHONUNBUFFERED="1",
-    )
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def hydra_quote(text: str) -> str:
+    """``text`` as a Hydra quoted value that composes back to exactly ``text`` (names with
+    spaces, commas, quotes or backslashes; ``${`` is refused where the names are read)."""
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> list[str]:
+    """The overrides that give a child its sweep tags (``tracking.tags``; see the schema)."""
+    tags = {"sweep_id": sweep_id, "override_hash": run.hash, "method": run.method}
     if parent_run_id:
-        env["SAT_SWEEP_PARENT_RUN_ID"] = parent_run_id
-    else:
-        env.pop("SAT_SWEEP_PARENT_RUN_ID", None)
-    return env
+        tags["parent_run_id"] = parent_run_id
+    return [f"++tracking.tags.{k}={hydra_quote(v)}" for k, v in tags.items()]
 
 
 def _launch(cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> tuple:
@@ -851,7 +862,8 @@ def _start_child(plan: Plan, state: dict, run: SweepRun, parent_id: str | None, 
     run_dir = plan.run_dirs[run.name]
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_dir / RUN_RECORD, {**run.record(), "sweep_id": plan.sweep.id})
-    cmd = [sys.executable, "-m", "sat_cli.cli", "train", *run.overrides]
+    tags = tag_overrides(plan.sweep.id, run, parent_id)
+    cmd = [sys.executable, "-m", "sat_cli.cli", "train", *run.overrides, *tags]
     log_path = run_dir / "logs" / CHILD_LOG
     rec = state["runs"].setdefault(run.name, {})
     rec.update(
@@ -861,9 +873,7 @@ def _start_child(plan: Plan, state: dict, run: SweepRun, parent_id: str | None, 
         started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         log=str(log_path),
     )
-    proc, f = _launch(
-        cmd, log_path, _child_env(plan.sweep.id, run, parent_id), f"sweep attempt {rec['attempts']}"
-    )
+    proc, f = _launch(cmd, log_path, _child_env(), f"sweep attempt {rec['attempts']}")
     rec["pid"] = proc.pid
     _write_state(plan.root, state)
     log(f"start  {run.name}  ({run.method}; pid {proc.pid}; log {log_path})")

@@ -174,3 +174,18 @@ def test_new_options_validated():
         load(["eval.final_n=0"])
     _, obj = load(["eval.final_n=8", "clip.q_scope=micro_batch", "clip.micro_batch_size=4"])
     assert (obj.eval.final_n, obj.clip.q_scope, obj.clip.micro_batch_size) == (8, "micro_batch", 4)
+
+
+def test_grader_timeout_reaches_the_benchmark_grader():
+    from sat_cli.loop.run import eval_problems
+    from sat_cli.tasks.reward import grade
+
+    _, obj = load(["eval=aime24", "eval.grader_timeout_s=0.25"])
+    problems, grader, _ = eval_problems(obj, None)
+    assert len(problems) == 30
+    assert grader.func is grade and grader.keywords == {"timeout_s": 0.25}
+    assert grader("The answer is \\boxed{204}", "204") and not grader("\\boxed{7}", "204")
+    with pytest.raises(ConfigError, match="eval.grader_timeout_s"):
+        load(["eval.grader_timeout_s=0"])
+    with pytest.raises(ConfigError, match="node_rank"):
+        load(["trainer.node_rank=1"])

@@ -34,6 +34,8 @@ def _schema_has(key: str) -> bool:
 
     node: Any = SatConfig()
     for part in key.split("."):
+        if isinstance(node, dict):  # a free-form map of the schema (tracking.tags): any key
+            return True
         if not dataclasses.is_dataclass(node) or part not in {
             f.name for f in dataclasses.fields(node)
         }:

@@ -338,7 +338,6 @@ class TrainerConfig:
     # megatron: torchrun layout and model parallel sizes
     nproc_per_node: int = 1
     nnodes: int = 1
-    node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0 = pick a free port
     tp: int = 1
@@ -375,7 +374,7 @@ class EvalConfig:
     template: str = "plain"
     limit: int | None = None  # evaluate only the first N problems
     batch_size: int = 64  # prompts per engine request
-    grader_timeout_s: float = 5.0
+    grader_timeout_s: float = 5.0  # math-verify time limit per answer (benchmarks, not toy)
     # one larger evaluation of the final weights after the last step, logged as final/<name>/*:
     final_n: int | None = None  # samples per problem (None: no final evaluation)
     final_limit: int | None = None  # problems (None: the whole held-out set / benchmark)
@@ -394,6 +393,7 @@ class EvalConfig:
         if self.limit is not None:
             _range("eval.limit", self.limit, 1)
         _range("eval.batch_size", self.batch_size, 1)
+        _range("eval.grader_timeout_s", self.grader_timeout_s, 0, lo_open=True)
         if self.benchmark == "jsonl" and not self.path:
             raise ConfigError("eval=jsonl needs eval.path=<file.jsonl>")
 
@@ -403,10 +403,20 @@ class TrackingConfig:
     backend: str = "mlflow"
     uri: str = "sqlite:///${run.dir}/mlflow.db"
     histogram_every: int = 10
+    # extra MLflow tags of the run (not params: they may change when a run is resumed). `sat
+    # sweep` sets sweep_id, override_hash, method and parent_run_id (tags sat.sweep_id,
+    # sat.override_hash, sat.method, mlflow.parentRunId); any other key becomes a tag as it is.
+    tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _choice("tracking.backend", self.backend, TRACKING_BACKENDS)
         _range("tracking.histogram_every", self.histogram_every, 1)
+        for key in self.tags:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,100}", str(key)):
+                raise ConfigError(
+                    f"tracking.tags: {key!r} is not a tag name (letters, digits, _ . -; at most "
+                    "100 characters)"
+                )
 
 
 @dataclass

@@ -283,20 +283,30 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
         grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
         template = obj.task.template
     else:
+        import functools
+
         from sat_cli.tasks.data import load_benchmark
         from sat_cli.tasks.reward import grade
 
         problems = load_benchmark(
             e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=limit
         )
-        grader, template = grade, e.template
+        grader, template = functools.partial(grade, timeout_s=e.grader_timeout_s), e.template
     if limit:
         problems = problems[:limit]
     return problems, grader, template
 
 
 def build_evaluator(
-    obj, engine, tokenizer, task, keep: dict | None = None, spec=None, *, final: bool = False
+    obj,
+    engine,
+    tokenizer,
+    task,
+    keep: dict | None = None,
+    spec=None,
+    *,
+    final: bool = False,
+    overlong: frozenset[int] | None = None,
 ):
     """In-training evaluation on the held-out set (toy) or the configured benchmark.
 
@@ -331,12 +341,22 @@ def build_evaluator(
             grader=grader,
             batch_size=e.batch_size,
             name=e.name,
+            overlong=overlong or frozenset(),
         )
         if keep is not None:
             keep["result"] = res
         return metrics(res, prefix=prefix)
 
     return run
+
+
+# tracking.tags keys that `sat sweep` sets, and the MLflow tags they become
+TAG_NAMES = {
+    "sweep_id": "sat.sweep_id",
+    "override_hash": "sat.override_hash",
+    "method": "sat.method",
+    "parent_run_id": "mlflow.parentRunId",
+}
 
 
 def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
@@ -356,14 +376,7 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, droppe
         "correction": obj.algo.correction,
         "sat.inert_recompute": sat_inert_recompute(obj),
     }
-    sweep_id = os.environ.get("SAT_SWEEP_ID")
-    if sweep_id:
-        tags["sat.sweep_id"] = sweep_id
-        tags["sat.override_hash"] = os.environ.get("SAT_OVERRIDE_HASH", "")
-        if os.environ.get("SAT_SWEEP_PARENT_RUN_ID"):
-            tags["mlflow.parentRunId"] = os.environ["SAT_SWEEP_PARENT_RUN_ID"]
-        if os.environ.get("SAT_SWEEP_METHOD"):
-            tags["sat.method"] = os.environ["SAT_SWEEP_METHOD"]
+    tags.update({TAG_NAMES.get(k, k): v for k, v in obj.tracking.tags.items()})
     if dropped:
         tags["data.overlong_dropped"] = dropped
     tracker = Tracker(
@@ -372,7 +385,12 @@ def _tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, droppe
         run_name,
         run_id=run_id,
         tags=tags,
-        params=flatten_config(cfg_container),
+        # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
+        params={
+            k: v
+            for k, v in flatten_config(cfg_container).items()
+            if not k.startswith("tracking.tags.") and k != "tracking.tags"
+        },
     )
     apply_pending(Path(obj.run.dir), tracker)
     return tracker
@@ -497,9 +515,11 @@ def _train(cfg, obj) -> dict:
     dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
-    for s in (spec, final_spec):
-        if s is not None:
-            preflight.check_eval_lengths(s[0], s[2], tokenizer, path)
+    overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
+        key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
+        for key, s in (("eval", spec), ("final", final_spec))
+        if s is not None
+    }
     preflight.check_trainer_layout(obj, path)
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log)
@@ -510,7 +530,16 @@ def _train(cfg, obj) -> dict:
                 f"{ckpt}; resume with max_steps >= {done}"
             )
         return _run(
-            cfg, obj, run_dir, ckpt, path, tokenizer, task, (spec, final_spec), dropped, log
+            cfg,
+            obj,
+            run_dir,
+            ckpt,
+            path,
+            tokenizer,
+            task,
+            (spec, final_spec, overlong),
+            dropped,
+            log,
         )
 
 
@@ -525,7 +554,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
 
-    spec, final_spec = specs  # in-training and final evaluation problems (or None)
+    spec, final_spec, overlong = specs  # in-training and final evaluation problems (or None)
     state0 = read_loop_state(ckpt) if ckpt else {}
     log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     logs = run_dir / "logs"
@@ -543,12 +572,20 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
         engine = _loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3))
         write_pids(logs, engine)
         evaluator = (
-            build_evaluator(obj, engine, tokenizer, task, spec=spec) if spec is not None else None
+            build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
+            if spec is not None
+            else None
         )
         final_evaluator = None
         if obj.eval.final_n is not None:
             final_evaluator = build_evaluator(
-                obj, engine, tokenizer, task, spec=final_spec, final=True
+                obj,
+                engine,
+                tokenizer,
+                task,
+                spec=final_spec,
+                final=True,
+                overlong=overlong.get("final"),
             )
         sampling = SamplingParams(
             temperature=obj.task.temperature,

@@ -47,20 +47,10 @@ def launch(model=MODEL, *, log_dir, r3=True, **kw):
 
 
 def sat(*args: str, cwd, timeout: float = 900):
-    """``sat`` in a subprocess (the installed CLI of this interpreter)."""
-    import os
-    import subprocess
-    import sys
+    """``sat`` in a subprocess (:func:`cli_helpers.run_sat`, with the longer real-server timeout)."""
+    from cli_helpers import run_sat
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "sat_cli.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
+    return run_sat(*args, cwd=cwd, timeout=timeout)
 
 
 def metrics(run_dir, name: str) -> dict[int, float]:

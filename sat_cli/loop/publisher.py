@@ -1,0 +1,90 @@
+"""Weight versions on disk: publish each version once, keep exactly the ones still needed.
+
+The trainer holds weight version ``t`` before step ``t``. A version is published to
+``<run>/weights/v<t>`` (an atomic HF checkpoint the engine loads) when a batch will be generated
+from it or an evaluation needs it. After every step :meth:`WeightPublisher.prune` deletes the
+versions nothing can ask for any more; kept are:
+
+* version 0 (a restarted engine holds the initial weights);
+* the versions of batches requested and not consumed;
+* the versions the next two batches can be generated from (:func:`future_versions`);
+* every version from the last checkpoint's ``min_needed`` on, so that a resume from that
+  checkpoint finds the weights its pending batches were requested with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sat_cli.errors import RunFailed, as_os_error
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.state import latest_checkpoint, prune_weights
+
+
+class WeightsWriteError(RunFailed):
+    """Publishing weights failed (a full disk, an I/O error): exit 1, checkpoints untouched."""
+
+
+def future_versions(lag: LagPolicy, version: int) -> set[int]:
+    """Weight versions the next batches (requested at trainer ``version``) can be generated from."""
+    return {lag.version_for(k, version) for k in (version, version + 1)} | {version}
+
+
+def min_needed(lag: LagPolicy, version: int, pending: list) -> int:
+    """The oldest version a resume from a checkpoint at ``version`` can need."""
+    need = set(future_versions(lag, version)) | {int(v) for _, v in pending}
+    return min(need)
+
+
+class WeightPublisher:
+    """Publishes the trainer's weights by version and prunes the ones no longer needed.
+
+    ``published`` is the sorted list of versions on disk (it is part of the loop state, so a
+    resumed run knows what it has); :meth:`publish` is idempotent per version.
+    """
+
+    def __init__(self, trainer, weights_dir: Path, ckpt_root: Path, lag: LagPolicy,
+                 published: list[int]):  # fmt: skip
+        self.trainer, self.weights_dir, self.ckpt_root, self.lag = (
+            trainer,
+            weights_dir,
+            ckpt_root,
+            lag,
+        )
+        self.published = published
+
+    def write(self, version: int) -> None:
+        """Write ``v<version>`` whatever ``published`` says (the initial version 0)."""
+        try:
+            self.trainer.publish_weights(self.weights_dir, version)
+        except Exception as exc:
+            os_exc = as_os_error(exc)
+            if os_exc is None:
+                raise
+            last = latest_checkpoint(self.ckpt_root)
+            raise WeightsWriteError(
+                f"cannot publish weights v{version} to {self.weights_dir}: "
+                f"{os_exc.strerror or os_exc} ({type(exc).__name__}). "
+                + (
+                    f"The last complete checkpoint is {last}; continue with resume=auto once the "
+                    "disk problem is fixed."
+                    if last is not None
+                    else "No checkpoint was written yet."
+                )
+            ) from exc
+
+    def publish(self, version: int) -> None:
+        if version not in self.published:
+            self.write(version)
+            self.published.append(version)
+
+    def keep(self, version: int, pending_versions: set[int], since: int) -> set[int]:
+        """The versions still needed after step ``version`` (see the module docstring)."""
+        keep = set(pending_versions) | future_versions(self.lag, version) | {0}
+        return keep | {v for v in self.published if v >= since}
+
+    def prune(self, version: int, pending_versions: set[int], since: int) -> list[int]:
+        keep = self.keep(version, pending_versions, since)
+        prune_weights(self.weights_dir, keep)
+        self.published = sorted(v for v in self.published if v in keep)
+        return self.published

@@ -1,0 +1,122 @@
+"""Rollout requests of the training loop: the rollout thread and the buffer of requested batches.
+
+* :class:`RolloutThread` — one worker thread that sends the engine its weight updates and
+  generation requests in program order, so the sequence of engine commands (hence every sample,
+  for a seed) is deterministic while generation overlaps training.
+* :class:`RolloutBuffer` — the batches requested but not consumed, each with the weight version
+  it is generated from: ``request_ahead`` keeps the engine busy as far as the lag policy allows,
+  ``take`` waits for one batch, ``snapshot`` is what a checkpoint records so that a resumed run
+  requests exactly the same batches again (``restore``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sat_cli.engines.base import SamplingParams
+from sat_cli.loop.lag import LagPolicy
+
+
+def request_seed(seed: int, *key: Any) -> int:
+    """A stable 31-bit seed for one engine request (same run seed + key → same samples)."""
+    h = hashlib.sha256(":".join(map(str, (seed, *key))).encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutThread:
+    """The rollout thread: weight updates and generation requests, in program order."""
+
+    def __init__(self, engine, weights_dir: Path, engine_version: int):
+        self.engine = engine
+        self.weights_dir = weights_dir
+        self.engine_version = engine_version  # only touched by the rollout thread
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-rollout")
+
+    def _ensure(self, version: int) -> float:
+        if version == self.engine_version:
+            return 0.0
+        t0 = time.perf_counter()
+        self.engine.update_weights(str(self.weights_dir / f"v{version}"), version)
+        self.engine_version = version
+        return time.perf_counter() - t0
+
+    def submit(self, version: int, prompts: list[list[int]], n: int, sampling: SamplingParams):
+        def job():
+            update_s = self._ensure(version)
+            t0 = time.perf_counter()
+            groups = self.engine.generate(prompts, n, sampling)
+            return groups, {"gen_s": time.perf_counter() - t0, "update_s": update_s}
+
+        return self.pool.submit(job)
+
+    def call(self, version: int, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the rollout thread with the engine at ``version`` (evaluation)."""
+
+        def job():
+            self._ensure(version)
+            return fn()
+
+        return self.pool.submit(job)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RolloutBuffer:
+    """Batches requested from the engine and not yet consumed: ``{batch: (version, future)}``.
+
+    Batch ``k`` holds the prompts ``task.sample_prompts(per_step, cursor=k * per_step)`` and is
+    sampled with the seed ``request_seed(seed, "rollout", k)``; the version comes from the lag
+    policy at request time, so replaying :meth:`snapshot` gives the same samples.
+    """
+
+    def __init__(self, thread: RolloutThread, task, tokenizer, *, per_step: int, group_size: int,
+                 sampling: SamplingParams, seed: int, lag: LagPolicy, max_steps: int):  # fmt: skip
+        self.thread, self.task, self.tokenizer = thread, task, tokenizer
+        self.per_step, self.group_size = per_step, group_size
+        self.sampling, self.seed, self.lag, self.max_steps = sampling, seed, lag, max_steps
+        self.pending: dict[int, tuple[int, Future]] = {}
+        # how many batches ahead of the one being trained may be in flight
+        self.ahead = 1 if (lag.mode != "bounded" or lag.n == 0) else lag.n
+
+    def prompts_for(self, k: int) -> list[dict]:
+        return self.task.sample_prompts(self.per_step, cursor=k * self.per_step)
+
+    def submit(self, k: int, version: int) -> None:
+        rows = self.prompts_for(k)
+        ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+        sampling = replace(self.sampling, seed=request_seed(self.seed, "rollout", k))
+        self.pending[k] = (version, self.thread.submit(version, ids, self.group_size, sampling))
+
+    def restore(self, snapshot: list) -> None:
+        """Request again the batches a checkpoint recorded, with their versions."""
+        for k, v in snapshot:
+            self.submit(int(k), int(v))
+
+    def request_ahead(self, t: int) -> None:
+        """Batch ``t`` and up to ``ahead`` later ones the lag policy allows at trainer step ``t``."""
+        for k in range(t, min(t + self.ahead, self.max_steps - 1) + 1):
+            if k not in self.pending and (k == t or self.lag.can_submit(k, t)):
+                self.submit(k, self.lag.version_for(k, t))
+
+    def take(self, t: int) -> tuple[int, list, dict, float]:
+        """Wait for batch ``t``: ``(version, groups, timing, wait seconds)``."""
+        version, fut = self.pending[t]
+        t0 = time.perf_counter()
+        groups, timing = fut.result()
+        wait_s = time.perf_counter() - t0
+        del self.pending[t]
+        return version, groups, timing, wait_s
+
+    def versions(self) -> set[int]:
+        return {v for v, _ in self.pending.values()}
+
+    def snapshot(self) -> list[list[int]]:
+        """``[[batch, version], ...]`` in batch order (what a checkpoint records)."""
+        return [[k, v] for k, (v, _) in sorted(self.pending.items())]

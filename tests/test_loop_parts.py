@@ -1,0 +1,154 @@
+"""The rollout buffer and the weight publisher of the training loop, on their own.
+
+The buffer runs on a real rollout thread; the engine is a recorder of the commands it gets
+(``update_weights`` / ``generate`` in order), which is exactly what these tests assert on: which
+batch is requested from which weight version, in which order, and what a checkpoint replays.
+The publisher writes and prunes real folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sat_cli.engines.base import Sample, SamplingParams
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.publisher import WeightPublisher, future_versions, min_needed
+from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
+
+
+class Recorder:
+    """An engine that records its commands and answers with one-token samples."""
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.version = 0
+
+    def update_weights(self, path: str, version: int) -> None:
+        self.log.append(("update", Path(path).name, version))
+        self.version = version
+
+    def generate(self, prompts, n, sampling):
+        self.log.append(("generate", len(prompts), sampling.seed, self.version))
+        return [[Sample(p, [1], [-0.1], "stop", self.version) for _ in range(n)] for p in prompts]
+
+
+class Task:
+    def sample_prompts(self, n: int, cursor: int) -> list[dict]:
+        return [{"prompt": f"p{cursor + i}", "answer": "1"} for i in range(n)]
+
+
+def tokenizer(text, add_special_tokens=False):
+    return {"input_ids": [ord(c) for c in text]}
+
+
+def _buffer(lag: LagPolicy, max_steps: int = 10):
+    eng = Recorder()
+    thread = RolloutThread(eng, Path("w"), engine_version=0)
+    buf = RolloutBuffer(thread, Task(), tokenizer, per_step=2, group_size=3,
+                        sampling=SamplingParams(), seed=5, lag=lag, max_steps=max_steps)  # fmt: skip
+    return eng, thread, buf
+
+
+@pytest.mark.parametrize(
+    "lag, versions",
+    [
+        # interval lag 2: batch k >= 1 from version 2 * floor((k - 1) / 2); batch 0 fresh
+        (LagPolicy(2, "interval"), {0: 0, 1: 0, 2: 0, 3: 2, 4: 2, 5: 4}),
+        (LagPolicy(2, "fixed"), {0: 0, 1: 0, 2: 0, 3: 1, 4: 2, 5: 3}),
+        (LagPolicy(0), {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5}),
+    ],
+)
+def test_buffer_requests_each_batch_from_the_lag_policys_version(lag, versions):
+    eng, thread, buf = _buffer(lag)
+    try:
+        got = {}
+        for t in range(6):
+            buf.request_ahead(t)
+            version, groups, timing, _ = buf.take(t)
+            got[t] = version
+            assert [g[0].weight_version for g in groups] == [version, version]
+            assert len(groups) == 2 and all(len(g) == 3 for g in groups)
+            assert set(timing) == {"gen_s", "update_s"}
+            # the engine holds t + 1 only once the trainer made it: emulate publishing
+        assert got == versions
+        # at step 5 batch 6 is already in flight when its version exists (lag > 0), not at lag 0
+        ahead = [6] if lag.n else []
+        assert sorted(buf.pending) == ahead
+        for k in ahead:
+            buf.take(k)
+        # the engine got every generation request with its batch's seed, in batch order
+        seeds = [e[2] for e in eng.log if e[0] == "generate"]
+        assert seeds == [request_seed(5, "rollout", k) for k in [*range(6), *ahead]]
+    finally:
+        thread.close()
+
+
+def test_buffer_requests_ahead_within_the_lag_and_replays_its_snapshot():
+    lag = LagPolicy(2, "interval")
+    eng, thread, buf = _buffer(lag)
+    try:
+        buf.request_ahead(0)  # batch 0 and batch 1 (version 0 exists at step 0)
+        assert sorted(buf.pending) == [0, 1]
+        buf.take(0)
+        buf.request_ahead(1)  # batch 2 also from version 0: requested now
+        snap = buf.snapshot()
+        assert snap == [[1, 0], [2, 0]] and buf.versions() == {0}
+        buf.take(1)
+        buf.request_ahead(2)  # batch 3 needs version 2: not before step 2 (can_submit)
+        assert sorted(buf.pending) == [2, 3] and buf.pending[3][0] == 2
+    finally:
+        thread.close()
+    # a resumed run requests exactly the recorded batches again: same prompts, seeds, versions
+    eng2, thread2, buf2 = _buffer(lag)
+    try:
+        buf2.restore(snap)
+        assert buf2.snapshot() == snap
+        for k in (1, 2):
+            version, groups, _, _ = buf2.take(k)
+            assert version == 0 and groups[0][0].prompt_ids == tokenizer(f"p{2 * k}")["input_ids"]
+        first = [e for e in eng.log if e[0] == "generate"][1:3]
+        assert [e for e in eng2.log if e[0] == "generate"] == first
+    finally:
+        thread2.close()
+
+
+class Writer:
+    def __init__(self):
+        self.written: list[int] = []
+
+    def publish_weights(self, root: Path, version: int) -> None:
+        (root / f"v{version}").mkdir(parents=True)
+        (root / f"v{version}" / "model.safetensors").write_bytes(b"x")
+        self.written.append(version)
+
+
+def test_publisher_publishes_once_and_keeps_what_a_resume_needs(tmp_path):
+    lag = LagPolicy(2, "interval")
+    tr = Writer()
+    pub = WeightPublisher(tr, tmp_path / "weights", tmp_path / "ckpt", lag, published=[])
+    pub.write(0)
+    pub.published.append(0)
+    for v in (2, 2, 4):
+        pub.publish(v)
+    assert tr.written == [0, 2, 4] and pub.published == [0, 2, 4]
+    # trainer at version 4: batch 4 comes from version 2, batch 5 from 4 — both kept
+    assert future_versions(lag, 4) == {2, 4}
+    assert pub.prune(4, set(), since=4) == [0, 2, 4]
+    # at version 5 batches 5 and 6 both come from version 4: version 2 goes
+    assert future_versions(lag, 5) == {4, 5}
+    assert pub.prune(5, set(), since=5) == [0, 4]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v0", "v4"]
+    # a checkpoint at version 6 whose pending batch 7 comes from version 6: batch 6 (from
+    # version 4) is re-requested on resume too, so the checkpoint needs versions >= 4
+    pub.publish(6)
+    assert min_needed(lag, 6, [[7, 6]]) == 4
+    assert pub.prune(6, {6}, since=4) == [0, 4, 6]
+    pub.publish(8)  # at version 8, batch 8 comes from 6: version 4 goes
+    assert pub.prune(8, set(), since=8) == [0, 6, 8]
+    # an old pending batch keeps its version; so does the last checkpoint's min_needed
+    pub.published[:] = [0, 2, 6, 8]
+    assert pub.keep(8, {2}, since=8) == {0, 2, 6, 8}
+    assert pub.keep(8, set(), since=2) == {0, 2, 6, 8}
+    assert pub.keep(8, set(), since=3) == {0, 6, 8}

@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from sat_cli.models.r3 import R3Error as R3Error
 from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
-from sat_cli.rl.config import LossConfig, resolve_loss
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 from sat_cli.trainers.step import token_logprobs as token_logprobs
@@ -52,36 +52,19 @@ class LocalTrainer(PolicyTrainer):
         model_path: str,
         *,
         loss: LossConfig | None = None,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.98),
-        weight_decay: float = 0.0,
-        grad_clip: float = 1.0,
-        temperature: float = 1.0,
-        r3: bool = False,
-        num_minibatches: int = 1,
-        seed: int = 0,
         device: str = "cpu",
-        r3_audit: bool = False,
-        **loss_settings,
+        **options,
     ):
-        self._init_step(
-            resolve_loss(loss, loss_settings),
-            grad_clip=grad_clip,
-            num_minibatches=num_minibatches,
-            temperature=temperature,
-            r3=r3,
-            r3_audit=r3_audit,
-        )
-        torch.manual_seed(seed)
+        """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...)
+        and, without ``loss``, the loss settings in keyword form (``algo``, ``eps_low``, ...)."""
+        self._init_step(loss, options)
         self.model_path = str(model_path)
         self.device = torch.device(device)
         self.model = load_model(model_path, "float32", self.device).train()
         self.tokenizer = self._load_tokenizer(model_path)
-        if r3 and not hasattr(self.model.config, "num_experts"):
+        if self.r3 and not hasattr(self.model.config, "num_experts"):
             raise R3Error(f"R3 needs an MoE model; {type(self.model).__name__} has no experts")
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-        )
+        self.opt = self._new_optimizer(self.model.parameters())
         self.ref_model = None
         if self.loss.kl_coef > 0:
             self.ref_model = load_model(model_path, "float32", self.device)

@@ -15,6 +15,11 @@
    stay as they were) and sets ``loss/nonfinite_skipped`` = 1 for that chunk; the loop counts
    such steps.
 
+Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``, or its older keyword
+form) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
+``temperature``, ``r3``, ``num_minibatches``, ``seed``, ``r3_audit``); ``_init_step`` splits
+and checks them.
+
 A trainer subclass supplies its model only: ``logprobs``, ``_train_forward``,
 ``_ref_logprobs``, ``_clip_gradients`` (the local trainer clips; the Megatron actor first sums
 gradients over its data-parallel ranks), ``_audit_totals`` and an ``opt`` (torch optimizer);
@@ -33,12 +38,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from sat_cli.rl import registry
-from sat_cli.rl.config import LossConfig
+from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.rl.losses import kl_k3_penalty
 from sat_cli.trainers.batch import TrainBatch
 
@@ -57,38 +63,59 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The optimizer and step settings both trainers take as keywords (besides ``loss``)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0  # log-probs of ``logits / temperature`` (the rollout's)
+    r3: bool = False  # replay the recorded MoE routes in every forward
+    num_minibatches: int = 1  # optimizer steps per rollout batch
+    seed: int = 0
+    r3_audit: bool = False  # count the (token, layer) rows whose experts differ from the routes
+
+
+# every keyword a trainer constructor accepts besides its backend's own (device, dtype)
+TRAINER_KEYS = ("loss", *(f.name for f in fields(TrainerSettings)), *LEGACY_KEYS)
+
+
 class PolicyTrainer:
-    """The shared policy update; subclasses call ``_init_step`` in their constructor."""
+    """The shared policy update; subclasses call ``_init_step`` first in their constructor."""
 
     opt: torch.optim.Optimizer
     device: torch.device
 
-    def _init_step(
-        self,
-        loss: LossConfig,
-        *,
-        grad_clip: float,
-        num_minibatches: int,
-        temperature: float,
-        r3: bool,
-        r3_audit: bool,
-    ) -> None:
-        """Validate and keep the step settings (before any model is built: fail fast)."""
-        if num_minibatches < 1:
-            raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
-        if temperature <= 0:
-            raise ValueError(f"trainer temperature must be > 0, got {temperature}")
+    def _init_step(self, loss: LossConfig | None, options: dict[str, Any]) -> None:
+        """Split the constructor keywords into ``TrainerSettings`` and the ``LossConfig`` (``loss``
+        or its keyword form), validate them (fail fast: before any model is built) and seed
+        torch's RNG."""
+        names = {f.name for f in fields(TrainerSettings)}
+        settings = TrainerSettings(**{k: v for k, v in options.items() if k in names})
+        loss = resolve_loss(loss, {k: v for k, v in options.items() if k not in names})
+        if settings.num_minibatches < 1:
+            raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
+        if settings.temperature <= 0:
+            raise ValueError(f"trainer temperature must be > 0, got {settings.temperature}")
         spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
+        self.settings = settings
         self.loss = loss
         self.needs_old = spec.needs_old_logp
         self.needs = spec.needs
-        self.grad_clip = grad_clip
-        self.num_minibatches = num_minibatches
-        self.temperature = temperature
-        self.r3 = r3
-        self.r3_audit = r3 and r3_audit
+        self.grad_clip = settings.grad_clip
+        self.num_minibatches = settings.num_minibatches
+        self.temperature = settings.temperature
+        self.r3 = settings.r3
+        self.r3_audit = settings.r3 and settings.r3_audit
         self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self.step_count = 0
+        torch.manual_seed(settings.seed)
+
+    def _new_optimizer(self, params) -> torch.optim.Optimizer:
+        s = self.settings
+        return torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
 
     # --- what a backend supplies ----------------------------------------------------------------
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:

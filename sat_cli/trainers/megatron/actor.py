@@ -44,7 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sat_cli.models.r3 import check_routes
-from sat_cli.rl.config import LossConfig, resolve_loss
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 
@@ -62,46 +62,30 @@ class MegatronActor(PolicyTrainer):
         model_path: str,
         *,
         loss: LossConfig | dict | None = None,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.98),
-        weight_decay: float = 0.0,
-        grad_clip: float = 1.0,
-        temperature: float = 1.0,
-        r3: bool = False,
-        num_minibatches: int = 1,
-        seed: int = 0,
         dtype: str = "float32",
-        r3_audit: bool = False,
-        **loss_settings,
+        **options,
     ):
-        if isinstance(loss, dict):  # from the worker's JSON
+        """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON); ``options``: as
+        ``LocalTrainer``'s (``sat_cli.trainers.step.TrainerSettings`` and the keyword form of
+        the loss settings)."""
+        if isinstance(loss, dict):
             loss = LossConfig.from_dict(loss)
-        self._init_step(
-            resolve_loss(loss, loss_settings),
-            grad_clip=grad_clip,
-            num_minibatches=num_minibatches,
-            temperature=temperature,
-            r3=r3,
-            r3_audit=r3_audit,
-        )
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(DTYPES)}")
-        torch.manual_seed(seed)
+        self._init_step(loss, options)
         self.model_path = str(model_path)
         self.hf_config = convert.read_hf_config(model_path)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.dtype = DTYPES[dtype]
         self._init_parallel()
-        self.model = self._build(routing_replay=r3, clear_registry=True)
+        self.model = self._build(routing_replay=self.r3, clear_registry=True)
         self.model.train()
         self.ref_model = None
         if self.loss.kl_coef > 0:
             # also replay-enabled under R3 (same routes); registered after the actor's routers
-            self.ref_model = self._build(routing_replay=r3, clear_registry=False)
+            self.ref_model = self._build(routing_replay=self.r3, clear_registry=False)
             self.ref_model.requires_grad_(False)
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-        )
+        self.opt = self._new_optimizer(self.model.parameters())
 
     def _init_parallel(self) -> None:
         import torch.distributed as dist

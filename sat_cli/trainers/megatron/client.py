@@ -36,7 +36,6 @@ readable by every rank (one node, or a shared filesystem).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import select
@@ -53,6 +52,7 @@ import torch
 from sat_cli.procs import free_port
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.trainers.batch import TrainBatch
+from sat_cli.trainers.step import TRAINER_KEYS
 
 from . import protocol
 
@@ -80,11 +80,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _actor_keys() -> set[str]:
-    from .actor import MegatronActor
-
-    params = inspect.signature(MegatronActor.__init__).parameters
-    named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
-    return (named - {"self", "model_path"}) | set(LEGACY_KEYS)
+    return {*TRAINER_KEYS, "dtype"}  # MegatronActor's keywords
 
 
 class MegatronTrainer:

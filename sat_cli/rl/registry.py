@@ -231,40 +231,30 @@ def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str =
     return resolve(algo, correction, ratio_denominator).needs_old_logp
 
 
-def compute_loss(
-    algo_name: str,
-    correction_name: str = "none",
-    *,
-    logp: torch.Tensor,
-    rollout_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor | None = None,
-    versions: torch.Tensor | None = None,
-    current_version: int | None = None,
-    seq_score_sqnorm: torch.Tensor | None = None,
-    **settings,
-):
-    """``compute`` with the settings as keywords (``LossConfig``'s field names and defaults:
-    ``eps_low``, ``eps_high``, ``adaptive``, ``quantile``, ``exponent``, ``anchor``, ``q_rows``,
-    ``agg``, ``dual_clip_c``, ``ratio_denominator``, ``tis_cap``, ``icepop_low``,
-    ``icepop_high``, ``dppo_delta``, ``m2po_tau``, ``behav_cap``, ``behav_mode``,
-    ``group_size``, ``vcpo_is_cap``, ``vcpo_ess_base``, ``vcpo_opob``)."""
+_INPUTS = (
+    "logp",
+    "rollout_logp",
+    "advantages",
+    "mask",
+    "old_logp",
+    "versions",
+    "current_version",
+    "seq_score_sqnorm",
+)
+
+
+def compute_loss(algo_name: str, correction_name: str = "none", **kwargs):
+    """``compute`` with the settings as keywords beside the tensors (``LossConfig``'s field
+    names and defaults: ``eps_low``, ``eps_high``, ``adaptive``, ``quantile``, ``exponent``,
+    ``anchor``, ``q_rows``, ``agg``, ``dual_clip_c``, ``ratio_denominator``, ``tis_cap``,
+    ``icepop_low``, ``icepop_high``, ``dppo_delta``, ``m2po_tau``, ``behav_cap``,
+    ``behav_mode``, ``group_size``, ``vcpo_is_cap``, ``vcpo_ess_base``, ``vcpo_opob``)."""
+    inputs = {k: kwargs.pop(k) for k in _INPUTS if k in kwargs}
     try:
-        cfg = LossConfig(algo=algo_name, correction=correction_name, **settings)
+        cfg = LossConfig(algo=algo_name, correction=correction_name, **kwargs)
     except TypeError as exc:
         raise TypeError(f"compute_loss: {exc}") from None
-    return compute(
-        cfg,
-        logp=logp,
-        rollout_logp=rollout_logp,
-        advantages=advantages,
-        mask=mask,
-        old_logp=old_logp,
-        versions=versions,
-        current_version=current_version,
-        seq_score_sqnorm=seq_score_sqnorm,
-    )
+    return compute(cfg, **inputs)
 
 
 def compute(

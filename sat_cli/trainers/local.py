@@ -80,7 +80,7 @@ class LocalTrainer(PolicyTrainer):
             return None  # a checkpoint without tokenizer files: publish weights only
 
     # --- forward ---------------------------------------------------------------------------
-    def _forward(self, model, batch: TrainBatch):
+    def _model_forward(self, model, batch: TrainBatch):
         if self.r3:
             check_routes(batch.routed_experts, batch.input_ids)
         dev = self.device
@@ -108,21 +108,7 @@ class LocalTrainer(PolicyTrainer):
             self._audit[1] += audit.mismatched
         return token_logprobs(out.logits, batch.input_ids.to(dev), self.temperature)
 
-    @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Recomputed ``logp [B, S]`` of the current weights (no grad), aligned like ``rollout_logp``."""
-        return self._forward(self.model, batch)[0].cpu()
-
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
-    def _train_forward(self, mb: TrainBatch):
-        return self._forward(self.model, mb)
-
-    def _ref_logprobs(self, batch: TrainBatch):
-        if self.ref_model is None:
-            return None
-        with torch.no_grad():
-            return self._forward(self.ref_model, batch)[0].cpu()
-
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
@@ -148,7 +134,7 @@ class LocalTrainer(PolicyTrainer):
             m = row.loss_mask.to(self.device).bool()
             if not bool(m.any()):
                 continue
-            logp, _ = self._forward(self.model, row)
+            logp, _ = self._model_forward(self.model, row)
             grads = torch.autograd.grad(logp[m].sum(), params, allow_unused=True)
             out[b] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
         return out

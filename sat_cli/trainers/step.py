@@ -20,8 +20,8 @@ form) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, `
 ``temperature``, ``r3``, ``num_minibatches``, ``seed``, ``r3_audit``); ``_init_step`` splits
 and checks them.
 
-A trainer subclass supplies its model only: ``logprobs``, ``_train_forward``,
-``_ref_logprobs``, ``_clip_gradients`` (the local trainer clips; the Megatron actor first sums
+A trainer subclass supplies its model only: ``model`` and ``ref_model``, ``_model_forward``
+(log-probs and entropy of either), ``_clip_gradients`` (the local trainer clips; the Megatron actor first sums
 gradients over its data-parallel ranks), ``_audit_totals`` and an ``opt`` (torch optimizer);
 ``_extra_inputs`` adds the inputs only some algorithms read.
 
@@ -118,17 +118,29 @@ class PolicyTrainer:
         return torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
 
     # --- what a backend supplies ----------------------------------------------------------------
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU)."""
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None  # the frozen reference policy when loss.kl_coef > 0
+
+    def _model_forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logp, entropy)`` ``[B, S]`` of ``model`` (the policy or the reference) on
+        ``self.device``; ``logp`` with gradient unless called under ``no_grad``."""
         raise NotImplementedError
 
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU), aligned like
+        ``rollout_logp``."""
+        return self._model_forward(self.model, batch)[0].float().cpu()
+
     def _train_forward(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logp, entropy)`` ``[b, S]`` on ``self.device``, ``logp`` with gradient."""
-        raise NotImplementedError
+        return self._model_forward(self.model, mb)
 
     def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """The reference policy's ``logp [B, S]`` (CPU), or None without a reference."""
-        raise NotImplementedError
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            return self._model_forward(self.ref_model, batch)[0].float().cpu()
 
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Reduce the gradients (if several ranks) and clip them; the norm before clipping."""

@@ -122,7 +122,7 @@ class MegatronActor(PolicyTrainer):
         return model.to(self.device)
 
     # --- forward ---------------------------------------------------------------------------
-    def _forward(self, model, batch: TrainBatch):
+    def _rank_forward(self, model, batch: TrainBatch):
         dev = self.device
         if self.r3:
             check_routes(batch.routed_experts, batch.input_ids)
@@ -151,33 +151,19 @@ class MegatronActor(PolicyTrainer):
                 # they can go now; a backward never needs them again.
                 runtime.clear_replay()
 
-    def _sharded_forward(self, model, batch: TrainBatch):
+    def _model_forward(self, model, batch: TrainBatch):
         """``(logp, entropy)`` ``[B, S]`` of the whole ``batch``, each rank running its rows."""
         if self.dp == 1:
-            return self._forward(model, batch)
+            return self._rank_forward(model, batch)
         rows, _ = runtime.shard_rows(batch.batch_size, self.dp, self.dp_rank)
-        logp, entropy = self._forward(model, batch.select(rows))
+        logp, entropy = self._rank_forward(model, batch.select(rows))
         n = batch.batch_size
         logp = runtime.gather_rows(logp, self.dp_group, self.dp_rank, self.dp)[:n]
         with torch.no_grad():
             entropy = runtime.gather_rows(entropy, self.dp_group, self.dp_rank, self.dp)[:n]
         return logp, entropy
 
-    @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Recomputed ``logp [B, S]`` (no grad), aligned like ``rollout_logp``."""
-        return self._sharded_forward(self.model, batch)[0].float().cpu()
-
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
-    def _train_forward(self, mb: TrainBatch):
-        return self._sharded_forward(self.model, mb)
-
-    def _ref_logprobs(self, batch: TrainBatch):
-        if self.ref_model is None:
-            return None
-        with torch.no_grad():
-            return self._sharded_forward(self.ref_model, batch)[0].float().cpu()
-
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
         if self.world == 1:
             return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)

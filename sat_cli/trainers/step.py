@@ -7,7 +7,7 @@
    on) and report ``staleness/mismatch_abs_logratio_mean`` (mean ``|log pi_old - log mu|``);
 2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``);
 3. split the batch into ``num_minibatches`` contiguous row chunks; per chunk: forward
-   (``_train_forward``: token log-probs of ``logits / temperature`` and their entropy),
+   (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy),
    ``registry.compute`` with the trainer's ``LossConfig`` (+ ``kl_coef * k3``), backward,
    gradient reduction and grad-norm clip (``_clip_gradients``), optimizer step. A chunk without
    response tokens is skipped (no optimizer step). A non-finite loss or gradient norm skips the
@@ -21,9 +21,9 @@ form) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, `
 and checks them.
 
 A trainer subclass supplies its model only: ``model`` and ``ref_model``, ``_model_forward``
-(log-probs and entropy of either), ``_clip_gradients`` (the local trainer clips; the Megatron actor first sums
-gradients over its data-parallel ranks), ``_audit_totals`` and an ``opt`` (torch optimizer);
-``_extra_inputs`` adds the inputs only some algorithms read.
+(log-probs and entropy of either), ``_clip_gradients`` (the local trainer clips; the Megatron
+actor first sums gradients over its data-parallel ranks), ``_audit_totals`` and an ``opt``
+(``_new_optimizer``: torch AdamW); ``_extra_inputs`` adds the inputs only some algorithms read.
 
 Metrics are the loss library's (``loss/*``, ``sat/*``, ``staleness/*``) averaged over
 minibatches, plus ``loss/grad_norm`` (before clipping), ``loss/entropy``, ``loss/total``,
@@ -132,9 +132,6 @@ class PolicyTrainer:
         ``rollout_logp``."""
         return self._model_forward(self.model, batch)[0].float().cpu()
 
-    def _train_forward(self, mb: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._model_forward(self.model, mb)
-
     def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """The reference policy's ``logp [B, S]`` (CPU), or None without a reference."""
         if self.ref_model is None:
@@ -178,7 +175,7 @@ class PolicyTrainer:
             mask = mb.loss_mask.to(dev)
             if int(mask.sum()) == 0:
                 continue
-            logp, entropy = self._train_forward(mb)  # [b, S]
+            logp, entropy = self._model_forward(self.model, mb)  # [b, S]
             metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp)
             metrics["loss/entropy"] = float(entropy[mask.bool()].double().mean())
             for k, v in metrics.items():

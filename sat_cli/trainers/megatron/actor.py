@@ -28,7 +28,9 @@ order statistic and the loss normalisation are exactly those of a single process
 then summed: dense parameters over the data-parallel group, expert parameters over the
 expert-data-parallel group (the all-gather dispatcher already brings every EP-group token to
 its expert). The clip norm adds the expert norms over the EP group. With world size 1 none of
-this runs and the step is the local trainer's, operation for operation.
+this runs and the step is the local trainer's, operation for operation. The non-finite skip
+is collective-safe: every rank computes the same loss and, after the reduction, the same global
+norm, so all ranks skip (or step) together.
 """
 
 from __future__ import annotations

@@ -143,6 +143,21 @@ def test_actor_matches_local_trainer(megatron_dist, tiny_dir, name):
             assert m["r3/audit_mismatched_rows"] == 0
 
 
+@pytest.mark.parametrize("field", ["advantages", "rollout_logp"])
+def test_actor_skips_a_nonfinite_update_like_the_local_trainer(megatron_dist, tiny_dir, field):
+    # the actor gets its loss settings as the worker does: LossConfig -> JSON -> dict
+    from trainer_checks import check_nonfinite_step_is_skipped, plant_nonfinite
+
+    from sat_cli.rl.config import LossConfig
+
+    loss = LossConfig(algo="grpo", adaptive=True, kl_coef=0.1)
+    actor = MegatronActor(str(tiny_dir), loss=json.loads(json.dumps(loss.to_dict())), lr=1e-4)
+    assert actor.loss == loss
+    samples, adv = make_samples(seed=6)
+    clean = collate(samples, adv, pad_id=0)
+    check_nonfinite_step_is_skipped(actor, clean, plant_nonfinite(clean, field))
+
+
 def test_route_audits_see_routes_that_were_not_replayed(megatron_dist, tiny_dir):
     # The audits can fail: a forward WITHOUT replay against routes the routers did not choose.
     from sat_cli.models.r3 import RouteAudit as HFRouteAudit

@@ -200,26 +200,15 @@ def _hf_config(path: str) -> dict:
 
 def build_trainer(obj, path: str, run_dir: Path):
     kwargs = dict(
+        loss=loss_config(obj),
         lr=obj.trainer.lr,
         betas=tuple(obj.trainer.betas),
         weight_decay=obj.trainer.weight_decay,
         grad_clip=obj.trainer.grad_clip,
-        algo=obj.algo.name,
-        correction=obj.algo.correction,
-        eps_low=obj.algo.eps_low,
-        eps_high=obj.algo.eps_high,
-        adaptive=obj.clip.adaptive,
-        quantile=obj.clip.quantile,
-        exponent=obj.clip.exponent,
-        anchor=obj.clip.anchor,
-        loss_agg=obj.algo.loss_agg,
-        ratio_denominator=obj.algo.ratio_denominator,
-        kl_coef=obj.algo.kl_coef,
         temperature=obj.task.temperature,
         r3=obj.r3,
         num_minibatches=obj.algo.num_minibatches,
         seed=obj.seed,
-        loss_kwargs=_loss_kwargs(obj),
         r3_audit=obj.trainer.r3_audit,
     )
     t = obj.trainer
@@ -245,28 +234,40 @@ def build_trainer(obj, path: str, run_dir: Path):
     )
 
 
-def _loss_kwargs(obj) -> dict:
-    a = obj.algo
-    out: dict = {}
-    if a.dual_clip_c is not None:
-        out["dual_clip_c"] = a.dual_clip_c
-    if a.correction in ("tis", "mis"):
-        out["tis_cap"] = a.tis_cap
-    if a.correction == "icepop":
-        out["icepop_low"], out["icepop_high"] = a.icepop_low, a.icepop_high
-    if a.name == "dppo_tv":
-        out["dppo_delta"] = a.dppo_delta
-    if a.name == "m2po":
-        out["m2po_tau"] = a.m2po_tau
-    if a.name in ("decoupled_ppo", "a3po"):
-        out["behav_cap"], out["behav_mode"] = a.behav_cap, a.behav_mode
-    if a.name == "vcpo":
-        out["group_size"] = obj.task.samples_per_prompt
-        out["vcpo_is_cap"], out["vcpo_ess_base"] = a.vcpo_is_cap, a.vcpo_ess_base
-        out["vcpo_opob"] = a.vcpo_opob
-    if obj.clip.adaptive and obj.clip.q_scope == "micro_batch":
-        out["q_rows"] = obj.clip.micro_batch_size
-    return out
+def loss_config(obj):
+    """The run's ``LossConfig``: every loss setting of ``algo.*`` and ``clip.*`` (the loop owns
+    ``algo.adv_std_norm``, ``algo.drop_zero_adv_groups``, ``algo.num_minibatches`` and the clip
+    schedule), plus ``task.samples_per_prompt`` as VCPO's group size. SAT's scope
+    ``clip.q_scope=micro_batch`` becomes ``q_rows = clip.micro_batch_size``."""
+    from sat_cli.rl.config import LossConfig
+
+    a, c = obj.algo, obj.clip
+    return LossConfig(
+        algo=a.name,
+        correction=a.correction,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        adaptive=c.adaptive,
+        quantile=c.quantile,
+        exponent=c.exponent,
+        anchor=c.anchor,
+        q_rows=c.micro_batch_size if c.adaptive and c.q_scope == "micro_batch" else None,
+        dual_clip_c=a.dual_clip_c,
+        agg=a.loss_agg,
+        ratio_denominator=a.ratio_denominator,
+        tis_cap=a.tis_cap,
+        icepop_low=a.icepop_low,
+        icepop_high=a.icepop_high,
+        dppo_delta=a.dppo_delta,
+        m2po_tau=a.m2po_tau,
+        behav_cap=a.behav_cap,
+        behav_mode=a.behav_mode,
+        group_size=obj.task.samples_per_prompt,
+        vcpo_is_cap=a.vcpo_is_cap,
+        vcpo_ess_base=a.vcpo_ess_base,
+        vcpo_opob=a.vcpo_opob,
+        kl_coef=a.kl_coef,
+    )
 
 
 _CONFIGURED = object()

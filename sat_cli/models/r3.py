@@ -33,6 +33,18 @@ class R3Error(RuntimeError):
     """Recorded routes are missing, mis-shaped or out of range for the forward pass."""
 
 
+def check_routes(routed_experts: torch.Tensor | None, input_ids: torch.Tensor) -> None:
+    """A training batch under R3 must carry routes ``[B, S, L, K]`` matching ``input_ids [B, S]``
+    (both trainers check this before their forward); raises ``R3Error`` otherwise."""
+    if routed_experts is None:
+        raise R3Error("R3 is on but the batch has no routed experts (engine started without r3?)")
+    if tuple(routed_experts.shape[:2]) != tuple(input_ids.shape):
+        raise R3Error(
+            f"routed experts {tuple(routed_experts.shape)} do not match input_ids "
+            f"{tuple(input_ids.shape)}"
+        )
+
+
 class RouteCapture:
     """Records the experts chosen by every router call while active (a context manager).
 

@@ -60,10 +60,9 @@ import math
 
 import torch
 
+from sat_cli.rl.names import LEVELS
+from sat_cli.rl.names import LOSS_AGGS as AGGS
 from sat_cli.rl.sat import merge_bounds, sat_sequence_bounds, sat_token_bounds
-
-LEVELS = ("token", "sequence", "sequence_token")
-AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Registry of policy-loss algorithms and mismatch corrections, composed per ALGORITHMS.md §5.
 
-A trainer calls ``compute_loss(algo, correction, logp=..., rollout_logp=..., old_logp=...,
-advantages=..., mask=..., <clip kwargs>, adaptive=...)`` with plain values. Each algorithm is
+A trainer calls ``compute(cfg, logp=..., rollout_logp=..., old_logp=..., advantages=...,
+mask=...)`` with its ``LossConfig`` (``sat_cli.rl.config``); ``compute_loss(algo, correction,
+..., <settings as keywords>)`` is the same with the settings spelled out. Each algorithm is
 registered with ``@register_algorithm`` together with its ratio level, its denominator and a
 function returning its extra per-token mask/weight; each correction with
 ``@register_correction``. ``valid_names()`` lists both for config validation, and unknown names
@@ -54,9 +55,9 @@ import torch
 
 from sat_cli.rl import corrections as corr
 from sat_cli.rl import offpolicy as off
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.losses import policy_loss
-
-DENOMINATORS = ("rollout", "recompute")
+from sat_cli.rl.names import DENOMINATORS
 
 
 @dataclass(frozen=True)
@@ -230,44 +231,51 @@ def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str =
     return resolve(algo, correction, ratio_denominator).needs_old_logp
 
 
-def compute_loss(
-    algo_name: str,
-    correction_name: str = "none",
+_INPUTS = (
+    "logp",
+    "rollout_logp",
+    "advantages",
+    "mask",
+    "old_logp",
+    "versions",
+    "current_version",
+    "seq_score_sqnorm",
+)
+
+
+def compute_loss(algo_name: str, correction_name: str = "none", **kwargs):
+    """``compute`` with the settings as keywords beside the tensors (``LossConfig``'s field
+    names and defaults: ``eps_low``, ``eps_high``, ``adaptive``, ``quantile``, ``exponent``,
+    ``anchor``, ``q_rows``, ``agg``, ``dual_clip_c``, ``ratio_denominator``, ``tis_cap``,
+    ``icepop_low``, ``icepop_high``, ``dppo_delta``, ``m2po_tau``, ``behav_cap``,
+    ``behav_mode``, ``group_size``, ``vcpo_is_cap``, ``vcpo_ess_base``, ``vcpo_opob``)."""
+    inputs = {k: kwargs.pop(k) for k in _INPUTS if k in kwargs}
+    try:
+        cfg = LossConfig(algo=algo_name, correction=correction_name, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"compute_loss: {exc}") from None
+    return compute(cfg, **inputs)
+
+
+def compute(
+    cfg: LossConfig,
     *,
     logp: torch.Tensor,
     rollout_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     old_logp: torch.Tensor | None = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    adaptive: bool = False,
-    quantile: float = 0.9,
-    exponent: float = 2.0,
-    anchor: str = "q",
-    q_rows: int | None = None,
-    agg: str = "token-mean",
-    dual_clip_c: float | None = None,
-    ratio_denominator: str = "rollout",
-    tis_cap: float = 2.0,
-    icepop_low: float = 0.5,
-    icepop_high: float = 5.0,
-    dppo_delta: float = 1e-3,
-    m2po_tau: float = 0.04,
-    behav_cap: float | None = None,
-    behav_mode: str = "clip",
     versions: torch.Tensor | None = None,
     current_version: int | None = None,
     seq_score_sqnorm: torch.Tensor | None = None,
-    group_size: int | None = None,
-    vcpo_is_cap: float = 8.0,
-    vcpo_ess_base: float = 1.0,
-    vcpo_opob: bool = True,
 ):
-    """Compose the named algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
-    (extra metrics: module docstring). ``versions`` (``[B]`` or ``[B, T]``), ``current_version``,
-    ``seq_score_sqnorm`` (``[B]``) and ``group_size`` are read only by the algorithms that need
-    them (``AlgoSpec.needs``)."""
+    """Compose ``cfg``'s algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
+    (extra metrics: module docstring). ``versions`` (``[B]`` or ``[B, T]``), ``current_version``
+    and ``seq_score_sqnorm`` (``[B]``) are read only by the algorithms that need them
+    (``AlgoSpec.needs``). ``cfg.kl_coef`` is the trainer's business (``trainers.step``)."""
+    algo_name, correction_name = cfg.algo, cfg.correction
+    eps_low, eps_high, agg = cfg.eps_low, cfg.eps_high, cfg.agg
+    ratio_denominator, adaptive = cfg.ratio_denominator, cfg.adaptive
     spec = resolve(algo_name, correction_name, ratio_denominator)
     a, c, denom = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction], spec.denominator
     if spec.needs_old_logp and old_logp is None:
@@ -277,17 +285,17 @@ def compute_loss(
     if adaptive and not a.clip:
         raise ValueError(f"SAT contracts a clip interval; {algo_name!r} has none")
     p = {
-        "tis_cap": tis_cap,
-        "icepop_low": icepop_low,
-        "icepop_high": icepop_high,
-        "dppo_delta": dppo_delta,
-        "m2po_tau": m2po_tau,
-        "behav_cap": behav_cap,
-        "behav_mode": behav_mode,
-        "group_size": group_size,
-        "vcpo_is_cap": vcpo_is_cap,
-        "vcpo_ess_base": vcpo_ess_base,
-        "vcpo_opob": vcpo_opob,
+        "tis_cap": cfg.tis_cap,
+        "icepop_low": cfg.icepop_low,
+        "icepop_high": cfg.icepop_high,
+        "dppo_delta": cfg.dppo_delta,
+        "m2po_tau": cfg.m2po_tau,
+        "behav_cap": cfg.behav_cap,
+        "behav_mode": cfg.behav_mode,
+        "group_size": cfg.group_size,
+        "vcpo_is_cap": cfg.vcpo_is_cap,
+        "vcpo_ess_base": cfg.vcpo_ess_base,
+        "vcpo_opob": cfg.vcpo_opob,
     }
     ctx = dict(
         logp=logp,
@@ -325,13 +333,13 @@ def compute_loss(
         eps_low=eps_low,
         eps_high=eps_high,
         adaptive=adaptive,
-        quantile=quantile,
-        exponent=exponent,
+        quantile=cfg.quantile,
+        exponent=cfg.exponent,
         agg=agg,
-        dual_clip_c=dual_clip_c,
+        dual_clip_c=cfg.dual_clip_c,
         token_weights=weight,
-        anchor=anchor,
-        q_rows=q_rows,
+        anchor=cfg.anchor,
+        q_rows=cfg.q_rows,
     )
     metrics.update(extra)
     if denom == "rollout":

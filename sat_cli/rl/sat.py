@@ -49,7 +49,7 @@ from fractions import Fraction
 
 import torch
 
-ANCHORS = ("q", "min_q_eps")
+from sat_cli.rl.names import ANCHORS
 
 
 def order_statistic_k(quantile: float, n: int) -> int:

@@ -1,18 +1,14 @@
 """The megatron-core policy inside the worker: forward, loss, AdamW step, export, checkpoints.
 
-``MegatronActor`` mirrors ``sat_cli.trainers.local.LocalTrainer`` step for step, so the two
-backends give the same numbers from the same weights and batch (tests/test_megatron_trainer.py):
-
-1. if the algorithm/correction needs ``pi_old`` (``registry.needs_old_logp``), recompute the
-   batch's log-probs once without gradient (with R3 replay when on);
-2. with ``kl_coef > 0``, the reference policy's log-probs (a second, frozen GPTModel with the
-   initial weights);
-3. ``num_minibatches`` contiguous row chunks; per chunk: forward (R3: ``RouterReplay`` with the
-   recorded routes), ``logp = log_softmax(logits / temperature)`` of the sampled tokens,
-   ``sat_cli.rl.registry.compute_loss`` (+ ``kl_coef * k3``), backward,
-   ``clip_grad_norm_``, ``torch.optim.AdamW`` step (megatron's own optimizer allocates on CUDA;
-   plain AdamW over the unwrapped model, with the gradient sums below for several ranks).
-   Chunks without response tokens are skipped.
+``MegatronActor`` runs the same policy update as ``sat_cli.trainers.local.LocalTrainer``: both
+inherit ``sat_cli.trainers.step.PolicyTrainer.step`` (minibatches, ``pi_old`` recompute,
+reference log-probs, loss from the ``LossConfig``, backward, clip, non-finite skip, metrics), so
+the two backends give the same numbers from the same weights and batch
+(tests/test_megatron_trainer.py). This class supplies the megatron-core forward (R3:
+``RouterReplay`` with the recorded routes; the reference policy is a second, frozen GPTModel with
+the initial weights), the gradient reduction over data-parallel ranks with the clip, and
+``torch.optim.AdamW`` (megatron's own optimizer allocates on CUDA; plain AdamW over the
+unwrapped model, with the gradient sums below for several ranks).
 
 Metrics have the local trainer's names and meaning. Log-probs use ``TrainBatch``'s alignment
 (column 0 is 0). Padding keys are masked like HF's attention mask.
@@ -32,7 +28,9 @@ order statistic and the loss normalisation are exactly those of a single process
 then summed: dense parameters over the data-parallel group, expert parameters over the
 expert-data-parallel group (the all-gather dispatcher already brings every EP-group token to
 its expert). The clip norm adds the expert norms over the EP group. With world size 1 none of
-this runs and the step is the local trainer's, operation for operation.
+this runs and the step is the local trainer's, operation for operation. The non-finite skip
+is collective-safe: every rank computes the same loss and, after the reduction, the same global
+norm, so all ranks skip (or step) together.
 """
 
 from __future__ import annotations
@@ -41,16 +39,16 @@ import contextlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from sat_cli.rl import registry
-from sat_cli.rl.losses import kl_k3_penalty
+from sat_cli.models.r3 import check_routes
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
+from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 
 from . import convert, runtime
 from .model import build_gpt_model
@@ -58,80 +56,38 @@ from .model import build_gpt_model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class MegatronActor:
+class MegatronActor(PolicyTrainer):
     """megatron-core GPTModel + torch AdamW (the state of one worker rank)."""
 
     def __init__(
         self,
         model_path: str,
         *,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.98),
-        weight_decay: float = 0.0,
-        grad_clip: float = 1.0,
-        algo: str = "grpo",
-        correction: str = "none",
-        eps_low: float = 0.2,
-        eps_high: float = 0.2,
-        adaptive: bool = False,
-        quantile: float = 0.9,
-        exponent: float = 2.0,
-        anchor: str = "q",
-        loss_agg: str = "token-mean",
-        ratio_denominator: str = "rollout",
-        kl_coef: float = 0.0,
-        temperature: float = 1.0,
-        r3: bool = False,
-        num_minibatches: int = 1,
-        seed: int = 0,
-        loss_kwargs: dict | None = None,
+        loss: LossConfig | dict | None = None,
         dtype: str = "float32",
-        r3_audit: bool = False,
+        **options,
     ):
-        if num_minibatches < 1:
-            raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
-        if temperature <= 0:
-            raise ValueError(f"trainer temperature must be > 0, got {temperature}")
+        """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON); ``options``: as
+        ``LocalTrainer``'s (``sat_cli.trainers.step.TrainerSettings`` and the keyword form of
+        the loss settings)."""
+        if isinstance(loss, dict):
+            loss = LossConfig.from_dict(loss)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(DTYPES)}")
-        registry.resolve(algo, correction, ratio_denominator)  # fail fast on bad names
-        torch.manual_seed(seed)
+        self._init_step(loss, options)
         self.model_path = str(model_path)
         self.hf_config = convert.read_hf_config(model_path)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.dtype = DTYPES[dtype]
-        self.r3 = r3
-        self.r3_audit = r3 and r3_audit
-        self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self._init_parallel()
-        self.model = self._build(routing_replay=r3, clear_registry=True)
+        self.model = self._build(routing_replay=self.r3, clear_registry=True)
         self.model.train()
         self.ref_model = None
-        if kl_coef > 0:
+        if self.loss.kl_coef > 0:
             # also replay-enabled under R3 (same routes); registered after the actor's routers
-            self.ref_model = self._build(routing_replay=r3, clear_registry=False)
+            self.ref_model = self._build(routing_replay=self.r3, clear_registry=False)
             self.ref_model.requires_grad_(False)
-        self.opt = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay
-        )
-        self.grad_clip = grad_clip
-        self.algo, self.correction = algo, correction
-        self.loss_args = dict(
-            eps_low=eps_low,
-            eps_high=eps_high,
-            adaptive=adaptive,
-            quantile=quantile,
-            exponent=exponent,
-            anchor=anchor,
-            agg=loss_agg,
-            ratio_denominator=ratio_denominator,
-            **(loss_kwargs or {}),
-        )
-        self.needs_old = registry.needs_old_logp(algo, correction, ratio_denominator)
-        self.kl_coef = kl_coef
-        self.temperature = temperature
-        self.num_minibatches = num_minibatches
-        self.step_count = 0
+        self.opt = self._new_optimizer(self.model.parameters())
 
     def _init_parallel(self) -> None:
         import torch.distributed as dist
@@ -168,18 +124,10 @@ class MegatronActor:
         return model.to(self.device)
 
     # --- forward ---------------------------------------------------------------------------
-    def _forward(self, model, batch: TrainBatch):
+    def _rank_forward(self, model, batch: TrainBatch):
         dev = self.device
         if self.r3:
-            if batch.routed_experts is None:
-                raise runtime.R3Error(
-                    "R3 is on but the batch has no routed experts (engine started without r3?)"
-                )
-            if tuple(batch.routed_experts.shape[:2]) != tuple(batch.input_ids.shape):
-                raise runtime.R3Error(
-                    f"routed experts {tuple(batch.routed_experts.shape)} do not match "
-                    f"input_ids {tuple(batch.input_ids.shape)}"
-                )
+            check_routes(batch.routed_experts, batch.input_ids)
             runtime.set_replay_routes(batch.routed_experts, self.model.config, device=dev)
         audit = (
             runtime.RouteAudit(model, batch.routed_experts, batch.recorded_routes)
@@ -205,101 +153,31 @@ class MegatronActor:
                 # they can go now; a backward never needs them again.
                 runtime.clear_replay()
 
-    def _sharded_forward(self, model, batch: TrainBatch):
+    def _model_forward(self, model, batch: TrainBatch):
         """``(logp, entropy)`` ``[B, S]`` of the whole ``batch``, each rank running its rows."""
         if self.dp == 1:
-            return self._forward(model, batch)
+            return self._rank_forward(model, batch)
         rows, _ = runtime.shard_rows(batch.batch_size, self.dp, self.dp_rank)
-        logp, entropy = self._forward(model, batch.select(rows))
+        logp, entropy = self._rank_forward(model, batch.select(rows))
         n = batch.batch_size
         logp = runtime.gather_rows(logp, self.dp_group, self.dp_rank, self.dp)[:n]
         with torch.no_grad():
             entropy = runtime.gather_rows(entropy, self.dp_group, self.dp_rank, self.dp)[:n]
         return logp, entropy
 
-    @torch.no_grad()
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Recomputed ``logp [B, S]`` (no grad), aligned like ``rollout_logp``."""
-        return self._sharded_forward(self.model, batch)[0].float().cpu()
+    # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
+    def _clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if self.world == 1:
+            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return self._reduce_and_clip(max_norm)
 
-    # --- training step -----------------------------------------------------------------------
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        t0 = time.perf_counter()
-        dev = self.device
-        extra: dict[str, float] = {}
-        self._audit = [0, 0]
-        old_logp = None
-        if self.needs_old:
-            old_logp = self.logprobs(batch)  # [B, S]
-            m = batch.loss_mask.bool()
-            n = max(int(m.sum()), 1)
-            extra["staleness/mismatch_abs_logratio_mean"] = float(
-                (old_logp - batch.rollout_logp).abs()[m].double().sum() / n
-            )
-        ref_logp = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp = self._sharded_forward(self.ref_model, batch)[0].float().cpu()
+    def _audit_totals(self) -> list[float]:
+        audit = torch.tensor(self._audit, dtype=torch.float64)
+        if self.dp_group is not None:  # each rank checked its own rows
+            import torch.distributed as dist
 
-        chunks = torch.arange(batch.batch_size).chunk(self.num_minibatches)
-        sums: dict[str, float] = {}
-        n_steps = 0
-        for rows in chunks:
-            mb = batch.select(rows)
-            mask = mb.loss_mask.to(dev)
-            if int(mask.sum()) == 0:
-                continue
-            logp, entropy = self._sharded_forward(self.model, mb)  # [b, S]
-            loss, metrics = registry.compute_loss(
-                self.algo,
-                self.correction,
-                logp=logp,
-                rollout_logp=mb.rollout_logp.to(dev),
-                old_logp=None if old_logp is None else old_logp[rows].to(dev),
-                advantages=mb.advantages.to(dev),
-                mask=mask,
-                **self.loss_args,
-            )
-            total = loss
-            if ref_logp is not None:
-                kl = kl_k3_penalty(logp, ref_logp[rows].to(dev), mask, self.loss_args["agg"])
-                total = total + self.kl_coef * kl
-                metrics["loss/kl_ref"] = float(kl.detach())
-            self.opt.zero_grad(set_to_none=True)
-            total.backward()
-            max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-            if self.world == 1:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            else:
-                grad_norm = self._reduce_and_clip(max_norm)
-            self.opt.step()
-            metrics["loss/grad_norm"] = float(grad_norm)
-            metrics["loss/total"] = float(total.detach())
-            metrics["loss/entropy"] = float(entropy[mask.bool()].double().mean())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n_steps += 1
-        self.step_count += 1
-        out = {k: v / n_steps for k, v in sums.items()} if n_steps else {}
-        out.update(extra)
-        if self.r3_audit:
-            audit = torch.tensor(self._audit, dtype=torch.float64)
-            if self.dp_group is not None:  # each rank checked its own rows
-                import torch.distributed as dist
-
-                dist.all_reduce(audit, group=self.dp_group)
-            out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, audit.tolist())
-        out["perf/train_s"] = time.perf_counter() - t0
-        out["perf/optimizer_steps"] = float(n_steps)
-        return out
-
-    def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
-        """Change the clip radii for later steps (a clip schedule)."""
-        self.loss_args["eps_low"], self.loss_args["eps_high"] = float(eps_low), float(eps_high)
-
-    def skip_step(self) -> None:
-        """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
-        self.step_count += 1
+            dist.all_reduce(audit, group=self.dp_group)
+        return audit.tolist()
 
     def _grouped_params(self):
         dense, expert = [], []
@@ -391,12 +269,7 @@ class MegatronActor:
         try:
             self.export_hf(tmp / "model")
             names = [n for n, _ in self.model.named_parameters()]
-            tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
-            sd = self.opt.state_dict()
-            for idx, state in sd["state"].items():
-                for key, value in state.items():
-                    t = value if torch.is_tensor(value) else torch.tensor(value)
-                    tensors[f"state/{names[idx]}/{key}"] = t.detach().cpu().contiguous()
+            tensors, param_groups = optimizer_tensors(self.opt, names.__getitem__)
             save_file(tensors, str(tmp / self._optimizer_file()))
             self._barrier()
             if self.rank == 0:
@@ -405,7 +278,7 @@ class MegatronActor:
                     "world_size": self.world,
                     "ep": self.ep,
                     "step_count": self.step_count,
-                    "param_groups": sd["param_groups"],
+                    "param_groups": param_groups,
                 }
                 (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
                 if final.exists():
@@ -436,15 +309,7 @@ class MegatronActor:
             self.model, d / "model", ep_rank=self.ep_rank, ep_size=self.ep
         )
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
-        state: dict[int, dict] = {}
-        for name, t in tensors.items():
-            if name.startswith("state/"):
-                pname, key = name[len("state/") :].rsplit("/", 1)
-                state.setdefault(index[pname], {})[key] = t.to(self.device)
-        groups = meta["param_groups"]
-        for g in groups:
-            if "betas" in g:
-                g["betas"] = tuple(g["betas"])
-        self.opt.load_state_dict({"state": state, "param_groups": groups})
-        torch.set_rng_state(tensors["rng/torch"])
+        load_optimizer_tensors(
+            self.opt, tensors, meta["param_groups"], index.__getitem__, device=self.device
+        )
         self.step_count = int(meta["step_count"])

@@ -22,10 +22,12 @@ subprocess and driving it over the channel described in ``protocol.py``:
   raised here (``R3Error`` for routing errors, ``MegatronWorkerError`` otherwise); the worker
   keeps running.
 
-Trainer hyperparameters are the local trainer's keyword arguments (``lr``, ``betas``,
-``weight_decay``, ``grad_clip``, ``algo``, ``correction``, SAT/clip values, ``loss_agg``,
-``ratio_denominator``, ``kl_coef``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``,
-``loss_kwargs``) plus ``dtype``; they are forwarded to ``MegatronActor`` in the worker.
+Trainer hyperparameters are the local trainer's keyword arguments (``loss``, a
+``sat_cli.rl.config.LossConfig``, or its older keyword form ``algo``, ``correction``, SAT/clip
+values, ``loss_agg``, ``ratio_denominator``, ``kl_coef``, ``loss_kwargs``; ``lr``, ``betas``,
+``weight_decay``, ``grad_clip``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``) plus
+``dtype``; they are forwarded to ``MegatronActor`` in the worker, the loss settings as
+``LossConfig.to_dict()`` under ``actor.loss`` in ``worker_config.json``.
 Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``, ``nproc_per_node``, ``nnodes``) are passed
 through; the worker runs data parallel over all ranks with expert parallelism ``ep`` inside,
 and rejects ``tp``/``pp``/``cp`` > 1 at start-up with a clear message. Batch files must be
@@ -34,13 +36,11 @@ readable by every rank (one node, or a shared filesystem).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,7 +49,10 @@ from pathlib import Path
 
 import torch
 
+from sat_cli.procs import free_port
+from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.trainers.batch import TrainBatch
+from sat_cli.trainers.step import TRAINER_KEYS
 
 from . import protocol
 
@@ -58,12 +61,6 @@ LOG_NAME = "megatron_trainer.log"
 
 class MegatronWorkerError(RuntimeError):
     """The megatron worker died, failed to start, or failed a command."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,9 +80,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _actor_keys() -> set[str]:
-    from .actor import MegatronActor
-
-    return set(inspect.signature(MegatronActor.__init__).parameters) - {"self", "model_path"}
+    return {*TRAINER_KEYS, "dtype"}  # MegatronActor's keywords
 
 
 class MegatronTrainer:
@@ -117,11 +112,9 @@ class MegatronTrainer:
             )
         from sat_cli.rl import registry
 
-        spec = registry.resolve(
-            actor_kwargs.get("algo", "grpo"),
-            actor_kwargs.get("correction", "none"),
-            actor_kwargs.get("ratio_denominator", "rollout"),
-        )
+        legacy = {k: actor_kwargs.pop(k) for k in LEGACY_KEYS if k in actor_kwargs}
+        loss: LossConfig = resolve_loss(actor_kwargs.pop("loss", None), legacy)
+        spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
         if spec.needs:  # a3po, vcpo: their extra inputs are wired into the local trainer only
             raise ValueError(
                 f"algo={spec.algo} needs {', '.join(spec.needs)}, which only trainer=local "
@@ -148,7 +141,7 @@ class MegatronTrainer:
             "pp": pp,
             "ep": ep,
             "cp": cp,
-            "actor": actor_kwargs,
+            "actor": {**actor_kwargs, "loss": loss.to_dict()},
         }
         config_path = self.work_dir / "worker_config.json"
         config_path.write_text(json.dumps(config, indent=1))
@@ -162,7 +155,7 @@ class MegatronTrainer:
         # worker death is detected from the processes instead.
         self._keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
 
-        endpoint = rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+        endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
         self.command = [
             python or sys.executable,
             "-m",

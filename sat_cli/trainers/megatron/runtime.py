@@ -20,13 +20,11 @@ from pathlib import Path
 
 import torch
 
+from sat_cli.models.r3 import R3Error as R3Error  # one class; importable from here too
 from sat_cli.models.r3 import RouteAudit as HFRouteAudit
+from sat_cli.trainers.step import token_logprobs as logits_to_logprobs
 
 from .cpu_shims import apply_cpu_shims
-
-
-class R3Error(RuntimeError):
-    """Recorded routes are missing or do not fit the batch / model."""
 
 
 def init_distributed(
@@ -103,17 +101,11 @@ def token_logprobs(
     """``(logp, entropy)``, both ``[B, S]`` aligned like ``TrainBatch.rollout_logp``.
 
     ``logp[b, s] = log_softmax(logits[b, s-1] / T)[input_ids[b, s]]``; ``entropy`` is the
-    (detached) entropy of that distribution; column 0 is 0 in both. Same definition as
-    ``sat_cli.trainers.local.token_logprobs``.
+    (detached) entropy of that distribution; column 0 is 0 in both: the local trainer's
+    definition, ``sat_cli.trainers.step.token_logprobs``, applied to megatron's logits.
     """
     logits = forward_logits(model, input_ids, position_ids, attention_mask)
-    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
-    logsm = torch.log_softmax(z, dim=-1)  # [B, S-1, V]
-    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
-    with torch.no_grad():
-        ent = -(logsm.exp() * logsm).sum(-1)  # [B, S-1]
-    zero = lp.new_zeros((lp.shape[0], 1))
-    return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
+    return logits_to_logprobs(logits, input_ids, temperature)
 
 
 # ----------------------------------------------------------------------------- R3

@@ -7,7 +7,8 @@ Started by ``MegatronTrainer`` as::
         --config WORK/worker_config.json --reply-fifo WORK/reply.fifo
 
 ``worker_config.json`` holds ``model_path``, the parallel sizes (``tp``, ``pp``, ``ep``,
-``cp``) and the ``MegatronActor`` keyword arguments (``actor``). The worker initialises
+``cp``) and the ``MegatronActor`` keyword arguments (``actor``; its ``loss`` is a
+``LossConfig.to_dict()``, turned back into a ``LossConfig`` by the actor). The worker initialises
 torch.distributed (gloo on CPU, NCCL on GPU) and megatron's parallel state, builds the actor,
 reports ``ready`` and then serves the JSON-lines protocol of ``protocol.py``: commands on stdin,
 replies on the FIFO, tensors in safetensors files. A failing command is answered with

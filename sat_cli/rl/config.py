@@ -1,0 +1,114 @@
+"""``LossConfig``: every setting of the policy loss in one frozen value.
+
+Built once at the edge (``sat_cli.loop.run.loss_config``), passed to the trainer, serialised as
+JSON for the Megatron worker (``to_dict`` / ``from_dict``, exact round trip) and read by
+``sat_cli.rl.registry.loss`` and the shared training step (``sat_cli.trainers.step``). Field
+names are the loss function's keyword names (``agg``, not the config's ``algo.loss_agg``).
+
+Settings an algorithm or correction does not use are carried but never read (``tis_cap``
+without ``tis``/``mis``, ``group_size`` without ``vcpo``, ...). ``q_rows`` is SAT's scope:
+``None`` = one order statistic per optimizer minibatch, an int = per block of that many rows.
+
+The trainers also accept the older keyword form (``algo=``, ``eps_low=``, ``loss_agg=``,
+``loss_kwargs={...}``, ...); ``LossConfig.from_kwargs`` turns it into this value. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    algo: str = "grpo"
+    correction: str = "none"
+    # clip interval and SAT
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    adaptive: bool = False
+    quantile: float = 0.9
+    exponent: float = 2.0
+    anchor: str = "q"
+    q_rows: int | None = None
+    dual_clip_c: float | None = None
+    # aggregation and ratio denominator
+    agg: str = "token-mean"
+    ratio_denominator: str = "rollout"
+    # corrections and mismatch treatments
+    tis_cap: float = 2.0
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    dppo_delta: float = 1e-3
+    m2po_tau: float = 0.04
+    behav_cap: float | None = None
+    behav_mode: str = "clip"
+    # vcpo
+    group_size: int | None = None
+    vcpo_is_cap: float = 8.0
+    vcpo_ess_base: float = 1.0
+    vcpo_opob: bool = True
+    # reference-policy penalty: + kl_coef * k3 (0 = off, no reference model)
+    kl_coef: float = 0.0
+
+    def replace(self, **changes) -> LossConfig:
+        """A copy with ``changes`` (e.g. new clip radii from a schedule)."""
+        return dataclasses.replace(self, **changes)
+
+    def loss_settings(self) -> dict[str, Any]:
+        """The keyword settings of ``registry.compute_loss`` (all fields but the names and
+        ``kl_coef``)."""
+        skip = ("algo", "correction", "kl_coef")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready ``{field: value}`` (``from_dict`` gives back an equal value)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LossConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise TypeError(f"unknown loss settings {sorted(unknown)}; valid: {sorted(names)}")
+        return cls(**data)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> LossConfig:
+        """From the trainers' keyword form: ``LEGACY_KEYS`` (``loss_agg`` for ``agg``) plus a
+        ``loss_kwargs`` dict of further settings."""
+        kw = dict(kwargs)
+        extra = kw.pop("loss_kwargs", None) or {}
+        if "loss_agg" in kw:
+            kw["agg"] = kw.pop("loss_agg")
+        return cls.from_dict({**kw, **extra})
+
+
+# The loss keywords the trainers' constructors accept besides ``loss=`` (older form).
+LEGACY_KEYS = (
+    "algo",
+    "correction",
+    "eps_low",
+    "eps_high",
+    "adaptive",
+    "quantile",
+    "exponent",
+    "anchor",
+    "loss_agg",
+    "ratio_denominator",
+    "kl_coef",
+    "loss_kwargs",
+)
+
+
+def resolve_loss(loss: LossConfig | None, legacy: dict[str, Any]) -> LossConfig:
+    """The trainer's ``LossConfig``: ``loss`` or the keyword form, not both."""
+    unknown = set(legacy) - set(LEGACY_KEYS)
+    if unknown:
+        raise TypeError(f"unknown trainer options {sorted(unknown)}")
+    if loss is not None:
+        if legacy:
+            raise TypeError(f"pass loss settings in loss= only, not also {sorted(legacy)}")
+        return loss
+    return LossConfig.from_kwargs(legacy)

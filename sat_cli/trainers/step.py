@@ -1,0 +1,284 @@
+"""The policy update both trainers share: one ``step(batch)`` (ALGORITHMS.md §1, §3-§6).
+
+``PolicyTrainer.step``:
+
+1. if the algorithm/correction needs ``pi_old`` (``registry.LossSpec.needs_old_logp``),
+   recompute the batch's log-probs once, without gradient (``logprobs``, with R3 replay when
+   on) and report ``staleness/mismatch_abs_logratio_mean`` (mean ``|log pi_old - log mu|``);
+2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``);
+3. split the batch into ``num_minibatches`` contiguous row chunks; per chunk: forward
+   (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy),
+   ``registry.compute`` with the trainer's ``LossConfig`` (+ ``kl_coef * k3``), backward,
+   gradient reduction and grad-norm clip (``_clip_gradients``), optimizer step. A chunk without
+   response tokens is skipped (no optimizer step). A non-finite loss or gradient norm skips the
+   update (no backward / no optimizer step, gradients dropped, so weights and optimizer state
+   stay as they were) and sets ``loss/nonfinite_skipped`` = 1 for that chunk; the loop counts
+   such steps.
+
+Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``, or its older keyword
+form) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
+``temperature``, ``r3``, ``num_minibatches``, ``seed``, ``r3_audit``); ``_init_step`` splits
+and checks them.
+
+A trainer subclass supplies its model only: ``model`` and ``ref_model``, ``_model_forward``
+(log-probs and entropy of either), ``_clip_gradients`` (the local trainer clips; the Megatron
+actor first sums gradients over its data-parallel ranks), ``_audit_totals`` and an ``opt``
+(``_new_optimizer``: torch AdamW); ``_extra_inputs`` adds the inputs only some algorithms read.
+
+Metrics are the loss library's (``loss/*``, ``sat/*``, ``staleness/*``) averaged over
+minibatches, plus ``loss/grad_norm`` (before clipping), ``loss/entropy``, ``loss/total``,
+``loss/kl_ref`` (with a reference), ``r3/audit_*`` (with the R3 audit), ``perf/train_s`` and
+``perf/optimizer_steps``.
+
+Also here: ``token_logprobs`` (the log-prob definition both backends use) and the optimizer
+state <-> safetensors helpers of their checkpoints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from sat_cli.rl import registry
+from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.losses import kl_k3_penalty
+from sat_cli.trainers.batch import TrainBatch
+
+NONFINITE_METRIC = "loss/nonfinite_skipped"
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float):
+    """``logp [B, S]`` aligned to the token it scores and ``entropy [B, S]`` of the same
+    distribution (column 0: 0). ``logits``: ``[B, S, V]``."""
+    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
+    logsm = torch.log_softmax(z, dim=-1)  # [B, S-1, V]
+    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+    with torch.no_grad():
+        ent = -(logsm.exp() * logsm).sum(-1)  # [B, S-1]
+    zero = lp.new_zeros((lp.shape[0], 1))
+    return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The optimizer and step settings both trainers take as keywords (besides ``loss``)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0  # log-probs of ``logits / temperature`` (the rollout's)
+    r3: bool = False  # replay the recorded MoE routes in every forward
+    num_minibatches: int = 1  # optimizer steps per rollout batch
+    seed: int = 0
+    r3_audit: bool = False  # count the (token, layer) rows whose experts differ from the routes
+
+
+# every keyword a trainer constructor accepts besides its backend's own (device, dtype)
+TRAINER_KEYS = ("loss", *(f.name for f in fields(TrainerSettings)), *LEGACY_KEYS)
+
+
+class PolicyTrainer:
+    """The shared policy update; subclasses call ``_init_step`` first in their constructor."""
+
+    opt: torch.optim.Optimizer
+    device: torch.device
+
+    def _init_step(self, loss: LossConfig | None, options: dict[str, Any]) -> None:
+        """Split the constructor keywords into ``TrainerSettings`` and the ``LossConfig`` (``loss``
+        or its keyword form), validate them (fail fast: before any model is built) and seed
+        torch's RNG."""
+        names = {f.name for f in fields(TrainerSettings)}
+        settings = TrainerSettings(**{k: v for k, v in options.items() if k in names})
+        loss = resolve_loss(loss, {k: v for k, v in options.items() if k not in names})
+        if settings.num_minibatches < 1:
+            raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
+        if settings.temperature <= 0:
+            raise ValueError(f"trainer temperature must be > 0, got {settings.temperature}")
+        spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
+        self.settings = settings
+        self.loss = loss
+        self.needs_old = spec.needs_old_logp
+        self.needs = spec.needs
+        self.grad_clip = settings.grad_clip
+        self.num_minibatches = settings.num_minibatches
+        self.temperature = settings.temperature
+        self.r3 = settings.r3
+        self.r3_audit = settings.r3 and settings.r3_audit
+        self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
+        self.step_count = 0
+        torch.manual_seed(settings.seed)
+
+    def _new_optimizer(self, params) -> torch.optim.Optimizer:
+        s = self.settings
+        return torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
+
+    # --- what a backend supplies ----------------------------------------------------------------
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None  # the frozen reference policy when loss.kl_coef > 0
+
+    def _model_forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logp, entropy)`` ``[B, S]`` of ``model`` (the policy or the reference) on
+        ``self.device``; ``logp`` with gradient unless called under ``no_grad``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU), aligned like
+        ``rollout_logp``."""
+        return self._model_forward(self.model, batch)[0].float().cpu()
+
+    def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
+        """The reference policy's ``logp [B, S]`` (CPU), or None without a reference."""
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            return self._model_forward(self.ref_model, batch)[0].float().cpu()
+
+    def _clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Reduce the gradients (if several ranks) and clip them; the norm before clipping."""
+        raise NotImplementedError
+
+    def _audit_totals(self) -> list[float]:
+        """``[rows, mismatched]`` of the R3 audit over this step (all ranks)."""
+        return [float(v) for v in self._audit]
+
+    def _extra_inputs(self, mb: TrainBatch) -> dict:
+        """Inputs only some algorithms read (``registry.LossSpec.needs``)."""
+        return {}
+
+    # --- the step ---------------------------------------------------------------------------
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        dev = self.device
+        extra: dict[str, float] = {}
+        self._audit = [0, 0]
+        old_logp = None
+        if self.needs_old:
+            old_logp = self.logprobs(batch)  # [B, S]
+            m = batch.loss_mask.bool()
+            n = max(int(m.sum()), 1)
+            extra["staleness/mismatch_abs_logratio_mean"] = float(
+                (old_logp - batch.rollout_logp).abs()[m].double().sum() / n
+            )
+        ref_logp = self._ref_logprobs(batch)
+
+        chunks = torch.arange(batch.batch_size).chunk(self.num_minibatches)
+        sums: dict[str, float] = {}
+        n_steps = 0
+        for rows in chunks:
+            mb = batch.select(rows)
+            mask = mb.loss_mask.to(dev)
+            if int(mask.sum()) == 0:
+                continue
+            logp, entropy = self._model_forward(self.model, mb)  # [b, S]
+            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp)
+            metrics["loss/entropy"] = float(entropy[mask.bool()].double().mean())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n_steps += 1
+        self.step_count += 1
+        out = {k: v / n_steps for k, v in sums.items()} if n_steps else {}
+        out.update(extra)
+        if self.r3_audit:
+            out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, self._audit_totals())
+        out["perf/train_s"] = time.perf_counter() - t0
+        out["perf/optimizer_steps"] = float(n_steps)
+        return out
+
+    def _update(self, mb, rows, logp, mask, old_logp, ref_logp) -> dict[str, float]:
+        """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip)."""
+        dev, cfg = self.device, self.loss
+        loss, metrics = registry.compute(
+            cfg,
+            logp=logp,
+            rollout_logp=mb.rollout_logp.to(dev),
+            old_logp=None if old_logp is None else old_logp[rows].to(dev),
+            advantages=mb.advantages.to(dev),
+            mask=mask,
+            **self._extra_inputs(mb),
+        )
+        total = loss
+        if ref_logp is not None:
+            kl = kl_k3_penalty(logp, ref_logp[rows].to(dev), mask, cfg.agg)
+            total = total + cfg.kl_coef * kl
+            metrics["loss/kl_ref"] = float(kl.detach())
+        self.opt.zero_grad(set_to_none=True)
+        grad_norm = torch.tensor(float("nan"))
+        if torch.isfinite(total):
+            total.backward()
+            max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+            grad_norm = self._clip_gradients(max_norm)
+        if torch.isfinite(grad_norm):
+            self._opt_step(metrics.get("opt/lr_scale"))
+        else:
+            # a non-finite loss or gradient: no update, so the weights stay usable; the loop
+            # counts the step (loss/nonfinite_steps) and goes on
+            self.opt.zero_grad(set_to_none=True)
+            metrics[NONFINITE_METRIC] = 1.0
+        metrics["loss/grad_norm"] = float(grad_norm)
+        metrics["loss/total"] = float(total.detach())
+        return metrics
+
+    def _opt_step(self, lr_scale: float | None) -> None:
+        """``opt.step``; with ``lr_scale`` (VCPO's ESS-guided step) the learning rate of this
+        step only is multiplied by it."""
+        if lr_scale is None:
+            self.opt.step()
+            return
+        base = [g["lr"] for g in self.opt.param_groups]
+        for g in self.opt.param_groups:
+            g["lr"] = g["lr"] * float(lr_scale)
+        try:
+            self.opt.step()
+        finally:
+            for g, lr in zip(self.opt.param_groups, base, strict=True):
+                g["lr"] = lr
+
+    def set_clip_radii(self, eps_low: float, eps_high: float) -> None:
+        """Change the clip radii for later steps (a clip schedule)."""
+        self.loss = self.loss.replace(eps_low=float(eps_low), eps_high=float(eps_high))
+
+    def skip_step(self) -> None:
+        """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
+        self.step_count += 1
+
+
+# --- optimizer state in checkpoints --------------------------------------------------------------
+def optimizer_tensors(
+    opt: torch.optim.Optimizer, name_of: Callable[[int], Any] = str
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """``({"rng/torch": ..., "state/<name>/<key>": ...}, param_groups)`` of ``opt`` for a
+    safetensors file plus JSON; ``name_of(index)`` names a parameter (index or model name)."""
+    tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
+    sd = opt.state_dict()
+    for idx, state in sd["state"].items():
+        for key, value in state.items():
+            t = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"state/{name_of(idx)}/{key}"] = t.detach().cpu().contiguous()
+    return tensors, sd["param_groups"]
+
+
+def load_optimizer_tensors(
+    opt: torch.optim.Optimizer,
+    tensors: dict[str, torch.Tensor],
+    param_groups: list[dict],
+    index_of: Callable[[str], int] = int,
+    device: torch.device | None = None,
+) -> None:
+    """Restore what ``optimizer_tensors`` wrote (moments on ``device`` if given) and the torch
+    RNG state."""
+    state: dict[int, dict] = {}
+    for name, t in tensors.items():
+        if name.startswith("state/"):
+            pname, key = name[len("state/") :].rsplit("/", 1)
+            state.setdefault(index_of(pname), {})[key] = t if device is None else t.to(device)
+    for g in param_groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    opt.load_state_dict({"state": state, "param_groups": param_groups})
+    torch.set_rng_state(tensors["rng/torch"])

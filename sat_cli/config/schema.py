@@ -12,15 +12,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po", "a3po", "vcpo")
-UNCLIPPED_ALGOS = ("m2po", "vcpo")  # no clip interval: SAT (clip.adaptive) cannot apply
-CORRECTIONS = ("none", "tis", "mis", "icepop")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-DENOMINATORS = ("rollout", "recompute")
+from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
+    ALGOS,
+    ANCHORS,
+    BEHAV_MODES,
+    CORRECTIONS,
+    DENOMINATORS,
+    LOSS_AGGS,
+    Q_SCOPES,
+    UNCLIPPED_ALGOS,
+)
+
 SCHEDULES = ("constant", "linear", "cosine")
-ANCHORS = ("q", "min_q_eps")
-Q_SCOPES = ("batch", "micro_batch")
-BEHAV_MODES = ("clip", "mask")
 LAG_MODES = ("interval", "fixed", "bounded")
 ENGINES = ("local", "sglang")
 ENGINE_DEVICES = ("cpu", "cuda")

@@ -64,7 +64,7 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
 def train_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
     """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
     cfg, obj = _load(overrides or [])
-    from sat_cli.loop.run import train
+    from sat_cli.commands.train import train
 
     _guard(lambda: train(cfg, obj, overrides or []))
 
@@ -80,7 +80,7 @@ def pretrain_cmd(
 ) -> None:
     """Build and warm-start the tiny model on the task (cached; `sat train` runs it when needed)."""
     cfg, obj = _load(overrides or [])
-    from sat_cli.loop.run import pretrain
+    from sat_cli.commands.train import pretrain
 
     _guard(lambda: pretrain(obj, use_shipped=use_shipped))
 
@@ -99,7 +99,7 @@ def eval_cmd(
             f"choose one of: {', '.join(group_options('eval'))}"
         )
     cfg, obj = _load([f"eval={benchmark}", *(overrides or [])])
-    from sat_cli.loop.run import evaluate
+    from sat_cli.commands.eval import run_eval_command as evaluate
 
     _guard(lambda: evaluate(cfg, obj))
 

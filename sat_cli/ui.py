@@ -48,6 +48,7 @@ class _Stop(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__()
         self.code = 128 + signum
+        self.signame = signal.Signals(signum).name  # `sat: interrupted (SIGTERM)` (cli.py)
 
 
 def _raise_stop(signum, frame):  # pragma: no cover - exercised through a real process

@@ -177,7 +177,7 @@ def test_new_options_validated():
 
 
 def test_grader_timeout_reaches_the_benchmark_grader():
-    from sat_cli.loop.run import eval_problems
+    from sat_cli.build import eval_problems
     from sat_cli.tasks.reward import grade
 
     _, obj = load(["eval=aime24", "eval.grader_timeout_s=0.25"])

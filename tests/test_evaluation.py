@@ -332,7 +332,7 @@ def test_write_results_atomic_files(tmp_path) -> None:
 def test_eval_folder_is_created_exclusively(tmp_path):
     """Two `sat eval` started in the same second get two folders (found by the hostile pass:
     the folder name has one-second resolution, and both wrote into it)."""
-    from sat_cli.loop.eval_cmd import _own_folder
+    from sat_cli.commands.eval import _own_folder
 
     base = tmp_path / "eval" / "toy-20260101-000000"
     got = [_own_folder(base) for _ in range(3)]

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
+from sat_cli.build import loss_config
 from sat_cli.config import load, schema
-from sat_cli.loop.run import loss_config
 from sat_cli.rl import names, registry
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 

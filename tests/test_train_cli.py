@@ -196,8 +196,9 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     ],
 )
 def test_sat_with_a_recompute_denominator_warns_loudly(overrides, inert):
+    from sat_cli.build import sat_inert_recompute
+    from sat_cli.commands.train import _warn_recompute
     from sat_cli.config import load
-    from sat_cli.loop.run import _warn_recompute, sat_inert_recompute
 
     _, obj = load(overrides)
     assert sat_inert_recompute(obj) is inert

@@ -252,6 +252,13 @@ JS_CARD = f"""const h = [...document.querySelectorAll("{CARD} h4")].find(e => e.
              max: thumb && thumb.getAttribute("aria-valuemax"),
              imgs: [...card.querySelectorAll("img")].map(i => [i.src, i.naturalWidth])}};"""
 
+# scroll the page's scrolling container (MLflow scrolls an inner element, not the window) by
+# half a screen
+JS_SCROLL_DOWN = """const all = [document.scrollingElement, ...document.querySelectorAll("*")];
+    const box = all.find(e => e && e.scrollHeight > e.clientHeight + 50 &&
+        ["auto", "scroll"].includes(getComputedStyle(e).overflowY)) || document.scrollingElement;
+    box.scrollBy(0, Math.max(200, box.clientHeight / 2));"""
+
 
 class Page:
     """The few things the checks do with a page: wait, read text, find sections and cards."""
@@ -280,22 +287,43 @@ class Page:
 
     def card(self, key: str) -> dict:
         """A chart card (``card``, slider ``thumb``, ``step``/``min``/``max``, ``imgs`` as
-        [src, natural width]); its section is scrolled into view first (cards render lazily)."""
+        [src, natural width]); its section is scrolled into view first (cards render lazily),
+        then the page scrolls down a little at each poll until the card is rendered (a section
+        with many charts, such as ``sat``, has its image cards below the first screen)."""
         self.scroll(self.headers()[key.split("/")[0]], "start")
-        found = self.until(lambda: self.d.execute_script(JS_CARD, key), f"card {key}")
-        self.scroll(found["card"])
-        return found
+
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def find():
+            got = self.d.execute_script(JS_CARD, key)
+            if not got:
+                self.d.execute_script(JS_SCROLL_DOWN)
+                return None
+            try:  # the charts re-render while the page scrolls: look again if it went stale
+                self.scroll(got["card"])
+            except StaleElementReferenceException:
+                return None
+            return got
+
+        return self.until(find, f"card {key}")
 
     def state(self, key: str) -> dict:
         return self.d.execute_script(JS_CARD, key)
 
     def step_right(self, key: str) -> None:
         """One step right on an image card's slider (click the thumb, press the arrow key)."""
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.keys import Keys
 
-        thumb = self.card(key)["thumb"]
-        ActionChains(self.d).click(thumb).send_keys(Keys.ARROW_RIGHT).perform()
+        for attempt in range(3):  # a chart re-rendered between finding and clicking it
+            try:
+                thumb = self.card(key)["thumb"]
+                ActionChains(self.d).click(thumb).send_keys(Keys.ARROW_RIGHT).perform()
+                return
+            except StaleElementReferenceException:
+                if attempt == 2:
+                    raise
 
 
 def check_experiment_url(page: Page, exp_url: str, exp_id: str, run_name: str) -> None:

@@ -1,6 +1,6 @@
 """``LossConfig``: every setting of the policy loss in one frozen value.
 
-Built once at the edge (``sat_cli.loop.run.loss_config``), passed to the trainer, serialised as
+Built once at the edge (``sat_cli.build.loss_config``), passed to the trainer, serialised as
 JSON for the Megatron worker (``to_dict`` / ``from_dict``, exact round trip) and read by
 ``sat_cli.rl.registry.loss`` and the shared training step (``sat_cli.trainers.step``). Field
 names are the loss function's keyword names (``agg``, not the config's ``algo.loss_agg``).

@@ -27,7 +27,7 @@ from sat_cli.errors import RunFailed, UserError
 
 
 def _model_dir(obj) -> str:
-    from sat_cli.loop.run import check_hf_dir, model_path
+    from sat_cli.build import check_hf_dir, model_path
 
     if obj.ckpt:
         ck = Path(obj.ckpt)
@@ -77,7 +77,7 @@ def _data_file(obj) -> str | None:
 
 def _cap_to_context(e, path: str) -> int | None:
     """Lower ``eval.max_new_tokens`` to the model's ``max_position_embeddings``; the cap or None."""
-    from sat_cli.loop.run import _hf_config
+    from sat_cli.build import _hf_config
 
     try:
         ctx = int(_hf_config(path).get("max_position_embeddings") or 0)
@@ -97,18 +97,12 @@ def _cap_to_context(e, path: str) -> int | None:
 def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
+    from sat_cli.build import build_engine, build_evaluator, build_task, eval_problems
+    from sat_cli.commands.common import loading, write_pids
     from sat_cli.errors import os_error
     from sat_cli.evaluation import format_table, write_results
     from sat_cli.loop import preflight
     from sat_cli.loop.final_status import apply_pending, end_run
-    from sat_cli.loop.run import (
-        _loading,
-        build_engine,
-        build_evaluator,
-        build_task,
-        eval_problems,
-        write_pids,
-    )
     from sat_cli.signals import BY_NAME, orderly_stop
     from sat_cli.tracking import Tracker, flatten_config
 
@@ -134,7 +128,7 @@ def run_eval_command(cfg, obj) -> None:
     if cap is not None:
         params["eval.max_new_tokens_capped"] = str(cap)
     with orderly_stop():
-        engine = _loading(path, lambda: build_engine(obj, path, logs, r3=False))
+        engine = loading(path, lambda: build_engine(obj, path, logs, r3=False))
         write_pids(logs, engine)
         holder: dict = {}
         try:

@@ -1,0 +1,388 @@
+"""The edge of the program: the typed config in, objects and plain values out.
+
+``sat_cli.cli`` composes the config (``sat_cli.config``); the commands (``sat_cli.commands``)
+call the builders here, and below this edge nothing reads the config: the loop, engines,
+trainers and losses receive plain values and objects (a ``LossConfig`` for the loss).
+
+* :func:`model_path` — the model folder a run starts from (``model.path``, or the warm start);
+* :func:`build_task`, :func:`build_engine`, :func:`build_trainer` (with :func:`loss_config`),
+  :func:`eval_problems` / :func:`build_evaluator`, and the MLflow tracker of a run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from sat_cli import __version__
+from sat_cli.errors import UserError
+from sat_cli.models.weights_check import check_hf_dir
+
+__all__ = ["check_hf_dir"]
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
+    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path (an HF
+    directory, or a hub id such as ``Qwen/Qwen3-30B-A3B-Base``, which is not checked here)."""
+    if obj.model.kind == "hf":
+        p = obj.model.path
+        hub_id = p.count("/") == 1 and not p.startswith((".", "/", "~")) and not Path(p).exists()
+        if not hub_id:
+            check_hf_dir(p, "model.path")
+        return p
+    if obj.model.path:
+        check_hf_dir(obj.model.path, "model.path")
+        return str(obj.model.path)
+    if obj.task.kind != "toy":
+        raise UserError(
+            "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
+        )
+    from sat_cli.models.warmstart import ensure_warm_start
+
+    ws = obj.model.warm_start
+    overrides = {}
+    if obj.model.num_layers != 4:
+        overrides["num_hidden_layers"] = obj.model.num_layers
+    if obj.model.num_experts != 8:
+        overrides["num_experts"] = obj.model.num_experts
+    if obj.model.top_k != 2:
+        overrides["num_experts_per_tok"] = obj.model.top_k
+    if obj.model.hidden_size != 128:
+        overrides["hidden_size"] = obj.model.hidden_size
+    return str(
+        ensure_warm_start(
+            Path(obj.run.dir) / "cache",
+            digits=obj.task.digits,
+            task_seed=0,
+            heldout_size=ws.eval_size,
+            seed=0,
+            batch_size=ws.batch_size,
+            lr=ws.lr,
+            eval_every=ws.eval_every,
+            target_accuracy=ws.target_accuracy,
+            max_steps=ws.max_steps,
+            model_overrides=overrides,
+            use_shipped=use_shipped,
+            log=log,
+        )
+    )
+
+
+def build_task(obj):
+    """The training task: the toy generator, or a prompt set graded by the math grader."""
+    if obj.task.kind == "toy":
+        from sat_cli.tasks.toy import ToyTask
+
+        return ToyTask(
+            digits=obj.task.digits,
+            seed=0,
+            heldout_size=obj.task.heldout_size,
+            template=obj.task.template,
+        )
+    from sat_cli.tasks.dataset import DatasetTask
+
+    return DatasetTask.from_config(
+        obj.task.kind,
+        path=obj.task.path,
+        data_dir=obj.data.dir,
+        template=obj.task.template,
+        seed=obj.seed,
+    )
+
+
+def build_engine(obj, path: str, logs: Path, *, r3: bool):
+    e = obj.engine
+    if e.name == "local":
+        from sat_cli.engines.local import LocalEngine
+
+        return LocalEngine(
+            path,
+            dtype=e.dtype,
+            r3=r3,
+            seed=obj.seed,
+            num_threads=e.num_threads,
+            log_file=str(logs / "engine.log"),
+        )
+    from sat_cli.engines.sglang import SGLangEngine
+    from sat_cli.engines.sglang.server import resolve_python
+
+    moe = {}
+    if r3:
+        cfg = _hf_config(path)
+        moe = {
+            "num_layers": cfg.get("num_hidden_layers"),
+            "top_k": cfg.get("num_experts_per_tok"),
+            "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts"),
+        }
+    common = dict(
+        r3=r3,
+        deterministic=e.seeded,
+        max_batch_size=e.max_batch_size,
+        concurrency=e.concurrency,
+        request_timeout_s=e.request_timeout_s,
+        restart_on_failure=e.restart_on_failure,
+        **moe,
+    )
+    if e.urls:
+        return SGLangEngine(path, urls=list(e.urls), **common)
+    try:
+        python = "python" if e.launch_prefix else resolve_python(e.python)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    return SGLangEngine.launch(
+        path,
+        python=python,
+        launch_prefix=list(e.launch_prefix) or None,
+        num_servers=e.servers,
+        gpu_groups=list(e.gpu_groups) or None,
+        use_router=e.router,
+        device=e.device,
+        dtype=e.dtype,
+        tp=e.tp,
+        dp=e.dp,
+        ep=e.ep,
+        mem_fraction_static=e.mem_fraction_static,
+        max_total_tokens=e.max_total_tokens or (4096 if e.device == "cpu" else None),
+        extra_args=list(e.extra_args),
+        log_dir=logs,
+        startup_timeout_s=e.startup_timeout_s,
+        **common,
+    )
+
+
+def _hf_config(path: str) -> dict:
+    import json
+
+    p = Path(path) / "config.json"
+    if p.is_file():
+        return json.loads(p.read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).to_dict()
+
+
+def build_trainer(obj, path: str, run_dir: Path):
+    kwargs = dict(
+        loss=loss_config(obj),
+        lr=obj.trainer.lr,
+        betas=tuple(obj.trainer.betas),
+        weight_decay=obj.trainer.weight_decay,
+        grad_clip=obj.trainer.grad_clip,
+        temperature=obj.task.temperature,
+        r3=obj.r3,
+        num_minibatches=obj.algo.num_minibatches,
+        seed=obj.seed,
+        r3_audit=obj.trainer.r3_audit,
+    )
+    t = obj.trainer
+    if t.name == "local":
+        from sat_cli.trainers.local import LocalTrainer
+
+        return LocalTrainer(path, **kwargs)
+    from sat_cli.trainers.megatron.client import MegatronTrainer
+
+    rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None
+    return MegatronTrainer(
+        path,
+        work_dir=run_dir / "megatron",
+        logs_dir=run_dir / "logs",
+        nproc_per_node=t.nproc_per_node,
+        nnodes=t.nnodes,
+        rdzv_endpoint=rdzv,
+        tp=t.tp,
+        pp=t.pp,
+        ep=t.ep,
+        cp=t.cp,
+        **kwargs,
+    )
+
+
+def loss_config(obj):
+    """The run's ``LossConfig``: every loss setting of ``algo.*`` and ``clip.*`` (the loop owns
+    ``algo.adv_std_norm``, ``algo.drop_zero_adv_groups``, ``algo.num_minibatches`` and the clip
+    schedule), plus ``task.samples_per_prompt`` as VCPO's group size. SAT's scope
+    ``clip.q_scope=micro_batch`` becomes ``q_rows = clip.micro_batch_size``."""
+    from sat_cli.rl.config import LossConfig
+
+    a, c = obj.algo, obj.clip
+    return LossConfig(
+        algo=a.name,
+        correction=a.correction,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        adaptive=c.adaptive,
+        quantile=c.quantile,
+        exponent=c.exponent,
+        anchor=c.anchor,
+        q_rows=c.micro_batch_size if c.adaptive and c.q_scope == "micro_batch" else None,
+        dual_clip_c=a.dual_clip_c,
+        agg=a.loss_agg,
+        ratio_denominator=a.ratio_denominator,
+        tis_cap=a.tis_cap,
+        icepop_low=a.icepop_low,
+        icepop_high=a.icepop_high,
+        dppo_delta=a.dppo_delta,
+        m2po_tau=a.m2po_tau,
+        behav_cap=a.behav_cap,
+        behav_mode=a.behav_mode,
+        group_size=obj.task.samples_per_prompt,
+        vcpo_is_cap=a.vcpo_is_cap,
+        vcpo_ess_base=a.vcpo_ess_base,
+        vcpo_opob=a.vcpo_opob,
+        kl_coef=a.kl_coef,
+    )
+
+
+_CONFIGURED = object()
+
+
+def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
+    """(problems, grader, template) of the configured evaluation; raises ``DataError`` for a bad
+    data file. Called before any process starts, so bad input fails fast and writes nothing.
+    ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
+    e = obj.eval
+    limit = e.limit if limit is _CONFIGURED else limit
+    if e.benchmark == "toy":
+        problems = task.heldout()
+        grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
+        template = obj.task.template
+    else:
+        import functools
+
+        from sat_cli.tasks.data import load_benchmark
+        from sat_cli.tasks.reward import grade
+
+        problems = load_benchmark(
+            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=limit
+        )
+        grader, template = functools.partial(grade, timeout_s=e.grader_timeout_s), e.template
+    if limit:
+        problems = problems[:limit]
+    return problems, grader, template
+
+
+def build_evaluator(
+    obj,
+    engine,
+    tokenizer,
+    task,
+    keep: dict | None = None,
+    spec=None,
+    *,
+    final: bool = False,
+    overlong: frozenset[int] | None = None,
+):
+    """In-training evaluation on the held-out set (toy) or the configured benchmark.
+
+    ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
+    evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
+    problems, default all), with metrics under ``final/<name>/``."""
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.evaluation import evaluate, metrics
+
+    e = obj.eval
+    if spec is None:
+        spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
+    problems, grader, template = spec
+    n, prefix = (e.final_n, f"final/{e.name}/") if final else (e.n, f"eval/{e.name}/")
+    sampling = SamplingParams(
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_new_tokens=e.max_new_tokens,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=obj.seed + 7919,
+    )
+
+    def run() -> dict[str, float]:
+        res = evaluate(
+            engine,
+            tokenizer,
+            problems,
+            n=n,
+            sampling=sampling,
+            template=template,
+            grader=grader,
+            batch_size=e.batch_size,
+            name=e.name,
+            overlong=overlong or frozenset(),
+        )
+        if keep is not None:
+            keep["result"] = res
+        return metrics(res, prefix=prefix)
+
+    return run
+
+
+# tracking.tags keys that `sat sweep` sets, and the MLflow tags they become
+TAG_NAMES = {
+    "sweep_id": "sat.sweep_id",
+    "override_hash": "sat.override_hash",
+    "method": "sat.method",
+    "parent_run_id": "mlflow.parentRunId",
+}
+
+
+def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
+    from sat_cli.loop.final_status import apply_pending
+    from sat_cli.tracking import Tracker, flatten_config
+
+    uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
+    tags = {
+        "sat.version": __version__,
+        "git_commit": _git_commit(),
+        "algo": obj.algo.name,
+        "clip": obj.clip.name,
+        "lag": obj.lag.n,
+        "lag_mode": obj.lag.mode,
+        "r3": obj.r3,
+        "seed": obj.seed,
+        "correction": obj.algo.correction,
+        "sat.inert_recompute": sat_inert_recompute(obj),
+    }
+    tags.update({TAG_NAMES.get(k, k): v for k, v in obj.tracking.tags.items()})
+    if dropped:
+        tags["data.overlong_dropped"] = dropped
+    tracker = Tracker(
+        uri,
+        obj.run.experiment,
+        run_name,
+        run_id=run_id,
+        tags=tags,
+        # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
+        params={
+            k: v
+            for k, v in flatten_config(cfg_container).items()
+            if not k.startswith("tracking.tags.") and k != "tracking.tags"
+        },
+    )
+    apply_pending(Path(obj.run.dir), tracker)
+    return tracker
+
+
+def sat_inert_recompute(obj) -> bool:
+    """SAT with a recompute denominator (TIS, MIS, IcePop, decoupled PPO, M2PO or
+    ``ratio_denominator=recompute``) at one optimizer step per batch: ``d == 0``, SAT inert."""
+    from sat_cli.rl import registry
+
+    if not obj.clip.adaptive or obj.algo.num_minibatches != 1:
+        return False
+    spec = registry.resolve(obj.algo.name, obj.algo.correction, obj.algo.ratio_denominator)
+    return spec.denominator == "old"

@@ -1,0 +1,323 @@
+"""`sat train` and `sat pretrain`: check every input, build the objects (``sat_cli.build``),
+then run the loop (``sat_cli.loop.train``).
+
+Run directory: ``<run.dir>/<run.experiment>/<run.name>/`` with ``config.yaml`` (resolved),
+``checkpoints/step_N/``, ``weights/vN/`` (published, pruned) and ``logs/``. The MLflow store
+defaults to ``<run.dir>/mlflow.db``; the warm-start cache is ``<run.dir>/cache/``.
+``logs/pids.json`` names this process and the engine's process (fault tests, soak runs).
+
+Inputs (run name, resume target, the run folder's path, model folder — safetensors only,
+every tensor checked against its config without loading —, tokenizer, task and evaluation data,
+prompt lengths, the trainer layout) are checked before the run directory is created or any
+process starts, so bad input exits 2 and writes nothing. Then the run folder is locked
+(``sat_cli.loop.runlock``) and the checkpoint to resume from is verified
+(``sat_cli.loop.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
+SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.signals``: exit 143 / 129).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+from sat_cli.build import (
+    build_engine,
+    build_evaluator,
+    build_task,
+    build_trainer,
+    eval_problems,
+    make_tracker,
+    model_path,
+    sat_inert_recompute,
+)
+from sat_cli.commands.common import loading, write_pids
+from sat_cli.errors import UserError
+
+
+def default_run_name(obj) -> str:
+    r3 = "-r3" if obj.r3 else ""
+    return (
+        f"{obj.algo.name}-{obj.clip.name}-lag{obj.lag.n}{r3}-s{obj.seed}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+
+
+# ----------------------------------------------------------------------------- run dirs
+
+
+def resolve_run_dir(obj) -> tuple[Path, bool]:
+    """(run dir, whether it is resumed). Refuses to overwrite a run silently. Reads only; the
+    checkpoint to resume from is chosen and verified under the run's lock
+    (:func:`sat_cli.loop.manifest.resume_checkpoint`)."""
+    from sat_cli.loop.state import CheckpointError, latest_checkpoint, read_loop_state
+
+    root = Path(obj.run.dir) / obj.run.experiment
+    resume = obj.resume
+    if resume not in (None, "auto"):
+        run_dir = Path(resume)
+        if latest_checkpoint(run_dir / "checkpoints") is None:
+            raise UserError(
+                f"resume={resume!r}: no complete checkpoint under {run_dir}/checkpoints"
+            )
+        return run_dir, True
+    if resume == "auto" and obj.run.name is None:
+
+        def finished(ck: Path) -> bool:
+            try:
+                return bool(read_loop_state(latest_checkpoint(ck)).get("finished"))
+            except CheckpointError:
+                return False  # damaged: resume=auto falls back to an older checkpoint
+
+        cands = sorted(
+            (p for p in root.glob("*/checkpoints") if latest_checkpoint(p)),
+            key=lambda p: p.stat().st_mtime,
+        )
+        unfinished = [p.parent for p in cands if not finished(p)]
+        if unfinished:
+            return unfinished[-1], True
+    name = obj.run.name or default_run_name(obj)
+    run_dir = root / name
+    if latest_checkpoint(run_dir / "checkpoints") is not None:
+        if resume != "auto":
+            from sat_cli.loop.runlock import refuse_if_owned
+
+            refuse_if_owned(run_dir)  # a live run of this folder: name it
+            raise UserError(
+                f"run {run_dir} already has checkpoints; continue it with resume=auto "
+                "or choose another run.name"
+            )
+        return run_dir, True
+    return run_dir, False
+
+
+def _warn_recompute(obj, log) -> None:
+    if (
+        obj.algo.ratio_denominator == "recompute"
+        and obj.lag.n > 0
+        and obj.algo.correction == "none"
+        and obj.algo.name != "decoupled_ppo"
+    ):
+        msg = (
+            "WARNING: algo.ratio_denominator=recompute with lag > 0 and no correction "
+            "(tis, mis, icepop or decoupled_ppo): the ratio's denominator is the trainer's own "
+            "recompute, so the policy lag is silently IGNORED by the loss and SAT has nothing to act on."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log(msg)
+    if sat_inert_recompute(obj):
+        msg = (
+            "WARNING: SAT IS INERT IN THIS RUN. clip=" + obj.clip.name + " with algo="
+            f"{obj.algo.name}, correction={obj.algo.correction}, ratio_denominator="
+            f"{obj.algo.ratio_denominator}: the loss ratio's denominator is the trainer's own "
+            "recompute (pi_old), and with one optimizer step per batch (algo.num_minibatches=1) "
+            "pi_theta == pi_old at the gradient, so d = 0 for every token, q = 0 and SAT changes "
+            "nothing: this run is the base method. Use the rollout denominator (no correction) "
+            "or algo.num_minibatches > 1 for SAT to act. `sat report` flags such runs."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log(msg)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def train(cfg, obj, overrides) -> dict:
+    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.signals``)."""
+    from sat_cli.signals import orderly_stop
+
+    if obj.lag.inflight_updates:
+        raise UserError(
+            "lag.inflight_updates=true is not supported yet: the local engine "
+            "generates each request with one weight version"
+        )
+    with orderly_stop():
+        return _train(cfg, obj)
+
+
+def _train(cfg, obj) -> dict:
+    from sat_cli.loop import preflight
+    from sat_cli.loop.manifest import resume_checkpoint
+    from sat_cli.loop.runlock import RunLock
+    from sat_cli.loop.state import read_loop_state
+
+    # every input is checked before the run folder is created or written, or a process starts
+    run_dir, resuming = resolve_run_dir(obj)
+    log = print
+    preflight.check_run_folder(run_dir)
+    path = model_path(obj, log=log)
+    tokenizer = preflight.load_tokenizer(path)
+    task = build_task(obj)
+    dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
+    spec = eval_problems(obj, task) if obj.eval.every > 0 else None
+    final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
+    overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
+        key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
+        for key, s in (("eval", spec), ("final", final_spec))
+        if s is not None
+    }
+    preflight.check_trainer_layout(obj, path)
+    with RunLock(run_dir, log):  # nothing in the run folder is written before this point
+        ckpt = resume_checkpoint(run_dir, resuming, path, log)
+        done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
+        if done > obj.max_steps:
+            raise UserError(
+                f"max_steps={obj.max_steps} is below the step {done} of the checkpoint "
+                f"{ckpt}; resume with max_steps >= {done}"
+            )
+        return _run(
+            cfg,
+            obj,
+            run_dir,
+            ckpt,
+            path,
+            tokenizer,
+            task,
+            (spec, final_spec, overlong),
+            dropped,
+            log,
+        )
+
+
+def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.loop.final_status import end_run, keep_previous_status
+    from sat_cli.loop.lag import LagPolicy
+    from sat_cli.loop.progress import Progress
+    from sat_cli.loop.state import atomic_write_text, read_loop_state
+    from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
+
+    spec, final_spec, overlong = specs  # in-training and final evaluation problems (or None)
+    state0 = read_loop_state(ckpt) if ckpt else {}
+    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    _warn_recompute(obj, log)
+    torch.set_num_threads(obj.trainer.num_threads)
+    cfg_container = OmegaConf.to_container(cfg, resolve=True)
+    engine = trainer = tracker = None
+    status, steps_done = "FAILED", []
+    try:
+        tracker = make_tracker(
+            obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), dropped
+        )
+        tracker.log_artifact(str(run_dir / "config.yaml"))
+        trainer = loading(path, lambda: build_trainer(obj, path, run_dir))
+        engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3))
+        write_pids(logs, engine)
+        evaluator = (
+            build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
+            if spec is not None
+            else None
+        )
+        final_evaluator = None
+        if obj.eval.final_n is not None:
+            final_evaluator = build_evaluator(
+                obj,
+                engine,
+                tokenizer,
+                task,
+                spec=final_spec,
+                final=True,
+                overlong=overlong.get("final"),
+            )
+        sampling = SamplingParams(
+            temperature=obj.task.temperature,
+            top_p=obj.task.top_p,
+            top_k=obj.task.top_k,
+            max_new_tokens=obj.task.max_new_tokens,
+            stop_token_ids=(tokenizer.eos_token_id,),
+        )
+        settings = LoopSettings(
+            max_steps=obj.max_steps,
+            prompts_per_step=obj.task.prompts_per_step,
+            group_size=obj.task.samples_per_prompt,
+            sampling=sampling,
+            lag=LagPolicy(obj.lag.n, obj.lag.mode),
+            run_dir=run_dir,
+            seed=obj.seed,
+            adv_std_norm=obj.algo.adv_std_norm,
+            drop_zero_adv_groups=obj.algo.drop_zero_adv_groups,
+            r3=obj.r3,
+            clip=ClipSchedule(
+                obj.algo.eps_low, obj.algo.eps_high, obj.clip.schedule, obj.clip.final_scale
+            ),
+            sat_probe={
+                "adaptive": obj.clip.adaptive,
+                "quantile": obj.clip.quantile,
+                "exponent": obj.clip.exponent,
+                "anchor": obj.clip.anchor,
+                "level": "sequence" if obj.algo.name == "gspo" else "token",
+            },
+            eval_every=obj.eval.every,
+            eval_at_start=obj.eval.at_start,
+            checkpoint_every=obj.checkpoint.every,
+            checkpoint_keep=obj.checkpoint.keep,
+            histogram_every=obj.tracking.histogram_every,
+        )
+        progress = Progress(obj.max_steps, start=state0.get("step", 0))
+        t0 = time.perf_counter()
+        try:
+            st = train_loop(
+                settings,
+                task=task,
+                tokenizer=tokenizer,
+                engine=engine,
+                trainer=trainer,
+                tracker=tracker,
+                evaluator=evaluator,
+                progress=progress,
+                resume_from=ckpt,
+                meta={"mlflow_run_id": tracker.run_id},
+                on_state=lambda _: steps_done.append(1),
+                final_evaluator=final_evaluator,
+            )
+        finally:
+            progress.close()
+        wall = time.perf_counter() - t0
+        status = "FINISHED"
+        _summary(obj, run_dir, st, tracker, wall, log)
+        return st
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:  # each part is closed even if closing another one fails
+        for part in (engine, trainer):
+            try:
+                if part is not None:
+                    part.close()
+            except Exception as exc:  # noqa: BLE001 - reported, the others still close
+                log(f"WARNING: closing {type(part).__name__} failed: {exc}")
+        status = keep_previous_status(tracker, status, len(steps_done))
+        end_run(tracker, status, Path(obj.run.dir), log)
+
+
+def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:
+    ev = st["eval"]
+    log("")
+    log(f"done: {obj.max_steps} steps in {wall:.1f} s  ({run_dir})")
+    if ev["best"] is not None:
+        log(
+            f"eval {ev['key']}: best {ev['best']:.2f} (step {ev['best_step']}), "
+            f"last {ev['last']:.2f} (step {ev['last_step']})"
+        )
+    if tracker.run_id:
+        log(
+            f"MLflow run {tracker.run_id} in experiment '{obj.run.experiment}' — open it with: "
+            f"sat ui --run-dir {obj.run.dir}"
+        )
+
+
+def pretrain(obj, use_shipped: bool = False) -> None:
+    """Train the warm start from scratch (cached under <run.dir>/cache), even when the shipped
+    checkpoint has the same key: this is how the shipped one is reproduced. ``use_shipped``:
+    resolve it exactly as `sat train` does (`sat sweep --jobs N` prepares runs this way)."""
+    from sat_cli.loop.preflight import check_output_dir
+
+    check_output_dir(Path(obj.run.dir) / "cache", "warm-start cache")
+    path = model_path(obj, use_shipped=use_shipped)
+    print(f"warm-start checkpoint: {path}")

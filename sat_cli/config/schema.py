@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
+from sat_cli.config.checks import ConfigError, _choice, _range, _template
+from sat_cli.config.engine import EngineConfig  # the engine section (its own module)
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
     ANCHORS,
@@ -25,52 +26,12 @@ from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
 
 SCHEDULES = ("constant", "linear", "cosine")
 LAG_MODES = ("interval", "fixed", "bounded")
-ENGINES = ("local", "sglang")
-ENGINE_DEVICES = ("cpu", "cuda")
 TRAINERS = ("local", "megatron")
-DTYPES = ("float32", "bfloat16")
 TRACKING_BACKENDS = ("mlflow", "none")
 NAME_MAX = 255  # bytes of one path component on common file systems (ext4, xfs, tmpfs)
 # The engine and evaluation seeds are derived from the run seed by adding offsets and must fit
 # torch's and the servers' int64 seeds; 2**62 leaves room for every offset.
 MAX_SEED = 2**62 - 1
-
-
-class ConfigError(ValueError):
-    """A config value is out of range or not one of the allowed choices."""
-
-
-def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
-
-
-def _template(key: str, value: str) -> None:
-    from sat_cli.tasks.prompts import TEMPLATES
-
-    if value not in TEMPLATES and "{problem}" not in value:
-        raise ConfigError(
-            f"{key}={value!r} is neither a template name ({', '.join(sorted(TEMPLATES))}) nor a "
-            "literal holding {problem}"
-        )
-
-
-def _range(
-    key: str,
-    value: float,
-    lo: float | None = None,
-    hi: float | None = None,
-    *,
-    lo_open: bool = False,
-    hi_open: bool = False,
-) -> None:
-    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
-        hi is not None and (value >= hi if hi_open else value > hi)
-    )
-    if bad:
-        lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
-        hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
-        raise ConfigError(f"{key}={value} is out of range: need {lo_s}{key}{hi_s}")
 
 
 @dataclass
@@ -234,100 +195,6 @@ class LagConfig:
     def __post_init__(self) -> None:
         _range("lag.n", self.n, 0)
         _choice("lag.mode", self.mode, LAG_MODES)
-
-
-@dataclass
-class EngineConfig:
-    name: str = "local"
-    dtype: str = "float32"  # bfloat16 reproduces engine/trainer numeric mismatch on CPU
-    device: str = "cpu"  # local: torch device; sglang: cuda, or cpu (Intel AMX, docs/sglang.md)
-    num_threads: int = 1  # torch threads of the local engine process
-    # sglang: the interpreter of the SGLang environment; auto = $SAT_SGLANG_PYTHON, else
-    # .venv-sglang/bin/python of the current folder or of the sat checkout (`make sglang-cpu`)
-    python: str = "auto"
-    launch_prefix: list[str] = field(default_factory=list)  # sglang: full launch command prefix
-    num_servers: int = 1  # sglang: servers launched (one per gpu_groups entry when given)
-    urls: list[str] = field(default_factory=list)  # sglang: servers started elsewhere (no launch)
-    tp: int = 1
-    dp: int = 1
-    ep: int = 1
-    gpu_groups: list[str] = field(
-        default_factory=list
-    )  # sglang: one server per group, e.g. ["0,1", "2,3"]
-    use_router: bool | None = None  # sglang: sglang-router in front; null = when num_servers > 1
-    mem_fraction_static: float | None = None
-    max_total_tokens: int | None = None  # sglang: KV pool size in tokens (cpu: 4096 when null)
-    # sglang: --enable-deterministic-inference, so sampling seeds are honoured; null = on for
-    # cuda, off for cpu (SGLang's deterministic mode needs a GPU attention backend)
-    deterministic: bool | None = None
-    extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 600.0
-    concurrency: int = 64
-    max_batch_size: int = 64  # sglang: prompts x samples per /generate request
-    request_timeout_s: float = 600.0
-    restart_on_failure: bool = False
-
-    def __post_init__(self) -> None:
-        _choice("engine.name", self.name, ENGINES)
-        _choice("engine.dtype", self.dtype, DTYPES)
-        _choice("engine.device", self.device, ENGINE_DEVICES)
-        for k in ("num_threads", "tp", "dp", "ep", "num_servers", "concurrency", "max_batch_size"):
-            _range(f"engine.{k}", getattr(self, k), 1)
-        if self.mem_fraction_static is not None:
-            _range("engine.mem_fraction_static", self.mem_fraction_static, 0, 1, lo_open=True)
-        if self.max_total_tokens is not None:
-            _range("engine.max_total_tokens", self.max_total_tokens, 1)
-        _range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
-        if self.name == "local" and self.device != "cpu":
-            raise ConfigError("engine=local runs on the CPU: engine.device=cpu")
-        if self.name == "sglang":
-            self._check_sglang()
-
-    def _check_sglang(self) -> None:
-        if self.device == "cpu":
-            if self.dtype != "bfloat16":
-                raise ConfigError(
-                    f"engine=sglang engine.device=cpu needs engine.dtype=bfloat16, got "
-                    f"{self.dtype}: SGLang's CPU kernels have no float32 RMSNorm (the server "
-                    "dies in warm-up)"
-                )
-            if self.deterministic:
-                raise ConfigError(
-                    "engine.deterministic=true is not possible with engine.device=cpu: SGLang's "
-                    "deterministic inference needs a GPU attention backend (flashinfer, fa3, "
-                    "triton); leave it null (samples are then not reproducible, see "
-                    "docs/sglang.md)"
-                )
-            if self.gpu_groups:
-                raise ConfigError("engine.gpu_groups needs engine.device=cuda")
-        if self.gpu_groups and self.num_servers not in (1, len(self.gpu_groups)):
-            raise ConfigError(
-                f"engine.num_servers={self.num_servers} but engine.gpu_groups has "
-                f"{len(self.gpu_groups)} groups (one server per group)"
-            )
-        if self.urls:
-            if self.num_servers != 1 or self.gpu_groups or self.use_router:
-                raise ConfigError(
-                    "engine.urls names servers started elsewhere: leave engine.num_servers, "
-                    "engine.gpu_groups and engine.use_router unset"
-                )
-            for url in self.urls:
-                if not re.fullmatch(r"http://[A-Za-z0-9.\-\[\]:]+:\d{1,5}", url):
-                    raise ConfigError(f"engine.urls: {url!r} is not http://host:port")
-
-    @property
-    def servers(self) -> int:
-        """SGLang servers to launch (0 with engine.urls)."""
-        return 0 if self.urls else max(self.num_servers, len(self.gpu_groups))
-
-    @property
-    def router(self) -> bool:
-        return self.servers > 1 if self.use_router is None else bool(self.use_router)
-
-    @property
-    def seeded(self) -> bool:
-        """Whether SGLang honours sampling seeds (deterministic inference on)."""
-        return self.device == "cuda" if self.deterministic is None else bool(self.deterministic)
 
 
 @dataclass

@@ -379,9 +379,10 @@ def check_run_page(page: Page, run_url: str, run_id: str, shot: Path) -> None:
             if page.card(other)["step"] != "3":
                 page.step_right(other)
         page.until(lambda other=other: [w for _, w in page.state(other)["imgs"] if w], other)
-    page.d.set_window_size(1400, 3300)  # tall enough for the sections eval/toy, sat, staleness
-    page.scroll(page.headers()["eval/toy"], "start")
+    # tall enough for the sections eval/toy, sat (15 charts) and staleness with their images
+    page.d.set_window_size(1400, 5200)
     for key in ("staleness/abs_logratio", "staleness/version_lag", "sat/contraction"):
+        page.card(key)  # scrolled to, so it renders
         page.until(lambda key=key: [w for _, w in page.state(key)["imgs"] if w], key)
     page.d.execute_script(  # inside each image card: the image, below the run's label
         f"document.querySelectorAll(\"{CARD} img\").forEach(i => i.scrollIntoView({{block: 'nearest'}}))"

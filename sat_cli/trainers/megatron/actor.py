@@ -46,14 +46,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sat_cli.models.r3 import check_routes
+from sat_cli.models.tiny_moe import torch_dtype
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 
 from . import convert, runtime
 from .model import build_gpt_model
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class MegatronActor(PolicyTrainer):
@@ -72,13 +71,12 @@ class MegatronActor(PolicyTrainer):
         the loss settings)."""
         if isinstance(loss, dict):
             loss = LossConfig.from_dict(loss)
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(DTYPES)}")
+        torch_dtype(dtype)  # refuses an unknown name before anything is built
         self._init_step(loss, options)
         self.model_path = str(model_path)
         self.hf_config = convert.read_hf_config(model_path)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.dtype = DTYPES[dtype]
+        self.dtype = torch_dtype(dtype)
         self._init_parallel()
         self.model = self._build(routing_replay=self.r3, clear_registry=True)
         self.model.train()

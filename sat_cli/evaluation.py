@@ -28,7 +28,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
+from sat_cli.fsio import atomic_write_text
 from sat_cli.tasks.prompts import render
 from sat_cli.tasks.reward import extract_answer, grade
 
@@ -297,20 +297,6 @@ def metrics(result: EvalResult, prefix: str | None = None) -> dict[str, float]:
     return out
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_results(result: EvalResult, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``per_problem.json``, ``per_problem.csv`` and ``summary.json`` (each atomically)."""
     out = Path(out_dir)
@@ -320,7 +306,9 @@ def write_results(result: EvalResult, out_dir: str | os.PathLike) -> dict[str, P
         "per_problem_csv": out / "per_problem.csv",
         "summary": out / "summary.json",
     }
-    _atomic_write(paths["per_problem_json"], json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        paths["per_problem_json"], json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
+    )
 
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -337,11 +325,11 @@ def write_results(result: EvalResult, out_dir: str | os.PathLike) -> dict[str, P
                 f"{sum(r.response_tokens) / r.n:.2f}",
             ]
         )
-    _atomic_write(paths["per_problem_csv"], buf.getvalue())
+    atomic_write_text(paths["per_problem_csv"], buf.getvalue())
 
     summary = result.summary()
     summary = {k: (None if isinstance(v, float) and v != v else v) for k, v in summary.items()}
-    _atomic_write(paths["summary"], json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(paths["summary"], json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     return paths
 
 

@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from sat_cli.errors import UserError
+from sat_cli.report_hist import HIST_DIR, _download_json, _hist_tables, _last_hist  # noqa: F401
 from sat_cli.report_pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
 from sat_cli.report_regime import lag_key, regime_csv, regime_rows, render_markdown
 from sat_cli.report_select import Selection, dedupe, select_runs  # noqa: F401
@@ -71,7 +71,6 @@ from sat_cli.report_tables import (
 )
 
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
-HIST_DIR = "tables/staleness/abs_logratio"
 
 # The rows of the paper's Table 1 (ALGORITHMS.md §9), then the baselines beyond the paper: the
 # order used when a sweep gives none.
@@ -216,12 +215,6 @@ def load_run(client, run, sweep_records: dict[str, dict] | None, axes: list[str]
     return data
 
 
-def _download_json(client, run_id: str, path: str) -> Any:
-    with tempfile.TemporaryDirectory() as tmp:
-        local = client.download_artifacts(run_id, path, tmp)
-        return json.loads(Path(local).read_text())
-
-
 def _sweep_records(client, parent) -> dict[str, dict]:
     if parent is None:
         return {}
@@ -258,23 +251,6 @@ def row_order(runs: list[RunData], methods: list[str] | None) -> list[str]:
         return (order.index(method) if method is not None else len(order), first, axes)
 
     return sorted(seen, key=rank)
-
-
-def _last_hist(client, run_id: str) -> dict | None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        files = client.list_artifacts(run_id, HIST_DIR)
-    except (MlflowException, OSError):
-        return None
-    steps = []
-    for f in files:
-        m = re.search(r"step_(\d+)\.json$", f.path)
-        if m:
-            steps.append((int(m.group(1)), f.path))
-    if not steps:
-        return None
-    return _download_json(client, run_id, max(steps)[1])
 
 
 # ----------------------------------------------------------------------------- main
@@ -395,19 +371,3 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
     if sel.parent is not None:
         client.log_artifacts(sel.parent.info.run_id, str(out_dir), "report")
         print(f"logged as artifacts report/ of the parent run {sel.parent.info.run_id}")
-
-
-def _hist_tables(client, runs: list[RunData], rows: list[str], lags: list[str]) -> dict:
-    """``(row, lag) -> the last |d| histogram table`` of the first seed that logged one."""
-    tables: dict[tuple[str, str], dict] = {}
-    for row in rows:
-        for lag in lags:
-            group = sorted(
-                (r for r in runs if r.row == row and r.lag == lag), key=lambda r: lag_key(r.seed)
-            )
-            for r in group:
-                t = _last_hist(client, r.run_id)
-                if t is not None:
-                    tables[(row, lag)] = {**t, "_seed": r.seed}
-                    break
-    return tables

@@ -68,3 +68,14 @@ def fsfault():
         yield fs_faults
     finally:
         fs_faults.unmount_all()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen3-MoE (seed 3) with the char tokenizer, saved as an HF folder (read-only
+    for the tests that use it)."""
+    from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
+    return path

@@ -114,15 +114,6 @@ class Recorder:
         self.histograms.append((key, step))
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
-    return path
-
-
 P, G, STEPS = 4, 4, 3
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=6)
 

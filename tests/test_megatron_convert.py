@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 from sat_cli.models.r3 import RouteReplay  # noqa: E402
-from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.models.tiny_moe import build_tiny_moe, save_hf  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.model import build_gpt_model  # noqa: E402
 
@@ -28,13 +28,6 @@ B, S = 3, 24
 @pytest.fixture(scope="session")
 def megatron_dist(tmp_path_factory):
     runtime.init_distributed(file_store=tmp_path_factory.mktemp("dist") / "store")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -438,15 +438,6 @@ def test_stop_children_sigint_then_sigkill(tmp_path):
 # ----------------------------------------------------------------------------- end to end (slow)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
-    return path
-
-
 def _sweep_file(tmp_path, name, tiny_dir, steps, extra=()):
     base = [
         "experiment=cpu_smoke",

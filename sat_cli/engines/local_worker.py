@@ -2,22 +2,8 @@
 
 ``worker_main`` runs in a process started by ``sat_cli.engines.local.LocalEngine`` (multiprocessing
 ``spawn`` context) and serves commands received on a pipe; every message is plain data (dicts,
-lists, numbers, numpy arrays). ``sample_batch`` is the sampling loop, importable on its own.
-
-Sampling (per step, on fp32 logits of the last position):
-``z = logits / temperature``; top-k keeps the ``k`` largest (``top_k = -1``: all); top-p keeps the
-smallest prefix of the sorted distribution whose mass reaches ``top_p``; the kept logits are
-renormalised, ``logp = log_softmax(z_kept)``, the token is drawn from ``exp(logp)`` with the
-request's seeded ``torch.Generator``, and ``rollout_logp`` is ``logp`` of the drawn token: the
-log-prob of the distribution actually sampled from (for ``top_p=1, top_k=-1`` it is
-``log_softmax(logits / T)``). ``temperature = 0`` is greedy and reports ``logp = 0`` (a point mass).
-
-Batches are left-padded with explicit ``position_ids`` (``cumsum(mask) - 1``), so a token's
-position does not depend on the batch it was generated in. Generation stops on a stop token —
-SGLang's rule, ``sat_cli/models/stopping.py``: the request's ``stop_token_ids`` and the EOS ids of
-config.json, generation_config.json and the tokenizer — (the stop token is part of the response
-and has a log-prob) or after ``max_new_tokens``.
-With route capture on, each sample gets SGLang's layout ``[prompt_len + response_len - 1, L, K]``.
+lists, numbers, numpy arrays). ``sample_batch`` is the sampling loop, importable on its own
+(it lives in :mod:`sat_cli.models.sampling`, which describes it, and is re-exported here).
 """
 
 from __future__ import annotations
@@ -27,143 +13,9 @@ import sys
 import time
 import traceback
 
-import numpy as np
 import torch
 
-
-def filtered_logprobs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int):
-    """Log-probs ``[B, V]`` of the distribution sampled from (``-inf`` on filtered tokens)."""
-    z = logits.float() / temperature  # [B, V]
-    vocab = z.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]  # [B, 1]
-        z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        probs = torch.softmax(sorted_z, dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
-        drop_sorted = mass_before >= top_p  # keep the prefix that first reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        z = z.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(z, dim=-1)
-
-
-def _forward(model, cache_kw: str, **kwargs):
-    cache = kwargs.pop("cache")
-    return model(**kwargs, **{cache_kw: cache}, use_cache=True, logits_to_keep=1)
-
-
-def _cache_kwarg(model) -> str:
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-@torch.no_grad()
-def sample_batch(
-    model,
-    prompts: list[list[int]],
-    *,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    max_new_tokens: int,
-    stop_token_ids: set[int],
-    pad_id: int,
-    generator: torch.Generator,
-    capture=None,
-) -> list[dict]:
-    """Sample one response per prompt. Returns dicts ``{response_ids, rollout_logp, finish_reason,
-    routed_experts (np.int32 or None)}``. ``capture``: an active ``RouteCapture`` or None."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    B = len(prompts)
-    lens = [len(p) for p in prompts]
-    if min(lens) == 0:
-        raise ValueError("empty prompt")
-    P = max(lens)
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, P), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[b, P - len(p) :] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-
-    cache_kw = _cache_kwarg(model)
-    cache = DynamicCache(config=model.config)
-    if capture is not None:
-        capture.clear()
-    out = _forward(
-        model, cache_kw, input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache
-    )
-    prefill_routes = None
-    if capture is not None:
-        first = capture.last_call()  # [B*P, L, K]
-        prefill_routes = first.view(B, P, *first.shape[1:])
-
-    tokens: list[list[int]] = [[] for _ in range(B)]
-    logps: list[list[float]] = [[] for _ in range(B)]
-    decode_routes: list[torch.Tensor] = []  # per step [B, L, K]
-    finish = ["length"] * B
-    done = torch.zeros(B, dtype=torch.bool)
-    next_pos = pos[:, -1:] + 1  # [B, 1]
-    stop = torch.tensor(sorted(stop_token_ids), dtype=torch.long)
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()  # [B, V]
-        if temperature <= 0:
-            tok = logits.argmax(-1)
-            tok_logp = torch.zeros(B)
-        else:
-            logp = filtered_logprobs(logits, temperature, top_p, top_k)  # [B, V]
-            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1).cpu()
-        tok = tok.cpu()
-        for b in range(B):
-            if done[b]:
-                continue
-            tokens[b].append(int(tok[b]))
-            logps[b].append(float(tok_logp[b]))
-        hit = torch.isin(tok, stop) & ~done
-        for b in torch.nonzero(hit).flatten().tolist():
-            finish[b] = "stop"
-        done |= hit
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        feed = torch.where(done, torch.full_like(tok, pad_id), tok).to(device)
-        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-        out = _forward(
-            model,
-            cache_kw,
-            input_ids=feed[:, None],
-            attention_mask=mask,
-            position_ids=next_pos,
-            cache=cache,
-        )
-        next_pos = next_pos + 1
-        if capture is not None:
-            decode_routes.append(capture.last_call())  # [B, L, K]
-
-    results = []
-    for b in range(B):
-        routes = None
-        if capture is not None:
-            R = len(tokens[b])
-            rows = [prefill_routes[b, P - lens[b] :]] + [
-                r[b : b + 1] for r in decode_routes[: R - 1]
-            ]
-            routes = torch.cat(rows, dim=0).numpy().astype(np.int32)  # [lens[b] + R - 1, L, K]
-        results.append(
-            {
-                "response_ids": tokens[b],
-                "rollout_logp": logps[b],
-                "finish_reason": finish[b],
-                "routed_experts": routes,
-            }
-        )
-    return results
+from sat_cli.models.sampling import filtered_logprobs, sample_batch  # noqa: F401
 
 
 class _Worker:

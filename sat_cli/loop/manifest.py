@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.fsio import write_text_fsync
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -36,8 +37,6 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(folder: Path) -> None:
     """Write ``folder/manifest.json`` (sizes and hashes of every other file), fsynced."""
-    import os
-
     files = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
@@ -46,10 +45,7 @@ def write_manifest(folder: Path) -> None:
                 "sha256": _sha256(p),
             }
     data = json.dumps({"format": FORMAT, "files": files}, indent=1, sort_keys=True)
-    with open(folder / MANIFEST, "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    write_text_fsync(folder / MANIFEST, data)
 
 
 def verify_checkpoint(ckpt: Path) -> str | None:

@@ -21,9 +21,9 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from sat_cli.errors import RunFailed, as_os_error
+from sat_cli.fsio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported
 from sat_cli.loop.manifest import write_manifest
 
 STATE_FILE = "loop_state.json"
@@ -36,24 +36,6 @@ class CheckpointError(Exception):
 
 class CheckpointWriteError(RunFailed):
     """Writing a checkpoint failed (I/O); the previous complete checkpoint is still in place."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Path:

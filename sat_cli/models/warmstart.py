@@ -87,7 +87,7 @@ def _sft_batch(task: ToyTask, tokenizer, cursor: int, batch_size: int):
 @torch.no_grad()
 def sampled_accuracy(model, tokenizer, task: ToyTask, seed: int, temperature: float = 1.0) -> float:
     """Held-out accuracy of one sample per problem (temperature ``temperature``, seeded)."""
-    from sat_cli.engines.local_worker import sample_batch
+    from sat_cli.models.sampling import sample_batch
 
     was_training = model.training
     model.eval()

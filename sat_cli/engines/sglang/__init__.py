@@ -4,7 +4,9 @@
 - ``client``  — the stdlib JSON-over-HTTP client (retries, error bodies, aborting calls)
 - ``weights`` — weight sync (``/update_weights_from_disk``)
 - ``server``  — launching and supervising ``sglang.launch_server`` / ``sglang_router`` processes
+  (``process``: the generic :class:`ManagedProcess` they build on)
 - ``engine``  — :class:`SGLangEngine`, the ``RolloutEngine`` over one or more servers
+  (``control``: its pause / continue / flush / health calls)
 - ``cpu_launch`` — a standalone launcher run by SGLang's own interpreter on ``--device cpu``
   (works around two SGLang CPU bugs and the torchvision import; never imported here)
 """

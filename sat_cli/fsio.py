@@ -1,0 +1,54 @@
+"""File writes that never leave a half-written file under its final name.
+
+``atomic_write_bytes(path, data)`` creates the parent folder, writes ``data`` to a temporary file
+in the same folder (``.<name>.<random>.tmp``, mode 0600 as ``tempfile.mkstemp`` creates it),
+flushes and fsyncs it, then renames it over ``path`` (``os.replace``); on any failure (also
+``KeyboardInterrupt``) the temporary file is removed and the exception propagates, and ``path``
+keeps its previous content. ``atomic_write_text`` writes ``text`` as UTF-8 without newline
+translation; ``atomic_write_json`` writes ``json.dumps(obj, indent=1, sort_keys=True)``.
+
+``write_text_fsync(path, text)`` is a plain (non-atomic) write followed by an fsync, for files
+inside a temporary folder that is itself renamed into place (checkpoint manifests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON (``indent=1``, sorted keys) to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True))
+
+
+def write_text_fsync(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` (not atomically) and fsync it before returning."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,111 @@
+"""Children of a sweep: each run a ``sat train`` subprocess in its own process group, its
+sweep tags as overrides, and stopping them (SIGINT, grace period, SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sat_cli.sweep.spec import SweepRun
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a sweep: children stopped, parent run KILLED, exit 130."""
+
+
+# ----------------------------------------------------------------------------- children
+
+
+@dataclass
+class _Child:
+    run: SweepRun
+    proc: subprocess.Popen
+    log: Any
+    started: float
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def hydra_quote(text: str) -> str:
+    """``text`` as a Hydra quoted value that composes back to exactly ``text`` (names with
+    spaces, commas, quotes or backslashes; ``${`` is refused where the names are read)."""
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> list[str]:
+    """The overrides that give a child its sweep tags (``tracking.tags``; see the schema)."""
+    tags = {"sweep_id": sweep_id, "override_hash": run.hash, "method": run.method}
+    if parent_run_id:
+        tags["parent_run_id"] = parent_run_id
+    return [f"++tracking.tags.{k}={hydra_quote(v)}" for k, v in tags.items()]
+
+
+def _launch(cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> tuple:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed when the child ends
+    f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n$ {' '.join(cmd)}\n")
+    f.flush()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # own process group: Ctrl-C reaches it only through us
+    )
+    return proc, f
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_children(children: list[_Child], grace_s: float, log) -> None:
+    """SIGINT to each child's process group, wait up to ``grace_s``, then SIGKILL the rest."""
+    alive = [c for c in children if c.proc.poll() is None]
+    if not alive:
+        return
+    log(f"stopping {len(alive)} run(s): SIGINT, then SIGKILL after {grace_s:.0f} s")
+    for c in alive:
+        _signal_group(c.proc, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    try:
+        while any(c.proc.poll() is None for c in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        log("second interrupt: killing now")
+    for c in alive:
+        if c.proc.poll() is None:
+            _signal_group(c.proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            c.proc.wait(timeout=10)
+        # the group may hold grandchildren (engine process) that outlived the child
+        _signal_group(c.proc, signal.SIGKILL)
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    | " + line for line in lines[-n:])
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+    if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
+        from sat_cli.signals import _detach_terminal
+
+        _detach_terminal()
+    raise SweepInterrupted()

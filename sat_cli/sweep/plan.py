@@ -1,0 +1,137 @@
+"""Validation of an expanded sweep (every run composed with ``sat_cli.config.load``) into a
+:class:`Plan`, and the plan table that ``--dry-run`` and each start print.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sat_cli.errors import UserError
+from sat_cli.sweep.spec import Sweep, SweepRun
+from sat_cli.sweep.state import RUN_RECORD
+
+# ----------------------------------------------------------------------------- validation
+
+
+@dataclass
+class Plan:
+    """A validated sweep: the composed settings that the launcher needs."""
+
+    sweep: Sweep
+    root: Path  # <run.dir>/<name>
+    run_dir: str  # run.dir shared by all runs
+    tracking_uri: str | None  # None: tracking off
+    run_dirs: dict[str, Path]
+    needs_warm_start: list[SweepRun]  # one representative run per distinct warm-start config
+
+
+def validate(sweep: Sweep, log=None) -> Plan:
+    """Compose every run with :func:`sat_cli.config.load`; UserError names the first bad run."""
+    from sat_cli.config import ConfigError, load
+
+    run_dirs: dict[str, Path] = {}
+    dirs: dict[str, str] = {}
+    uris: dict[str | None, str] = {}
+    warm: dict[str, SweepRun] = {}
+    for i, run in enumerate(sweep.runs):
+        if log and len(sweep.runs) > 20 and i and i % 20 == 0:
+            log(f"  composed {i}/{len(sweep.runs)} runs")
+        try:
+            _, obj = load(run.overrides)
+        except ConfigError as exc:
+            raise UserError(
+                f"{sweep.file}: run {run.name!r} (method {run.method!r}) does not compose: {exc}"
+            ) from None
+        dirs.setdefault(obj.run.dir, run.name)
+        uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
+        if uri is not None and uri.strip().lower() in ("", "none", "off", "disabled"):
+            uri = None
+        uris.setdefault(uri, run.name)
+        run_dirs[run.name] = Path(obj.run.dir) / obj.run.experiment / obj.run.name
+        _check_model_path(sweep, run, obj)
+        if obj.model.kind == "tiny" and not obj.model.path:
+            key = json.dumps([obj.run.dir, repr(obj.model), obj.task.digits])
+            warm.setdefault(key, run)
+    if len(dirs) > 1:
+        raise UserError(
+            f"{sweep.file}: all runs of a sweep share one run.dir; runs "
+            f"{', '.join(repr(n) for n in dirs.values())} use {', '.join(map(repr, dirs))}"
+        )
+    if len(uris) > 1:
+        raise UserError(
+            f"{sweep.file}: all runs of a sweep log to one tracking store; runs "
+            f"{', '.join(repr(n) for n in uris.values())} use different tracking settings"
+        )
+    run_dir = next(iter(dirs))
+    return Plan(
+        sweep=sweep,
+        root=Path(run_dir) / sweep.name,
+        run_dir=run_dir,
+        tracking_uri=next(iter(uris)),
+        run_dirs=run_dirs,
+        needs_warm_start=list(warm.values()),
+    )
+
+
+def _check_model_path(sweep: Sweep, run: SweepRun, obj) -> None:
+    """A local model.path must be an HF folder (hub ids of model=hf are left to the run)."""
+    p = obj.model.path
+    if not p:
+        return
+    # a hub id looks like "org/name"; absolute, ./relative or existing paths are local
+    local = obj.model.kind != "hf" or p.startswith(("/", ".", "~")) or Path(p).exists()
+    if local and not (Path(p) / "config.json").is_file():
+        raise UserError(
+            f"{sweep.file}: run {run.name!r}: model.path={p!r} is not an HF checkpoint folder "
+            "(no config.json)"
+        )
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def format_plan(plan: Plan, statuses: dict[str, str]) -> str:
+    s = plan.sweep
+    grid = " × ".join([f"{len(s.methods)} methods"] + [f"{k}({len(v)})" for k, v in s.axes.items()])
+    lines = [
+        f"sweep {s.name}  id {s.id}  ({s.file})",
+        f"{len(s.runs)} runs = {grid} × {len(s.seeds)} seeds; folder {plan.root}",
+        f"base: {' '.join(s.base + s.cli_overrides) or '(none)'}",
+    ]
+    w_name = max(len(r.name) for r in s.runs)
+    w_meth = max(len(r.method) for r in s.runs)
+    w_stat = max(len(v) for v in statuses.values())
+    lines.append(
+        f"{'#':>3}  {'name':<{w_name}}  {'method':<{w_meth}}  {'status':<{w_stat}}  overrides"
+    )
+    base_set = set(s.base + s.cli_overrides)
+    for i, r in enumerate(s.runs, 1):
+        own = [
+            o for o in r.overrides if o not in base_set and not o.startswith(("run.", "resume="))
+        ]
+        lines.append(
+            f"{i:>3}  {r.name:<{w_name}}  {r.method:<{w_meth}}  {statuses[r.name]:<{w_stat}}  "
+            + " ".join(own)
+        )
+    counts: dict[str, int] = {}
+    for v in statuses.values():
+        counts[v.split(" ")[0]] = counts.get(v.split(" ")[0], 0) + 1
+    lines.append("status: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def _conflict_message(plan: Plan, run: SweepRun) -> str:
+    d = plan.run_dirs[run.name]
+    try:
+        old = json.loads((d / RUN_RECORD).read_text()).get("overrides", [])
+    except (OSError, json.JSONDecodeError):
+        old = []
+    gone = sorted(set(old) - set(run.overrides))
+    new = sorted(set(run.overrides) - set(old))
+    return (
+        f"run {run.name!r} in {d} was started with other overrides (was: {' '.join(gone) or '-'}; "
+        f"now: {' '.join(new) or '-'}); resuming it would mix two configs. Re-run the sweep with "
+        "the original overrides, pick another run.dir=…, or delete that folder."
+    )

@@ -1,0 +1,302 @@
+"""Sweep files: reading, checking and expanding them into runs (``load_sweep``), and the run
+record (``SweepRun``) with its override hash and name slug.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sat_cli.errors import UserError
+
+SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds")
+REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
+RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One `sat train` run of the grid."""
+
+    name: str
+    method: str
+    axes: dict[str, str]  # axis key -> value (as Hydra's sweep iterator writes it)
+    seed: int
+    overrides: list[str]  # the full argument list after `sat train`
+    hash: str  # sha256 of the sorted override list
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "method": self.method,
+            "axes": dict(self.axes),
+            "seed": self.seed,
+            "overrides": list(self.overrides),
+            "override_hash": self.hash,
+        }
+
+
+@dataclass
+class Sweep:
+    """A parsed, expanded sweep file (not yet validated against the config schema)."""
+
+    name: str
+    file: str
+    base: list[str]
+    axes: dict[str, list[str]]
+    methods: dict[str, list[str]]
+    seeds: list[int]
+    cli_overrides: list[str]
+    runs: list[SweepRun] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        blob = json.dumps([r.overrides for r in self.runs], separators=(",", ":"))
+        return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+def override_hash(overrides: list[str]) -> str:
+    """SHA-256 (hex) of the sorted override list, JSON-encoded."""
+    blob = json.dumps(sorted(overrides), separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def slug(text: str) -> str:
+    """Lower-case file-name form: runs of other characters than ``a-z0-9.+`` become ``-``."""
+    return re.sub(r"[^a-z0-9.+]+", "-", text.lower()).strip("-")
+
+
+# ----------------------------------------------------------------------------- parse / expand
+
+
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _override_key(parser, text: str, where: str) -> str:
+    """The key an override sets (``algo``, ``trainer.lr``, ``algo@pkg``); UserError if unparsable."""
+    from hydra.errors import HydraException
+
+    try:
+        ov = parser.parse_override(text)
+    except HydraException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{where}: cannot parse override {text!r}: {first}") from None
+    if ov.is_sweep_override():
+        raise UserError(
+            f"{where}: {text!r} is a sweep (several values); put it under `axes:` instead"
+        )
+    return ov.key_or_group + (f"@{ov.package}" if ov.package else "")
+
+
+def _override_list(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, list):
+        raise UserError(
+            f"{where}: expected a list of overrides (e.g. [algo=grpo, clip=ppo]), got {value!r}"
+        )
+    out = []
+    for item in value:
+        if not isinstance(item, str) or "=" not in item and not item.startswith("~"):
+            raise UserError(f"{where}: {item!r} is not an override of the form key=value")
+        out.append(item.strip())
+    return out
+
+
+def _expand_axis(parser, key: str, value: Any, where: str) -> list[str]:
+    from hydra.errors import HydraException
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise UserError(
+            f'{where}: give a Hydra sweep string such as "1,8" or "range(0,3)", got {value!r}'
+        )
+    text = f"{key}={value}"
+    try:
+        ov = parser.parse_override(text)
+        if ov.is_sweep_override():
+            values = list(ov.sweep_string_iterator())
+        else:
+            values = [str(value)]
+    except HydraException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{where}: cannot expand {text!r}: {first}") from None
+    if not values:
+        raise UserError(f"{where}: {text!r} expands to no values")
+    if len(set(values)) != len(values):
+        raise UserError(f"{where}: {text!r} repeats a value")
+    return values
+
+
+def _merge(parser, layers: list[tuple[str, list[str]]]) -> tuple[list[str], dict[str, str]]:
+    """Concatenate override layers; a later override of the same key replaces the earlier one."""
+    merged: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for where, overrides in layers:
+        for ov in overrides:
+            key = _override_key(parser, ov, where)
+            merged.pop(key, None)  # keep the order in which the final values were given
+            merged[key] = ov
+            source[key] = where
+    return list(merged.values()), source
+
+
+def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
+    """Read and expand a sweep file. UserError names the problem (and the key or run)."""
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"sweep file {str(p)!r} does not exist")
+    from sat_cli.safe_yaml import read_yaml
+
+    doc = read_yaml(p, "a sweep file is a short list of overrides")
+    if not isinstance(doc, dict):
+        raise UserError(f"{p}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
+    unknown = sorted(set(doc) - set(SWEEP_KEYS))
+    if unknown:
+        raise UserError(
+            f"{p}: unknown key(s) {', '.join(map(repr, unknown))}; a sweep file has "
+            f"{', '.join(SWEEP_KEYS)} (base is optional)"
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in doc]
+    if missing:
+        raise UserError(
+            f"{p}: missing key(s) {', '.join(missing)}; a sweep file has {', '.join(SWEEP_KEYS)} "
+            "(axes may be {} for no grid)"
+        )
+    name = doc["name"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise UserError(f"{p}: name must be a folder-safe word ([A-Za-z0-9_.-]), got {name!r}")
+    parser = _parser()
+    base = _override_list(doc.get("base"), f"{p}: base")
+    cli = _override_list(list(cli_overrides or []), "command-line overrides")
+
+    axes_doc = doc["axes"]
+    if axes_doc is None:
+        axes_doc = {}
+    if not isinstance(axes_doc, dict):
+        raise UserError(f'{p}: axes must be a mapping key -> sweep string, e.g. {{lag: "1,8"}}')
+    for k in axes_doc:
+        if str(k) in RESERVED:
+            raise UserError(
+                f"{p}: axes.{k} sets {str(k)!r}, which the sweep sets for each run "
+                "(use seeds: [..] for seeds)"
+            )
+    axes = {str(k): _expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
+
+    methods_doc = doc["methods"]
+    if not isinstance(methods_doc, dict) or not methods_doc:
+        raise UserError(
+            f"{p}: methods must be a non-empty mapping name -> overrides, "
+            "e.g. {GRPO: [algo=grpo, clip=ppo]}"
+        )
+    methods = {str(m): _override_list(v, f"{p}: methods.{m}") for m, v in methods_doc.items()}
+    for m in methods:
+        if not m.strip() or "${" in m or any(ord(c) < 32 or ord(c) == 127 for c in m):
+            raise UserError(
+                f"{p}: method name {m!r}: a name must be non-empty and free of '${{' and control "
+                "characters (it becomes an MLflow tag and a report row)"
+            )
+
+    seeds = doc["seeds"]
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        raise UserError(f"{p}: seeds must be a non-empty list of distinct integers >= 0")
+
+    # keys the sweep owns, and axis keys that would be silently overridden
+    axis_keys = {_override_key(parser, f"{k}={v[0]}", f"{p}: axes.{k}") for k, v in axes.items()}
+    layers = [("base", base), *((f"methods.{m}", o) for m, o in methods.items()), ("cli", cli)]
+    for where, overrides in layers:
+        label = "command-line overrides" if where == "cli" else f"{p}: {where}"
+        for ov in overrides:
+            key = _override_key(parser, ov, label)
+            if key in RESERVED:
+                raise UserError(
+                    f"{label}: {ov!r} sets {key!r}, which the sweep sets for each run "
+                    "(seeds: for seed, name: for run.experiment; run.name and resume are fixed)"
+                )
+            if key in axis_keys:
+                raise UserError(
+                    f"{label}: {ov!r} sets {key!r}, which is an axis of the sweep; "
+                    "change the axis values instead"
+                )
+
+    sweep = Sweep(
+        name=name,
+        file=str(p),
+        base=base,
+        axes=axes,
+        methods=methods,
+        seeds=list(seeds),
+        cli_overrides=cli,
+    )
+    sweep.runs = _expand(parser, sweep)
+    return sweep
+
+
+def _axis_labels(keys: list[str]) -> dict[str, str]:
+    """Short labels for axis keys in run names: the last dotted part unless it is ambiguous."""
+    short = {k: slug(k.split("@")[0].rsplit(".", 1)[-1]) for k in keys}
+    counts: dict[str, int] = {}
+    for s in short.values():
+        counts[s] = counts.get(s, 0) + 1
+    return {k: (s if counts[s] == 1 else slug(k).replace(".", "_")) for k, s in short.items()}
+
+
+def _expand(parser, sweep: Sweep) -> list[SweepRun]:
+    keys = list(sweep.axes)
+    labels = _axis_labels(keys)
+    points = [
+        dict(zip(keys, vals, strict=True)) for vals in itertools.product(*sweep.axes.values())
+    ]
+    runs: list[SweepRun] = []
+    names: dict[str, str] = {}
+    for seed in sweep.seeds:
+        for method, m_ovs in sweep.methods.items():
+            for point in points:
+                parts = [slug(method) or "run"]
+                parts += [f"{labels[k]}{slug(v) or 'x'}" for k, v in point.items()]
+                parts.append(f"s{seed}")
+                name = "-".join(parts)
+                desc = f"method {method!r}, axes {point}, seed {seed}"
+                if name in names:
+                    raise UserError(
+                        f"{sweep.file}: two runs get the same name {name!r} ({names[name]} and "
+                        f"{desc}); rename a method"
+                    )
+                names[name] = desc
+                overrides, _ = _merge(
+                    parser,
+                    [
+                        ("base", sweep.base),
+                        (f"methods.{method}", m_ovs),
+                        ("axes", [f"{k}={v}" for k, v in point.items()]),
+                        ("command-line overrides", sweep.cli_overrides),
+                    ],
+                )
+                overrides += [
+                    f"seed={seed}",
+                    f"run.name={name}",
+                    f"run.experiment={sweep.name}",
+                    "resume=auto",
+                ]
+                runs.append(
+                    SweepRun(name, method, point, seed, overrides, override_hash(overrides))
+                )
+    return runs

@@ -1,0 +1,128 @@
+"""Images, artifacts, dicts, text and tags of a tracker run: the methods of
+:class:`sat_cli.tracking.Tracker` from its "images and artifacts" section, as a mixin.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sat_cli.tracking.params import (
+    MAX_TAG_VALUE_LEN,
+    PARAMS_PER_BATCH,
+    REDACTED,
+    _chunks,
+    _scalar_str,
+    _truncate,
+    is_secret_key,
+    mlflow_key,
+    redact_uri,
+)
+from sat_cli.tracking.store import _check_step
+
+
+class _ArtifactLogging:
+    """Histograms, artifacts and tags of :class:`sat_cli.tracking.tracker.Tracker`."""
+
+    # ----------------------------------------------------------------- images and artifacts
+
+    def log_histogram(
+        self,
+        key: str,
+        values: Any,
+        step: int,
+        *,
+        marks: Mapping[str, float] | None = None,
+        bins: int | Sequence[float] | str = 50,
+        xlabel: str | None = None,
+        logy: bool = False,
+    ) -> dict[str, Any] | None:
+        """Log a histogram of ``values`` as a step-indexed image plus its JSON table.
+
+        The image goes to MLflow's image-per-step storage under ``key`` (vertical dashed lines
+        at ``marks``, e.g. ``{"q": 0.05}``); the table goes to ``tables/<key>/step_<N>.json``
+        with ``edges``, ``counts`` (``numpy.histogram`` of the finite values), ``n``,
+        ``nonfinite``, mean/std/min/max/p50/p90/p99, ``marks``, ``key`` and ``step``.
+        Returns that table (None when disabled).
+        """
+        if not self._active():
+            return None
+        from sat_cli.plots import histogram_image, histogram_stats
+
+        step = _check_step(step)
+        if step <= self._resume_max_step:  # already logged before the resume
+            self.skipped_relogged += 1
+            return None
+        key = mlflow_key(key)
+        table = histogram_stats(values, bins)
+        clean_marks = {k: float(v) for k, v in (marks or {}).items()}
+        table.update(key=key, step=step, marks=clean_marks)
+        image = histogram_image(
+            None,
+            title=f"{key}  (step {step})",
+            marks=clean_marks,
+            xlabel=xlabel if xlabel is not None else key.rsplit("/", 1)[-1],
+            logy=logy,
+            stats=table,
+        )
+        log_image = self._client.log_image
+        self._artifact_call(
+            "image", log_image, self.run_id, image, key=key, step=step, synchronous=True
+        )
+        self._artifact_call(
+            "table", self._client.log_dict, self.run_id, table, f"tables/{key}/step_{step}.json"
+        )
+        return table
+
+    def _artifact_call(self, what: str, fn, *args, **kwargs) -> bool:
+        if not self._active():
+            return False
+        ok = self._call(what, fn, *args, **kwargs)
+        if not ok:
+            self.dropped_artifacts += 1
+        return ok
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Copy a local file (or directory) into the run's artifacts under ``artifact_path``."""
+        if not self._active():
+            return
+        p = Path(path)
+        if not p.exists():  # a caller bug, not a store failure: do not count it as an outage
+            raise FileNotFoundError(f"artifact to log does not exist: {p}")
+        fn = self._client.log_artifacts if p.is_dir() else self._client.log_artifact
+        self._artifact_call("artifact", fn, self.run_id, str(p), artifact_path)
+
+    def log_dict(self, obj: Mapping[str, Any] | list, artifact_file: str) -> None:
+        """Store ``obj`` as JSON (``.json``) or YAML (``.yaml``/``.yml``) at ``artifact_file``."""
+        if self._active():
+            self._artifact_call("dict", self._client.log_dict, self.run_id, obj, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Store ``text`` at ``artifact_file`` (e.g. ``config.yaml``)."""
+        if self._active():
+            self._artifact_call("text", self._client.log_text, self.run_id, text, artifact_file)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set run tags (values stringified, URI passwords masked, secret keys redacted)."""
+        if self._active():
+            self._log_tags(dict(tags), soft=True)
+
+    def _log_tags(self, tags: Mapping[str, Any], soft: bool = False) -> None:
+        from mlflow.entities import RunTag
+
+        items = [
+            RunTag(
+                mlflow_key(str(k)),
+                REDACTED
+                if is_secret_key(str(k))
+                else _truncate(redact_uri(_scalar_str(v)), MAX_TAG_VALUE_LEN),
+            )
+            for k, v in tags.items()
+        ]
+        for chunk in _chunks(items, PARAMS_PER_BATCH):
+            if soft:
+                self._artifact_call("tags", self._client.log_batch, self.run_id, tags=list(chunk))
+            else:
+                self._client.log_batch(self.run_id, tags=list(chunk), synchronous=True)

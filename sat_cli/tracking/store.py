@@ -1,0 +1,166 @@
+"""Tracking stores: URIs (disabled, http, sqlite paths, artifact roots), the ``mlflow`` CLI and
+the `sat ui` command, MLflow's HTTP timeout variables, which exceptions mean "the store
+failed", and the start-up lock of a sqlite store.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from sat_cli.tracking.params import redact_uri
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used (unreachable, unknown run, deleted experiment)."""
+
+
+# --------------------------------------------------------------------------- store URIs
+
+
+def _is_disabled_uri(uri: str | None) -> bool:
+    return uri is None or str(uri).strip().lower() in ("", "none", "off", "disabled")
+
+
+def _is_http(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def sqlite_db_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///path`` URI (relative to the cwd), else None."""
+    m = re.match(r"^sqlite:///(?P<path>.+)$", uri)
+    if not m or m.group("path") == ":memory:":
+        return None
+    return Path(m.group("path").split("?", 1)[0])
+
+
+def default_artifact_root(uri: str) -> str | None:
+    """``<directory of the db>/mlartifacts`` (absolute) for a sqlite URI, else None."""
+    db = sqlite_db_path(uri)
+    return str((db.parent / "mlartifacts").resolve()) if db is not None else None
+
+
+def mlflow_executable() -> list[str]:
+    """Command prefix that runs the ``mlflow`` CLI of this environment."""
+    exe = Path(sys.executable).with_name("mlflow")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("mlflow")
+    return [found] if found else [sys.executable, "-m", "mlflow"]
+
+
+def ui_command(store_uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
+    """Argument list that serves the MLflow UI for a local sqlite store on ``host:port``.
+
+    Runs ``mlflow server`` (the venv's executable beside ``sys.executable``, else
+    ``python -m mlflow``) with one worker, artifacts served from ``<db dir>/mlartifacts``.
+    Runs logged straight into the sqlite store keep their absolute artifact paths, which the
+    server reads directly; experiments created through the server store under the same folder.
+    """
+    db = sqlite_db_path(store_uri)
+    if db is None:
+        raise ValueError(
+            f"`sat ui` serves a local sqlite store (sqlite:///path/mlflow.db); got {redact_uri(store_uri)!r}"
+        )
+    return mlflow_executable() + [
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{db.resolve()}",
+        "--artifacts-destination",
+        str(default_artifact_root(store_uri)),
+        "--host",
+        host,
+        "--port",
+        str(int(port)),
+        "--workers",
+        "1",
+    ]
+
+
+# --------------------------------------------------------------------------- HTTP timeout env
+
+_ENV_LOCK = threading.Lock()
+_ENV_USERS = 0
+_ENV_SET_BY_US: list[str] = []
+
+
+def _acquire_http_env(timeout_s: float, max_retries: int) -> None:
+    global _ENV_USERS
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(math.ceil(timeout_s)))),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(int(max_retries)),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    }
+    with _ENV_LOCK:
+        if _ENV_USERS == 0:
+            for name, value in wanted.items():
+                if name not in os.environ:
+                    os.environ[name] = value
+                    _ENV_SET_BY_US.append(name)
+        _ENV_USERS += 1
+
+
+def _release_http_env() -> None:
+    global _ENV_USERS
+    with _ENV_LOCK:
+        _ENV_USERS -= 1
+        if _ENV_USERS == 0:
+            for name in _ENV_SET_BY_US:
+                os.environ.pop(name, None)
+            _ENV_SET_BY_US.clear()
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the store failed", as opposed to a bug in the caller."""
+    from mlflow.exceptions import MlflowException
+
+    errors: tuple[type[BaseException], ...] = (MlflowException, OSError)
+    try:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        errors += (SQLAlchemyError,)
+    except ImportError:  # mlflow-skinny has no sqlalchemy; sqlite stores need the full package
+        pass
+    return errors
+
+
+def _check_step(step: Any) -> int:
+    """MLflow steps are int64; a bad one would be rejected by the store at every retry."""
+    value = int(step)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"MLflow step must fit in int64, got {step!r}")
+    return value
+
+
+def _is_caller_error(exc: BaseException) -> bool:
+    return getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE"
+
+
+class _store_lock:
+    """An exclusive ``flock`` on ``<db>.lock`` beside a sqlite store (no-op for other stores)."""
+
+    def __init__(self, db: Path | None):
+        self.path = None if db is None else db.with_name(db.name + ".lock")
+        self.fd = None
+
+    def __enter__(self):
+        if self.path is not None:
+            import fcntl
+
+            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            import fcntl
+
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None

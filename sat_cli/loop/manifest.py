@@ -26,6 +26,20 @@ from pathlib import Path
 from sat_cli.errors import UserError
 from sat_cli.fsio import write_text_fsync
 
+STATE_FILE = "loop_state.json"  # a checkpoint's loop state (sat_cli.loop.state)
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    out = []
+    if ckpt_root.is_dir():
+        for p in ckpt_root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and (p / STATE_FILE).is_file() and (p / "trainer").is_dir():
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -50,7 +64,6 @@ def write_manifest(folder: Path) -> None:
 
 def verify_checkpoint(ckpt: Path) -> str | None:
     """None if ``ckpt`` is a complete, undamaged checkpoint, else a one-line reason."""
-    from sat_cli.loop.state import STATE_FILE
 
     man = ckpt / MANIFEST
     if man.exists():
@@ -97,7 +110,6 @@ def select_checkpoint(ckpt_root: Path, log=print) -> tuple[Path | None, list[Pat
     """(newest usable checkpoint or None when there is none at all, damaged newer ones).
 
     Raises ``UserError`` when checkpoints exist but none is usable."""
-    from sat_cli.loop.state import list_checkpoints
 
     damaged: list[tuple[Path, str]] = []
     for _, ckpt in reversed(list_checkpoints(ckpt_root)):
@@ -155,7 +167,6 @@ def resume_checkpoint(run_dir: Path, resuming: bool, model_path: str, log=print)
     again). Refusals (``UserError``) change nothing: no checkpoint at all although the run was
     to be resumed, none usable, a checkpoint of another model (e.g. another ``model.*``), or a
     run that gained checkpoints since the command started without ``resume``."""
-    from sat_cli.loop.state import list_checkpoints
 
     root = run_dir / "checkpoints"
     if not resuming:

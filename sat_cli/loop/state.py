@@ -24,10 +24,11 @@ from pathlib import Path
 
 from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.fsio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported
-from sat_cli.loop.manifest import write_manifest
-
-STATE_FILE = "loop_state.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+from sat_cli.loop.manifest import (  # noqa: F401 - STATE_FILE, list_checkpoints re-exported
+    STATE_FILE,
+    list_checkpoints,
+    write_manifest,
+)
 
 
 class CheckpointError(Exception):
@@ -78,16 +79,6 @@ def save_checkpoint(ckpt_root: Path, step: int, trainer, loop_state: dict) -> Pa
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-
-
-def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
-    out = []
-    if ckpt_root.is_dir():
-        for p in ckpt_root.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and (p / STATE_FILE).is_file() and (p / "trainer").is_dir():
-                out.append((int(m.group(1)), p))
-    return sorted(out)
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:

@@ -324,6 +324,12 @@ def power_verdict() -> str:
         else:
             verdict = "**inconclusive**"
         hurt = float(lag["mean_diff"]) < 0 and float(lag["p_t"]) < 0.05
+        qs = _by_seed(POWER, s8, "8", "mean sat/q")
+        bands = _by_seed(POWER, s8, "8", "mean sat/clipfrac_sat_band")
+        over = sorted((seed for seed, q in qs.items() if q >= math.log1p(0.2)), key=int)
+        acts = bool(qs) and not over
+        changes = bool(bands) and min(bands.values()) > 0
+        counts = hurt and acts and changes
         role = "primary" if lr == PRIMARY_LR else "secondary"
         out.append(
             f"- lr {lr} ({role}): SAT-GRPO − GRPO at lag 8 on the final evaluation = "
@@ -331,12 +337,34 @@ def power_verdict() -> str:
             f"p = {p:.3g} (Wilcoxon p = {float(sat['p_wilcoxon']):.3g}), n = {sat['n']}: "
             f"{verdict}. Manipulation check 1 (lag hurts GRPO): GRPO lag 8 − lag 1 = "
             f"{float(lag['mean_diff']):+.2f} points, p = {float(lag['p_t']):.3g}: "
-            f"{'holds' if hurt else 'does not hold'}."
+            f"{'holds' if hurt else 'does not hold'}. Check 2 (mean q < 0.182 in every SAT run): "
+            + ("holds" if acts else f"does not hold (seeds {', '.join(over)} of {len(qs)})")
+            + f". Check 3 (SAT band > 0 in every SAT run): {'holds' if changes else 'does not hold'}."
+            + (
+                " The verdict counts."
+                if counts
+                else " **The verdict does not count** (a check failed)."
+            )
         )
     return "\n".join(out)
 
 
+def lag_ratio() -> str:
+    """paper_table1_cpu: run-mean d̄π at lag 1 and lag 8 per row (mean over seeds) and their
+    ratio: how much of d̄π is policy lag rather than engine/trainer mismatch."""
+    table = {(r["row"], r["lag"]): r for r in _rows("paper_table1_cpu", "table.csv")}
+    lines = []
+    for row in dict.fromkeys(r for r, _ in table):
+        a, b = table.get((row, "1")), table.get((row, "8"))
+        if a is None or b is None or not a["dpi_run_mean"] or not b["dpi_run_mean"]:
+            continue
+        x, y = float(a["dpi_run_mean"]), float(b["dpi_run_mean"])
+        lines.append([row, f"{x:.4f}", f"{y:.4f}", f"{y / x:.1f}"])
+    return _table(["row", "d̄π lag 1 (run mean)", "d̄π lag 8 (run mean)", "lag 8 / lag 1"], lines)
+
+
 BLOCKS = {
+    "lag_ratio": lag_ratio,
     "power_pairs": power_pairs,
     "power_cells": power_cells,
     "power_checks": power_checks,

@@ -381,6 +381,8 @@ gc = subprocess.Popen([sys.executable, "-c", "import time, signal; signal.signal
 open(marker + ".gc", "w").write(str(gc.pid))
 if mode == "ignore":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+else:  # like `sat train` (signals.orderly_stop), also when started with SIGINT ignored (nohup &)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 try:
     open(marker + ".ready", "w").write("1")
     time.sleep(600)

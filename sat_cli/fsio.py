@@ -7,15 +7,22 @@ flushes and fsyncs it, then renames it over ``path`` (``os.replace``); on any fa
 keeps its previous content. ``atomic_write_text`` writes ``text`` as UTF-8 without newline
 translation; ``atomic_write_json`` writes ``json.dumps(obj, indent=1, sort_keys=True)``.
 
+``staged_dir(final)`` is the same for a folder: the block fills a temporary sibling
+(``.<name>.tmp-<random>``), which then replaces ``final`` (an existing ``final`` is removed
+first); on any failure the temporary folder is removed and ``final`` is left as it was.
+
 ``write_text_fsync(path, text)`` is a plain (non-atomic) write followed by an fsync, for files
 inside a temporary folder that is itself renamed into place (checkpoint manifests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +59,20 @@ def write_text_fsync(path: str | os.PathLike, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | os.PathLike, prefix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling folder of ``final`` that replaces ``final`` when the block
+    ends normally, and is removed when it raises (see the module docstring)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix or f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -45,7 +45,26 @@ def check_routes(routed_experts: torch.Tensor | None, input_ids: torch.Tensor) -
         )
 
 
-class RouteCapture:
+class _GateHooks:
+    """A context manager that holds one forward hook per MoE router (``self._hook(layer)``)."""
+
+    gates: list
+    _handles: list
+
+    def _hook(self, layer: int):  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class RouteCapture(_GateHooks):
     """Records the experts chosen by every router call while active (a context manager).
 
     ``calls[l]`` is the list of ``[tokens, K]`` int32 CPU tensors recorded by layer ``l``, one
@@ -71,15 +90,6 @@ class RouteCapture:
         """The most recent call of every layer stacked: ``[tokens, L, K]`` int32."""
         return torch.stack([c[-1] for c in self.calls], dim=1)
 
-    def __enter__(self) -> RouteCapture:
-        self._handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
 
 def replay_gate_output(logits: torch.Tensor, indices: torch.Tensor, norm_topk_prob: bool):
     """Router output ``(logits, weights, indices)`` forced to ``indices`` ``[N, K]``.
@@ -94,7 +104,7 @@ def replay_gate_output(logits: torch.Tensor, indices: torch.Tensor, norm_topk_pr
     return logits, weights.to(logits.dtype), indices
 
 
-class RouteReplay:
+class RouteReplay(_GateHooks):
     """Forces every MoE router to recorded experts while active (a context manager).
 
     ``routes``: integer tensor ``[B, S, L, K]`` for the next forward over ``input_ids [B, S]``.
@@ -131,15 +141,6 @@ class RouteReplay:
             return replay_gate_output(logits, forced, self.norm_topk_prob)
 
         return hook
-
-    def __enter__(self) -> RouteReplay:
-        self._handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 def maybe_replay(model, routes: torch.Tensor | None, enabled: bool):

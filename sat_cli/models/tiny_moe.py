@@ -16,8 +16,6 @@ response ends with ``<eos>``.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -106,10 +104,10 @@ def save_hf(model, tokenizer, path: str | os.PathLike) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    from sat_cli.fsio import staged_dir
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with staged_dir(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -117,12 +115,6 @@ def save_hf(model, tokenizer, path: str | os.PathLike) -> Path:
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 

@@ -73,6 +73,14 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
+def _checked(rows: list[dict[str, str]], wheres: list[str], empty: str) -> list[dict[str, str]]:
+    """``rows`` if there are any and their ids are unique; else :class:`DataError`."""
+    if not rows:
+        raise DataError(empty)
+    _check_unique(rows, wheres)
+    return rows
+
+
 def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dict[str, str]]:
     """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
     path = Path(path)
@@ -101,10 +109,7 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
             wheres.append(where)
             if limit is not None and len(rows) >= limit:
                 break
-    if not rows:
-        raise DataError(f"{path}: empty file (no JSON rows)")
-    _check_unique(rows, wheres)
-    return rows
+    return _checked(rows, wheres, f"{path}: empty file (no JSON rows)")
 
 
 def _resolve_local(name_or_path: str, data_dir: str | os.PathLike | None) -> Path | None:
@@ -161,10 +166,7 @@ def load_hf(spec: str, *, limit: int | None = None) -> list[dict[str, str]]:
         wheres.append(where)
         if limit is not None and len(rows) >= limit:
             break
-    if not rows:
-        raise DataError(f"hf:{repo} split {split!r}: no rows")
-    _check_unique(rows, wheres)
-    return rows
+    return _checked(rows, wheres, f"hf:{repo} split {split!r}: no rows")
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,13 +23,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from sat_cli.fsio import staged_dir
 from sat_cli.models.r3 import R3Error as R3Error
 from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
@@ -37,11 +36,6 @@ from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 from sat_cli.trainers.step import token_logprobs as token_logprobs
-
-
-def _atomic_dir(final: Path):
-    final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
 
 
 class LocalTrainer(PolicyTrainer):
@@ -145,20 +139,12 @@ class LocalTrainer(PolicyTrainer):
         return save_hf(self.model, self.tokenizer, Path(dir) / f"v{int(version)}")
 
     def save(self, dir: str | os.PathLike) -> None:
-        final = Path(dir)
-        tmp = _atomic_dir(final)
-        try:
+        with staged_dir(Path(dir)) as tmp:
             save_hf(self.model, self.tokenizer, tmp / "model")
             tensors, param_groups = optimizer_tensors(self.opt)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             meta = {"step_count": self.step_count, "param_groups": param_groups}
             (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     def load(self, dir: str | os.PathLike) -> None:
         d = Path(dir)

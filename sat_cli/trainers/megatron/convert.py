@@ -40,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,18 @@ HF_SIDE_FILES = (
     "vocab.json",
     "merges.txt",
     "chat_template.jinja",
+)
+
+
+# per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
+# order both conversions write them
+SAME_TENSORS = (
+    ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+    ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+    ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
+    ("input_layernorm.weight", "input_layernorm.weight"),
+    ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
+    ("mlp.router.weight", "mlp.gate.weight"),
 )
 
 
@@ -108,22 +119,16 @@ def save_hf_checkpoint(
     The directory appears atomically: everything is written to a temporary sibling which is
     then renamed to ``out_dir`` (an existing ``out_dir`` is replaced).
     """
+    from sat_cli.fsio import staged_dir
+
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir, prefix=f".{out_dir.name}.") as tmp:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name in HF_SIDE_FILES:
             src = Path(source_dir) / name
             if src.exists():
                 shutil.copyfile(src, tmp / name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -174,12 +179,8 @@ def hf_to_megatron(
             dim=1,
         )  # [ng, (nh/ng + 2)*hd, H]
         mg[m + "self_attention.linear_qkv.weight"] = qkv.reshape(-1, hidden)
-        mg[m + "self_attention.linear_proj.weight"] = take(h + "self_attn.o_proj.weight")
-        mg[m + "self_attention.q_layernorm.weight"] = take(h + "self_attn.q_norm.weight")
-        mg[m + "self_attention.k_layernorm.weight"] = take(h + "self_attn.k_norm.weight")
-        mg[m + "input_layernorm.weight"] = take(h + "input_layernorm.weight")
-        mg[m + "pre_mlp_layernorm.weight"] = take(h + "post_attention_layernorm.weight")
-        mg[m + "mlp.router.weight"] = take(h + "mlp.gate.weight")
+        for mg_name, hf_name in SAME_TENSORS:
+            mg[m + mg_name] = take(h + hf_name)
         for e in range(n_experts):
             gate = take(h + f"mlp.experts.{e}.gate_proj.weight")  # [I, H]
             up = take(h + f"mlp.experts.{e}.up_proj.weight")  # [I, H]
@@ -230,12 +231,8 @@ def megatron_to_hf(
         hf[h + "self_attn.q_proj.weight"] = q.reshape(nh * hd, hidden)
         hf[h + "self_attn.k_proj.weight"] = k.reshape(ng * hd, hidden)
         hf[h + "self_attn.v_proj.weight"] = v.reshape(ng * hd, hidden)
-        hf[h + "self_attn.o_proj.weight"] = take(m + "self_attention.linear_proj.weight")
-        hf[h + "self_attn.q_norm.weight"] = take(m + "self_attention.q_layernorm.weight")
-        hf[h + "self_attn.k_norm.weight"] = take(m + "self_attention.k_layernorm.weight")
-        hf[h + "input_layernorm.weight"] = take(m + "input_layernorm.weight")
-        hf[h + "post_attention_layernorm.weight"] = take(m + "pre_mlp_layernorm.weight")
-        hf[h + "mlp.gate.weight"] = take(m + "mlp.router.weight")
+        for mg_name, hf_name in SAME_TENSORS:
+            hf[h + hf_name] = take(m + mg_name)
     for key in list(mg):
         match = expert_re.match(key)
         if match is None or not key.endswith("linear_fc1.weight"):

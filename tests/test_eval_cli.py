@@ -52,6 +52,7 @@ def test_sat_eval_aime24_with_no_flags(tmp_path, sat_cli, monkeypatch):
     assert run.data.metrics["eval/aime24/avg_at_2"] == 0.0
 
 
+@pytest.mark.slow  # 2 x 13 s; `make test-full` (CI keeps the no-flags run)
 @pytest.mark.parametrize("flag", ["ckpt", "model.path"])
 def test_sat_eval_aime24_of_a_checkpoint_or_model_dir(tmp_path, sat_cli, monkeypatch, flag):
     monkeypatch.delenv("SAT_DATA_DIR", raising=False)

@@ -255,6 +255,7 @@ def test_the_servers_400_reaches_the_user_with_its_message(engine):
     assert engine.health()  # the server is fine after refusing
 
 
+@pytest.mark.slow  # starts a second server (40 s); `make test-full`
 def test_sglang_stops_on_the_union_of_eos_ids_like_the_local_engine(
     engine, prompts, tokenizer, tmp_path
 ):

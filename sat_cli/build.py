@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from sat_cli import __version__
+from sat_cli import metric_names as M
 from sat_cli.errors import UserError
 from sat_cli.models.weights_check import check_hf_dir
 
@@ -301,7 +302,7 @@ def build_evaluator(
     if spec is None:
         spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
     problems, grader, template = spec
-    n, prefix = (e.final_n, f"final/{e.name}/") if final else (e.n, f"eval/{e.name}/")
+    n, prefix = (e.final_n if final else e.n), M.eval_prefix(e.name, final)
     sampling = SamplingParams(
         temperature=e.temperature,
         top_p=e.top_p,

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sat_cli import metric_names as M
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
 from sat_cli.fsio import atomic_write_text
 from sat_cli.tasks.prompts import render
@@ -289,7 +290,7 @@ def evaluate(
 
 def metrics(result: EvalResult, prefix: str | None = None) -> dict[str, float]:
     """``{eval/<name>/avg@<n>: …, eval/<name>/pass@<k>: …}`` in percent, for the tracker."""
-    prefix = f"eval/{result.name}/" if prefix is None else prefix
+    prefix = M.eval_prefix(result.name) if prefix is None else prefix
     out = {f"{prefix}avg@{result.n}": result.avg_at_k}
     out.update({f"{prefix}pass@{k}": v for k, v in result.pass_at_k.items()})
     if result.meta.get("overlong"):

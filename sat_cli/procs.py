@@ -30,6 +30,22 @@ def tail_lines(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
     return b"".join(lines).decode("utf-8", errors="replace")
 
 
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie (a killed child stays a zombie until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def live_group_members(pgid: int) -> list[int]:
     """PIDs of the processes in process group ``pgid`` that are not zombies (Linux /proc)."""
     members = []

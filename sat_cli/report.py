@@ -47,6 +47,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sat_cli import metric_names as M
 from sat_cli.errors import UserError
 from sat_cli.report_hist import HIST_DIR, _download_json, _hist_tables, _last_hist  # noqa: F401
 from sat_cli.report_pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
@@ -132,11 +133,11 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(s, v) for s, (_, v) in sorted(by_step.items())]
 
 
-def _eval_key(run, prefix: str = "eval") -> str | None:
+def _eval_key(run, prefix: str = M.EVAL) -> str | None:
     from sat_cli.tracking import mlflow_key
 
     p = run.data.params
-    n = p.get("eval.final_n") if prefix == "final" else p.get("eval.n")
+    n = p.get("eval.final_n") if prefix == M.FINAL else p.get("eval.n")
     if p.get("eval.name") and n not in (None, "None"):
         key = mlflow_key(f"{prefix}/{p['eval.name']}/avg@{n}")
         if key in run.data.metrics:
@@ -343,10 +344,10 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
     eval_title = next((display_key(r.eval_key) for r in runs if r.eval_key), "eval avg@k")
     series = [
         ("eval.png", lambda r: r.eval_key or "", eval_title),
-        ("reward.png", lambda r: REWARD_KEY, "rollout/reward_mean"),
+        ("reward.png", lambda r: REWARD_KEY, M.REWARD_MEAN),
         ("dpi.png", lambda r: DPI_KEY, "d̄π (mean |log π − log μ|)"),
-        ("sat_gate_rate.png", lambda r: GATE_KEY, "sat/gate_rate"),
-        ("sat_band.png", lambda r: BAND_KEYS[0], "sat/clipfrac_sat_band"),
+        ("sat_gate_rate.png", lambda r: GATE_KEY, M.SAT_GATE_RATE),
+        ("sat_band.png", lambda r: BAND_KEYS[0], M.SAT_BAND),
     ]
     for name, key_of, title in series:
         if P.series_plot(out_dir / name, runs, rows, lags, key_of, title):

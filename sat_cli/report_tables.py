@@ -36,17 +36,18 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from sat_cli import metric_names as M
 from sat_cli.report_stats import t_interval
 
-DPI_KEY = "staleness/abs_logratio_mean"
-DPI_MU_KEY = "staleness/abs_logratio_mean_mu"
-MISMATCH_KEY = "staleness/mismatch_abs_logratio_mean"
-REWARD_KEY = "rollout/reward_mean"
-GATE_KEY = "sat/gate_rate"
-Q_KEY = "sat/q"
-ESS_KEY = "staleness/ess"
-BAND_KEYS = ("sat/clipfrac_sat_band", "sat/clipfrac_sat_band_low", "sat/clipfrac_sat_band_high")
-CLIP_KEYS = ("loss/clipfrac", "loss/clipfrac_low", "loss/clipfrac_high")
+DPI_KEY = M.DPI
+DPI_MU_KEY = M.DPI_MU
+MISMATCH_KEY = M.MISMATCH
+REWARD_KEY = M.REWARD_MEAN
+GATE_KEY = M.SAT_GATE_RATE
+Q_KEY = M.SAT_Q
+ESS_KEY = M.ESS
+BAND_KEYS = (M.SAT_BAND, M.SAT_BAND_LOW, M.SAT_BAND_HIGH)
+CLIP_KEYS = (M.CLIPFRAC, M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH)
 DASH = "—"
 
 

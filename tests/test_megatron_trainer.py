@@ -258,7 +258,14 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
         assert trainer.step_count == local.step_count == 2
         trainer.set_clip_radii(0.05, 0.1)
         local.set_clip_radii(0.05, 0.1)
-        meg2, loc2 = trainer.step(batch), local.step(batch)
+        meg_diag, loc_diag = {}, {}
+        meg2, loc2 = trainer.step(batch, meg_diag), local.step(batch, loc_diag)
+        # the loss's per-token diagnostics come back over the protocol (two minibatches)
+        assert sorted(meg_diag) == sorted(loc_diag)
+        assert meg_diag["n_active"].tolist() == loc_diag["n_active"].tolist()
+        assert torch.equal(meg_diag["gate"], loc_diag["gate"]) and meg_diag["gate"].any()
+        for key in ("abs_d", "abs_d_mu", "contraction", "q"):
+            torch.testing.assert_close(meg_diag[key], loc_diag[key], atol=1e-5, rtol=0)
         assert meg2["loss/clipfrac"] == pytest.approx(loc2["loss/clipfrac"], rel=1e-5)
         assert meg2["loss/policy"] == pytest.approx(loc2["loss/policy"], abs=2e-6)
         assert meg2["loss/clipfrac"] > meg_metrics["loss/clipfrac"]  # tighter radii clip more

@@ -246,13 +246,6 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
             clip=ClipSchedule(
                 obj.algo.eps_low, obj.algo.eps_high, obj.clip.schedule, obj.clip.final_scale
             ),
-            sat_probe={
-                "adaptive": obj.clip.adaptive,
-                "quantile": obj.clip.quantile,
-                "exponent": obj.clip.exponent,
-                "anchor": obj.clip.anchor,
-                "level": "sequence" if obj.algo.name == "gspo" else "token",
-            },
             eval_every=obj.eval.every,
             eval_at_start=obj.eval.at_start,
             checkpoint_every=obj.checkpoint.every,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
+from sat_cli import metric_names as M
+
 
 class Progress:
     def __init__(self, total: int, start: int = 0, *, every: int = 10, tty: bool | None = None):
@@ -37,9 +39,9 @@ class Progress:
     def step(self, t: int, m: dict) -> None:
         done = t + 1
         info = (
-            f"reward {m.get('rollout/reward_mean', 0):.3f}  lag {m.get('staleness/version_lag_mean', 0):.1f}"
-            f"  d̄π {m.get('staleness/abs_logratio_mean', float('nan')):.4f}"
-            f"  {m.get('rollout/tokens_per_s', 0):,.0f} tok/s"
+            f"reward {m.get(M.REWARD_MEAN, 0):.3f}  lag {m.get(M.VERSION_LAG_MEAN, 0):.1f}"
+            f"  d̄π {m.get(M.DPI, float('nan')):.4f}"
+            f"  {m.get(M.TOKENS_PER_S, 0):,.0f} tok/s"
         )
         if self._bar is not None:
             self._bar.update(self._task, completed=done, info=info)
@@ -53,7 +55,7 @@ class Progress:
         vals = "  ".join(
             f"{k.split('/')[-1]} {v:.1f}"
             for k, v in m.items()
-            if k.startswith("eval/") and ("avg@" in k or "pass@1" in k)
+            if k.startswith(M.EVAL + "/") and ("avg@" in k or "pass@1" in k)
         )
         self.log(f"eval @ step {step}: {vals}")
 

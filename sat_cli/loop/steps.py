@@ -7,16 +7,16 @@
   trainer skipped that update the run goes on, unless ``MAX_CONSECUTIVE_NONFINITE`` steps in a
   row were non-finite; otherwise :class:`NonFiniteLoss` stops the run before anything of the
   step is written.
-* :func:`log_histograms` — the staleness and SAT histograms of a step (from
-  :func:`staleness_probe`, a no-grad forward on the step's batch).
+* :func:`log_histograms` — the staleness and SAT histograms of a step, from the per-token
+  diagnostics its loss returned (no extra forward).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
 
+from sat_cli import metric_names as M
 from sat_cli.engines.base import Sample
 from sat_cli.errors import RunFailed
 from sat_cli.loop.state import latest_checkpoint
@@ -69,34 +69,35 @@ def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing
     resp_lens = [smp.response_len for smp in samples] or [0]
     n_tokens = sum(smp.response_len for g in groups for smp in g)
     metrics = {
-        "rollout/batch_index": float(t),
-        "rollout/prompt_digest": digest([r["prompt"] for r in rows]),
-        "rollout/reward_mean": float(flat_rewards.mean()) if len(flat_rewards) else 0.0,
-        "rollout/response_len_mean": sum(resp_lens) / len(resp_lens),
-        "rollout/truncated_frac": (
+        M.BATCH_INDEX: float(t),
+        M.PROMPT_DIGEST: digest([r["prompt"] for r in rows]),
+        M.REWARD_MEAN: float(flat_rewards.mean()) if len(flat_rewards) else 0.0,
+        M.RESPONSE_LEN_MEAN: sum(resp_lens) / len(resp_lens),
+        M.TRUNCATED_FRAC: (
             sum(smp.finish_reason == "length" for smp in samples) / max(len(samples), 1)
         ),
-        "rollout/tokens_per_s": n_tokens / max(timing["gen_s"], 1e-9),
-        "staleness/version_lag_mean": sum(lags) / len(lags),
-        "staleness/version_lag_max": float(max(lags)),
+        M.TOKENS_PER_S: n_tokens / max(timing["gen_s"], 1e-9),
+        M.VERSION_LAG_MEAN: sum(lags) / len(lags),
+        M.VERSION_LAG_MAX: float(max(lags)),
         "perf/gen_s": timing["gen_s"],
     }
     return samples, adv, lags, metrics
 
 
 def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: dict, tracker,
-                 ckpt_root) -> None:  # fmt: skip
-    """``trainer.step(batch)`` into ``metrics``, with the non-finite policy (module docstring).
-    ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in checkpoints)."""
-    tm = trainer.step(batch)
+                 ckpt_root, diag: dict | None = None) -> None:  # fmt: skip
+    """``trainer.step(batch, diag)`` into ``metrics``, with the non-finite policy (module
+    docstring). ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in
+    checkpoints); ``diag``: see ``log_histograms``."""
+    tm = trainer.step(batch) if diag is None else trainer.step(batch, diag)
     bad = sorted(k for k, v in tm.items() if k.startswith("loss/") and not math.isfinite(v))
     guard["bad"] = guard["bad"] + 1 if bad else 0
     if bad:
         counters["nonfinite_steps"] += 1
-        skipped = bool(tm.get("loss/nonfinite_skipped"))
+        skipped = bool(tm.get(M.NONFINITE_SKIPPED))
         if not skipped or guard["bad"] >= MAX_CONSECUTIVE_NONFINITE:
             metrics.update(tm)
-            metrics["loss/nonfinite_steps"] = float(counters["nonfinite_steps"])
+            metrics[M.NONFINITE_STEPS] = float(counters["nonfinite_steps"])
             tracker.log_metrics(metrics, step=t + 1)
             last = latest_checkpoint(ckpt_root)
             raise NonFiniteLoss(
@@ -118,7 +119,7 @@ def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: d
                 + "Lower trainer.lr, keep trainer.grad_clip > 0, or check the data."
             )
     metrics.update(tm)
-    if "sat/active" in tm:
+    if M.SAT_ACTIVE in tm:
         metrics.update(sat_active_fractions(counters, tm))
 
 
@@ -129,9 +130,9 @@ def sat_active_fractions(counters: dict, tm: dict) -> dict[str, float]:
     counters["sat_steps"] = counters.get("sat_steps", 0) + 1
     out = {}
     for key, name in (
-        ("sat/active", "sat_active_steps"),
-        ("sat/active_low", "sat_active_low_steps"),
-        ("sat/active_high", "sat_active_high_steps"),
+        (M.SAT_ACTIVE, "sat_active_steps"),
+        (M.SAT_ACTIVE_LOW, "sat_active_low_steps"),
+        (M.SAT_ACTIVE_HIGH, "sat_active_high_steps"),
     ):
         if key in tm:
             counters[name] = counters.get(name, 0) + float(tm[key])
@@ -146,55 +147,54 @@ def digest(texts: list[str]) -> float:
     return float(int.from_bytes(h[:3], "little"))
 
 
-def log_histograms(tracker, probe: dict, lags: list[int], step: int) -> None:
-    tracker.log_histogram("staleness/version_lag", lags, step=step, bins=max(lags) + 1 or 1)
-    tracker.log_histogram(
-        "staleness/abs_logratio", probe["abs_d"], step=step, marks={"q": probe["q"]}, logy=True
-    )
-    if probe["c"] is not None and len(probe["c"]):
-        tracker.log_histogram("sat/contraction", probe["c"], step=step, bins=20)
-    tracker.log_metrics(probe["stats"], step=step)
+def log_histograms(tracker, diag: dict, lags: list[int], step: int) -> None:
+    """The step's histograms and ``|d|`` percentiles, from the per-token diagnostics the loss
+    itself produced (``trainer.step(batch, diag)``; no second SAT computation, no extra
+    forward):
 
+    * ``staleness/version_lag``: per sample;
+    * ``staleness/abs_logratio``: ``|log pi_theta - log mu|`` of every trained token (the
+      behaviour-policy mismatch, comparable across algorithms), marked with the batch reference
+      ``q`` when the loss's ratio is against ``mu`` (with a recomputed ``pi_old`` denominator
+      the loss's own ``|d|`` goes to ``sat/abs_logratio``, marked with ``q``);
+    * ``sat/contraction``: ``c`` of the tokens SAT contracted.
 
-def staleness_probe(trainer, batch, sat: dict[str, Any], eps_low: float, eps_high: float) -> dict:
-    """|d| per token and SAT contraction factors for the histograms (one extra no-grad forward).
-    ``sat``: the SAT settings of the loss (``LoopSettings.sat_probe``)."""
+    ``q`` is SAT's own (token-weighted over minibatches); without SAT, the mark is the p90 of
+    ``|d|`` (the reference SAT would take at its default quantile). The percentiles
+    ``staleness/abs_logratio_p50/_p90/_p99`` use SAT's order statistic on the mismatch.
+    """
     import torch
 
-    from sat_cli.rl.sat import sat_clip_bounds
-    from sat_cli.rl.staleness import logratio_stats
+    from sat_cli.rl.sat import order_statistic_k
+    from sat_cli.rl.staleness import PERCENTILES
 
-    logp = trainer.logprobs(batch)  # [B, S]
-    mask = batch.loss_mask
-    d = torch.where(mask.bool(), logp - batch.rollout_logp, torch.zeros_like(logp))
-    # percentiles of |log pi_theta - log mu| (the mean is the loss's own metric; with a recompute
-    # denominator, e.g. TIS, the loss measures against pi_old, so it is not logged twice here)
-    stats = logratio_stats(logp, batch.rollout_logp, mask)
-    stats.pop("staleness/abs_logratio_mean", None)
-    abs_d = d.abs()[mask.bool()]
-    q, c = float("nan"), None
-    p = sat
-    if p.get("adaptive"):
-        proxy = d
-        if p.get("level") == "sequence":
-            seq = (d * mask).sum(1) / mask.sum(1).clamp_min(1)
-            proxy = seq[:, None].expand_as(d) * mask
-        lower, upper, sst = sat_clip_bounds(
-            proxy,
-            mask,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            quantile=p["quantile"],
-            exponent=p["exponent"],
-            **({"anchor": p["anchor"]} if p.get("anchor") else {}),
+    abs_mu, abs_d = diag["abs_d_mu"], diag["abs_d"]
+    n = abs_mu.numel()
+    stats = {
+        M.ABS_LOGRATIO_PCT.format(name): (
+            float(abs_mu.kthvalue(order_statistic_k(level, n)).values) if n else 0.0
         )
-        q = sst["q"]
-        m = mask.bool()
-        c_hi = (upper - 1.0) / eps_high
-        c_lo = (1.0 - lower) / eps_low
-        c_all = torch.minimum(c_hi, c_lo)[m]
-        c = c_all[c_all < 1.0]
+        for name, level in PERCENTILES
+    }
+    own = abs_d is abs_mu or torch.equal(abs_d, abs_mu)
+    if diag["q"].numel():
+        w = diag["n_active"].double()
+        q = float((diag["q"] * w).sum() / w.sum().clamp_min(1))
     else:
-        k = max(1, math.ceil(0.9 * abs_d.numel()))
-        q = float(abs_d.kthvalue(k).values) if abs_d.numel() else 0.0
-    return {"abs_d": abs_d.numpy(), "q": q, "c": None if c is None else c.numpy(), "stats": stats}
+        q = float(abs_d.kthvalue(order_statistic_k(0.9, abs_d.numel())).values) if n else 0.0
+    tracker.log_histogram(M.HIST_VERSION_LAG, lags, step=step, bins=max(lags) + 1 or 1)
+    tracker.log_histogram(
+        M.HIST_ABS_LOGRATIO,
+        abs_mu.numpy(),
+        step=step,
+        marks={"q": q} if own else None,
+        logy=True,
+    )
+    if not own:
+        tracker.log_histogram(
+            M.HIST_SAT_ABS_LOGRATIO, abs_d.numpy(), step=step, marks={"q": q}, logy=True
+        )
+    c = diag["contraction"][diag["gate"]]
+    if c.numel():
+        tracker.log_histogram(M.HIST_CONTRACTION, c.numpy(), step=step, bins=20)
+    tracker.log_metrics(stats, step=step)

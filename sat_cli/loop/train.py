@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sat_cli import metric_names as M
 from sat_cli.engines.base import SamplingParams
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError, min_needed
@@ -52,7 +53,6 @@ from sat_cli.loop.steps import (
     NonFiniteLoss,
     log_histograms,
     score_batch,
-    staleness_probe,
     trainer_step,
 )
 from sat_cli.loop.steps import digest as _digest
@@ -108,7 +108,6 @@ class LoopSettings:
     drop_zero_adv_groups: bool = False
     r3: bool = False
     clip: ClipSchedule = field(default_factory=lambda: ClipSchedule(0.2, 0.2))
-    sat_probe: dict = field(default_factory=dict)  # SAT settings for the histograms (adaptive, …)
     eval_every: int = 0
     eval_at_start: bool = False
     checkpoint_every: int = 0
@@ -179,16 +178,15 @@ def train_loop(
             # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
             eps_low, eps_high = s.clip.radii(t, s.max_steps)
             _set_radii(trainer, eps_low, eps_high)
-            metrics["clip/eps_low"], metrics["clip/eps_high"] = eps_low, eps_high
-            probe = None
+            metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
+            diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
             if samples:
                 batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3)
-                if s.histogram_every > 0 and t % s.histogram_every == 0:
-                    probe = staleness_probe(trainer, batch, s.sat_probe, eps_low, eps_high)
-                trainer_step(trainer, batch, t, st["counters"], guard, metrics, tracker, ckpt_root)
+                trainer_step(trainer, batch, t, st["counters"], guard, metrics, tracker, ckpt_root,
+                             diag)  # fmt: skip
             else:
                 _skip_step(trainer, st["counters"])
-            metrics["loss/nonfinite_steps"] = float(st["counters"]["nonfinite_steps"])
+            metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
             # 4. publish the new weights when a later batch will be generated from them
             new_version = t + 1
             if s.lag.publish_after(new_version, s.max_steps):
@@ -202,8 +200,8 @@ def train_loop(
                 metrics.update(thread.call(new_version, final_evaluator).result())
             _perf(metrics, t_step, timing)
             tracker.log_metrics(metrics, step=new_version)
-            if probe is not None:
-                log_histograms(tracker, probe, lags, new_version)
+            if diag:
+                log_histograms(tracker, diag, lags, new_version)
             if progress:
                 progress.step(t, metrics)
             if (

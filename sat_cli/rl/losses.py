@@ -60,6 +60,7 @@ import math
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl.names import LEVELS
 from sat_cli.rl.names import LOSS_AGGS as AGGS
 from sat_cli.rl.sat import merge_bounds, sat_sequence_bounds, sat_token_bounds
@@ -150,6 +151,7 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     anchor: str = "q",
     q_rows: int | None = None,
+    diag: dict | None = None,
 ):
     """Negative clipped surrogate and detached metrics.
 
@@ -166,6 +168,9 @@ def policy_loss(
         token_weights: ``[B, T]`` detached factors (IS weights, masks) on the per-token surrogate.
         q_rows: SAT's scope: ``None`` = one ``q`` over the whole (mini)batch; an int = one ``q``
             per block of that many consecutive rows (the paper's per-micro-batch scope).
+        diag: if a dict, filled with the detached per-token quantities this loss used
+            (``token_diagnostics``): the step's histograms come from these, not from a second
+            SAT computation.
 
     Returns:
         ``(loss, metrics)``; ``loss`` is a 0-dim tensor, ``metrics`` a dict of Python floats.
@@ -260,25 +265,70 @@ def policy_loss(
         ppo_clip = (n_clip - n_band).double() / n  # [2]: low, high
         band = n_band.double() / n
         vals = {
-            "loss/policy": loss.detach(),
-            "loss/clipfrac": ppo_clip.sum(),
-            "loss/clipfrac_low": ppo_clip[0],
-            "loss/clipfrac_high": ppo_clip[1],
-            "sat/clipfrac_sat_band": band.sum(),
-            "sat/clipfrac_sat_band_low": band[0],
-            "sat/clipfrac_sat_band_high": band[1],
-            "staleness/abs_logratio_mean": abs_lr.sum() / n,
+            M.LOSS_POLICY: loss.detach(),
+            M.CLIPFRAC: ppo_clip.sum(),
+            M.CLIPFRAC_LOW: ppo_clip[0],
+            M.CLIPFRAC_HIGH: ppo_clip[1],
+            M.SAT_BAND: band.sum(),
+            M.SAT_BAND_LOW: band[0],
+            M.SAT_BAND_HIGH: band[1],
+            M.DPI: abs_lr.sum() / n,
             # k3 is exactly 0 where token_lr == 0, i.e. on every masked slot.
-            "loss/kl_k3": torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
+            M.KL_K3: torch.expm1(-token_lr.detach()).add_(token_lr.detach()).sum() / n,
         }
         if sat is not None:
-            vals.update({f"sat/{k}": v for k, v in sat.stats.items()})
+            vals.update({f"sat/{k}": v for k, v in sat.stats.items()})  # M.SAT_Q, …
         keys = list(vals)
         floats = torch.stack([vals[k].to(torch.float64) for k in keys]).tolist()
         metrics = dict(zip(keys, floats, strict=True))
         if sat is not None:
             metrics.update(_active_flags(sat, blocks, eps_low, eps_high))
+        if diag is not None:
+            diag.update(
+                token_diagnostics(abs_lr, mask, sat, level, lower, upper, eps_low, eps_high)
+            )
     return loss, metrics
+
+
+def token_diagnostics(abs_lr, mask, sat, level, lower, upper, eps_low, eps_high) -> dict:
+    """What the loss used, per active token (row-major order), detached on the CPU:
+
+    * ``abs_d`` ``[N]`` float32: ``|log r|`` of the token ratio against the loss's denominator;
+    * ``gate`` ``[N]`` bool: SAT contracted this token's interval (for the GSPO levels: its
+      response's);
+    * ``contraction`` ``[N]`` float32: ``c`` of the contracted endpoint (1 off the gate): the
+      upper side ``(u - 1) / eps_high``, the lower ``(1 - l) / eps_low``;
+    * ``q`` ``[1]`` float64 (SAT's batch reference; ``[0]`` without SAT) and ``n_active`` ``[1]``.
+    """
+    m = mask.bool()
+    n = int(m.sum())
+    gate = torch.zeros(m.shape, dtype=torch.bool, device=m.device)
+    c = torch.ones(m.shape, dtype=torch.float32, device=m.device)
+    if sat is not None and sat.index is not None:
+        if level == "token":
+            side, bound = sat.upper_side, sat.bound.float()
+            c_g = torch.where(
+                side,
+                (bound - 1.0) / (eps_high if eps_high > 0 else 1.0),
+                (1.0 - bound) / (eps_low if eps_low > 0 else 1.0),
+            )
+            gate.view(-1)[sat.index] = True
+            c.view(-1)[sat.index] = c_g
+        else:  # one interval per response: rows sat.index
+            c_hi = (upper.float() - 1.0) / (eps_high if eps_high > 0 else 1.0)  # [B, 1]
+            c_lo = (1.0 - lower.float()) / (eps_low if eps_low > 0 else 1.0)  # [B, 1]
+            rows = torch.zeros(m.shape[0], dtype=torch.bool, device=m.device)
+            rows[sat.index] = True
+            gate = rows[:, None] & m
+            c = torch.where(gate, torch.minimum(c_hi, c_lo).expand_as(c), c)
+    q = [float(sat.q)] if sat is not None else []
+    return {
+        "abs_d": abs_lr[m].float().cpu(),
+        "gate": gate[m].cpu(),
+        "contraction": c[m].cpu(),
+        "q": torch.tensor(q, dtype=torch.float64),
+        "n_active": torch.tensor([n], dtype=torch.int64),
+    }
 
 
 def sat_can_act(q: float, eps_low: float, eps_high: float) -> tuple[bool, bool]:
@@ -296,13 +346,13 @@ def _active_flags(sat, blocks, eps_low, eps_high) -> dict[str, float]:
     ``q``; with several blocks the active-token-weighted fraction of blocks."""
     qs = getattr(sat, "block_qs", None) or [(sat.q, 1)]
     n = float(max(sum(n_c for _, n_c in qs), 1))
-    out = {"sat/active": 0.0, "sat/active_low": 0.0, "sat/active_high": 0.0}
+    out = {M.SAT_ACTIVE: 0.0, M.SAT_ACTIVE_LOW: 0.0, M.SAT_ACTIVE_HIGH: 0.0}
     for q, n_c in qs:
         low, high = sat_can_act(q, eps_low, eps_high)
         w = n_c / n if len(qs) > 1 else 1.0
-        out["sat/active"] += w * (low or high)
-        out["sat/active_low"] += w * low
-        out["sat/active_high"] += w * high
+        out[M.SAT_ACTIVE] += w * (low or high)
+        out[M.SAT_ACTIVE_LOW] += w * low
+        out[M.SAT_ACTIVE_HIGH] += w * high
     return out
 
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl.corrections import behaviour_weights
 
 
@@ -188,7 +189,7 @@ def vcpo_prepare(*, logp, rollout_logp, advantages, mask, seq_score_sqnorm, p, *
     rows = mask.bool().any(-1)
     ess = kish_ess(log_w[rows])
     adv = _vcpo_seq_adv(advantages, mask)
-    metrics = {"vcpo/ess": ess, "opt/lr_scale": vcpo_lr_scale(ess, p["vcpo_ess_base"])}
+    metrics = {"vcpo/ess": ess, M.LR_SCALE: vcpo_lr_scale(ess, p["vcpo_ess_base"])}
     if p["vcpo_opob"]:
         if seq_score_sqnorm is None:
             raise ValueError("algo 'vcpo' with its optimal baseline needs seq_score_sqnorm")

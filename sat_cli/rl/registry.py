@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl import corrections as corr
 from sat_cli.rl import offpolicy as off
 from sat_cli.rl.config import LossConfig
@@ -268,11 +269,15 @@ def compute(
     versions: torch.Tensor | None = None,
     current_version: int | None = None,
     seq_score_sqnorm: torch.Tensor | None = None,
+    diag: dict | None = None,
 ):
     """Compose ``cfg``'s algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
     (extra metrics: module docstring). ``versions`` (``[B]`` or ``[B, T]``), ``current_version``
     and ``seq_score_sqnorm`` (``[B]``) are read only by the algorithms that need them
-    (``AlgoSpec.needs``). ``cfg.kl_coef`` is the trainer's business (``trainers.step``)."""
+    (``AlgoSpec.needs``). ``cfg.kl_coef`` is the trainer's business (``trainers.step``).
+    ``diag``: a dict to fill with ``policy_loss``'s per-token diagnostics plus ``abs_d_mu``
+    (``[N]`` float32, ``|logp - rollout_logp|`` of the active tokens: the mismatch against the
+    behaviour policy, whatever the denominator)."""
     algo_name, correction_name = cfg.algo, cfg.correction
     eps_low, eps_high, agg = cfg.eps_low, cfg.eps_high, cfg.agg
     ratio_denominator, adaptive = cfg.ratio_denominator, cfg.adaptive
@@ -340,23 +345,26 @@ def compute(
         token_weights=weight,
         anchor=cfg.anchor,
         q_rows=cfg.q_rows,
+        diag=diag,
     )
     metrics.update(extra)
     if denom == "rollout":
-        metrics["staleness/abs_logratio_mean_mu"] = metrics["staleness/abs_logratio_mean"]
+        metrics[M.DPI_MU] = metrics[M.DPI]
+        if diag is not None:
+            diag["abs_d_mu"] = diag["abs_d"]
     else:
         with torch.no_grad():
             m = mask.bool()
             d_mu = torch.where(m, logp.detach() - rollout_logp.detach(), 0.0)
-            metrics["staleness/abs_logratio_mean_mu"] = float(d_mu.abs().sum()) / max(
-                int(m.sum()), 1
-            )
-    metrics["staleness/ess"] = off.sequence_ess(logp, rollout_logp, mask)
+            metrics[M.DPI_MU] = float(d_mu.abs().sum()) / max(int(m.sum()), 1)
+            if diag is not None:
+                diag["abs_d_mu"] = d_mu.abs()[m].float().cpu()
+    metrics[M.ESS] = off.sequence_ess(logp, rollout_logp, mask)
     if weight is not None:
         with torch.no_grad():
             m = mask.bool()
             w = weight[m].double()
             n = max(w.numel(), 1)
-            metrics["loss/token_weight_mean"] = float(w.sum()) / n
-            metrics["loss/token_weight_zero_frac"] = float((w == 0).sum()) / n
+            metrics[M.TOKEN_WEIGHT_MEAN] = float(w.sum()) / n
+            metrics[M.TOKEN_WEIGHT_ZERO_FRAC] = float((w == 0).sum()) / n
     return loss, metrics

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl.sat import order_statistic_k
 
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -31,8 +32,8 @@ def logratio_stats(logp: torch.Tensor, denom_logp: torch.Tensor, mask: torch.Ten
     """Mean and order-statistic percentiles of ``|log r|`` over active tokens (floats)."""
     a = active_abs_logratio(logp, denom_logp, mask)
     n = a.numel()
-    out = {"staleness/abs_logratio_mean": float(a.double().mean()) if n else 0.0}
+    out = {M.DPI: float(a.double().mean()) if n else 0.0}
     for name, level in PERCENTILES:
-        key = f"staleness/abs_logratio_{name}"
+        key = M.ABS_LOGRATIO_PCT.format(name)
         out[key] = float(a.kthvalue(order_statistic_k(level, n)).values) if n else 0.0
     return out

@@ -2,7 +2,9 @@
 
 A trainer owns the policy being trained. ``step`` runs the optimizer steps of one rollout batch
 (a ``TrainBatch`` from ``sat_cli.trainers.batch.collate``) and returns namespaced float metrics
-(``loss/*``, ``sat/*``, ``staleness/*``, ``perf/*``). ``logprobs`` recomputes the per-token
+(``loss/*``, ``sat/*``, ``staleness/*``, ``perf/*``); given a ``diag`` dict it also fills it with
+the loss's detached per-token diagnostics (``sat_cli.trainers.step.PolicyTrainer.step``), from
+which the loop draws its histograms. ``logprobs`` recomputes the per-token
 log-probs of a batch without gradient, aligned like ``TrainBatch.rollout_logp``.
 ``publish_weights`` writes an HF checkpoint the rollout engines can load and returns its path;
 ``save`` / ``load`` checkpoint the full training state (weights, optimizer, RNG, step counter)
@@ -23,7 +25,7 @@ from sat_cli.trainers.batch import TrainBatch
 class Trainer(Protocol):
     step_count: int
 
-    def step(self, batch: TrainBatch) -> dict[str, float]: ...
+    def step(self, batch: TrainBatch, diag: dict | None = None) -> dict[str, float]: ...
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
 

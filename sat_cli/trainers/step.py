@@ -43,12 +43,13 @@ from typing import Any
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl import registry
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.rl.losses import kl_k3_penalty
 from sat_cli.trainers.batch import TrainBatch
 
-NONFINITE_METRIC = "loss/nonfinite_skipped"
+NONFINITE_METRIC = M.NONFINITE_SKIPPED
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float):
@@ -152,7 +153,10 @@ class PolicyTrainer:
         return {}
 
     # --- the step ---------------------------------------------------------------------------
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def step(self, batch: TrainBatch, diag: dict | None = None) -> dict[str, float]:
+        """One rollout batch's update (module docstring); ``diag``, if a dict, receives the
+        loss's per-token diagnostics (``registry.compute``), minibatches concatenated in row
+        order (``q`` and ``n_active``: one entry per minibatch)."""
         t0 = time.perf_counter()
         dev = self.device
         extra: dict[str, float] = {}
@@ -162,13 +166,12 @@ class PolicyTrainer:
             old_logp = self.logprobs(batch)  # [B, S]
             m = batch.loss_mask.bool()
             n = max(int(m.sum()), 1)
-            extra["staleness/mismatch_abs_logratio_mean"] = float(
-                (old_logp - batch.rollout_logp).abs()[m].double().sum() / n
-            )
+            extra[M.MISMATCH] = float((old_logp - batch.rollout_logp).abs()[m].double().sum() / n)
         ref_logp = self._ref_logprobs(batch)
 
         chunks = torch.arange(batch.batch_size).chunk(self.num_minibatches)
         sums: dict[str, float] = {}
+        parts: list[dict] = []
         n_steps = 0
         for rows in chunks:
             mb = batch.select(rows)
@@ -176,8 +179,11 @@ class PolicyTrainer:
             if int(mask.sum()) == 0:
                 continue
             logp, entropy = self._model_forward(self.model, mb)  # [b, S]
-            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp)
-            metrics["loss/entropy"] = float(entropy[mask.bool()].double().mean())
+            part = None if diag is None else {}
+            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part)
+            if part is not None:
+                parts.append(part)
+            metrics[M.ENTROPY] = float(entropy[mask.bool()].double().mean())
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             n_steps += 1
@@ -188,9 +194,11 @@ class PolicyTrainer:
             out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, self._audit_totals())
         out["perf/train_s"] = time.perf_counter() - t0
         out["perf/optimizer_steps"] = float(n_steps)
+        if diag is not None and parts:
+            diag.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return out
 
-    def _update(self, mb, rows, logp, mask, old_logp, ref_logp) -> dict[str, float]:
+    def _update(self, mb, rows, logp, mask, old_logp, ref_logp, diag=None) -> dict[str, float]:
         """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip)."""
         dev, cfg = self.device, self.loss
         loss, metrics = registry.compute(
@@ -200,13 +208,14 @@ class PolicyTrainer:
             old_logp=None if old_logp is None else old_logp[rows].to(dev),
             advantages=mb.advantages.to(dev),
             mask=mask,
+            diag=diag,
             **self._extra_inputs(mb),
         )
         total = loss
         if ref_logp is not None:
             kl = kl_k3_penalty(logp, ref_logp[rows].to(dev), mask, cfg.agg)
             total = total + cfg.kl_coef * kl
-            metrics["loss/kl_ref"] = float(kl.detach())
+            metrics[M.KL_REF] = float(kl.detach())
         self.opt.zero_grad(set_to_none=True)
         grad_norm = torch.tensor(float("nan"))
         if torch.isfinite(total):
@@ -214,14 +223,14 @@ class PolicyTrainer:
             max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
             grad_norm = self._clip_gradients(max_norm)
         if torch.isfinite(grad_norm):
-            self._opt_step(metrics.get("opt/lr_scale"))
+            self._opt_step(metrics.get(M.LR_SCALE))
         else:
             # a non-finite loss or gradient: no update, so the weights stay usable; the loop
             # counts the step (loss/nonfinite_steps) and goes on
             self.opt.zero_grad(set_to_none=True)
             metrics[NONFINITE_METRIC] = 1.0
-        metrics["loss/grad_norm"] = float(grad_norm)
-        metrics["loss/total"] = float(total.detach())
+        metrics[M.GRAD_NORM] = float(grad_norm)
+        metrics[M.LOSS_TOTAL] = float(total.detach())
         return metrics
 
     def _opt_step(self, lr_scale: float | None) -> None:

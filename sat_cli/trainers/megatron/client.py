@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from sat_cli.procs import free_port
+from sat_cli.procs import pid_alive as _pid_alive
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import TRAINER_KEYS
@@ -61,22 +62,6 @@ LOG_NAME = "megatron_trainer.log"
 
 class MegatronWorkerError(RuntimeError):
     """The megatron worker died, failed to start, or failed a command."""
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie (a killed worker stays a zombie until reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def _actor_keys() -> set[str]:
@@ -290,12 +275,20 @@ class MegatronTrainer:
         return self.work_dir / "io" / f"{kind}_{self._msg_id + 1}.safetensors"
 
     # --- Trainer interface -----------------------------------------------------------------------
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def step(self, batch: TrainBatch, diag: dict | None = None) -> dict[str, float]:
+        """The worker's step; ``diag`` (a dict) receives the loss's per-token diagnostics
+        (``PolicyTrainer.step``), shipped back as a safetensors file."""
         path = protocol.write_batch(batch, self._io_path("batch"))
+        out = self._io_path("diag") if diag is not None else None
         try:
-            reply = self._request("step", batch=str(path))
+            fields = {} if out is None else {"diag": str(out)}
+            reply = self._request("step", batch=str(path), **fields)
+            if out is not None:
+                diag.update(protocol.read_tensors(out))
         finally:
             path.unlink(missing_ok=True)
+            if out is not None:
+                out.unlink(missing_ok=True)
         self.step_count = int(reply["step_count"])
         return {k: float(v) for k, v in reply["metrics"].items()}
 

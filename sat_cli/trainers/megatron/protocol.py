@@ -15,7 +15,9 @@ Messages (one JSON object per line)
 - worker → client, once after start: ``{"event": "ready", "ok": true, "step_count": 0,
   "pids": [pid of rank 0, …]}`` or ``{"event": "ready", "ok": false, "error": …}``
 - client → worker: ``{"id": n, "cmd": c, ...}`` with ``c`` one of
-  - ``"step"``, ``"batch": path`` → ``{"metrics": {name: float}, "step_count": n}``
+  - ``"step"``, ``"batch": path`` [, ``"diag": path``] → ``{"metrics": {name: float},
+    "step_count": n}``; with ``diag``, rank 0 also writes the loss's per-token diagnostics
+    (``PolicyTrainer.step``'s ``diag`` tensors) to that path
   - ``"logprobs"``, ``"batch": path, "out": path`` → ``{"out": path}`` (tensor ``logprobs``
     ``[B, S]`` float32, aligned like ``TrainBatch.rollout_logp``; column 0 is 0, padding
     positions hold values that nothing scores, as in the local trainer)

@@ -108,7 +108,10 @@ def _serve(actor, replies: _Replies | None, commands) -> int:
             reply: dict = {}
             if cmd == "step":
                 batch = protocol.read_batch(msg["batch"])
-                reply = {"metrics": actor.step(batch), "step_count": actor.step_count}
+                diag = {} if msg.get("diag") else None
+                reply = {"metrics": actor.step(batch, diag), "step_count": actor.step_count}
+                if diag is not None and actor.rank == 0:  # every rank has the same loss
+                    protocol.write_tensors(diag, msg["diag"])
             elif cmd == "logprobs":
                 batch = protocol.read_batch(msg["batch"])
                 logprobs = actor.logprobs(batch)  # every rank computes (collectives)

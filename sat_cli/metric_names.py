@@ -1,0 +1,95 @@
+"""The metric and histogram names that one module writes and another reads, defined once.
+
+Producers (the loss library, the shared trainer step, the loop) and consumers (``sat report``,
+the progress line, the tests) import these constants instead of spelling the names, so a
+rename is one edit and a typo is a NameError, not a silently empty plot. Names that only one
+module writes and nothing in the code reads (``perf/*`` timings, ``vcpo/*``, ``r3/audit_*``)
+stay where they are written. Torch-free: ``sat report`` imports it.
+
+Groups (``<group>/<name>``): ``loss/`` the policy loss and optimizer step, ``sat/`` SAT's
+interval, ``staleness/`` the mismatch between the trained and the behaviour policy,
+``rollout/`` the batch, ``clip/`` the clip schedule, ``eval/<task>/`` and ``final/<task>/`` the
+held-out evaluation (``avg@k`` / ``pass@k``, stored by MLflow as ``avg_at_k`` / ``pass_at_k``:
+``sat_cli.tracking.mlflow_key``).
+"""
+
+from __future__ import annotations
+
+# --- loss/ (rl/losses.py, rl/registry.py, trainers/step.py) -----------------------------------
+LOSS_POLICY = "loss/policy"
+CLIPFRAC = "loss/clipfrac"
+CLIPFRAC_LOW = "loss/clipfrac_low"
+CLIPFRAC_HIGH = "loss/clipfrac_high"
+KL_K3 = "loss/kl_k3"
+KL_REF = "loss/kl_ref"
+ENTROPY = "loss/entropy"
+GRAD_NORM = "loss/grad_norm"
+LOSS_TOTAL = "loss/total"
+TOKEN_WEIGHT_MEAN = "loss/token_weight_mean"
+TOKEN_WEIGHT_ZERO_FRAC = "loss/token_weight_zero_frac"
+NONFINITE_SKIPPED = "loss/nonfinite_skipped"  # 1 for a minibatch whose update was skipped
+NONFINITE_STEPS = "loss/nonfinite_steps"  # the loop's running count
+LR_SCALE = "opt/lr_scale"  # a loss asks the trainer to scale this step's learning rate
+
+# --- sat/ (rl/sat.py via rl/losses.py; the loop's running fractions) ---------------------------
+SAT_Q = "sat/q"
+SAT_GATE_RATE = "sat/gate_rate"
+SAT_EPS_LOW_EFF = "sat/eps_low_eff_mean"
+SAT_EPS_HIGH_EFF = "sat/eps_high_eff_mean"
+SAT_C_MIN = "sat/c_min"
+SAT_BAND = "sat/clipfrac_sat_band"
+SAT_BAND_LOW = "sat/clipfrac_sat_band_low"
+SAT_BAND_HIGH = "sat/clipfrac_sat_band_high"
+SAT_ACTIVE = "sat/active"
+SAT_ACTIVE_LOW = "sat/active_low"
+SAT_ACTIVE_HIGH = "sat/active_high"
+FRAC_SUFFIX = "_frac"  # the loop's running fraction of a sat/active* flag: sat/active_frac
+
+# --- staleness/ ---------------------------------------------------------------------------------
+DPI = "staleness/abs_logratio_mean"  # the paper's d̄π, against the loss's ratio denominator
+DPI_MU = "staleness/abs_logratio_mean_mu"  # the same against the behaviour policy mu
+MISMATCH = "staleness/mismatch_abs_logratio_mean"  # |log pi_old - log mu| (recompute pass)
+ESS = "staleness/ess"
+ABS_LOGRATIO_PCT = "staleness/abs_logratio_{}"  # .format("p50" | "p90" | "p99")
+VERSION_LAG_MEAN = "staleness/version_lag_mean"
+VERSION_LAG_MAX = "staleness/version_lag_max"
+
+# --- rollout/ (loop/steps.py) ------------------------------------------------------------------
+BATCH_INDEX = "rollout/batch_index"
+PROMPT_DIGEST = "rollout/prompt_digest"
+REWARD_MEAN = "rollout/reward_mean"
+RESPONSE_LEN_MEAN = "rollout/response_len_mean"
+TRUNCATED_FRAC = "rollout/truncated_frac"
+TOKENS_PER_S = "rollout/tokens_per_s"
+
+# --- clip/ (the loop's schedule) --------------------------------------------------------------
+EPS_LOW = "clip/eps_low"
+EPS_HIGH = "clip/eps_high"
+
+# --- histograms (loop/steps.log_histograms) ----------------------------------------------------
+HIST_VERSION_LAG = "staleness/version_lag"
+HIST_ABS_LOGRATIO = "staleness/abs_logratio"
+HIST_SAT_ABS_LOGRATIO = "sat/abs_logratio"
+HIST_CONTRACTION = "sat/contraction"
+
+# --- eval/ and final/ ---------------------------------------------------------------------------
+EVAL = "eval"
+FINAL = "final"
+
+
+def eval_prefix(task: str, final: bool = False) -> str:
+    """``eval/<task>/`` (periodic held-out evaluation) or ``final/<task>/`` (the final one)."""
+    return f"{FINAL if final else EVAL}/{task}/"
+
+
+def avg_key(task: str, n: int, final: bool = False) -> str:
+    """The logged name of avg@n (MLflow stores it as ``…/avg_at_<n>``)."""
+    return f"{eval_prefix(task, final)}avg@{n}"
+
+
+# every loss/ sat/ staleness/ name a trainer step with SAT on a token-ratio algorithm reports
+STEP_NAMES = (
+    LOSS_POLICY, CLIPFRAC, CLIPFRAC_LOW, CLIPFRAC_HIGH, KL_K3, ENTROPY, GRAD_NORM, LOSS_TOTAL,
+    SAT_Q, SAT_GATE_RATE, SAT_EPS_LOW_EFF, SAT_EPS_HIGH_EFF, SAT_C_MIN, SAT_BAND, SAT_BAND_LOW,
+    SAT_BAND_HIGH, SAT_ACTIVE, SAT_ACTIVE_LOW, SAT_ACTIVE_HIGH, DPI, DPI_MU, ESS,
+)  # fmt: skip

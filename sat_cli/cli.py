@@ -60,10 +60,37 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
     typer.echo(to_yaml(cfg), nl=False)
 
 
+@app.command("plan", context_settings=_EXTRA)
+def plan_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+    """Print the layout a `sat train` would start (processes, parallel sizes) and the trainer's
+    per-GPU memory estimate; starts nothing. Impossible layouts exit 2 naming the key."""
+    _, obj = _load(overrides or [])
+    from sat_cli.commands.plan import plan_text
+
+    typer.echo(plan_text(obj), nl=False)
+
+
 @app.command("train", context_settings=_EXTRA)
-def train_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+def train_cmd(
+    overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the layout and memory estimate (as `sat plan`) and exit"
+    ),
+) -> None:
     """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
     cfg, obj = _load(overrides or [])
+    if dry_run:
+        from sat_cli.commands.plan import plan_text
+
+        typer.echo(plan_text(obj), nl=False)
+        return
+    if obj.trainer.name == "megatron":  # before any process starts or model loads
+        from sat_cli.commands.plan import not_yet_message
+        from sat_cli.config.layout import Layout, unimplemented
+
+        missing = unimplemented(Layout.of(obj.trainer))
+        if missing:
+            fail(not_yet_message(missing))
     from sat_cli.commands.train import train
 
     _guard(lambda: train(cfg, obj, overrides or []))

@@ -5,6 +5,7 @@ starts (sat_cli/config/layout.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -188,3 +189,22 @@ def test_train_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     assert out.stdout == _plan(*args, cwd=tmp_path)
     assert "per trainer GPU" in out.stdout
     assert not list(tmp_path.iterdir())  # no run folder, no MLflow store
+
+
+def test_counts_from_a_local_config_json(tmp_path):
+    """model.path with a config.json: the count comes from the file (here the tiny model's,
+    written by transformers), and a dense model refuses expert parallelism."""
+    from sat_cli.models.tiny_moe import build_config
+
+    moe = tmp_path / "moe"
+    build_config().save_pretrained(moe)
+    args = ["trainer=megatron", "model.kind=hf", f"model.path={moe}"]
+    text = _plan(*args, cwd=tmp_path)
+    assert f"{moe / 'config.json'}: 1,021,312 parameters" in text
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    cfg = {k: v for k, v in TINY_MOE_CONFIG.items() if "expert" not in k}
+    (dense / "config.json").write_text(json.dumps(cfg))
+    out = run_sat("plan", "trainer=megatron", "model.kind=hf", f"model.path={dense}",
+                  "trainer.nproc_per_node=2", "trainer.ep=2", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "trainer.ep=2 needs a Mixture-of-Experts model" in out.stderr

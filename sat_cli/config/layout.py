@@ -211,12 +211,14 @@ def check(lay: Layout, arch: Arch | None) -> None:
         )
     if arch is None:
         return
+    if not arch.experts and lay.ep > 1:
+        raise ConfigError(f"trainer=megatron: trainer.ep={lay.ep} needs a Mixture-of-Experts model")
     for key, n, what in (
         ("tp", arch.heads, "attention heads"),
         ("tp", arch.kv_heads, "key/value heads (megatron splits them, it does not replicate)"),
         ("tp", arch.ffn, "dense FFN size (intermediate_size)"),
         ("etp", arch.moe_ffn, "MoE FFN size (moe_intermediate_size)"),
-        ("ep", arch.experts or 1, "experts"),
+        ("ep", arch.experts, "experts"),
         ("pp", arch.layers, "layers"),
     ):
         size = getattr(lay, key)

@@ -21,11 +21,12 @@ replicated; layers ÷ pp (the table shows the largest stage).
 
 **Memory per trainer GPU** (GB = 1e9 bytes), megatron's mixed-precision distributed optimizer:
 bfloat16: weights 2 B/param, gradients 4 B (fp32 main grads), optimizer 12 B (fp32 main weights +
-Adam m, v) ÷ dp (dense) or ÷ edp (experts); float32: 4 + 4 + 8/dp. ``trainer.optimizer_offload``
+Adam m, v) ÷ dp·cp (dense) or ÷ edp (experts); float32: 4 + 4 + 8/dp. ``trainer.optimizer_offload``
 moves the optimizer states to host memory (shown as a separate host row). Activations, rough, for
-one micro-batch of ``clip.micro_batch_size`` sequences of ``PROMPT_TOKENS + task.max_new_tokens``
-tokens with sequence parallelism (÷ tp): per token and layer 2h + (nq + 2·nkv)·d + nq·d (attention)
-+ 2h + k·(h + 3·f) (MoE, k routed copies; a dense MLP h + 3·ffn) elements; with
+one micro-batch of ``clip.micro_batch_size`` sequences of ``PROMPT_TOKENS +
+task.max_new_tokens`` tokens with sequence parallelism (÷ tp) and context parallelism (÷ cp): per
+token and layer 2h + (nq + 2·nkv)·d + nq·d (attention) + 2h + k·(h + 3·f) (MoE, k routed copies;
+a dense MLP h + 3·ffn) elements; with
 ``trainer.recompute`` (full, one layer at a time) only the layer input h is kept per layer plus
 one layer in full; pp > 1 keeps pp micro-batches of L/pp layers (all L); plus the logits
 (activation dtype + their fp32 log-softmax) ÷ tp and ``OVERHEAD_GB`` (CUDA context, NCCL
@@ -244,7 +245,7 @@ def activation_bytes(arch: Arch, lay: Layout, micro_batch: int, seq: int) -> flo
     h, d = arch.hidden, arch.head_dim
     attn = 2 * h + (arch.heads + 2 * arch.kv_heads) * d + arch.heads * d
     mlp = 2 * h + (arch.top_k * (h + 3 * arch.moe_ffn) if arch.experts else h + 3 * arch.ffn)
-    tokens = micro_batch * seq
+    tokens = micro_batch * seq / lay.cp  # context parallel splits the sequence
     per_layer = tokens * (attn + mlp) * b / lay.tp
     layers = per_layer if lay.recompute else per_layer * arch.layers
     if lay.recompute:
@@ -270,7 +271,7 @@ def memory(arch: Arch, lay: Layout, micro_batch: int, seq: int) -> Memory:
     dense, expert = params_per_gpu(arch, lay)
     n = dense + expert
     w, g, o = (2, 4, 12) if lay.dtype == "bfloat16" else (4, 4, 8)
-    opt = o * (dense / lay.dp + expert / lay.edp) / GB
+    opt = o * (dense / (lay.dp * lay.cp) + expert / lay.edp) / GB  # sharded over dp × cp
     rows = (
         ("weights", w * n / GB),
         ("gradients", g * n / GB),

@@ -211,6 +211,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         pp=t.pp,
         ep=t.ep,
         cp=t.cp,
+        dtype=t.dtype,
         **kwargs,
     )
 

@@ -11,6 +11,7 @@ error), 2 for a path that cannot be used.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import NoReturn
 
@@ -60,10 +61,37 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
     typer.echo(to_yaml(cfg), nl=False)
 
 
+@app.command("plan", context_settings=_EXTRA)
+def plan_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+    """Print the layout a `sat train` would start (processes, parallel sizes) and the trainer's
+    per-GPU memory estimate; starts nothing. Impossible layouts exit 2 naming the key."""
+    _, obj = _load(overrides or [])
+    from sat_cli.commands.plan import plan_text
+
+    typer.echo(plan_text(obj), nl=False)
+
+
 @app.command("train", context_settings=_EXTRA)
-def train_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
+def train_cmd(
+    overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the layout and memory estimate (as `sat plan`) and exit"
+    ),
+) -> None:
     """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
     cfg, obj = _load(overrides or [])
+    if dry_run:
+        from sat_cli.commands.plan import plan_text
+
+        typer.echo(plan_text(obj), nl=False)
+        return
+    if obj.trainer.name == "megatron":  # before any process starts or model loads
+        from sat_cli.commands.plan import not_yet_message
+        from sat_cli.config.layout import Layout, unimplemented
+
+        missing = unimplemented(Layout.of(obj.trainer))
+        if missing:
+            fail(not_yet_message(missing))
     from sat_cli.commands.train import train
 
     _guard(lambda: train(cfg, obj, overrides or []))
@@ -196,40 +224,49 @@ def _quiet_libraries() -> None:
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
-def _one_paragraph(message: str) -> str:
-    """A worker's error message with its traceback reduced to the exception line."""
-    head, sep, tb = message.partition("Traceback (most recent call last):")
-    if not sep:
-        return message
-    last = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:]
-    return " ".join([head.strip().rstrip(":") + ":", *last])
+def _without_tracebacks(message: str) -> str:
+    """A worker's error message (with its log tail) with every traceback cut to its exception
+    line: the frames of ``Traceback (most recent call last):`` blocks are dropped, also when a
+    launcher prefixes each line (``[rank0]: ``)."""
+    out, in_tb = [], False
+    for line in message.splitlines():
+        body = re.sub(r"^\[[^\]]*\]:? ?", "", line)
+        if "Traceback (most recent call last):" in body:
+            in_tb = True
+            continue
+        if in_tb and (not body.strip() or body[:1].isspace() or set(body.strip()) <= set("^~")):
+            continue
+        in_tb = False
+        out.append(line)
+    return "\n".join(out)
 
 
 def _guard(fn) -> None:
-    """Run a command body: user errors → message + exit 2; Ctrl-C → exit 130."""
+    """Run a command body: user errors → message + exit 2; runtime faults (a dead or failing
+    trainer or engine, a failed checkpoint write) → message + exit 1; Ctrl-C → exit 130. By
+    exception type; the library modules that define them import no heavy library."""
     _quiet_libraries()
     from sat_cli.config import ConfigError
+    from sat_cli.engines.base import EngineError
     from sat_cli.errors import RunFailed, UserError, as_os_error, os_error
+    from sat_cli.loop.state import CheckpointError
+    from sat_cli.tasks.datafiles import DataError
+    from sat_cli.tracking.store import TrackingError
 
     try:
         fn()
-    except (UserError, ConfigError, RunFailed) as exc:
+    except (UserError, ConfigError, DataError, TrackingError, CheckpointError) as exc:
         fail(str(exc), getattr(exc, "code", 2))
+    except (RunFailed, EngineError) as exc:  # TrainerError (MegatronWorkerError, R3Error) included
+        fail(_without_tracebacks(str(exc)), getattr(exc, "code", 1))
     except OSError as exc:  # a path or disk problem no layer below turned into a message
         err = os_error(exc, f"cannot use a file ({type(exc).__name__})")
         fail(str(err), err.code)
     except Exception as exc:
-        # Library errors that are the user's input or an expected runtime fault, by class name
-        # so that this module does not import the heavy modules that define them.
-        name = type(exc).__name__
         wrapped = as_os_error(exc)  # e.g. safetensors' "I/O error: No space left on device"
         if wrapped is not None:
-            err = os_error(wrapped, f"cannot write a file ({name})")
+            err = os_error(wrapped, f"cannot write a file ({type(exc).__name__})")
             fail(str(err), err.code)
-        if name in ("DataError", "TrackingError", "CheckpointError"):
-            fail(str(exc), 2)
-        if name in ("EngineError", "TrainerError", "MegatronWorkerError", "R3Error"):
-            fail(_one_paragraph(str(exc)), 1)
         raise
     except KeyboardInterrupt as exc:
         code = getattr(exc, "code", 130)

@@ -1,4 +1,9 @@
-"""Errors that reach the user as a one-paragraph message and an exit code (no traceback)."""
+"""Errors that reach the user as a one-paragraph message and an exit code (no traceback).
+
+``UserError`` (exit 2) and ``RunFailed`` (exit 1) with its ``TrainerError`` family here; the
+engines' ``EngineError`` (exit 1) and ``EngineStartError`` (a model the engine could not load:
+exit 2) live in ``sat_cli.engines.base``. The CLI catches them by type (``sat_cli.cli._guard``).
+"""
 
 import errno
 
@@ -18,6 +23,13 @@ class RunFailed(Exception):
     """A run stopped on a runtime fault (a dead process, a non-recoverable I/O error): exit 1."""
 
     code = 1
+
+
+class TrainerError(RunFailed, RuntimeError):
+    """Every trainer failure derives from this: a Megatron worker that died, failed to start or
+    failed a command (``MegatronWorkerError``), R3 routes that do not fit (``R3Error``). The CLI
+    prints its message (the worker's log tail, tracebacks cut to their exception line) and exits
+    1; it is never reported as a model that cannot be loaded."""
 
 
 # errno values that mean "the disk refused the write" (a runtime fault, exit 1); every other

@@ -554,7 +554,8 @@ CASES = {
     "megatron-tensor-parallel": (
         lambda t: ["train", "trainer=megatron", "trainer.tp=2", "run.dir=runs"],
         2,
-        r"sat: error: trainer=megatron supports data \+ expert parallelism only.*tp=2",
+        r"sat: error: trainer=megatron: trainer\.tp × trainer\.pp × trainer\.cp = 2 × 1 × 1 "
+        r"must divide the number of ranks",
     ),
     "megatron-ep-not-dividing-ranks": (
         lambda t: ["train", "trainer=megatron", "trainer.ep=3", "run.dir=runs"],

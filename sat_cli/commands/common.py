@@ -5,24 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sat_cli.errors import UserError
+from sat_cli.errors import TrainerError, UserError
 
 
 def loading(path: str, build):
-    """Build a trainer/engine; a model that fails to load is the user's input: ``UserError``."""
-    from sat_cli.engines.base import EngineError
+    """Build a trainer/engine. A model the engine could not load (``EngineStartError``) or a
+    library error while building in this process is the user's input: ``UserError`` "cannot load
+    the model". A trainer or engine that failed otherwise (``TrainerError``, e.g. a Megatron
+    worker that died at start-up, or ``EngineError``) is a runtime fault and passes through."""
+    from sat_cli.engines.base import EngineError, EngineStartError
 
     try:
         return build()
-    except EngineError as exc:
-        msg = str(exc)
-        if "failed during engine startup" not in msg:  # died, timed out: a runtime fault
-            raise
-        lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    except EngineStartError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         raise UserError(f"cannot load the model at {path}: {lines[-1][:500]}") from None
+    except (TrainerError, EngineError):
+        raise
     except (OSError, ValueError, RuntimeError) as exc:
-        if type(exc).__name__ in ("TrainerError", "EngineError"):
-            raise
         first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
         raise UserError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from None
 

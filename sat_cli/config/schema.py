@@ -205,7 +205,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     num_threads: int = 1
-    # megatron: torchrun layout and model parallel sizes
+    # megatron: torchrun layout and model parallel sizes; rules, split and memory estimate in
+    # sat_cli/config/layout.py (`sat plan` prints them). nnodes > 1: torchrun's rendezvous is
+    # master_addr:master_port; the other nodes' torchrun is started by the user (docs/megatron.md)
     nproc_per_node: int = 1
     nnodes: int = 1
     master_addr: str = "127.0.0.1"
@@ -214,6 +216,11 @@ class TrainerConfig:
     ep: int = 1
     pp: int = 1
     cp: int = 1
+    etp: int | None = None  # expert tensor parallel size; null = trainer.tp (megatron's default)
+    dtype: str = "float32"  # megatron: parameter dtype (bfloat16 on GPUs)
+    optimizer_offload: bool = False  # megatron: optimizer states in host memory
+    recompute: bool = False  # megatron: full activation recompute, one layer at a time
+    gpu_memory_gb: float = 80.0  # memory of one trainer GPU; layouts estimated above it fail
     # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
     # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
     r3_audit: bool = False
@@ -227,6 +234,12 @@ class TrainerConfig:
         _range("trainer.grad_clip", self.grad_clip, 0)
         for k in ("num_threads", "nproc_per_node", "nnodes", "tp", "ep", "pp", "cp"):
             _range(f"trainer.{k}", getattr(self, k), 1)
+        if self.etp is not None:
+            _range("trainer.etp", self.etp, 1)
+        _choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        _range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
+        if self.name == "local" and self.dtype != "float32":
+            raise ConfigError("trainer=local trains in float32: trainer.dtype=float32")
 
 
 @dataclass
@@ -352,6 +365,10 @@ class SatConfig:
         _range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
+        if self.trainer.name == "megatron":  # layout rules and memory estimate (`sat plan`)
+            from sat_cli.config.layout import check_config
+
+            check_config(self)
         if self.algo.name in UNCLIPPED_ALGOS and self.clip.adaptive:
             raise ConfigError(
                 f"algo={self.algo.name} has no clip interval for SAT to contract; use clip=ppo"

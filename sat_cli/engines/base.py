@@ -43,7 +43,12 @@ class Sample:
 
 
 class EngineError(RuntimeError):
-    """The rollout engine failed (process died, server unreachable, bad response)."""
+    """The rollout engine failed (process died, server unreachable, bad response): exit 1."""
+
+
+class EngineStartError(EngineError):
+    """The engine process started but reported that its model failed to load: the user's input
+    (`sat train` / `sat eval` say "cannot load the model", exit 2)."""
 
 
 @runtime_checkable

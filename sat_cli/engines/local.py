@@ -33,7 +33,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from sat_cli.engines.base import EngineError, Sample, SamplingParams
+from sat_cli.engines.base import EngineError, EngineStartError, Sample, SamplingParams
 from sat_cli.engines.local_worker import worker_main
 
 _POLL_S = 0.1
@@ -127,7 +127,8 @@ class LocalEngine:
             self._dead = f"engine process {self._proc.pid} died (pipe closed, exit code {self._proc.exitcode})"
             raise EngineError(f"{self._dead} during {what}") from e
         if status != "ok":
-            raise EngineError(f"engine failed during {what}:\n{payload}")
+            error = EngineStartError if what == "engine startup" else EngineError
+            raise error(f"engine failed during {what}:\n{payload}")
         return payload
 
     def _call(self, cmd: str, payload=None, timeout: float | None = None):

@@ -26,10 +26,11 @@ import contextlib
 
 import torch
 
+from sat_cli.errors import TrainerError
 from sat_cli.models.tiny_moe import moe_gates
 
 
-class R3Error(RuntimeError):
+class R3Error(TrainerError):
     """Recorded routes are missing, mis-shaped or out of range for the forward pass."""
 
 

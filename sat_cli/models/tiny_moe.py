@@ -20,30 +20,14 @@ from pathlib import Path
 
 import torch
 
+from sat_cli.models.arch import TINY_MOE_CONFIG  # torch-free: `sat plan` reads it too
+
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)  # ids 0, 1, 2
 # Printable ASCII (space .. ~) plus newline and tab: 95 + 2 characters, ids 3..99.
 CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n", "\t")
-
-# STACK.md's tiny Qwen3-MoE. vocab_size 128 leaves room above the 100 tokenizer ids.
-TINY_MOE_CONFIG: dict = dict(
-    vocab_size=128,
-    hidden_size=128,
-    intermediate_size=256,
-    moe_intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    num_experts=8,
-    num_experts_per_tok=2,
-    norm_topk_prob=True,
-    tie_word_embeddings=False,
-    max_position_embeddings=512,
-    output_router_logits=False,
-)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

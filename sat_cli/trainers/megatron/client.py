@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from sat_cli.errors import TrainerError
 from sat_cli.procs import free_port
 from sat_cli.procs import pid_alive as _pid_alive
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
@@ -60,8 +61,8 @@ from . import protocol
 LOG_NAME = "megatron_trainer.log"
 
 
-class MegatronWorkerError(RuntimeError):
-    """The megatron worker died, failed to start, or failed a command."""
+class MegatronWorkerError(TrainerError):
+    """The megatron worker died, failed to start, or failed a command (exit 1 in the CLI)."""
 
 
 def _actor_keys() -> set[str]:

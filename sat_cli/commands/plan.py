@@ -1,0 +1,152 @@
+"""`sat plan` (and `sat train … --dry-run`): the layout a run would start and, for
+``trainer=megatron``, the per-GPU memory estimate of the trainer. Starts nothing, writes nothing.
+
+The config is composed and validated exactly as `sat train` does, so an impossible layout has
+already failed (exit 2, naming the key) before this runs. Numbers and rules:
+``sat_cli.config.layout`` (torch-free: this command imports neither torch nor MLflow).
+
+    sat plan experiment=paper_qwen3_30b_a3b
+    sat plan experiment=paper_qwen3_30b_a3b trainer.gpu_memory_gb=141
+"""
+
+from __future__ import annotations
+
+from sat_cli.config.layout import (
+    NOT_YET,
+    Layout,
+    architecture,
+    memory,
+    sequence_tokens,
+    unimplemented,
+)
+
+
+def _b(n: int) -> str:
+    return f"{n:,} ({n / 1e9:.2f} B)" if n >= 1e8 else f"{n:,}"
+
+
+def _engine_lines(obj, arch) -> list[str]:
+    e = obj.engine
+    if e.name == "local":
+        return [f"engines   local: one engine process on the CPU ({e.dtype})"]
+    if e.urls:
+        return [
+            f"engines   sglang: {len(e.urls)} server(s) started elsewhere ({', '.join(e.urls)})"
+        ]
+    per_server = e.tp * e.dp
+    where = "GPUs" if e.device == "cuda" else "CPU processes"
+    line = (
+        f"engines   sglang: {e.servers} server(s) × tp {e.tp} × dp {e.dp} (ep {e.ep}) = "
+        f"{e.servers * per_server} {where}"
+        + (" behind sglang-router" if e.router else "")
+        + (f"; gpu_groups {list(e.gpu_groups)}" if e.gpu_groups else "")
+    )
+    lines = [line]
+    if arch is not None:
+        nbytes = 2 if e.dtype == "bfloat16" else 4
+        lines.append(
+            f"          weights ≈ {arch.total() * nbytes / e.tp / 1e9:.1f} GB per engine GPU "
+            f"({e.dtype} ÷ tp {e.tp}); the rest of each GPU holds the KV cache"
+        )
+    return lines
+
+
+def _trainer_lines(obj, lay: Layout) -> list[str]:
+    t = obj.trainer
+    if t.name == "local":
+        return ["trainer   local: in the orchestrator process (CPU, float32, torch AdamW)"]
+    return [
+        f"trainer   megatron: {lay.nnodes} node(s) × {lay.nproc_per_node} processes = "
+        f"{lay.world} ranks under torchrun; tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, ep {lay.ep}, "
+        f"etp {lay.etp} → dp {lay.dp}, expert dp {lay.edp}; {lay.dtype}",
+    ]
+
+
+def _gpu_line(obj, lay: Layout) -> list[str]:
+    e = obj.engine
+    rollout = e.servers * e.tp * e.dp if e.name == "sglang" and e.device == "cuda" else 0
+    train = lay.world if obj.trainer.name == "megatron" else 0
+    if not rollout and not train:
+        return []
+    return [
+        f"GPUs      {rollout} rollout + {train} training = {rollout + train}"
+        + (" (a megatron rank runs on the CPU where CUDA is absent)" if not rollout else "")
+    ]
+
+
+def _memory_lines(obj, arch, lay: Layout) -> list[str]:
+    micro, seq = obj.clip.micro_batch_size, sequence_tokens(obj)
+    mem = memory(arch, lay, micro, seq)
+    dense, expert = mem.params
+    w, g, o = (2, 4, 12) if lay.dtype == "bfloat16" else (4, 4, 8)
+    experts = (
+        f", experts {_b(expert)}: {arch.experts // lay.ep} of {arch.experts} per layer"
+        f" ÷ etp {lay.etp}"
+        if arch.experts
+        else ""
+    )
+    opt = (
+        f"offloaded: {mem.host_gb:.1f} GB host memory per GPU"
+        if lay.optimizer_offload
+        else "distributed optimizer"
+    )
+    notes = {
+        "weights": f"{lay.dtype}, {w} B/param",
+        "gradients": f"fp32 main grads, {g} B/param" if w == 2 else f"{g} B/param",
+        "optimizer states": f"{o} B/param ÷ dp {lay.dp} (experts ÷ {lay.edp}); {opt}",
+        "activations": f"{micro} × {seq} tokens"
+        + (", full recompute" if lay.recompute else ", no recompute"),
+        "overhead": "CUDA context, NCCL buffers",
+    }
+    limit = obj.trainer.gpu_memory_gb
+    out = [
+        "",
+        "per trainer GPU (largest pipeline stage; estimate, GB = 1e9 bytes)",
+        f"  {'parameters':<17} {_b(dense + expert)}: dense {_b(dense)}{experts}",
+    ]
+    out += [f"  {k:<17} {v:>6.1f} GB  {notes[k]}" for k, v in mem.rows]
+    fits = "fits" if mem.total_gb <= limit else "OVER"
+    out.append(
+        f"  {'total':<17} {mem.total_gb:>6.1f} GB  of trainer.gpu_memory_gb={limit:g} ({fits})"
+    )
+    return out
+
+
+def plan_text(obj) -> str:
+    """The plan as printed (one string)."""
+    lay = Layout.of(obj.trainer)
+    arch, source = architecture(obj)
+    lines = []
+    if arch is not None:
+        moe = f", {arch.experts} experts top-{arch.top_k}" if arch.experts else ", dense"
+        lines.append(
+            f"model     {source}: {_b(arch.total())} parameters ({arch.layers} layers, "
+            f"hidden {arch.hidden}, {arch.heads}/{arch.kv_heads} q/kv heads{moe})"
+        )
+    else:
+        lines.append(f"model     {obj.model.path}: architecture unknown ({source})")
+    lines += _engine_lines(obj, arch) + _trainer_lines(obj, lay) + _gpu_line(obj, lay)
+    if obj.trainer.name != "megatron":
+        lines.append("(the per-GPU memory table is for trainer=megatron)")
+    elif arch is None:
+        lines.append("no memory estimate: the model's architecture is not known here")
+    else:
+        lines += _memory_lines(obj, arch, lay)
+    missing = unimplemented(lay) if obj.trainer.name == "megatron" else []
+    if missing:
+        lines += ["", not_yet_message(missing, plan=True)]
+    return "\n".join(lines) + "\n"
+
+
+def not_yet_message(missing: list[str], plan: bool = False) -> str:
+    what = ", ".join(missing)
+    head = "note: " if plan else ""
+    tail = (
+        "`sat train` refuses this layout until it does"
+        if plan
+        else "`sat plan` prints the layout and its memory estimate"
+    )
+    return (
+        f"{head}trainer=megatron cannot run {what} yet: the Megatron worker does not implement "
+        f"it ({tail}; not yet implemented: {', '.join(sorted(NOT_YET))}; docs/megatron.md)"
+    )

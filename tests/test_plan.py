@@ -1,0 +1,210 @@
+"""`sat plan` / `sat train --dry-run`: the layout, parameter counts and the per-GPU memory table
+against hand calculations; impossible layouts refused with exit 2 naming the key (also at
+compose time); layouts the Megatron worker cannot run yet refused by `sat train` before anything
+starts (sat_cli/config/layout.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from cli_helpers import run_sat
+
+from sat_cli.config import ConfigError, load
+from sat_cli.config.layout import NOT_YET, Arch, Layout, params_per_gpu, unimplemented
+from sat_cli.models.arch import QWEN3_30B_A3B, TINY_MOE_CONFIG
+
+PAPER = "experiment=paper_qwen3_30b_a3b"
+
+# Qwen3-30B-A3B by hand (hidden 2048, 48 layers, 32 q / 4 kv heads of 128, 128 experts of 768,
+# vocab 151936, untied):
+ATTN = 2048 * (32 + 2 * 4) * 128 + 32 * 128 * 2048  # q, k, v + o = 18,874,368
+NORMS_ROUTER = 2 * 2048 + 2 * 128 + 128 * 2048  # 2 RMSNorms, q/k norms, router = 266,496
+EXPERT = 3 * 2048 * 768  # gate, up, down = 4,718,592
+EMB = 151936 * 2048  # 311,164,928 (embedding; the output layer is as large)
+PAPER_TOTAL = 48 * (ATTN + NORMS_ROUTER + 128 * EXPERT) + 2 * EMB + 2048  # + final norm
+# per GPU with TP4 / EP4 / etp 1: attention and embeddings ÷ 4, norms and router whole, 32 experts
+PAPER_DENSE = 48 * (ATTN // 4 + NORMS_ROUTER) + 2 * EMB // 4 + 2048
+PAPER_EXPERT = 48 * 32 * EXPERT
+
+
+def _plan(*args: str, cwd) -> str:
+    out = run_sat("plan", *args, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    return out.stdout
+
+
+def _row(text: str, name: str) -> float:
+    m = re.search(rf"^  {name}\s+([\d.]+) GB", text, re.M)
+    assert m, text
+    return float(m.group(1))
+
+
+def test_hand_counts_match_the_table():
+    assert PAPER_TOTAL == 30_532_122_624  # ≈ 30.5 B, the model card's figure
+    arch = Arch.from_hf(QWEN3_30B_A3B)
+    assert arch.total() == PAPER_TOTAL
+    lay = Layout(1, 4, tp=4, pp=1, cp=1, ep=4, etp=1, dtype="bfloat16",
+                 optimizer_offload=True, recompute=True)  # fmt: skip
+    assert params_per_gpu(arch, lay) == (PAPER_DENSE, PAPER_EXPERT)
+    # pp 2: half the layers and one of embedding / output layer on the largest stage
+    lay2 = Layout(1, 8, tp=4, pp=2, cp=1, ep=4, etp=1, dtype="bfloat16",
+                  optimizer_offload=False, recompute=False)  # fmt: skip
+    dense, expert = params_per_gpu(arch, lay2)
+    assert dense == 24 * (ATTN // 4 + NORMS_ROUTER) + EMB // 4 + 2048
+    assert expert == PAPER_EXPERT // 2
+
+
+def test_tiny_model_count_equals_the_hf_model():
+    """The tiny default's parameters, counted by transformers on the built model and by hand."""
+    from sat_cli.models.tiny_moe import build_tiny_moe
+
+    hf = sum(p.numel() for p in build_tiny_moe(0).parameters())
+    # hidden 128, 4 layers, 4 q / 2 kv heads of 32, 8 experts of 64, vocab 128, untied
+    attn = 128 * (4 + 2 * 2) * 32 + 4 * 32 * 128  # 49,152
+    per_layer = attn + (2 * 128 + 2 * 32 + 8 * 128) + 8 * 3 * 128 * 64  # + norms, router, experts
+    by_hand = 4 * per_layer + 2 * 128 * 128 + 128
+    assert hf == by_hand == 1_021_312
+    assert Arch.from_hf(TINY_MOE_CONFIG).total() == hf
+
+
+def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
+    text = _plan(PAPER, cwd=tmp_path)
+    assert "30,532,122,624 (30.53 B) parameters" in text
+    assert "sglang: 1 server(s) × tp 4 × dp 1 (ep 4) = 4 GPUs" in text
+    assert "1 node(s) × 4 processes = 4 ranks" in text and "tp 4, pp 1, cp 1, ep 4, etp 1" in text
+    assert "GPUs      4 rollout + 4 training = 8" in text
+    n = PAPER_DENSE + PAPER_EXPERT  # 7,642,626,048 per trainer GPU
+    assert f"parameters        {n:,}" in text and f"dense {PAPER_DENSE:,}" in text
+    assert _row(text, "weights") == round(2 * n / 1e9, 1)  # bf16: 15.3
+    assert _row(text, "gradients") == round(4 * n / 1e9, 1)  # fp32 main grads: 30.6
+    assert _row(text, "optimizer states") == 0.0  # offloaded ...
+    assert f"offloaded: {12 * n / 1e9:.1f} GB host memory per GPU" in text  # ... 91.7 GB
+    assert "1 × 33792 tokens, full recompute" in text  # 1024 prompt + 32768 response
+    total = _row(text, "total")
+    assert 50 < total <= 80 and "of trainer.gpu_memory_gb=80 (fits)" in text
+    assert "note: trainer=megatron cannot run" in text and "trainer.tp=4" in text
+    text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
+    assert _row(text141, "total") == total and "gpu_memory_gb=141 (fits)" in text141
+    assert not list(tmp_path.iterdir())  # wrote nothing
+
+
+def test_plan_tiny_megatron_default(tmp_path):
+    text = _plan("trainer=megatron", cwd=tmp_path)
+    assert "the tiny model (model.*): 1,021,312 parameters" in text
+    assert "engines   local: one engine process on the CPU" in text
+    assert "1 node(s) × 1 processes = 1 ranks" in text
+    assert _row(text, "weights") == 0.0 and _row(text, "overhead") == 4.0
+    assert "cannot run" not in text  # the worker runs this layout
+    local = _plan(cwd=tmp_path)
+    assert (
+        "trainer   local: in the orchestrator process" in local and "per trainer GPU" not in local
+    )
+
+
+IMPOSSIBLE = {
+    "tp-heads": (
+        ["trainer=megatron", "trainer.nproc_per_node=3", "trainer.tp=3"],
+        r"trainer\.tp=3 must divide the model's 4 attention heads",
+    ),
+    "tp-kv-heads": (
+        [PAPER, "trainer.nproc_per_node=8", "trainer.tp=8"],
+        r"trainer\.tp=8 must divide the model's 4 key/value heads",
+    ),
+    "ep-experts": (
+        ["trainer=megatron", "trainer.nproc_per_node=3", "trainer.ep=3"],
+        r"trainer\.ep=3 must divide the model's 8 experts",
+    ),
+    "world-size": (
+        [PAPER, "trainer.nproc_per_node=6"],
+        r"trainer\.tp × trainer\.pp × trainer\.cp = 4 × 1 × 1 must divide the number of ranks "
+        r"\(trainer\.nproc_per_node × trainer\.nnodes = 6\)",
+    ),
+    "expert-world-size": (
+        [PAPER, "trainer.etp=null", "trainer.nproc_per_node=8"],  # etp = tp 4: 4 × 4 ∤ 8
+        r"trainer\.ep=4 must divide .* trainer\.etp × trainer\.ep × trainer\.pp = 4 × 4 × 1",
+    ),
+    "pp-layers": (
+        ["trainer=megatron", "trainer.nproc_per_node=3", "trainer.pp=3"],
+        r"trainer\.pp=3 must divide the model's 4 layers",
+    ),
+    "memory": (
+        [PAPER, "trainer.optimizer_offload=false", "trainer.gpu_memory_gb=141"],
+        r"estimated peak of 1\d\d\.\d GB per trainer GPU is over trainer\.gpu_memory_gb=141",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+def test_impossible_layout_exits_2_naming_the_key(case, tmp_path):
+    args, pattern = IMPOSSIBLE[case]
+    out = run_sat("plan", *args, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert "Traceback" not in out.stderr and out.stderr.startswith("sat: error: trainer=megatron")
+    assert re.search(pattern, out.stderr), out.stderr
+
+
+def test_compose_time_runs_the_same_checks():
+    """No overlay that composes can fail the layout rules later: `load` refuses them too."""
+    with pytest.raises(ConfigError, match=r"trainer\.ep=3 must divide the model's 8 experts"):
+        load(["trainer=megatron", "trainer.nproc_per_node=3", "trainer.ep=3"])
+    with pytest.raises(ConfigError, match=r"trainer=local trains in float32"):
+        load(["trainer.dtype=bfloat16"])
+    _, obj = load([PAPER, "algo=gspo", "lag=8", "r3=true"])  # the paper overlay composes
+    assert (obj.trainer.tp, obj.trainer.ep, obj.trainer.etp, obj.trainer.dtype) == (
+        4, 4, 1, "bfloat16"
+    )  # fmt: skip
+
+
+def test_unimplemented_is_one_constant():
+    assert NOT_YET == {"tp", "pp", "cp", "etp", "optimizer_offload", "recompute"}
+    _, obj = load(["trainer=megatron", "trainer.nproc_per_node=2", "trainer.ep=2"])
+    assert unimplemented(Layout.of(obj.trainer)) == []  # data + expert parallel: runs today
+    _, obj = load([PAPER])
+    assert unimplemented(Layout.of(obj.trainer)) == [
+        "trainer.etp=1",
+        "trainer.optimizer_offload=true",
+        "trainer.recompute=true",
+        "trainer.tp=4",
+    ]
+
+
+def test_train_refuses_unimplemented_tp_before_anything_starts(tmp_path):
+    out = run_sat(
+        "train", "trainer=megatron", "trainer.nproc_per_node=2", "trainer.tp=2", "run.dir=runs",
+        cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert re.search(r"sat: error: trainer=megatron cannot run trainer\.tp=2 yet", out.stderr)
+    assert not list(tmp_path.iterdir())  # no run folder, store or cache
+
+
+def test_train_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+    args = [PAPER, "algo=gspo", "lag=8", "run.dir=runs"]
+    out = run_sat("train", *args, "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == _plan(*args, cwd=tmp_path)
+    assert "per trainer GPU" in out.stdout
+    assert not list(tmp_path.iterdir())  # no run folder, no MLflow store
+
+
+def test_counts_from_a_local_config_json(tmp_path):
+    """model.path with a config.json: the count comes from the file (here the tiny model's,
+    written by transformers), and a dense model refuses expert parallelism."""
+    from sat_cli.models.tiny_moe import build_config
+
+    moe = tmp_path / "moe"
+    build_config().save_pretrained(moe)
+    args = ["trainer=megatron", "model.kind=hf", f"model.path={moe}"]
+    text = _plan(*args, cwd=tmp_path)
+    assert f"{moe / 'config.json'}: 1,021,312 parameters" in text
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    cfg = {k: v for k, v in TINY_MOE_CONFIG.items() if "expert" not in k}
+    (dense / "config.json").write_text(json.dumps(cfg))
+    out = run_sat("plan", "trainer=megatron", "model.kind=hf", f"model.path={dense}",
+                  "trainer.nproc_per_node=2", "trainer.ep=2", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "trainer.ep=2 needs a Mixture-of-Experts model" in out.stderr

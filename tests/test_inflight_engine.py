@@ -204,6 +204,12 @@ def test_idle_updates_newest_wins_and_versions_only_go_up(engine, weights):
     with pytest.raises(EngineError, match="backwards"):
         engine.generate(PROMPTS, 1, sp, updates=[(2, weights["v1"], base)])
     assert engine.health() and engine.weight_version == base + 2
+    # the answer to a call that stopped waiting (e.g. interrupted) is not taken for the next one
+    engine._ctrl.send(("update_weights", {"path": weights["v1"], "version": base + 3, "id": -1}))
+    with pytest.raises(EngineError, match="backwards"):
+        engine.update_weights(weights["v0"], base + 2)  # the worker is at base + 3 by now
+    engine.update_weights(weights["v0"], base + 4)
+    assert engine.weight_version == base + 4
 
 
 def test_bad_weights_mid_request_are_engine_errors_and_the_request_goes_on(

@@ -119,6 +119,7 @@ class LocalEngine:
         self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._ctrl)
         self._lock = threading.Lock()
         self._ctrl_lock = threading.Lock()  # one in-flight update at a time, in call order
+        self._ctrl_seq = 0
         self._closed = False
         self._dead: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
@@ -269,12 +270,19 @@ class LocalEngine:
                 raise ValueError(
                     f"weight version went backwards: {self.weight_version} -> {version}"
                 )
+            self._ctrl_seq += 1
+            msg = {"path": path, "version": version, "id": self._ctrl_seq}
             try:
-                self._ctrl.send(("update_weights", {"path": path, "version": version}))
+                self._ctrl.send(("update_weights", msg))
             except (BrokenPipeError, OSError) as e:
                 self._dead = f"engine process {self._proc.pid} is gone"
                 raise EngineError(self._dead) from e
-            reply = self._recv(None, what=f"update_weights(v{version})", conn=self._ctrl)
+            what = f"update_weights(v{version})"
+            reply = self._recv(None, what=what, conn=self._ctrl)
+            while reply["id"] != msg["id"]:  # the answer to a call that stopped waiting
+                reply = self._recv(None, what=what, conn=self._ctrl)
+            if reply["error"] is not None:
+                raise EngineError(f"engine failed during {what}:\n{reply['error']}")
             self.weight_version = int(reply["weight_version"])
             self.model_path = path
 

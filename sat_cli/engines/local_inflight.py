@@ -112,8 +112,10 @@ class ControlChannel:
         self.conn = conn
 
     def serve(self, load) -> bool:
-        """Apply every update waiting on the pipe (``load(path, version)``), answering each;
-        True if weights were loaded. A closed pipe is dropped (the main pipe ends the worker)."""
+        """Apply every update waiting on the pipe (``load(path, version)``), answering each with
+        ``("ok", {"id", "weight_version", "error"})`` (``error``: the traceback of a refused
+        update); True if weights were loaded. A closed pipe is dropped (the main pipe ends the
+        worker)."""
         changed = False
         while self.conn is not None:
             try:
@@ -123,16 +125,18 @@ class ControlChannel:
             except (EOFError, OSError):
                 self.conn = None
                 break
+            msg_id = payload.get("id") if isinstance(payload, dict) else None
+            reply = {"id": msg_id, "weight_version": None, "error": None}
             try:
                 if cmd != "update_weights":
                     raise ValueError(f"unknown control command {cmd!r}")
                 load(payload["path"], int(payload["version"]))
                 changed = True
-                reply = ("ok", {"weight_version": int(payload["version"])})
+                reply["weight_version"] = int(payload["version"])
             except Exception:
-                reply = ("error", traceback.format_exc())
+                reply["error"] = traceback.format_exc()
             try:
-                self.conn.send(reply)
+                self.conn.send(("ok", reply))
             except (BrokenPipeError, OSError):
                 self.conn = None
         return changed

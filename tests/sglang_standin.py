@@ -23,7 +23,8 @@ after ``pause_at_token`` tokens and continues on resume under the scheduler's cu
 (two spans); an update while paused in place with ``flush_cache=true`` and a request running
 loads the weights (scheduler version moves) and then answers 400 "Weights were updated, but the
 cache was not flushed ..." (the tokenizer's version stays); ``/flush_cache`` answers 400 "Flush
-cache failed." while a request runs; while paused, ``/health_generate`` and ``/health`` answer 503
+cache failed." while a request runs (not while paused ``retract``, which retracts running requests
+to the waiting queue: from SGLang's source, not captured); while paused, ``/health_generate`` and ``/health`` answer 503
 after ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20 by default); an ``abort`` pause ends running
 requests with ``{"type": "abort", "message": "Aborted", ...}``.
 
@@ -162,6 +163,13 @@ class StandinState:
         self.router_workers: list[str] | None = None  # set when it plays sglang_router
         self.generated: list[dict] = []  # every /generate item sent, in order
         self.routed_by_id: dict[str, list[int]] = {}  # meta_info id -> routed experts encoded
+
+    def busy(self) -> bool:
+        """Requests run in the scheduler (a flush is refused). Paused ``retract``, none does:
+        they were retracted to the waiting queue, which SGLang 0.5.23's ``flush_cache`` ignores
+        while paused (``is_fully_idle(ignore_waiting=self._engine_paused)``; from its source,
+        not captured). Call with ``lock`` held."""
+        return bool(self.running) and self.pause_mode != "retract"
 
     def record(self, path: str, payload: object) -> None:
         with self.lock:
@@ -343,7 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"message": "Generation continued successfully.", "status": "ok"})
         elif self.path == "/flush_cache":
             with st.lock:
-                busy = bool(st.running)
+                busy = st.busy()
             self._send(
                 400 if busy else 200, raw=b"Flush cache failed.\n" if busy else FLUSH_OK.encode()
             )
@@ -370,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
         with st.lock:
             if new is not None:
                 st.sched_version = new  # the scheduler stamps before it flushes
-            if body.get("flush_cache", True) and st.running:
+            if body.get("flush_cache", True) and st.busy():
                 self._send(400, {"success": False, "message": UPDATE_NOT_FLUSHED,
                                  "num_paused_requests": 0})  # fmt: skip
                 return

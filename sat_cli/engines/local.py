@@ -16,6 +16,15 @@ R3 route capture) are documented in ``local_worker``. Without a per-request ``se
 derives one from the engine ``seed`` and a request counter, so a fresh engine replays the same
 samples for the same sequence of requests.
 
+In-flight updates (``inflight_updates=True``, off by default; the default path is unchanged):
+``update_weights`` may be called from any thread while ``generate_async`` requests run. It goes
+over a second (control) pipe, and the worker loads the new weights at the next token boundary of
+the running batch (at once if idle); it returns when they are loaded. ``generate_async(...,
+updates=[(after_tokens, path, version)])`` schedules updates at a fixed token boundary of that
+request instead (deterministic). Samples then carry ``token_versions`` when their tokens come
+from more than one version; ``weight_version`` is the version of the first token. Cache handling
+(``inflight_cache``), versions and R3 are described in ``sat_cli.engines.local_inflight``.
+
 Example::
 
     with LocalEngine("path/to/hf_dir", r3=True) as engine:
@@ -39,11 +48,13 @@ from sat_cli.engines.local_worker import worker_main
 _POLL_S = 0.1
 
 
-def _shutdown(proc, conn) -> None:
-    try:
-        conn.close()
-    except OSError:
-        pass
+def _shutdown(proc, conn, ctrl=None) -> None:
+    for c in (conn, ctrl):
+        try:
+            if c is not None:
+                c.close()
+        except OSError:
+            pass
     if proc.is_alive():
         proc.terminate()
         proc.join(5)
@@ -68,8 +79,15 @@ class LocalEngine:
         max_batch_size: int = 256,
         weight_version: int = 0,
         startup_timeout_s: float = 300.0,
+        inflight_updates: bool = False,
+        inflight_cache: str = "recompute",
     ):
+        from sat_cli.engines.local_inflight import CACHE_MODES
+
+        if inflight_cache not in CACHE_MODES:
+            raise ValueError(f"inflight_cache={inflight_cache!r}: use one of {CACHE_MODES}")
         self.model_path = str(model_path)
+        self.inflight_updates = bool(inflight_updates)
         self.dtype = dtype
         self.r3 = r3
         self.seed = seed
@@ -87,13 +105,21 @@ class LocalEngine:
         )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(
-            target=worker_main, args=(child, cfg), daemon=True, name="sat-engine"
-        )
+        args = (child, cfg)
+        self._ctrl = ctrl_child = None
+        if self.inflight_updates:
+            cfg.update(inflight=True, inflight_cache=inflight_cache)
+            self._ctrl, ctrl_child = ctx.Pipe(duplex=True)
+            args = (child, cfg, ctrl_child)
+        self._proc = ctx.Process(target=worker_main, args=args, daemon=True, name="sat-engine")
         self._proc.start()
         child.close()
-        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn)
+        if ctrl_child is not None:
+            ctrl_child.close()
+        self._finalizer = weakref.finalize(self, _shutdown, self._proc, self._conn, self._ctrl)
         self._lock = threading.Lock()
+        self._ctrl_lock = threading.Lock()  # one in-flight update at a time, in call order
+        self._ctrl_seq = 0
         self._closed = False
         self._dead: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
@@ -107,12 +133,13 @@ class LocalEngine:
             raise
 
     # --- transport -------------------------------------------------------------------------
-    def _recv(self, timeout: float | None, what: str):
+    def _recv(self, timeout: float | None, what: str, conn=None):
+        conn = self._conn if conn is None else conn
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._conn.poll(_POLL_S):
+        while not conn.poll(_POLL_S):
             if not self._proc.is_alive():
                 # the reply may have landed just before the exit
-                if self._conn.poll(0):
+                if conn.poll(0):
                     break
                 self._dead = (
                     f"engine process {self._proc.pid} died (exit code {self._proc.exitcode})"
@@ -121,7 +148,7 @@ class LocalEngine:
             if deadline is not None and time.monotonic() > deadline:
                 raise EngineError(f"engine did not answer {what} within {timeout:.0f} s")
         try:
-            status, payload = self._conn.recv()
+            status, payload = conn.recv()
         except (EOFError, OSError) as e:
             self._proc.join(2)
             self._dead = f"engine process {self._proc.pid} died (pipe closed, exit code {self._proc.exitcode})"
@@ -152,14 +179,32 @@ class LocalEngine:
 
     # --- RolloutEngine ---------------------------------------------------------------------
     def generate_async(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        *,
+        updates: list[tuple[int, str, int]] | None = None,
     ) -> Future[list[list[Sample]]]:
+        """``updates`` (in-flight mode only): ``(after_tokens, path, version)`` entries, each
+        loaded at the token boundary where the running batch has sampled ``after_tokens`` tokens
+        (tokens ``0..after_tokens-1`` from the old weights, the rest from the new; ``0``: before
+        the prefill), counted in the first batch of ``max_batch_size`` entries that reaches it;
+        one the request ends before reaching is loaded after it. A failed load fails the request.
+        """
         self._check_usable()
         request = {
             "prompts": [list(map(int, p)) for p in prompts],
             "n": int(n),
             "sampling": asdict(sampling),
         }
+        if updates:
+            if not self.inflight_updates:
+                raise ValueError("updates= needs LocalEngine(inflight_updates=True)")
+            request["updates"] = [
+                {"after_tokens": int(k), "path": str(path), "version": int(v)}
+                for k, path, v in updates
+            ]
         return self._executor.submit(self._generate, request, len(prompts), int(n))
 
     def _generate(self, request: dict, num_prompts: int, n: int) -> list[list[Sample]]:
@@ -172,34 +217,75 @@ class LocalEngine:
             for j in range(n):
                 r = flat[i * n + j]
                 routes = r["routed_experts"]
+                tv = r.get("token_versions")
                 group.append(
                     Sample(
                         prompt_ids=request["prompts"][i],
                         response_ids=r["response_ids"],
                         rollout_logp=r["rollout_logp"],
                         finish_reason=r["finish_reason"],
-                        weight_version=version,
+                        weight_version=int(r.get("weight_version", version)),
                         routed_experts=None if routes is None else np.asarray(routes, np.int32),
+                        token_versions=list(tv) if tv and len(set(tv)) > 1 else None,
                         meta={"gen_s": reply["gen_s"]},
                     )
                 )
             groups.append(group)
+        if self.inflight_updates:  # scheduled updates move the worker's version
+            with self._ctrl_lock:
+                self.weight_version = max(self.weight_version, version)
         return groups
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        *,
+        updates: list[tuple[int, str, int]] | None = None,
     ) -> list[list[Sample]]:
-        return self.generate_async(prompts, n, sampling).result()
+        return self.generate_async(prompts, n, sampling, updates=updates).result()
 
     def update_weights(self, path: str, version: int) -> None:
         """Load the HF checkpoint at ``path`` after the requests already queued; tag later samples
-        with ``version``. Blocks until the worker has loaded it."""
+        with ``version``. Blocks until the worker has loaded it.
+
+        In-flight mode: loaded at the next token boundary of the running request (at once when
+        idle), from any thread; calls are applied one at a time in call order. ``version`` must
+        not be below the loaded one (``ValueError``); a folder that is missing or does not load
+        is ``EngineError`` and the engine keeps its weights, its version and its running request.
+        """
+        if self.inflight_updates:
+            return self._update_inflight(str(path), int(version))
         self._check_usable()
         reply = self._executor.submit(
             self._call, "update_weights", {"path": str(path), "version": int(version)}
         ).result()
         self.weight_version = int(reply["weight_version"])
         self.model_path = str(path)
+
+    def _update_inflight(self, path: str, version: int) -> None:
+        with self._ctrl_lock:
+            self._check_usable()
+            if version < self.weight_version:
+                raise ValueError(
+                    f"weight version went backwards: {self.weight_version} -> {version}"
+                )
+            self._ctrl_seq += 1
+            msg = {"path": path, "version": version, "id": self._ctrl_seq}
+            try:
+                self._ctrl.send(("update_weights", msg))
+            except (BrokenPipeError, OSError) as e:
+                self._dead = f"engine process {self._proc.pid} is gone"
+                raise EngineError(self._dead) from e
+            what = f"update_weights(v{version})"
+            reply = self._recv(None, what=what, conn=self._ctrl)
+            while reply["id"] != msg["id"]:  # the answer to a call that stopped waiting
+                reply = self._recv(None, what=what, conn=self._ctrl)
+            if reply["error"] is not None:
+                raise EngineError(f"engine failed during {what}:\n{reply['error']}")
+            self.weight_version = int(reply["weight_version"])
+            self.model_path = path
 
     def health(self) -> bool:
         return not self._closed and self._dead is None and self._proc.is_alive()

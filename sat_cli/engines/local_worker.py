@@ -4,6 +4,8 @@
 ``spawn`` context) and serves commands received on a pipe; every message is plain data (dicts,
 lists, numbers, numpy arrays). ``sample_batch`` is the sampling loop, importable on its own
 (it lives in :mod:`sat_cli.models.sampling`, which describes it, and is re-exported here).
+With ``cfg["inflight"]`` the worker also serves a control pipe and takes weight updates between
+decode steps of a running request (:mod:`sat_cli.engines.local_inflight`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class _Worker:
         self.version = int(cfg.get("version", 0))
         self.requests = 0
         self.tokenizer = None
+        self.control = None  # in-flight updates: a ControlChannel (worker_main sets it)
         self._set_special_ids(cfg["model_path"])
 
     def _set_special_ids(self, model_dir: str):
@@ -65,6 +68,18 @@ class _Worker:
         max_batch = int(self.cfg["max_batch_size"])
         t0 = time.perf_counter()
         results: list[dict] = []
+        if self.cfg.get("inflight"):
+            from sat_cli.engines.local_inflight import WeightSwitch
+
+            cache_mode = self.cfg.get("inflight_cache", "recompute")
+            switch = WeightSwitch(self, req.get("updates") or [], cache_mode, self.cfg["r3"])
+            for start in range(0, len(flat), max_batch):
+                results += self._sample_switching(
+                    switch, flat[start : start + max_batch], s, stop, gen
+                )
+            switch.finish()
+            elapsed = time.perf_counter() - t0
+            return {"samples": results, "weight_version": self.version, "gen_s": elapsed}
         capture = RouteCapture(self.model) if self.cfg["r3"] else None
         for start in range(0, len(flat), max_batch):
             chunk = flat[start : start + max_batch]
@@ -85,6 +100,43 @@ class _Worker:
         elapsed = time.perf_counter() - t0
         return {"samples": results, "weight_version": self.version, "gen_s": elapsed}
 
+    def _sample_switching(self, switch, chunk, s: dict, stop: set, gen) -> list[dict]:
+        """One batch with in-flight updates; each result gets its first token's version."""
+        switch.poll(0)  # updates waiting before the prefill
+        version = self.version
+        with switch.capturing():
+            out = sample_batch(
+                switch.model,
+                chunk,
+                temperature=float(s["temperature"]),
+                top_p=float(s["top_p"]),
+                top_k=int(s["top_k"]),
+                max_new_tokens=int(s["max_new_tokens"]),
+                stop_token_ids=stop,
+                pad_id=self.pad_id,
+                generator=gen,
+                capture=switch.capture,
+                switch=switch,
+            )
+        for r in out:
+            r["weight_version"] = r["token_versions"][0] if r["token_versions"] else version
+        return out
+
+    def load_version(self, path: str, version: int) -> None:
+        """In-flight update: check, load and switch to ``version`` (the model is unchanged if
+        anything fails)."""
+        from sat_cli.engines.local_inflight import check_update
+        from sat_cli.models.tiny_moe import load_model
+
+        check_update(path, version, self.version)
+        self.model = load_model(path, self.dtype, self.device)
+        self._set_special_ids(path)
+        self.version = int(version)
+
+    def serve_control(self) -> bool:
+        """Apply the updates waiting on the control pipe; True if the weights changed."""
+        return self.control is not None and self.control.serve(self.load_version)
+
     def update_weights(self, req: dict) -> dict:
         from sat_cli.models.tiny_moe import load_model
 
@@ -94,8 +146,11 @@ class _Worker:
         return {"weight_version": self.version}
 
 
-def worker_main(conn, cfg: dict) -> None:
+def worker_main(conn, cfg: dict, ctrl=None) -> None:
     """Process entry point: load the model, say ``ready``, then serve commands until ``close``.
+
+    ``ctrl``: the control pipe of in-flight updates, served first whenever the worker is idle
+    and at every token boundary of a running request.
 
     SIGHUP is ignored: a closed terminal hangs up the whole process group, and the orchestrator,
     which handles it, closes this process in order (it also exits when the pipe closes)."""
@@ -117,7 +172,18 @@ def worker_main(conn, cfg: dict) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", {"pid": os.getpid(), "weight_version": worker.version}))
+    if ctrl is not None:
+        from sat_cli.engines.local_inflight import ControlChannel
+
+        worker.control = ControlChannel(ctrl)
     while True:
+        if worker.control is not None and worker.control.conn is not None:
+            from multiprocessing.connection import wait
+
+            ready = wait([conn, worker.control.conn])
+            if worker.control.conn in ready:
+                worker.serve_control()
+                continue
         try:
             cmd, payload = conn.recv()
         except EOFError:

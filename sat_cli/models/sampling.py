@@ -65,9 +65,18 @@ def sample_batch(
     pad_id: int,
     generator: torch.Generator,
     capture=None,
+    switch=None,
 ) -> list[dict]:
     """Sample one response per prompt. Returns dicts ``{response_ids, rollout_logp, finish_reason,
-    routed_experts (np.int32 or None)}``. ``capture``: an active ``RouteCapture`` or None."""
+    routed_experts (np.int32 or None)}``. ``capture``: an active ``RouteCapture`` or None.
+
+    ``switch``: in-flight weight updates (``sat_cli.engines.local_inflight.WeightSwitch``) or None.
+    When given, ``switch.poll(k)`` is asked at every token boundary (``k`` tokens sampled, before
+    the last one is fed) whether new weights arrived; if so, sampling continues with
+    ``switch.model`` / ``switch.capture``, either re-prefilling prompt + tokens so far under the
+    new weights (``switch.cache_mode == "recompute"``) or decoding on from the old KV cache
+    (``"keep"``), and each result also carries ``token_versions`` (``switch.version`` when each
+    token was sampled). Without it, the loop is exactly the plain one."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -103,6 +112,9 @@ def sample_batch(
     done = torch.zeros(B, dtype=torch.bool)
     next_pos = pos[:, -1:] + 1  # [B, 1]
     stop = torch.tensor(sorted(stop_token_ids), dtype=torch.long)
+    fed: list[torch.Tensor] = []  # in-flight updates: the tokens fed so far (for a re-prefill)
+    versions = None if switch is None else [[] for _ in range(B)]
+    routes_lk = () if prefill_routes is None else tuple(prefill_routes.shape[2:])
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()  # [B, V]
         if temperature <= 0:
@@ -118,6 +130,8 @@ def sample_batch(
                 continue
             tokens[b].append(int(tok[b]))
             logps[b].append(float(tok_logp[b]))
+            if versions is not None:
+                versions[b].append(switch.version)
         hit = torch.isin(tok, stop) & ~done
         for b in torch.nonzero(hit).flatten().tolist():
             finish[b] = "stop"
@@ -126,6 +140,16 @@ def sample_batch(
             break
         feed = torch.where(done, torch.full_like(tok, pad_id), tok).to(device)
         mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+        if switch is not None:
+            fed.append(feed)
+            if switch.poll(step + 1):  # new weights at this token boundary
+                model, capture = switch.model, switch.capture
+                if switch.cache_mode == "recompute":
+                    out, cache = _reprefill(model, cache_kw, ids, pos, fed, mask)
+                    next_pos = next_pos + 1
+                    if capture is not None:  # keep the earlier rows: the forwards that sampled
+                        decode_routes.append(capture.last_call().view(B, -1, *routes_lk)[:, -1])
+                    continue
         out = _forward(
             model,
             cache_kw,
@@ -155,4 +179,21 @@ def sample_batch(
                 "routed_experts": routes,
             }
         )
+        if versions is not None:
+            results[-1]["token_versions"] = versions[b]
     return results
+
+
+def _reprefill(model, cache_kw: str, ids, pos, fed: list[torch.Tensor], mask):
+    """Forward prompt + the tokens fed so far under ``model`` into a fresh cache (the KV cache
+    recomputed under new weights): ``(output, cache)``. Positions continue the prompt's."""
+    from transformers import DynamicCache
+
+    seq = torch.cat([ids, torch.stack(fed, dim=1)], dim=1)  # [B, P + k]
+    steps = torch.arange(1, len(fed) + 1, device=pos.device)
+    seq_pos = torch.cat([pos, pos[:, -1:] + steps], dim=1)
+    cache = DynamicCache(config=model.config)
+    out = _forward(
+        model, cache_kw, input_ids=seq, attention_mask=mask, position_ids=seq_pos, cache=cache
+    )
+    return out, cache

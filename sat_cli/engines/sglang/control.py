@@ -3,14 +3,50 @@
 The methods of :class:`sat_cli.engines.sglang.engine.SGLangEngine` that send one control call
 to every worker (``/pause_generation``, ``/continue_generation``, ``/flush_cache``) or probe
 them (``/health_generate``, ``/model_info``), as a mixin of the engine.
+
+In-flight updates (``SGLangEngine(inflight_updates=True)``) pause the workers around every weight
+update, in the mode that gives the engine's ``inflight_cache`` (the local engine's names,
+``sat_cli.engines.local_inflight``); SGLang 0.5.23's modes, from its scheduler:
+
+* ``in_place`` (``"keep"``): running requests stay in the batch with their KV cache, computed by
+  the old weights, and decode on under the new ones (per-token versions in the
+  ``weight_versions`` spans). A cache flush is refused while they run, so the update goes without
+  one and the engine flushes before the next ``generate`` that finds none running. ``mu`` is the
+  distribution sampled from, but not a recompute under one version; R3 routes stay those of the
+  forwards that sampled.
+* ``retract`` (``"recompute"``): running requests are retracted (KV freed, back to the waiting
+  queue, generated tokens and their log-probs kept); a flush is allowed while paused, so the
+  update flushes, and on resume prompt + generated tokens are prefilled again under the new
+  weights: later tokens' ``mu`` is the new version's, given the whole prefix. But
+  ``Req.reset_for_retract`` drops the routed experts and the re-prefill routes every earlier
+  token again under the new weights, so it is refused with R3.
+* ``abort``: running requests end with finish_reason ``abort`` (partial output); no response
+  mixes versions, so it is not an in-flight mode.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.wire import _excerpt
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+INFLIGHT_PAUSE = {"keep": "in_place", "recompute": "retract"}  # inflight_cache -> pause mode
+
+
+def inflight_pause_mode(inflight_cache: str, r3: bool) -> str:
+    """The pause mode of in-flight updates for ``inflight_cache``; ``recompute`` with R3 is
+    refused (a retracted request's routes are recomputed under the new weights)."""
+    if inflight_cache not in INFLIGHT_PAUSE:
+        raise ValueError(f"inflight_cache={inflight_cache!r}: use one of {tuple(INFLIGHT_PAUSE)}")
+    if inflight_cache == "recompute" and r3:
+        raise ValueError(
+            "inflight_cache='recompute' pauses SGLang with mode 'retract', whose re-prefill "
+            "replaces the routed experts of tokens sampled before an update (R3); use "
+            "inflight_cache='keep' (pause in_place) with r3"
+        )
+    return INFLIGHT_PAUSE[inflight_cache]
 
 
 class _WorkerControl:
@@ -36,6 +72,19 @@ class _WorkerControl:
         for url in self.worker_urls:
             self.client.post_json("/pause_generation", {"mode": mode}, url=url)
         self._paused = mode
+
+    @contextlib.contextmanager
+    def _paused_for_update(self):
+        """In-flight updates: pause the workers (unless already paused) around an update."""
+        mode = self._inflight_pause
+        if mode is None or self._paused is not None:
+            yield
+            return
+        self.pause(mode=mode)
+        try:
+            yield
+        finally:
+            self.resume()
 
     def resume(self) -> None:
         self._check_usable()

@@ -33,7 +33,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
-from sat_cli.engines.sglang.control import PAUSE_MODES, _WorkerControl  # noqa: F401
+from sat_cli.engines.sglang.control import (  # noqa: F401
+    PAUSE_MODES,
+    _WorkerControl,
+    inflight_pause_mode,
+)
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
@@ -90,6 +94,8 @@ class SGLangEngine(_WorkerControl):
         initial_version: int = 0,
         restart_on_failure: bool = False,
         watchdog_s: float = 0.5,
+        inflight_updates: bool = False,
+        inflight_cache: str = "recompute",
     ) -> None:
         if bool(servers) == bool(urls):
             raise ValueError("give either servers (launched here) or urls (managed elsewhere)")
@@ -104,6 +110,8 @@ class SGLangEngine(_WorkerControl):
                 top_k = dims.top_k if top_k is None else top_k
                 num_experts = dims.num_experts if num_experts is None else num_experts
             self.moe = MoEDims(num_layers, top_k, num_experts)
+        # in-flight updates: the pause mode around each update (control.py), else None
+        self._inflight_pause = inflight_pause_mode(inflight_cache, r3) if inflight_updates else None
         self.deterministic = deterministic
         self.max_batch_size = max_batch_size
         self.weight_sync = weight_sync or DiskWeightSync(timeout_s=request_timeout_s)
@@ -310,11 +318,15 @@ class SGLangEngine(_WorkerControl):
         it refuses it *after* loading the weights); then it is flushed before the next
         ``generate`` that finds no request running. A failed update leaves the accepted version
         range wide open to ``version``: a worker may have loaded it before failing.
+
+        With ``inflight_updates`` the workers are paused around the update (``in_place`` for
+        ``inflight_cache="keep"``, ``retract`` for ``"recompute"``; control.py) unless already
+        paused, so running requests continue under the new weights.
         """
         self._check_usable()
         if version < self._version:
             raise ValueError(f"weight version went backwards: {self._version} -> {version}")
-        with self._update_lock:
+        with self._update_lock, self._paused_for_update():
             # Outputs may report the new version as soon as a worker has loaded it, before
             # push() returns: widen the accepted range first.
             self._max_version = max(self._max_version, int(version))

@@ -110,6 +110,11 @@ def build_task(obj):
 
 def build_engine(obj, path: str, logs: Path, *, r3: bool):
     e = obj.engine
+    inflight = (
+        {"inflight_updates": True, "inflight_cache": obj.lag.inflight_cache}
+        if obj.lag.inflight_updates
+        else {}
+    )
     if e.name == "local":
         from sat_cli.engines.local import LocalEngine
 
@@ -120,6 +125,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
             seed=obj.seed,
             num_threads=e.num_threads,
             log_file=str(logs / "engine.log"),
+            **inflight,
         )
     from sat_cli.engines.sglang import SGLangEngine
     from sat_cli.engines.sglang.server import resolve_python
@@ -140,6 +146,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
         request_timeout_s=e.request_timeout_s,
         restart_on_failure=e.restart_on_failure,
         **moe,
+        **inflight,
     )
     if e.urls:
         return SGLangEngine(path, urls=list(e.urls), **common)

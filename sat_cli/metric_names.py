@@ -51,8 +51,10 @@ DPI_MU = "staleness/abs_logratio_mean_mu"  # the same against the behaviour poli
 MISMATCH = "staleness/mismatch_abs_logratio_mean"  # |log pi_old - log mu| (recompute pass)
 ESS = "staleness/ess"
 ABS_LOGRATIO_PCT = "staleness/abs_logratio_{}"  # .format("p50" | "p90" | "p99")
-VERSION_LAG_MEAN = "staleness/version_lag_mean"
+VERSION_LAG_MEAN = "staleness/version_lag_mean"  # per sample: its oldest (first) token's lag
 VERSION_LAG_MAX = "staleness/version_lag_max"
+TOKEN_LAG_MEAN = "staleness/token_version_lag_mean"  # per token (in-flight updates mix them)
+MIXED_VERSION_FRAC = "staleness/mixed_version_frac"  # responses whose tokens span versions
 
 # --- rollout/ (loop/steps.py) ------------------------------------------------------------------
 BATCH_INDEX = "rollout/batch_index"
@@ -61,13 +63,15 @@ REWARD_MEAN = "rollout/reward_mean"
 RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 TRUNCATED_FRAC = "rollout/truncated_frac"
 TOKENS_PER_S = "rollout/tokens_per_s"
+STALE_DROPPED = "rollout/stale_dropped"  # bounded mode: groups older than lag.n (running count)
 
 # --- clip/ (the loop's schedule) --------------------------------------------------------------
 EPS_LOW = "clip/eps_low"
 EPS_HIGH = "clip/eps_high"
 
 # --- histograms (loop/steps.log_histograms) ----------------------------------------------------
-HIST_VERSION_LAG = "staleness/version_lag"
+HIST_VERSION_LAG = "staleness/version_lag"  # per sample
+HIST_TOKEN_VERSION_LAG = "staleness/token_version_lag"  # per token
 HIST_ABS_LOGRATIO = "staleness/abs_logratio"
 HIST_SAT_ABS_LOGRATIO = "sat/abs_logratio"
 HIST_CONTRACTION = "sat/contraction"

@@ -152,3 +152,95 @@ def test_publisher_publishes_once_and_keeps_what_a_resume_needs(tmp_path):
     assert pub.keep(8, {2}, since=8) == {0, 2, 6, 8}
     assert pub.keep(8, set(), since=2) == {0, 2, 6, 8}
     assert pub.keep(8, set(), since=3) == {0, 6, 8}
+
+
+# --------------------------------------------------------------------- bounded mode, in flight
+def test_bounded_requests_bind_their_version_when_generation_starts():
+    """Bounded mode: a batch is generated from the newest version published when its
+    generation starts (not the one at request time); the buffer records the request-time
+    version as a lower bound (what a checkpoint and the pruning need)."""
+    import threading
+
+    eng, thread, buf = _buffer(LagPolicy(2, "bounded"))
+    gate = threading.Event()
+    try:
+        thread.pool.submit(gate.wait)  # hold the rollout thread
+        buf.request_ahead(0)  # batches 0, 1, 2 at trainer version 0
+        assert buf.snapshot() == [[0, 0], [1, 0], [2, 0]]
+        thread.published(1)
+        thread.published(2)  # not in flight: nothing reaches the engine yet
+        assert eng.log == []
+        gate.set()
+        versions = [buf.take(k)[1][0][0].weight_version for k in range(3)]
+        assert versions == [2, 2, 2]  # the newest at start, loaded once
+        assert [e for e in eng.log if e[0] == "update"] == [("update", "v2", 2)]
+    finally:
+        gate.set()
+        thread.close()
+
+
+def test_inflight_updates_reach_the_engine_from_the_training_thread():
+    import threading
+
+    eng = Recorder()
+    thread = RolloutThread(eng, Path("w"), engine_version=0, inflight=True)
+    gate = threading.Event()
+    try:
+        thread.pool.submit(gate.wait)  # the rollout thread is busy (a generation running)
+        thread.published(1)  # handed over at once, not queued behind the generation
+        assert eng.log == [("update", "v1", 1)] and thread.engine_version == 1
+        assert thread._ensure(0) == 0.0 and eng.version == 1  # never backwards in flight
+        gate.set()
+    finally:
+        gate.set()
+        thread.close()
+
+
+def test_publisher_tells_the_rollout_thread_and_keeps_versions_since_the_oldest_request(tmp_path):
+    seen = []
+    pub = WeightPublisher(Writer(), tmp_path / "w", tmp_path / "c", LagPolicy(2, "bounded"),
+                          published=[], on_publish=seen.append)  # fmt: skip
+    for v in range(5):
+        pub.publish(v)
+        pub.publish(v)  # idempotent: told once
+    assert seen == [0, 1, 2, 3, 4]
+    # a batch requested at version 1 may start from 1, 2, 3 or 4: all kept (late binding)
+    assert pub.prune(4, {1}, since=4) == [0, 1, 2, 3, 4]
+    assert pub.prune(4, {3}, since=4) == [0, 3, 4]
+
+
+class _Tok:
+    def batch_decode(self, seqs, skip_special_tokens=True):
+        return ["1" * len(s) for s in seqs]
+
+
+def test_admission_and_staleness_use_every_tokens_version():
+    """Batch at step 5, lag.n = 2: a group whose oldest token is version 2 (3 behind) is
+    dropped and counted; per-sample lag is the oldest token's, per-token lags are each
+    token's, and a response whose tokens span versions counts as mixed."""
+    from types import SimpleNamespace
+
+    from sat_cli.loop.steps import score_batch
+
+    s = SimpleNamespace(lag=LagPolicy(2, "bounded"), group_size=2, adv_std_norm=False,
+                        drop_zero_adv_groups=False)  # fmt: skip
+
+    def smp(versions, reward_len):
+        toks = [1] * reward_len
+        return Sample([9], toks, [-0.1] * reward_len, "stop", versions[0],
+                      token_versions=versions if len(set(versions)) > 1 else None)  # fmt: skip
+
+    groups = [
+        [smp([3, 3, 4], 3), smp([4, 4, 4], 3)],  # oldest 3: lag 2, kept
+        [smp([2, 3, 3], 3), smp([4, 4, 4], 3)],  # oldest 2: lag 3 > 2, dropped
+    ]
+    task = SimpleNamespace(reward=lambda text, answer: float(len(text)))
+    counters = {"stale_dropped": 0, "dropped_groups": 0}
+    samples, adv, lags, m = score_batch(s, 5, groups, [{"prompt": "a", "answer": "1"}] * 2,
+                                        _Tok(), task, counters, {"gen_s": 1.0})  # fmt: skip
+    assert len(samples) == 2 and counters["stale_dropped"] == 1
+    assert m["rollout/stale_dropped"] == 1.0
+    assert lags["sample"] == [2, 1] and lags["token"] == [2, 2, 1, 1, 1, 1]
+    assert m["staleness/version_lag_max"] == 2.0 and m["staleness/version_lag_mean"] == 1.5
+    assert m["staleness/token_version_lag_mean"] == pytest.approx(8 / 6)
+    assert m["staleness/mixed_version_frac"] == 0.5

@@ -181,7 +181,7 @@ def test_log_histograms_uses_the_losss_own_numbers():
         diag=diag,
     )  # fmt: skip
     tr = _Tracker()
-    log_histograms(tr, diag, [0, 1, 1, 2], step=7)
+    log_histograms(tr, diag, {"sample": [0, 1, 1, 2], "token": [0, 1, 2]}, step=7)
     d = (logp - rollout)[mask].abs()
     assert tr.hist["staleness/abs_logratio"]["marks"] == {"q": pytest.approx(_kth(d, 0.9))}
     assert "sat/abs_logratio" not in tr.hist  # same ratio: one histogram
@@ -199,6 +199,6 @@ def test_log_histograms_uses_the_losss_own_numbers():
         old_logp=logp + 0.02, advantages=adv, mask=mask, diag=diag2,
     )  # fmt: skip
     tr2 = _Tracker()
-    log_histograms(tr2, diag2, [0], step=1)
+    log_histograms(tr2, diag2, {"sample": [0], "token": [0]}, step=1)
     assert tr2.hist["staleness/abs_logratio"]["marks"] is None
     assert tr2.hist["sat/abs_logratio"]["marks"]["q"] == pytest.approx(diag2["q"].item())

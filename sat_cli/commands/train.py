@@ -126,11 +126,6 @@ def train(cfg, obj, overrides) -> dict:
     """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.signals``)."""
     from sat_cli.signals import orderly_stop
 
-    if obj.lag.inflight_updates:
-        raise UserError(
-            "lag.inflight_updates=true is not supported yet: the local engine "
-            "generates each request with one weight version"
-        )
     with orderly_stop():
         return _train(cfg, obj)
 
@@ -251,6 +246,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
             checkpoint_every=obj.checkpoint.every,
             checkpoint_keep=obj.checkpoint.keep,
             histogram_every=obj.tracking.histogram_every,
+            inflight_updates=obj.lag.inflight_updates,
         )
         progress = Progress(obj.max_steps, start=state0.get("step", 0))
         t0 = time.perf_counter()

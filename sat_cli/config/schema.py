@@ -190,11 +190,21 @@ class ClipConfig:
 class LagConfig:
     n: int = 1  # staleness bound / weight-push interval (ALGORITHMS.md §7); 0 = synchronous
     mode: str = "interval"  # interval (paper, slime) | fixed | bounded (AReaL-style)
-    inflight_updates: bool = False  # bounded mode: update weights mid-generation
+    # bounded mode: the engine takes each new version at the next token boundary, so one
+    # response can span versions (per-token versions); cache after a switch: recompute | keep
+    inflight_updates: bool = False
+    inflight_cache: str = "recompute"
 
     def __post_init__(self) -> None:
         _range("lag.n", self.n, 0)
         _choice("lag.mode", self.mode, LAG_MODES)
+        _choice("lag.inflight_cache", self.inflight_cache, ("recompute", "keep"))
+        if self.inflight_updates and (self.mode != "bounded" or self.n < 1):
+            raise ConfigError(
+                "lag.inflight_updates=true needs lag.mode=bounded and lag.n >= 1 (the other "
+                f"modes fix each batch's version in advance); got lag.mode={self.mode}, "
+                f"lag.n={self.n}"
+            )
 
 
 @dataclass

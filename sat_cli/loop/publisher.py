@@ -9,7 +9,9 @@ versions nothing can ask for any more; kept are:
 * the versions of batches requested and not consumed;
 * the versions the next two batches can be generated from (:func:`future_versions`);
 * every version from the last checkpoint's ``min_needed`` on, so that a resume from that
-  checkpoint finds the weights its pending batches were requested with.
+  checkpoint finds the weights its pending batches were requested with;
+* in bounded mode, every version since the oldest pending request (late binding: a batch starts
+  from the newest version published when its generation starts).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class WeightPublisher:
     """
 
     def __init__(self, trainer, weights_dir: Path, ckpt_root: Path, lag: LagPolicy,
-                 published: list[int]):  # fmt: skip
+                 published: list[int], on_publish=None):  # fmt: skip
         self.trainer, self.weights_dir, self.ckpt_root, self.lag = (
             trainer,
             weights_dir,
@@ -52,6 +54,7 @@ class WeightPublisher:
             lag,
         )
         self.published = published
+        self.on_publish = on_publish  # called with each new version (the rollout thread's hook)
 
     def write(self, version: int) -> None:
         """Write ``v<version>`` whatever ``published`` says (the initial version 0)."""
@@ -77,10 +80,15 @@ class WeightPublisher:
         if version not in self.published:
             self.write(version)
             self.published.append(version)
+            if self.on_publish is not None:
+                self.on_publish(version)
 
     def keep(self, version: int, pending_versions: set[int], since: int) -> set[int]:
         """The versions still needed after step ``version`` (see the module docstring)."""
         keep = set(pending_versions) | future_versions(self.lag, version) | {0}
+        if self.lag.mode == "bounded" and pending_versions:
+            # late binding: a pending batch may start from any version since its request
+            since = min(since, *pending_versions)
         return keep | {v for v in self.published if v >= since}
 
     def prune(self, version: int, pending_versions: set[int], since: int) -> list[int]:

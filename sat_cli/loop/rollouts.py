@@ -2,7 +2,12 @@
 
 * :class:`RolloutThread` — one worker thread that sends the engine its weight updates and
   generation requests in program order, so the sequence of engine commands (hence every sample,
-  for a seed) is deterministic while generation overlaps training.
+  for a seed) is deterministic while generation overlaps training. In ``bounded`` mode a request
+  binds its version late: the newest published one when its generation starts (so realised
+  staleness depends on timing, as in AReaL); with in-flight updates the training thread also
+  hands every new version to the engine at once (:meth:`RolloutThread.published`), which takes
+  it at the next token boundary of the running generation: responses then span versions
+  (``Sample.token_versions``). Both bounded variants are not reproducible bit for bit.
 * :class:`RolloutBuffer` — the batches requested but not consumed, each with the weight version
   it is generated from: ``request_ahead`` keeps the engine busy as far as the lag policy allows,
   ``take`` waits for one batch, ``snapshot`` is what a checkpoint records so that a resumed run
@@ -12,6 +17,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,23 +38,38 @@ def request_seed(seed: int, *key: Any) -> int:
 class RolloutThread:
     """The rollout thread: weight updates and generation requests, in program order."""
 
-    def __init__(self, engine, weights_dir: Path, engine_version: int):
+    def __init__(self, engine, weights_dir: Path, engine_version: int, inflight: bool = False):
         self.engine = engine
         self.weights_dir = weights_dir
-        self.engine_version = engine_version  # only touched by the rollout thread
+        self.engine_version = engine_version  # guarded by _lock (two threads with in-flight)
+        self.newest = engine_version  # the newest published version (late binding)
+        self.inflight = inflight
+        self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-rollout")
 
     def _ensure(self, version: int) -> float:
-        if version == self.engine_version:
-            return 0.0
-        t0 = time.perf_counter()
-        self.engine.update_weights(str(self.weights_dir / f"v{version}"), version)
-        self.engine_version = version
-        return time.perf_counter() - t0
+        with self._lock:
+            if version == self.engine_version or (self.inflight and version < self.engine_version):
+                return 0.0  # in-flight: the engine already took a newer version
+            t0 = time.perf_counter()
+            self.engine.update_weights(str(self.weights_dir / f"v{version}"), version)
+            self.engine_version = version
+            return time.perf_counter() - t0
 
-    def submit(self, version: int, prompts: list[list[int]], n: int, sampling: SamplingParams):
+    def published(self, version: int) -> None:
+        """The trainer published ``version`` (training thread). Late-bound requests take it
+        when they start; with in-flight updates the engine takes it now, mid-generation."""
+        self.newest = max(self.newest, version)
+        if self.inflight:
+            self._ensure(version)
+
+    def submit(self, version: int | None, prompts: list[list[int]], n: int,
+               sampling: SamplingParams):  # fmt: skip
+        """Generate on the rollout thread from ``version`` (``None``: the newest published
+        when the generation starts)."""
+
         def job():
-            update_s = self._ensure(version)
+            update_s = self._ensure(self.newest if version is None else version)
             t0 = time.perf_counter()
             groups = self.engine.generate(prompts, n, sampling)
             return groups, {"gen_s": time.perf_counter() - t0, "update_s": update_s}
@@ -73,7 +94,10 @@ class RolloutBuffer:
 
     Batch ``k`` holds the prompts ``task.sample_prompts(per_step, cursor=k * per_step)`` and is
     sampled with the seed ``request_seed(seed, "rollout", k)``; the version comes from the lag
-    policy at request time, so replaying :meth:`snapshot` gives the same samples.
+    policy at request time, so replaying :meth:`snapshot` gives the same samples. In bounded
+    mode the recorded version is the trainer's at request time, a lower bound of the version
+    that generates it (late binding); a resumed run requests the same batches (same prompts,
+    so every prompt is consumed exactly once) and generates them anew.
     """
 
     def __init__(self, thread: RolloutThread, task, tokenizer, *, per_step: int, group_size: int,
@@ -92,7 +116,9 @@ class RolloutBuffer:
         rows = self.prompts_for(k)
         ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         sampling = replace(self.sampling, seed=request_seed(self.seed, "rollout", k))
-        self.pending[k] = (version, self.thread.submit(version, ids, self.group_size, sampling))
+        late = self.lag.mode == "bounded" and self.lag.n > 0
+        fut = self.thread.submit(None if late else version, ids, self.group_size, sampling)
+        self.pending[k] = (version, fut)
 
     def restore(self, snapshot: list) -> None:
         """Request again the batches a checkpoint recorded, with their versions."""

@@ -47,8 +47,8 @@ def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing
     from sat_cli.rl.advantages import group_advantages
 
     kept, rewards = _score(groups, rows, tokenizer, task.reward)
-    if s.lag.mode == "bounded":  # admission control (not expected with a serial engine)
-        fresh = [i for i, g in enumerate(kept) if t - g[0].weight_version <= s.lag.n]
+    if s.lag.mode == "bounded":  # admission control on each group's oldest token
+        fresh = [i for i, g in enumerate(kept) if t - min(map(_oldest, g)) <= s.lag.n]
         counters["stale_dropped"] += len(kept) - len(fresh)
         kept, rewards = [kept[i] for i in fresh], [rewards[i] for i in fresh]
     flat_rewards = torch.tensor([r for rs in rewards for r in rs], dtype=torch.float32)
@@ -65,7 +65,9 @@ def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing
         adv = adv[keep]
     counters["dropped_groups"] += len(groups) - len(kept)
 
-    lags = [t - smp.weight_version for smp in samples] or [0]
+    lags = [t - _oldest(smp) for smp in samples] or [0]
+    tok_lags = [t - v for smp in samples for v in _token_versions(smp)] or [0]
+    mixed = sum(len(set(_token_versions(smp))) > 1 for smp in samples)
     resp_lens = [smp.response_len for smp in samples] or [0]
     n_tokens = sum(smp.response_len for g in groups for smp in g)
     metrics = {
@@ -79,9 +81,21 @@ def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing
         M.TOKENS_PER_S: n_tokens / max(timing["gen_s"], 1e-9),
         M.VERSION_LAG_MEAN: sum(lags) / len(lags),
         M.VERSION_LAG_MAX: float(max(lags)),
+        M.TOKEN_LAG_MEAN: sum(tok_lags) / len(tok_lags),
+        M.MIXED_VERSION_FRAC: mixed / max(len(samples), 1),
+        M.STALE_DROPPED: float(counters["stale_dropped"]),
         "perf/gen_s": timing["gen_s"],
     }
-    return samples, adv, lags, metrics
+    return samples, adv, {"sample": lags, "token": tok_lags}, metrics
+
+
+def _token_versions(smp: Sample) -> list[int]:
+    """The weight version of every response token (one version unless updated in flight)."""
+    return smp.token_versions or [smp.weight_version] * smp.response_len
+
+
+def _oldest(smp: Sample) -> int:
+    return min(smp.token_versions) if smp.token_versions else smp.weight_version
 
 
 def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: dict, tracker,
@@ -147,12 +161,13 @@ def digest(texts: list[str]) -> float:
     return float(int.from_bytes(h[:3], "little"))
 
 
-def log_histograms(tracker, diag: dict, lags: list[int], step: int) -> None:
+def log_histograms(tracker, diag: dict, lags: dict, step: int) -> None:
     """The step's histograms and ``|d|`` percentiles, from the per-token diagnostics the loss
     itself produced (``trainer.step(batch, diag)``; no second SAT computation, no extra
     forward):
 
-    * ``staleness/version_lag``: per sample;
+    * ``staleness/version_lag``: per sample (its oldest token); ``staleness/token_version_lag``:
+      per token (``lags``: ``score_batch``'s ``{"sample": …, "token": …}``);
     * ``staleness/abs_logratio``: ``|log pi_theta - log mu|`` of every trained token (the
       behaviour-policy mismatch, comparable across algorithms), marked with the batch reference
       ``q`` when the loss's ratio is against ``mu`` (with a recomputed ``pi_old`` denominator
@@ -182,7 +197,9 @@ def log_histograms(tracker, diag: dict, lags: list[int], step: int) -> None:
         q = float((diag["q"] * w).sum() / w.sum().clamp_min(1))
     else:
         q = float(abs_d.kthvalue(order_statistic_k(0.9, abs_d.numel())).values) if n else 0.0
-    tracker.log_histogram(M.HIST_VERSION_LAG, lags, step=step, bins=max(lags) + 1 or 1)
+    for key, values in ((M.HIST_VERSION_LAG, lags["sample"]),
+                        (M.HIST_TOKEN_VERSION_LAG, lags["token"])):  # fmt: skip
+        tracker.log_histogram(key, values, step=step, bins=max(values) + 1 or 1)
     tracker.log_histogram(
         M.HIST_ABS_LOGRATIO,
         abs_mu.numpy(),

@@ -113,6 +113,7 @@ class LoopSettings:
     checkpoint_every: int = 0
     checkpoint_keep: int = 2
     histogram_every: int = 10
+    inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
 
 
 def train_loop(
@@ -141,24 +142,16 @@ def train_loop(
         st.update(read_loop_state(resume_from))
         trainer.load(resume_from / "trainer")
     st.update(meta or {})
-    pub = WeightPublisher(trainer, weights_dir, ckpt_root, s.lag, st["published"])
     # a (re)started engine holds the initial weights: version 0, also kept on disk
-    thread = RolloutThread(engine, weights_dir, engine_version=0)
+    thread = RolloutThread(engine, weights_dir, engine_version=0, inflight=s.inflight_updates)
+    pub = WeightPublisher(trainer, weights_dir, ckpt_root, s.lag, st["published"],
+                          on_publish=thread.published)  # fmt: skip
     buf = RolloutBuffer(thread, task, tokenizer, per_step=s.prompts_per_step,
                         group_size=s.group_size, sampling=s.sampling, seed=s.seed, lag=s.lag,
                         max_steps=s.max_steps)  # fmt: skip
     evals = _Evals(st["eval"], thread, pub, evaluator, progress)
     try:
-        if not (weights_dir / "v0").is_dir():
-            if st["step"] != 0:
-                raise CheckpointError(f"{weights_dir / 'v0'} is missing: cannot resume this run")
-            pub.write(0)
-        if resume_from is not None and st["step"] < s.max_steps:
-            # a finished run extended with a larger max_steps: its last weights were never
-            # published (no batch needed them then); the trainer holds exactly that version
-            st["finished"] = False
-            if s.lag.publish_after(st["step"], s.max_steps):
-                pub.publish(st["step"])
+        _start(s, st, pub, thread, resume_from is not None)
         buf.restore(st["pending"])  # requested before an interruption: again, same versions
         if st["step"] == 0 and s.eval_at_start and evaluator is not None:
             m0: dict[str, float] = {}
@@ -238,6 +231,23 @@ def _initial_state() -> dict[str, Any]:
         },
         "finished": False,
     }
+
+
+def _start(s: LoopSettings, st: dict, pub: WeightPublisher, thread: RolloutThread,
+           resumed: bool) -> None:  # fmt: skip
+    """Before the first step: v0 on disk; a resumed run's current version published; the
+    rollout thread told the newest published version (bounded mode's late binding)."""
+    if not (pub.weights_dir / "v0").is_dir():
+        if st["step"] != 0:
+            raise CheckpointError(f"{pub.weights_dir / 'v0'} is missing: cannot resume this run")
+        pub.write(0)
+    if resumed and st["step"] < s.max_steps:
+        # a finished run extended with a larger max_steps: its last weights were never
+        # published (no batch needed them then); the trainer holds exactly that version
+        st["finished"] = False
+        if s.lag.publish_after(st["step"], s.max_steps):
+            pub.publish(st["step"])
+    thread.newest = max((v for v in pub.published if v <= st["step"]), default=0)
 
 
 class _Evals:

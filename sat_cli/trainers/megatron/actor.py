@@ -20,14 +20,21 @@ tokenizer files of the source model). ``save(dir)`` writes ``model/`` (HF), an
 the local trainer's, but the optimizer tensors are keyed by megatron names, so a checkpoint
 resumes only on the backend that wrote it (``"backend": "megatron"`` in the JSON).
 
-Parallelism: data parallel over all ranks with expert parallelism inside (``ep`` divides the
-world size); TP = PP = CP = 1. Each minibatch's rows are split over the ranks; every rank runs
+Parallelism: ``world = dp x tp`` with expert parallelism inside (``ep`` divides the world size;
+experts are whole per rank, not TP-split); PP = CP = 1. Tensor parallelism is megatron-core's
+own (column/row-parallel layers, vocabulary-parallel embedding and output layer) with sequence
+parallelism, which megatron-core requires for MoE with TP > 1: the sequence is padded to a
+multiple of tp (``runtime.pad_columns``), each TP rank's routers see its block of positions
+(R3 replays that block), and the logits are gathered to the full vocabulary on every TP rank,
+so all ranks of a TP group compute the same log-probs and loss. Each minibatch's rows are split
+over the data-parallel ranks; every rank runs
 its shard forward, the per-token log-probs are all-gathered (``runtime.gather_rows``, gradient
 to the own shard only) and every rank computes the *same* full-minibatch loss, so SAT's
 order statistic and the loss normalisation are exactly those of a single process. Gradients are
-then summed: dense parameters over the data-parallel group, expert parameters over the
-expert-data-parallel group (the all-gather dispatcher already brings every EP-group token to
-its expert). The clip norm adds the expert norms over the EP group. With world size 1 none of
+then summed: dense parameters over the data-parallel group, and those every TP rank holds whole
+(norms, router) also over the TP group; expert parameters over the expert-data-parallel group
+(the all-gather dispatcher already brings every EP-group token to its expert). The clip norm
+counts every parameter once (``_reduce_and_clip``). With world size 1 none of
 this runs and the step is the local trainer's, operation for operation. The non-finite skip
 is collective-safe: every rank computes the same loss and, after the reduction, the same global
 norm, so all ranks skip (or step) together.
@@ -95,46 +102,74 @@ class MegatronActor(PolicyTrainer):
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.ep = ps.get_expert_model_parallel_world_size() if self.world > 1 else 1
         self.ep_rank = ps.get_expert_model_parallel_rank() if self.world > 1 else 0
+        self.tp = ps.get_tensor_model_parallel_world_size() if self.world > 1 else 1
+        self.tp_rank = ps.get_tensor_model_parallel_rank() if self.world > 1 else 0
         if self.world > 1:
-            if ps.get_tensor_model_parallel_world_size() != 1 or (
-                ps.get_pipeline_model_parallel_world_size() != 1
-                or ps.get_context_parallel_world_size() != 1
+            if ps.get_pipeline_model_parallel_world_size() != 1 or (
+                ps.get_context_parallel_world_size() != 1
             ):
-                raise NotImplementedError("megatron trainer: TP, PP and CP must be 1")
+                raise NotImplementedError("megatron trainer: PP and CP must be 1")
+            if ps.get_expert_tensor_parallel_world_size() != 1:
+                raise NotImplementedError("megatron trainer: experts are not tensor-parallel")
             self.dp_group = ps.get_data_parallel_group()
             self.edp_group = ps.get_expert_data_parallel_group()
             self.ep_group = ps.get_expert_model_parallel_group()
+            self.tp_group = ps.get_tensor_model_parallel_group()
             self.dp_rank = dist.get_rank(self.dp_group)
             self.dp = dist.get_world_size(self.dp_group)
         else:
-            self.dp_group = self.edp_group = self.ep_group = None
+            self.dp_group = self.edp_group = self.ep_group = self.tp_group = None
             self.dp_rank, self.dp = 0, 1
 
     def _build(self, *, routing_replay: bool, clear_registry: bool):
         model = build_gpt_model(
             self.hf_config,
             dtype=self.dtype,
+            tp=self.tp,
             ep=self.ep,
             routing_replay=routing_replay,
             clear_replay_registry=clear_registry,
         )
-        convert.load_hf_into_megatron(model, self.model_path, ep_rank=self.ep_rank, ep_size=self.ep)
+        self._load_weights(model, self.model_path)
         return model.to(self.device)
 
+    def _load_weights(self, model, model_dir) -> None:
+        convert.load_hf_into_megatron(
+            model,
+            model_dir,
+            ep_rank=self.ep_rank,
+            ep_size=self.ep,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp,
+        )
+
     # --- forward ---------------------------------------------------------------------------
-    def _rank_forward(self, model, batch: TrainBatch):
+    def _rank_forward(self, model, batch: TrainBatch, real_rows: int | None = None):
+        """This rank's forward of ``batch``; rows from ``real_rows`` on are data-parallel
+        padding (``runtime.shard_rows``), left out of the R3 audit."""
         dev = self.device
+        n_cols = batch.input_ids.shape[1]
+        # sequence parallelism splits the sequence over the TP ranks: pad it to a multiple of
+        # tp (right padding, masked keys: real tokens see nothing new); cut again below
         if self.r3:
             check_routes(batch.routed_experts, batch.input_ids)
-            runtime.set_replay_routes(batch.routed_experts, self.model.config, device=dev)
-        audit = (
-            runtime.RouteAudit(model, batch.routed_experts, batch.recorded_routes)
-            if self.r3_audit and model is self.model
-            else None
-        )
+        batch = runtime.pad_columns(batch, self.tp)
+        routes = batch.routed_experts
+        if self.r3:
+            runtime.set_replay_routes(
+                routes, self.model.config, device=dev, seq_shard=(self.tp_rank, self.tp)
+            )
+        audit = None
+        if self.r3_audit and model is self.model:
+            # each TP rank's routers see its own block of positions
+            cols = runtime.seq_block(batch.input_ids.shape[1], self.tp_rank, self.tp)
+            valid = batch.recorded_routes[:, cols].clone()
+            if real_rows is not None:
+                valid[real_rows:] = False
+            audit = runtime.RouteAudit(model, routes[:, cols], valid)
         try:
             with audit or contextlib.nullcontext():
-                out = runtime.token_logprobs(
+                logp, entropy = runtime.token_logprobs(
                     model,
                     batch.input_ids.to(dev),
                     batch.position_ids.to(dev),
@@ -144,7 +179,7 @@ class MegatronActor(PolicyTrainer):
             if audit is not None:
                 self._audit[0] += audit.rows
                 self._audit[1] += audit.mismatched
-            return out
+            return logp[:, :n_cols], entropy[:, :n_cols]
         finally:
             if self.r3:
                 # REPLAY_FORWARD reads the routes during the forward only (no recompute), so
@@ -155,9 +190,10 @@ class MegatronActor(PolicyTrainer):
         """``(logp, entropy)`` ``[B, S]`` of the whole ``batch``, each rank running its rows."""
         if self.dp == 1:
             return self._rank_forward(model, batch)
-        rows, _ = runtime.shard_rows(batch.batch_size, self.dp, self.dp_rank)
-        logp, entropy = self._rank_forward(model, batch.select(rows))
         n = batch.batch_size
+        rows, per = runtime.shard_rows(n, self.dp, self.dp_rank)
+        real = min(per, max(0, n - self.dp_rank * per))
+        logp, entropy = self._rank_forward(model, batch.select(rows), real_rows=real)
         logp = runtime.gather_rows(logp, self.dp_group, self.dp_rank, self.dp)[:n]
         with torch.no_grad():
             entropy = runtime.gather_rows(entropy, self.dp_group, self.dp_rank, self.dp)[:n]
@@ -171,38 +207,73 @@ class MegatronActor(PolicyTrainer):
 
     def _audit_totals(self) -> list[float]:
         audit = torch.tensor(self._audit, dtype=torch.float64)
-        if self.dp_group is not None:  # each rank checked its own rows
+        if self.world > 1:  # each rank checked its own rows (DP) and positions (TP)
             import torch.distributed as dist
 
-            dist.all_reduce(audit, group=self.dp_group)
+            dist.all_reduce(audit)
         return audit.tolist()
 
     def _grouped_params(self):
-        dense, expert = [], []
+        """``(sharded, replicated, expert)``: dense parameters split over the TP ranks, dense
+        parameters every TP rank holds whole (norms, router), expert parameters."""
+        sharded, replicated, expert = [], [], []
         for name, p in self.model.named_parameters():
-            (expert if ".mlp.experts." in name else dense).append(p)
-        return dense, expert
+            if ".mlp.experts." in name:
+                expert.append(p)
+            elif convert.tp_split_dim(name) is not None:
+                sharded.append(p)
+            else:
+                replicated.append(p)
+        return sharded, replicated, expert
 
-    def _reduce_and_clip(self, max_norm: float) -> torch.Tensor:
-        """Sum gradients over the ranks (see module doc) and clip by the global norm."""
+    @staticmethod
+    def _sum_grads(params, group) -> None:
+        """All-reduce (sum) the gradients of ``params`` over ``group`` (one flat buffer)."""
         import torch.distributed as dist
 
-        dense, expert = self._grouped_params()
-        for params, group in ((dense, self.dp_group), (expert, self.edp_group)):
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=group)
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset : offset + n].view_as(p).clone()
-                offset += n
-        dense_sq = sum(p.grad.double().pow(2).sum() for p in dense)
-        expert_sq = sum(p.grad.double().pow(2).sum() for p in expert).reshape(1)
-        dist.all_reduce(expert_sq, group=self.ep_group)  # experts differ across EP ranks
-        total = torch.sqrt(dense_sq + expert_sq[0]).float()
+        if not params or dist.get_world_size(group) == 1:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def _reduce_and_clip(self, max_norm: float) -> torch.Tensor:
+        """Sum gradients over the ranks (see module doc) and clip by the global norm.
+
+        Dense parameters: summed over the data-parallel group; those every TP rank holds whole
+        (norms, q/k norms, router) then also over the TP group, because under sequence
+        parallelism each TP rank saw only its block of positions (or, for q/k norms, its
+        heads). Experts: over the expert-data-parallel group (which holds the TP ranks too:
+        experts are not TP-split). The norm counts each parameter once: the squares of
+        TP-sharded parameters are summed over the TP group, experts over the EP group.
+        """
+        import torch.distributed as dist
+
+        sharded, replicated, expert = self._grouped_params()
+        for p in sharded + replicated + expert:
+            if p.grad is None:  # as after a reduction: every rank steps every parameter
+                p.grad = torch.zeros_like(p)
+        self._sum_grads(sharded + replicated, self.dp_group)
+        self._sum_grads(replicated, self.tp_group)
+        self._sum_grads(expert, self.edp_group)
+
+        def sq(params):
+            return sum(p.grad.double().pow(2).sum() for p in params) + torch.zeros(
+                1, dtype=torch.float64
+            )
+
+        sharded_sq, expert_sq = sq(sharded), sq(expert)
+        if self.tp > 1:
+            dist.all_reduce(sharded_sq, group=self.tp_group)
+        if self.ep > 1:
+            dist.all_reduce(expert_sq, group=self.ep_group)  # experts differ across EP ranks
+        total = torch.sqrt(sharded_sq + sq(replicated) + expert_sq)[0].float()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in dense + expert:
+        for p in sharded + replicated + expert:
             p.grad.mul_(coef.to(p.grad.dtype))
         return total
 
@@ -212,6 +283,8 @@ class MegatronActor(PolicyTrainer):
         import torch.distributed as dist
 
         state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+        if self.tp > 1:
+            state = self._gather_tp(state)
         if self.ep == 1:
             return state
         per_rank = self.hf_config["num_experts"] // self.ep
@@ -226,6 +299,21 @@ class MegatronActor(PolicyTrainer):
             dist.all_gather(parts, state[key].contiguous(), group=self.ep_group)
             for r, t in enumerate(parts):
                 out[f"{head}.mlp.experts.local_experts.{r * per_rank + int(local)}.{rest}"] = t
+        return out
+
+    def _gather_tp(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensor-parallel shards of ``state`` gathered over the TP group."""
+        import torch.distributed as dist
+
+        out = {}
+        for key in sorted(state):
+            dim = convert.tp_split_dim(key)
+            if dim is None:
+                out[key] = state[key]
+                continue
+            parts = [torch.empty_like(state[key]) for _ in range(self.tp)]
+            dist.all_gather(parts, state[key].contiguous(), group=self.tp_group)
+            out[key] = torch.cat(parts, dim=dim)
         return out
 
     def hf_state(self) -> dict[str, torch.Tensor]:
@@ -275,6 +363,7 @@ class MegatronActor(PolicyTrainer):
                     "backend": "megatron",
                     "world_size": self.world,
                     "ep": self.ep,
+                    "tp": self.tp,
                     "step_count": self.step_count,
                     "param_groups": param_groups,
                 }
@@ -296,16 +385,15 @@ class MegatronActor(PolicyTrainer):
                 f"{d} was written by the {meta.get('backend', 'local')!r} trainer; the megatron "
                 "trainer resumes only its own checkpoints (start from its model/ folder instead)"
             )
-        layout = (int(meta.get("world_size", 1)), int(meta.get("ep", 1)))
-        if layout != (self.world, self.ep):
+        layout = tuple(int(meta.get(k, 1)) for k in ("world_size", "ep", "tp"))
+        if layout != (self.world, self.ep, self.tp):
             raise ValueError(
-                f"{d} was saved with world size {layout[0]} and ep {layout[1]}; this run has "
-                f"{self.world} and {self.ep} (optimizer shards do not match)"
+                f"{d} was saved with world size {layout[0]}, ep {layout[1]} and tp {layout[2]}; "
+                f"this run has {self.world}, {self.ep} and {self.tp} (optimizer shards do not "
+                "match)"
             )
         tensors = load_file(str(d / self._optimizer_file()))
-        convert.load_hf_into_megatron(
-            self.model, d / "model", ep_rank=self.ep_rank, ep_size=self.ep
-        )
+        self._load_weights(self.model, d / "model")
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
         load_optimizer_tensors(
             self.opt, tensors, meta["param_groups"], index.__getitem__, device=self.device

@@ -233,12 +233,17 @@ def check_trainer_layout(obj, path: str) -> None:
     t = obj.trainer
     if t.name != "megatron":
         return
-    if (t.tp, t.pp, t.cp) != (1, 1, 1):
+    if (t.pp, t.cp) != (1, 1):
         raise UserError(
-            "trainer=megatron supports data + expert parallelism only: trainer.tp, trainer.pp "
-            f"and trainer.cp must be 1 (got tp={t.tp}, pp={t.pp}, cp={t.cp}); see docs/megatron.md"
+            "trainer=megatron supports data, tensor and expert parallelism only: trainer.pp "
+            f"and trainer.cp must be 1 (got pp={t.pp}, cp={t.cp}); see docs/megatron.md"
         )
     ranks = t.nproc_per_node * t.nnodes
+    if ranks % t.tp:
+        raise UserError(
+            f"trainer=megatron: trainer.tp={t.tp} must divide the number of ranks "
+            f"(trainer.nproc_per_node x trainer.nnodes = {ranks})"
+        )
     if ranks % t.ep:
         raise UserError(
             f"trainer=megatron: trainer.ep={t.ep} must divide the number of ranks "

@@ -1,11 +1,14 @@
-"""Tensor parallelism in the megatron trainer: tp = 2 on two gloo ranks against one rank.
+"""Tensor and pipeline parallelism in the megatron trainer (gloo ranks) against one rank.
 
 References are the single-rank results: ``MegatronActor`` in this process (world size 1, which
 tests/test_megatron_trainer.py checks against ``LocalTrainer``) and, for the command line, a
-``trainer.tp=1`` run. Checked: the HF ⇄ Megatron tensor-parallel split and gather (bit-exact,
-also through the real two-rank load and export), log-probs (≤ 1e-5), one training step's
+``trainer.tp=1`` run. Checked for tp = 2 and pp = 2 on two ranks (and, in the slow set,
+tp 2 x ep 2 x dp 2 and tp 2 x pp 2 on four): the HF ⇄ Megatron tensor-parallel split and
+pipeline-stage selection (bit-exact, also through the real load and export), log-probs
+(≤ 1e-5), one training step's
 metrics and weights (≤ 1e-5; with the grad-norm clip active, so the clip norm must count every
-parameter once), with and without R3 (routes split over the sequence-parallel ranks), the KL
+parameter once), with and without R3 (routes split over the sequence-parallel ranks and the
+stages' layers), the KL
 reference model, and a checkpoint save → load that resumes bit-exactly.
 
 Weights after a step: Adam turns float-level gradient differences of near-zero gradients into
@@ -30,7 +33,7 @@ pytestmark = pytest.mark.filterwarnings(
 from test_megatron_trainer import make_samples  # noqa: E402
 
 from sat_cli.trainers.batch import collate  # noqa: E402
-from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
+from sat_cli.trainers.megatron import convert, pipeline, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
 from sat_cli.trainers.megatron.client import MegatronTrainer  # noqa: E402
 from sat_cli.trainers.megatron.worker import check_layout  # noqa: E402
@@ -78,14 +81,29 @@ def test_tp_split_and_gather_are_bit_exact(tiny_dir):
         convert.split_tp(full, 0, 3)
 
 
+def test_pipeline_stages_select_and_renumber_layers(tiny_dir):
+    cfg = convert.read_hf_config(tiny_dir)
+    full = convert.hf_to_megatron(convert.load_hf_state(tiny_dir), cfg)
+    first = pipeline.select_stage(full, range(0, 2), first=True, last=False)
+    last = pipeline.select_stage(full, range(2, 4), first=False, last=True)
+    assert "embedding.word_embeddings.weight" in first and "output_layer.weight" in last
+    assert "output_layer.weight" not in first and "decoder.final_layernorm.weight" not in first
+    assert not any(".layers.2." in k or ".layers.3." in k for k in first | last)
+    key = "decoder.layers.{}.mlp.experts.local_experts.5.linear_fc2.weight"
+    assert last[key.format(1)] is full[key.format(3)]
+    merged = {**first, **{pipeline._renumber(k, 2): v for k, v in last.items()}}
+    assert merged.keys() == full.keys() and all(merged[k] is full[k] for k in full)
+
+
 def test_worker_refuses_layouts_it_cannot_run():
     check_layout(4, tp=2, pp=1, ep=2, cp=1)  # dp 2 x tp 2, experts over 2 ranks
-    with pytest.raises(NotImplementedError, match="pp and cp must be 1.*pp=2"):
-        check_layout(2, tp=1, pp=2, ep=1, cp=1)
-    with pytest.raises(NotImplementedError, match="cp=2"):
+    check_layout(4, tp=2, pp=2, ep=1, cp=1)
+    with pytest.raises(NotImplementedError, match="cp must be 1.*cp=2"):
         check_layout(2, tp=1, pp=1, ep=1, cp=2)
-    with pytest.raises(ValueError, match="tp=2 does not divide the world size 1"):
+    with pytest.raises(ValueError, match="tp=2 x pp=1 does not divide the world size 1"):
         check_layout(1, tp=2, pp=1, ep=1, cp=1)
+    with pytest.raises(ValueError, match="ep=2 does not divide the ranks of a pipeline stage"):
+        check_layout(2, tp=1, pp=2, ep=2, cp=1)
 
 
 def _assert_same_step(one, two, w_one, w_two, init):
@@ -100,37 +118,44 @@ def _assert_same_step(one, two, w_one, w_two, init):
     return worst
 
 
-SAT_R3 = dict(algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True)
-CASES = {
-    # (options, samples seed, ranks, ep)
-    # SAT-GRPO + R3 with the audit; 17 columns: padded to 18 for the sequence-parallel split
-    "sat_grpo_r3": (SAT_R3, 3, 2, 1),
-    # GSPO + TIS (pi_old recompute) + KL to the reference model (also tensor-parallel), no R3
-    "gspo_tis_kl": (dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2), 2, 2, 1),
-    # four ranks: dp 2 x tp 2, experts over ep 2 (7 rows: padded data-parallel shards)
-    "tp2_ep2_dp2_r3": (SAT_R3, 3, 4, 2),
+# SAT-GRPO + R3 with the audit (seed 3: 17 columns, padded to 18 for the sequence-parallel split)
+SAT_R3 = (dict(algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True), 3)
+# GSPO + TIS (pi_old recompute) + KL to the reference model (also split), no R3
+GSPO_KL = (dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2), 2)
+CASES = {  # name: (options and samples seed, ranks, tp, pp, ep)
+    "tp2_sat_r3": (SAT_R3, 2, 2, 1, 1),
+    "pp2_sat_r3": (SAT_R3, 2, 1, 2, 1),
+    "tp2_gspo_kl": (GSPO_KL, 2, 2, 1, 1),
+    "pp2_gspo_kl": (GSPO_KL, 2, 1, 2, 1),
+    # four ranks: dp 2 x tp 2 with experts over ep 2 (7 rows: padded data-parallel shards)
+    "tp2_ep2_dp2_sat_r3": (SAT_R3, 4, 2, 1, 2),
+    "tp2_pp2_sat_r3": (SAT_R3, 4, 2, 2, 1),
 }
+SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("sat_grpo_r3"),
-        pytest.param("gspo_tis_kl", marks=pytest.mark.slow),
-        pytest.param("tp2_ep2_dp2_r3", marks=pytest.mark.slow),
+        "tp2_sat_r3",
+        "pp2_sat_r3",
+        pytest.param("tp2_gspo_kl", marks=SLOW),
+        pytest.param("pp2_gspo_kl", marks=SLOW),
+        pytest.param("tp2_ep2_dp2_sat_r3", marks=SLOW),
+        pytest.param("tp2_pp2_sat_r3", marks=SLOW),
     ],
 )
-def test_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name):
-    options, seed, ranks, ep = CASES[name]
+def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name):
+    (options, seed), ranks, tp, pp, ep = CASES[name]
     kw = dict(lr=LR, temperature=0.9, **options)
     r3 = kw.get("r3", False)
     batch = collate(*make_samples(n=7, seed=seed), 0, need_routes=r3)
     b2 = collate(*make_samples(n=5, seed=seed + 10), 0, need_routes=r3)
     one = MegatronActor(str(tiny_dir), **kw)
-    launch = dict(nproc_per_node=ranks, tp=2, ep=ep)
+    launch = dict(nproc_per_node=ranks, tp=tp, pp=pp, ep=ep)
     with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", **launch, **kw) as tr:
         assert len(tr.worker_pids) == ranks
-        # HF -> Megatron (two TP shards) -> HF through the real load and export: bit-exact
+        # HF -> Megatron (TP shards, stages) -> HF through the real load and export: bit-exact
         exported = convert.load_hf_state(tr.publish_weights(tmp_path / "weights", 0))
         src = convert.load_hf_state(tiny_dir)
         assert set(exported) == set(src)
@@ -155,11 +180,11 @@ def test_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name):
     assert got["loss/policy"] == expect["loss/policy"]
     assert all(torch.equal(got_w[k], expect_w[k]) for k in expect_w)
     meta = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())
-    assert (meta["world_size"], meta["tp"], meta["ep"]) == (ranks, 2, ep)
+    assert (meta["world_size"], meta["tp"], meta["pp"], meta["ep"]) == (ranks, tp, pp, ep)
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("optimizer*")) == [
         f"optimizer_rank{r}.safetensors" for r in range(ranks)
     ]
-    print(f"tp2 vs one rank ({name}): log-probs {diff_lp:.1e}, weights {worst:.1e}")
+    print(f"{name} vs one rank: log-probs {diff_lp:.1e}, weights {worst:.1e}")
 
 
 def _run_history(root, name: str, key: str) -> list[tuple[int, float]]:

@@ -60,9 +60,10 @@ from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimiz
 
 from . import convert, runtime
 from .model import build_gpt_model
+from .parallel import ParallelMixin
 
 
-class MegatronActor(PolicyTrainer):
+class MegatronActor(ParallelMixin, PolicyTrainer):
     """megatron-core GPTModel + torch AdamW (the state of one worker rank)."""
 
     def __init__(
@@ -94,38 +95,12 @@ class MegatronActor(PolicyTrainer):
             self.ref_model.requires_grad_(False)
         self.opt = self._new_optimizer(self.model.parameters())
 
-    def _init_parallel(self) -> None:
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.ep = ps.get_expert_model_parallel_world_size() if self.world > 1 else 1
-        self.ep_rank = ps.get_expert_model_parallel_rank() if self.world > 1 else 0
-        self.tp = ps.get_tensor_model_parallel_world_size() if self.world > 1 else 1
-        self.tp_rank = ps.get_tensor_model_parallel_rank() if self.world > 1 else 0
-        if self.world > 1:
-            if ps.get_pipeline_model_parallel_world_size() != 1 or (
-                ps.get_context_parallel_world_size() != 1
-            ):
-                raise NotImplementedError("megatron trainer: PP and CP must be 1")
-            if ps.get_expert_tensor_parallel_world_size() != 1:
-                raise NotImplementedError("megatron trainer: experts are not tensor-parallel")
-            self.dp_group = ps.get_data_parallel_group()
-            self.edp_group = ps.get_expert_data_parallel_group()
-            self.ep_group = ps.get_expert_model_parallel_group()
-            self.tp_group = ps.get_tensor_model_parallel_group()
-            self.dp_rank = dist.get_rank(self.dp_group)
-            self.dp = dist.get_world_size(self.dp_group)
-        else:
-            self.dp_group = self.edp_group = self.ep_group = self.tp_group = None
-            self.dp_rank, self.dp = 0, 1
-
     def _build(self, *, routing_replay: bool, clear_registry: bool):
         model = build_gpt_model(
             self.hf_config,
             dtype=self.dtype,
             tp=self.tp,
+            pp=self.pp,
             ep=self.ep,
             routing_replay=routing_replay,
             clear_replay_registry=clear_registry,
@@ -141,7 +116,18 @@ class MegatronActor(PolicyTrainer):
             ep_size=self.ep,
             tp_rank=self.tp_rank,
             tp_size=self.tp,
+            select=None if self.stage is None else self._stage_weights,
         )
+
+    def _stage_weights(self, mg_state: dict) -> dict:
+        return self.stage.select(mg_state, self.hf_config["num_hidden_layers"])
+
+    def _stage_layers(self) -> slice:
+        """The decoder layers of this pipeline stage (all without pipeline parallelism)."""
+        if self.stage is None:
+            return slice(None)
+        layers = self.stage.layers(self.hf_config["num_hidden_layers"])
+        return slice(layers.start, layers.stop)
 
     # --- forward ---------------------------------------------------------------------------
     def _rank_forward(self, model, batch: TrainBatch, real_rows: int | None = None):
@@ -157,19 +143,26 @@ class MegatronActor(PolicyTrainer):
         routes = batch.routed_experts
         if self.r3:
             runtime.set_replay_routes(
-                routes, self.model.config, device=dev, seq_shard=(self.tp_rank, self.tp)
+                routes,
+                self.model.config,
+                device=dev,
+                seq_shard=(self.tp_rank, self.tp),
+                layers=self._stage_layers(),
             )
         audit = None
         if self.r3_audit and model is self.model:
-            # each TP rank's routers see its own block of positions
+            # each TP rank's routers see its own block of positions, each stage its layers
             cols = runtime.seq_block(batch.input_ids.shape[1], self.tp_rank, self.tp)
             valid = batch.recorded_routes[:, cols].clone()
             if real_rows is not None:
                 valid[real_rows:] = False
-            audit = runtime.RouteAudit(model, routes[:, cols], valid)
+            audit = runtime.RouteAudit(model, routes[:, cols, self._stage_layers()], valid)
         try:
             with audit or contextlib.nullcontext():
-                logp, entropy = runtime.token_logprobs(
+                forward = (
+                    runtime.token_logprobs if self.stage is None else self.stage.token_logprobs
+                )
+                logp, entropy = forward(
                     model,
                     batch.input_ids.to(dev),
                     batch.position_ids.to(dev),
@@ -204,117 +197,6 @@ class MegatronActor(PolicyTrainer):
         if self.world == 1:
             return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         return self._reduce_and_clip(max_norm)
-
-    def _audit_totals(self) -> list[float]:
-        audit = torch.tensor(self._audit, dtype=torch.float64)
-        if self.world > 1:  # each rank checked its own rows (DP) and positions (TP)
-            import torch.distributed as dist
-
-            dist.all_reduce(audit)
-        return audit.tolist()
-
-    def _grouped_params(self):
-        """``(sharded, replicated, expert)``: dense parameters split over the TP ranks, dense
-        parameters every TP rank holds whole (norms, router), expert parameters."""
-        sharded, replicated, expert = [], [], []
-        for name, p in self.model.named_parameters():
-            if ".mlp.experts." in name:
-                expert.append(p)
-            elif convert.tp_split_dim(name) is not None:
-                sharded.append(p)
-            else:
-                replicated.append(p)
-        return sharded, replicated, expert
-
-    @staticmethod
-    def _sum_grads(params, group) -> None:
-        """All-reduce (sum) the gradients of ``params`` over ``group`` (one flat buffer)."""
-        import torch.distributed as dist
-
-        if not params or dist.get_world_size(group) == 1:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
-
-    def _reduce_and_clip(self, max_norm: float) -> torch.Tensor:
-        """Sum gradients over the ranks (see module doc) and clip by the global norm.
-
-        Dense parameters: summed over the data-parallel group; those every TP rank holds whole
-        (norms, q/k norms, router) then also over the TP group, because under sequence
-        parallelism each TP rank saw only its block of positions (or, for q/k norms, its
-        heads). Experts: over the expert-data-parallel group (which holds the TP ranks too:
-        experts are not TP-split). The norm counts each parameter once: the squares of
-        TP-sharded parameters are summed over the TP group, experts over the EP group.
-        """
-        import torch.distributed as dist
-
-        sharded, replicated, expert = self._grouped_params()
-        for p in sharded + replicated + expert:
-            if p.grad is None:  # as after a reduction: every rank steps every parameter
-                p.grad = torch.zeros_like(p)
-        self._sum_grads(sharded + replicated, self.dp_group)
-        self._sum_grads(replicated, self.tp_group)
-        self._sum_grads(expert, self.edp_group)
-
-        def sq(params):
-            return sum(p.grad.double().pow(2).sum() for p in params) + torch.zeros(
-                1, dtype=torch.float64
-            )
-
-        sharded_sq, expert_sq = sq(sharded), sq(expert)
-        if self.tp > 1:
-            dist.all_reduce(sharded_sq, group=self.tp_group)
-        if self.ep > 1:
-            dist.all_reduce(expert_sq, group=self.ep_group)  # experts differ across EP ranks
-        total = torch.sqrt(sharded_sq + sq(replicated) + expert_sq)[0].float()
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in sharded + replicated + expert:
-            p.grad.mul_(coef.to(p.grad.dtype))
-        return total
-
-    # --- weights and checkpoints ---------------------------------------------------------------
-    def _full_megatron_state(self) -> dict[str, torch.Tensor]:
-        """The model's state with every expert (gathered over the EP group), global indices."""
-        import torch.distributed as dist
-
-        state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
-        if self.tp > 1:
-            state = self._gather_tp(state)
-        if self.ep == 1:
-            return state
-        per_rank = self.hf_config["num_experts"] // self.ep
-        out = {}
-        for key in sorted(state):
-            if ".mlp.experts.local_experts." not in key:
-                out[key] = state[key]
-                continue
-            head, tail = key.split(".mlp.experts.local_experts.")
-            local, rest = tail.split(".", 1)
-            parts = [torch.empty_like(state[key]) for _ in range(self.ep)]
-            dist.all_gather(parts, state[key].contiguous(), group=self.ep_group)
-            for r, t in enumerate(parts):
-                out[f"{head}.mlp.experts.local_experts.{r * per_rank + int(local)}.{rest}"] = t
-        return out
-
-    def _gather_tp(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The tensor-parallel shards of ``state`` gathered over the TP group."""
-        import torch.distributed as dist
-
-        out = {}
-        for key in sorted(state):
-            dim = convert.tp_split_dim(key)
-            if dim is None:
-                out[key] = state[key]
-                continue
-            parts = [torch.empty_like(state[key]) for _ in range(self.tp)]
-            dist.all_gather(parts, state[key].contiguous(), group=self.tp_group)
-            out[key] = torch.cat(parts, dim=dim)
-        return out
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """All weights in HF naming (a collective when EP > 1: every rank must call it)."""
@@ -364,6 +246,7 @@ class MegatronActor(PolicyTrainer):
                     "world_size": self.world,
                     "ep": self.ep,
                     "tp": self.tp,
+                    "pp": self.pp,
                     "step_count": self.step_count,
                     "param_groups": param_groups,
                 }
@@ -385,17 +268,23 @@ class MegatronActor(PolicyTrainer):
                 f"{d} was written by the {meta.get('backend', 'local')!r} trainer; the megatron "
                 "trainer resumes only its own checkpoints (start from its model/ folder instead)"
             )
-        layout = tuple(int(meta.get(k, 1)) for k in ("world_size", "ep", "tp"))
-        if layout != (self.world, self.ep, self.tp):
+        keys = ("world_size", "ep", "tp", "pp")
+        layout = {k: int(meta.get(k, 1)) for k in keys}
+        ours = dict(zip(keys, (self.world, self.ep, self.tp, self.pp), strict=True))
+        if layout != ours:
             raise ValueError(
-                f"{d} was saved with world size {layout[0]}, ep {layout[1]} and tp {layout[2]}; "
-                f"this run has {self.world}, {self.ep} and {self.tp} (optimizer shards do not "
-                "match)"
+                f"{d} was saved with {layout}; this run has {ours} (optimizer shards do not match)"
             )
         tensors = load_file(str(d / self._optimizer_file()))
         self._load_weights(self.model, d / "model")
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
-        load_optimizer_tensors(
-            self.opt, tensors, meta["param_groups"], index.__getitem__, device=self.device
-        )
+        # rank 0 wrote the hyperparameters; the parameter indices are this rank's own (pipeline
+        # stages hold different numbers of parameters)
+        groups = [
+            {**saved, "params": own["params"]}
+            for saved, own in zip(
+                meta["param_groups"], self.opt.state_dict()["param_groups"], strict=True
+            )
+        ]
+        load_optimizer_tensors(self.opt, tensors, groups, index.__getitem__, device=self.device)
         self.step_count = int(meta["step_count"])

@@ -299,12 +299,15 @@ def load_hf_into_megatron(
     ep_size: int = 1,
     tp_rank: int = 0,
     tp_size: int = 1,
+    select=None,
 ) -> None:
     """Copy a HF checkpoint into a megatron GPTModel built by ``model.build_gpt_model`` (this
-    rank's experts and tensor-parallel shard)."""
+    rank's experts and tensor-parallel shard; ``select(state)``: its pipeline stage's part)."""
     cfg = read_hf_config(model_dir)
     mg = hf_to_megatron(load_hf_state(model_dir), cfg, ep_rank=ep_rank, ep_size=ep_size)
     mg = split_tp(mg, tp_rank, tp_size)
+    if select is not None:
+        mg = select(mg)
     params = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     missing = sorted(set(params) - set(mg))
     extra = sorted(set(mg) - set(params))

@@ -129,19 +129,24 @@ def replay_tensors(routes: torch.Tensor, num_layers: int, top_k: int, num_expert
 
 
 def set_replay_routes(
-    routes: torch.Tensor, config, device=None, seq_shard: tuple[int, int] = (0, 1)
+    routes: torch.Tensor,
+    config,
+    device=None,
+    seq_shard: tuple[int, int] = (0, 1),
+    layers: slice = slice(None),
 ) -> None:
     """Force every MoE router of the (single, replay-enabled) model to ``routes [B, S, L, K]``.
 
     ``seq_shard = (rank, size)``: under sequence parallelism a tensor-parallel rank's routers
     see only its contiguous ``S / size`` positions (tokens ``[s, b]``, so a contiguous block of
-    rows): they get that block of each layer's routes.
+    rows): they get that block of each layer's routes. ``layers``: the decoder layers this
+    (pipeline stage's) model holds; ``config.num_layers`` counts all of them.
     """
     from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
     per_layer = replay_tensors(
         routes, config.num_layers, config.moe_router_topk, config.num_moe_experts
-    )
+    )[layers]
     rank, size = seq_shard
     if size > 1:
         per = per_layer[0].shape[0] // size

@@ -169,15 +169,15 @@ def _all_pids(commands: _Commands) -> list[int]:
 
 def check_layout(world: int, *, tp: int, pp: int, ep: int, cp: int) -> None:
     """Refuse, before anything is built, a layout the worker cannot run."""
-    if pp != 1 or cp != 1:
+    if cp != 1:
         raise NotImplementedError(
-            f"megatron trainer supports data, tensor and expert parallelism only: pp and cp "
-            f"must be 1 (got pp={pp}, cp={cp}); see docs/megatron.md"
+            f"megatron trainer supports data, tensor, pipeline and expert parallelism only: cp "
+            f"must be 1 (got cp={cp}); see docs/megatron.md"
         )
-    if world % tp:
-        raise ValueError(f"tp={tp} does not divide the world size {world}")
-    if world % ep:
-        raise ValueError(f"ep={ep} does not divide the world size {world}")
+    if world % (tp * pp):
+        raise ValueError(f"tp={tp} x pp={pp} does not divide the world size {world}")
+    if world // pp % ep:
+        raise ValueError(f"ep={ep} does not divide the ranks of a pipeline stage ({world // pp})")
 
 
 def _peak_rss_mib() -> float:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         check_layout(world, tp=tp, pp=pp, ep=ep, cp=cp)
         from . import runtime
 
-        runtime.init_distributed(tp=tp, pp=1, ep=ep, cp=1)
+        runtime.init_distributed(tp=tp, pp=pp, ep=ep, cp=1)
         commands = _Commands(sys.stdin.buffer, rank, world)
         from .actor import MegatronActor
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         pids = _all_pids(commands)
         print(
             f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB "
-            f"(tp={tp}, ep={ep}, world={world})",
+            f"(tp={tp}, pp={pp}, ep={ep}, world={world})",
             file=sys.stderr,
             flush=True,
         )

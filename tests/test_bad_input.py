@@ -551,15 +551,15 @@ CASES = {
         2,
         r"task\.kind=jsonl needs task\.path",
     ),
-    "megatron-pipeline-parallel": (
-        lambda t: ["train", "trainer=megatron", "trainer.pp=2", "run.dir=runs"],
+    "megatron-context-parallel": (
+        lambda t: ["train", "trainer=megatron", "trainer.cp=2", "run.dir=runs"],
         2,
-        r"sat: error: trainer=megatron supports data, tensor and expert parallelism only.*pp=2",
+        r"sat: error: trainer=megatron supports data, tensor, pipeline and expert .*cp=2",
     ),
     "megatron-tp-not-dividing-ranks": (
         lambda t: ["train", "trainer=megatron", "trainer.tp=2", "run.dir=runs"],
         2,
-        r"sat: error: trainer=megatron: trainer\.tp=2 must divide",
+        r"sat: error: trainer=megatron: trainer\.tp x trainer\.pp = 2 x 1 must divide",
     ),
     "megatron-ep-not-dividing-ranks": (
         lambda t: ["train", "trainer=megatron", "trainer.ep=3", "run.dir=runs"],

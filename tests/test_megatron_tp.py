@@ -197,9 +197,10 @@ def _run_history(root, name: str, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_sat_train_tp2_matches_tp1(tmp_path):
+def test_sat_train_tp2_and_pp2_match_tp1(tmp_path):
     """`sat train trainer=megatron trainer.tp=2 trainer.nproc_per_node=2 max_steps=3` end to
-    end, against the same run with tp=1: the same losses, entropies and gradient norms at every
+    end, and the same with trainer.pp=2, against the run with tp=1: the same losses, entropies
+    and gradient norms at every
     step and the same final weights (≤ 5e-5, 1.7e-5 seen, after three steps at lr 3e-4 of which
     the last has a gradient; it moves the weights by 1.9e-4)."""
     from cli_helpers import run_sat
@@ -214,21 +215,29 @@ def test_sat_train_tp2_matches_tp1(tmp_path):
         "trainer=megatron",
         "max_steps=3",
     ]
-    for name, extra in (("tp1", []), ("tp2", ["trainer.tp=2", "trainer.nproc_per_node=2"])):
+    layouts = {"tp1": [], "tp2": ["trainer.tp=2"], "pp2": ["trainer.pp=2"]}
+    for name, extra in layouts.items():
+        extra = [*extra, "trainer.nproc_per_node=2"] if extra else []
         out = run_sat(*common, f"run.name={name}", *extra, cwd=tmp_path, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "runs/sat/tp2/logs/megatron_trainer.log").read_text()
-    assert "peak RSS after model load" in log and "(tp=2, ep=1, world=2)" in log
-    for key in ("loss/policy", "loss/grad_norm", "loss/entropy"):
-        one, two = _run_history(tmp_path, "tp1", key), _run_history(tmp_path, "tp2", key)
-        assert [s for s, _ in two] == [s for s, _ in one] == [1, 2, 3], key
-        for (_, a), (_, b) in zip(one, two, strict=True):
-            assert b == pytest.approx(a, rel=1e-5, abs=1e-6), key
+    assert "peak RSS after model load" in log and "(tp=2, pp=1, ep=1, world=2)" in log
+    assert (
+        "(tp=1, pp=2, ep=1, world=2)"
+        in (tmp_path / "runs/sat/pp2/logs/megatron_trainer.log").read_text()
+    )
     assert max(v for _, v in _run_history(tmp_path, "tp1", "loss/grad_norm")) > 0
 
     def weights(name, step):
         return convert.load_hf_state(tmp_path / f"runs/sat/{name}/checkpoints/{step}/trainer/model")
 
-    one, two, before = weights("tp1", "step_3"), weights("tp2", "step_3"), weights("tp1", "step_2")
+    one, before = weights("tp1", "step_3"), weights("tp1", "step_2")
     assert max((one[k] - before[k]).abs().max().item() for k in one) > 1e-4
-    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 5e-5
+    for other in ("tp2", "pp2"):
+        for key in ("loss/policy", "loss/grad_norm", "loss/entropy"):
+            ref, got = _run_history(tmp_path, "tp1", key), _run_history(tmp_path, other, key)
+            assert [s for s, _ in got] == [s for s, _ in ref] == [1, 2, 3], key
+            for (_, a), (_, b) in zip(ref, got, strict=True):
+                assert b == pytest.approx(a, rel=1e-5, abs=1e-6), (other, key)
+        two = weights(other, "step_3")
+        assert max((one[k] - two[k]).abs().max().item() for k in one) <= 5e-5, other

@@ -233,16 +233,16 @@ def check_trainer_layout(obj, path: str) -> None:
     t = obj.trainer
     if t.name != "megatron":
         return
-    if (t.pp, t.cp) != (1, 1):
+    if t.cp != 1:
         raise UserError(
-            "trainer=megatron supports data, tensor and expert parallelism only: trainer.pp "
-            f"and trainer.cp must be 1 (got pp={t.pp}, cp={t.cp}); see docs/megatron.md"
+            "trainer=megatron supports data, tensor, pipeline and expert parallelism only: "
+            f"trainer.cp must be 1 (got cp={t.cp}); see docs/megatron.md"
         )
     ranks = t.nproc_per_node * t.nnodes
-    if ranks % t.tp:
+    if ranks % (t.tp * t.pp):
         raise UserError(
-            f"trainer=megatron: trainer.tp={t.tp} must divide the number of ranks "
-            f"(trainer.nproc_per_node x trainer.nnodes = {ranks})"
+            f"trainer=megatron: trainer.tp x trainer.pp = {t.tp} x {t.pp} must divide the number "
+            f"of ranks (trainer.nproc_per_node x trainer.nnodes = {ranks})"
         )
     if ranks % t.ep:
         raise UserError(

@@ -20,8 +20,11 @@ tokenizer files of the source model). ``save(dir)`` writes ``model/`` (HF), an
 the local trainer's, but the optimizer tensors are keyed by megatron names, so a checkpoint
 resumes only on the backend that wrote it (``"backend": "megatron"`` in the JSON).
 
-Parallelism: ``world = dp x tp`` with expert parallelism inside (``ep`` divides the world size;
-experts are whole per rank, not TP-split); PP = CP = 1. Tensor parallelism is megatron-core's
+Parallelism (the collective parts live in ``parallel.ParallelMixin``): ``world = dp x tp x pp``
+with expert parallelism inside (``ep`` divides a stage's ranks; experts are whole per rank, not
+TP-split); CP = 1. Pipeline stages run one after the other (``pipeline.Stage``: point-to-point
+sends, the backward inside ``loss.backward()``), and every stage ends with the same log-probs.
+Tensor parallelism is megatron-core's
 own (column/row-parallel layers, vocabulary-parallel embedding and output layer) with sequence
 parallelism, which megatron-core requires for MoE with TP > 1: the sequence is padded to a
 multiple of tp (``runtime.pad_columns``), each TP rank's routers see its block of positions

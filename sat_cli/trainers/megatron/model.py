@@ -13,7 +13,12 @@ normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU al
   (``moe_router_pre_softmax=True``) and not renormalised, as in HF;
 - no auxiliary load-balancing loss in the training objective (``moe_router_load_balancing_type
   ="none"``, the RL setting), no token dropping, ``moe_token_dispatcher_type="allgather"``;
-- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs).
+- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs);
+- every norm is ``RMSNorm`` below (``torch.nn.RMSNorm``'s computation; unlike the local spec's
+  ``WrappedTorchNorm`` it accepts sequence parallelism, which megatron-core requires for MoE
+  with tp > 1: ``sequence_parallel = tp > 1``); experts are not tensor-parallel
+  (``expert_tensor_parallel_size = 1``); the output layer gathers full-vocabulary logits
+  (``parallel_output=False``).
 
 Only Qwen3-MoE models whose every layer is an MoE layer are supported
 (``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs fail loudly.

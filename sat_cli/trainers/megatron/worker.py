@@ -17,12 +17,13 @@ stdin (the client is gone) and when its parent (torchrun) dies, so it never outl
 
 Several ranks: rank 0 reads stdin and broadcasts each command line (a byte tensor over a gloo
 group, so it also works beside NCCL); every rank runs the command (the actor's collectives
-need all of them) and rank 0 replies. Supported layouts: ``world = dp x tp`` with tensor
-parallelism ``tp`` (sequence parallel, megatron-core's parallel layers) and expert parallelism
-``ep`` dividing the world size; ``pp`` and ``cp`` must be 1 (rejected at start-up with a clear
-message). Each rank logs its peak RSS after the model load. A command that fails on some ranks only (not a validation
-error, which all ranks raise alike) can leave the others waiting in a collective; the client
-then sees no reply but a live worker, as with any hung step.
+need all of them) and rank 0 replies. Supported layouts (``check_layout``): ``world = dp x tp
+x pp`` with tensor parallelism ``tp`` (sequence parallel, megatron-core's parallel layers),
+pipeline stages ``pp`` (``pipeline.py``) and expert parallelism ``ep`` dividing the ranks of a
+stage; ``cp`` must be 1 (rejected at start-up with a clear message). Each rank logs its peak
+RSS after the model load. A command that fails on some ranks only (not a validation error,
+which all ranks raise alike) can leave the others waiting in a collective; the client then
+sees no reply but a live worker, as with any hung step.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 References are the single-rank results: ``MegatronActor`` in this process (world size 1, which
 tests/test_megatron_trainer.py checks against ``LocalTrainer``) and, for the command line, a
 ``trainer.tp=1`` run. Checked for tp = 2 and pp = 2 on two ranks (and, in the slow set,
-tp 2 x ep 2 x dp 2 and tp 2 x pp 2 on four): the HF ⇄ Megatron tensor-parallel split and
+tp 2 x ep 2 x dp 2, tp 2 x pp 2 and pp 2 x ep 2 x dp 2 on four): the HF ⇄ Megatron tensor-parallel split and
 pipeline-stage selection (bit-exact, also through the real load and export), log-probs
 (≤ 1e-5), one training step's
 metrics and weights (≤ 1e-5; with the grad-norm clip active, so the clip norm must count every
@@ -130,6 +130,7 @@ CASES = {  # name: (options and samples seed, ranks, tp, pp, ep)
     # four ranks: dp 2 x tp 2 with experts over ep 2 (7 rows: padded data-parallel shards)
     "tp2_ep2_dp2_sat_r3": (SAT_R3, 4, 2, 1, 2),
     "tp2_pp2_sat_r3": (SAT_R3, 4, 2, 2, 1),
+    "pp2_ep2_dp2_sat_r3": (SAT_R3, 4, 1, 2, 2),
 }
 SLOW = pytest.mark.slow
 
@@ -143,6 +144,7 @@ SLOW = pytest.mark.slow
         pytest.param("pp2_gspo_kl", marks=SLOW),
         pytest.param("tp2_ep2_dp2_sat_r3", marks=SLOW),
         pytest.param("tp2_pp2_sat_r3", marks=SLOW),
+        pytest.param("pp2_ep2_dp2_sat_r3", marks=SLOW),
     ],
 )
 def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name):

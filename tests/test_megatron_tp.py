@@ -9,7 +9,8 @@ pipeline-stage selection (bit-exact, also through the real load and export), log
 metrics and weights (≤ 1e-5; with the grad-norm clip active, so the clip norm must count every
 parameter once), with and without R3 (routes split over the sequence-parallel ranks and the
 stages' layers), the KL
-reference model, and a checkpoint save → load that resumes bit-exactly.
+reference model, a checkpoint save → load that resumes bit-exactly, and a non-finite loss that
+every rank skips together.
 
 Weights after a step: Adam turns float-level gradient differences of near-zero gradients into
 weight differences of a fraction of ``lr`` (see tests/test_megatron_trainer.py); with
@@ -31,12 +32,14 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 from test_megatron_trainer import make_samples  # noqa: E402
+from trainer_checks import plant_nonfinite  # noqa: E402
 
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, pipeline, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
 from sat_cli.trainers.megatron.client import MegatronTrainer  # noqa: E402
 from sat_cli.trainers.megatron.worker import check_layout  # noqa: E402
+from sat_cli.trainers.step import NONFINITE_METRIC  # noqa: E402
 
 LR = 5e-5
 
@@ -179,6 +182,11 @@ def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name
         assert tr.step_count == 1
         got = tr.step(b2)
         got_w = convert.load_hf_state(tr.publish_weights(tmp_path / "weights", 3))
+        # a non-finite loss: every rank skips the backward together (no send waits forever)
+        skipped = tr.step(plant_nonfinite(b2, "advantages"))
+        assert skipped[NONFINITE_METRIC] == 1.0
+        same_w = convert.load_hf_state(tr.publish_weights(tmp_path / "weights", 4))
+        assert all(torch.equal(same_w[k], got_w[k]) for k in got_w)
     assert got["loss/policy"] == expect["loss/policy"]
     assert all(torch.equal(got_w[k], expect_w[k]) for k in expect_w)
     meta = json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text())

@@ -3,14 +3,13 @@
 References are the single-rank results: ``MegatronActor`` in this process (world size 1, which
 tests/test_megatron_trainer.py checks against ``LocalTrainer``) and, for the command line, a
 ``trainer.tp=1`` run. Checked for tp = 2 and pp = 2 on two ranks (and, in the slow set,
-tp 2 x ep 2 x dp 2, tp 2 x pp 2 and pp 2 x ep 2 x dp 2 on four): the HF ⇄ Megatron tensor-parallel split and
-pipeline-stage selection (bit-exact, also through the real load and export), log-probs
-(≤ 1e-5), one training step's
-metrics and weights (≤ 1e-5; with the grad-norm clip active, so the clip norm must count every
-parameter once), with and without R3 (routes split over the sequence-parallel ranks and the
-stages' layers), the KL
-reference model, a checkpoint save → load that resumes bit-exactly, and a non-finite loss that
-every rank skips together.
+tp 2 x ep 2 x dp 2, tp 2 x pp 2 and pp 2 x ep 2 x dp 2 on four): the HF ⇄ Megatron
+tensor-parallel split and pipeline-stage selection (bit-exact, also through the real load and
+export), log-probs (≤ 1e-5), one training step's metrics and weights (≤ 1e-5; with the
+grad-norm clip active, so the clip norm must count every parameter once), with and without R3
+(routes split over the sequence-parallel ranks and the stages' layers), the KL reference model,
+a checkpoint save → load that resumes bit-exactly, and a non-finite loss that every rank skips
+together.
 
 Weights after a step: Adam turns float-level gradient differences of near-zero gradients into
 weight differences of a fraction of ``lr`` (see tests/test_megatron_trainer.py); with

@@ -20,7 +20,8 @@
   refused (exit 2). The toy task's prompts all have one length (one is checked). Without
   ``max_position_embeddings`` nothing is checked.
 * ``check_trainer_layout`` — ``trainer=megatron`` supports what its worker supports (Qwen3-MoE,
-  data + expert parallelism with ``ep`` dividing the ranks and the experts): anything else is
+  data, tensor and pipeline parallelism with ``tp x pp`` dividing the ranks, expert parallelism
+  with ``ep`` dividing the ranks and the experts; no ``cp``): anything else is
   refused naming the setting, instead of failing inside the worker as "cannot load the model".
 """
 

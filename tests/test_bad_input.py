@@ -551,7 +551,18 @@ CASES = {
         2,
         r"task\.kind=jsonl needs task\.path",
     ),
-    "megatron-tensor-parallel": (
+    "megatron-context-parallel": (
+        lambda t: [
+            "train",
+            "trainer=megatron",
+            "trainer.cp=2",
+            "trainer.nproc_per_node=2",
+            "run.dir=runs",
+        ],  # fmt: skip
+        2,
+        r"sat: error: .*trainer=megatron cannot run trainer\.cp=2",
+    ),
+    "megatron-tp-not-dividing-ranks": (
         lambda t: ["train", "trainer=megatron", "trainer.tp=2", "run.dir=runs"],
         2,
         r"sat: error: trainer=megatron: trainer\.tp × trainer\.pp × trainer\.cp = 2 × 1 × 1 "

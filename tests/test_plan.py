@@ -85,7 +85,9 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     assert "1 × 33792 tokens, full recompute" in text  # 1024 prompt + 32768 response
     total = _row(text, "total")
     assert 50 < total <= 80 and "of trainer.gpu_memory_gb=80 (fits)" in text
-    assert "note: trainer=megatron cannot run" in text and "trainer.tp=4" in text
+    # tensor parallelism runs; the overlay's optimizer offload and recompute do not yet
+    assert "note: trainer=megatron cannot run" in text and "trainer.tp=4" not in text
+    assert "trainer.optimizer_offload=true" in text and "trainer.recompute=true" in text
     text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
     assert _row(text141, "total") == total and "gpu_memory_gb=141 (fits)" in text141
     assert not list(tmp_path.iterdir())  # wrote nothing
@@ -123,7 +125,7 @@ IMPOSSIBLE = {
         r"\(trainer\.nproc_per_node × trainer\.nnodes = 6\)",
     ),
     "expert-world-size": (
-        [PAPER, "trainer.etp=null", "trainer.nproc_per_node=8"],  # etp = tp 4: 4 × 4 ∤ 8
+        [PAPER, "trainer.etp=4", "trainer.nproc_per_node=8"],  # etp 4: 4 × 4 ∤ 8
         r"trainer\.ep=4 must divide .* trainer\.etp × trainer\.ep × trainer\.pp = 4 × 4 × 1",
     ),
     "pp-layers": (
@@ -159,26 +161,29 @@ def test_compose_time_runs_the_same_checks():
 
 
 def test_unimplemented_is_one_constant():
-    assert NOT_YET == {"tp", "pp", "cp", "etp", "optimizer_offload", "recompute"}
+    assert NOT_YET == {"cp", "etp", "optimizer_offload", "recompute"}
     _, obj = load(["trainer=megatron", "trainer.nproc_per_node=2", "trainer.ep=2"])
     assert unimplemented(Layout.of(obj.trainer)) == []  # data + expert parallel: runs today
     _, obj = load([PAPER])
     assert unimplemented(Layout.of(obj.trainer)) == [
-        "trainer.etp=1",
         "trainer.optimizer_offload=true",
         "trainer.recompute=true",
-        "trainer.tp=4",
     ]
+    # tensor and pipeline parallel run (experts whole on each TP rank: etp 1); etp > 1 does not
+    _, obj = load(["trainer=megatron", "trainer.nproc_per_node=4", "trainer.tp=2", "trainer.pp=2"])
+    assert unimplemented(Layout.of(obj.trainer)) == []
+    _, obj = load(["trainer=megatron", "trainer.nproc_per_node=2", "trainer.tp=2", "trainer.etp=2"])
+    assert unimplemented(Layout.of(obj.trainer)) == ["trainer.etp=2"]
 
 
-def test_train_refuses_unimplemented_tp_before_anything_starts(tmp_path):
+def test_train_refuses_unimplemented_cp_before_anything_starts(tmp_path):
     out = run_sat(
-        "train", "trainer=megatron", "trainer.nproc_per_node=2", "trainer.tp=2", "run.dir=runs",
+        "train", "trainer=megatron", "trainer.nproc_per_node=2", "trainer.cp=2", "run.dir=runs",
         cwd=tmp_path, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
-    assert re.search(r"sat: error: trainer=megatron cannot run trainer\.tp=2 yet", out.stderr)
+    assert re.search(r"sat: error: trainer=megatron cannot run trainer\.cp=2 yet", out.stderr)
     assert not list(tmp_path.iterdir())  # no run folder, store or cache
 
 

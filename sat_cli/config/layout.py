@@ -10,7 +10,8 @@ default (``sat_cli.models.arch.TINY_MOE_CONFIG`` with ``model.num_layers``/``hid
 attention/MoE layers; ``check`` raises ``ConfigError`` naming the key):
 world = ``trainer.nnodes × trainer.nproc_per_node`` must be divisible by ``tp × pp × cp`` (dense
 data parallel dp = world / (tp·pp·cp)) and by ``etp × ep × pp`` (expert data parallel edp =
-world / (etp·ep·pp); etp = ``trainer.etp``, default tp as in megatron-core); ``tp`` must divide the
+world / (etp·ep·pp); etp = ``trainer.etp``, default 1: the worker keeps experts whole on
+every tensor-parallel rank, megatron-core's own default would be tp); ``tp`` must divide the
 attention heads and the key/value heads (megatron splits query groups, it does not replicate
 them) and the dense FFN size; ``etp`` the MoE FFN size; ``ep`` the experts; ``pp`` the layers.
 
@@ -43,9 +44,10 @@ from sat_cli.config.checks import ConfigError
 
 # What the Megatron worker cannot run yet; `sat train` refuses these at compose time and `sat
 # plan` prints them as a note. Remove a name here when the worker implements it.
-#   tp, pp, cp: a size > 1; etp: an expert tensor parallel size other than tp (the worker passes
-#   no expert_tensor_parallel_size); optimizer_offload, recompute: set to true.
-NOT_YET = frozenset({"tp", "pp", "cp", "etp", "optimizer_offload", "recompute"})
+#   cp: a size > 1; etp: an expert tensor parallel size other than 1 (the worker builds with
+#   expert_tensor_parallel_size = 1); optimizer_offload, recompute: set to true. tp and pp run
+#   (docs/megatron.md "Parallelism").
+NOT_YET = frozenset({"cp", "etp", "optimizer_offload", "recompute"})
 
 PROMPT_TOKENS = 1024  # prompt allowance of a sequence in the activation estimate
 OVERHEAD_GB = 4.0
@@ -160,7 +162,7 @@ class Layout:
     @classmethod
     def of(cls, t) -> Layout:
         return cls(
-            t.nnodes, t.nproc_per_node, t.tp, t.pp, t.cp, t.ep, t.etp or t.tp, t.dtype,
+            t.nnodes, t.nproc_per_node, t.tp, t.pp, t.cp, t.ep, t.etp or 1, t.dtype,
             t.optimizer_offload, t.recompute,
         )  # fmt: skip
 
@@ -184,7 +186,7 @@ def unimplemented(lay: Layout) -> list[str]:
         "tp": lay.tp > 1,
         "pp": lay.pp > 1,
         "cp": lay.cp > 1,
-        "etp": lay.etp != lay.tp,
+        "etp": lay.etp != 1,
         "optimizer_offload": lay.optimizer_offload,
         "recompute": lay.recompute,
     }

@@ -226,7 +226,7 @@ class TrainerConfig:
     ep: int = 1
     pp: int = 1
     cp: int = 1
-    etp: int | None = None  # expert tensor parallel size; null = trainer.tp (megatron's default)
+    etp: int | None = None  # expert tensor parallel size; null = 1 (experts whole on each TP rank)
     dtype: str = "float32"  # megatron: parameter dtype (bfloat16 on GPUs)
     optimizer_offload: bool = False  # megatron: optimizer states in host memory
     recompute: bool = False  # megatron: full activation recompute, one layer at a time

@@ -19,9 +19,9 @@
   and their per-problem rows say ``overlong``. If every problem is too long the command is
   refused (exit 2). The toy task's prompts all have one length (one is checked). Without
   ``max_position_embeddings`` nothing is checked.
-* ``check_trainer_layout`` — ``trainer=megatron`` supports what its worker supports (Qwen3-MoE,
-  data + expert parallelism with ``ep`` dividing the ranks and the experts): anything else is
-  refused naming the setting, instead of failing inside the worker as "cannot load the model".
+* ``check_trainer_layout`` — ``trainer=megatron`` trains what its worker can build (Qwen3-MoE):
+  anything else is refused naming the model, instead of failing inside the worker as "cannot
+  load the model". The parallel layout is checked at compose time (``sat_cli.config.layout``).
 """
 
 from __future__ import annotations
@@ -230,20 +230,11 @@ def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print)
 
 
 def check_trainer_layout(obj, path: str) -> None:
+    """The model is one the Megatron worker can build (the parallel layout itself is checked at
+    compose time: ``sat_cli.config.layout``)."""
     t = obj.trainer
     if t.name != "megatron":
         return
-    if (t.tp, t.pp, t.cp) != (1, 1, 1):
-        raise UserError(
-            "trainer=megatron supports data + expert parallelism only: trainer.tp, trainer.pp "
-            f"and trainer.cp must be 1 (got tp={t.tp}, pp={t.pp}, cp={t.cp}); see docs/megatron.md"
-        )
-    ranks = t.nproc_per_node * t.nnodes
-    if ranks % t.ep:
-        raise UserError(
-            f"trainer=megatron: trainer.ep={t.ep} must divide the number of ranks "
-            f"(trainer.nproc_per_node x trainer.nnodes = {ranks})"
-        )
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
@@ -255,8 +246,3 @@ def check_trainer_layout(obj, path: str) -> None:
         rope_theta(config)
     except (NotImplementedError, ValueError) as exc:
         raise UserError(f"trainer=megatron cannot train the model at {path}: {exc}") from None
-    experts = config.get("num_experts") or config.get("num_local_experts") or 0
-    if experts and experts % t.ep:
-        raise UserError(
-            f"trainer=megatron: trainer.ep={t.ep} must divide the model's {experts} experts"
-        )

@@ -20,14 +20,24 @@ tokenizer files of the source model). ``save(dir)`` writes ``model/`` (HF), an
 the local trainer's, but the optimizer tensors are keyed by megatron names, so a checkpoint
 resumes only on the backend that wrote it (``"backend": "megatron"`` in the JSON).
 
-Parallelism: data parallel over all ranks with expert parallelism inside (``ep`` divides the
-world size); TP = PP = CP = 1. Each minibatch's rows are split over the ranks; every rank runs
+Parallelism (the collective parts live in ``parallel.ParallelMixin``): ``world = dp x tp x pp``
+with expert parallelism inside (``ep`` divides a stage's ranks; experts are whole per rank, not
+TP-split); CP = 1. Pipeline stages run one after the other (``pipeline.Stage``: point-to-point
+sends, the backward inside ``loss.backward()``), and every stage ends with the same log-probs.
+Tensor parallelism is megatron-core's
+own (column/row-parallel layers, vocabulary-parallel embedding and output layer) with sequence
+parallelism, which megatron-core requires for MoE with TP > 1: the sequence is padded to a
+multiple of tp (``runtime.pad_columns``), each TP rank's routers see its block of positions
+(R3 replays that block), and the logits are gathered to the full vocabulary on every TP rank,
+so all ranks of a TP group compute the same log-probs and loss. Each minibatch's rows are split
+over the data-parallel ranks; every rank runs
 its shard forward, the per-token log-probs are all-gathered (``runtime.gather_rows``, gradient
 to the own shard only) and every rank computes the *same* full-minibatch loss, so SAT's
 order statistic and the loss normalisation are exactly those of a single process. Gradients are
-then summed: dense parameters over the data-parallel group, expert parameters over the
-expert-data-parallel group (the all-gather dispatcher already brings every EP-group token to
-its expert). The clip norm adds the expert norms over the EP group. With world size 1 none of
+then summed: dense parameters over the data-parallel group, and those every TP rank holds whole
+(norms, router) also over the TP group; expert parameters over the expert-data-parallel group
+(the all-gather dispatcher already brings every EP-group token to its expert). The clip norm
+counts every parameter once (``_reduce_and_clip``). With world size 1 none of
 this runs and the step is the local trainer's, operation for operation. The non-finite skip
 is collective-safe: every rank computes the same loss and, after the reduction, the same global
 norm, so all ranks skip (or step) together.
@@ -53,9 +63,10 @@ from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimiz
 
 from . import convert, runtime
 from .model import build_gpt_model
+from .parallel import ParallelMixin
 
 
-class MegatronActor(PolicyTrainer):
+class MegatronActor(ParallelMixin, PolicyTrainer):
     """megatron-core GPTModel + torch AdamW (the state of one worker rank)."""
 
     def __init__(
@@ -87,54 +98,74 @@ class MegatronActor(PolicyTrainer):
             self.ref_model.requires_grad_(False)
         self.opt = self._new_optimizer(self.model.parameters())
 
-    def _init_parallel(self) -> None:
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.ep = ps.get_expert_model_parallel_world_size() if self.world > 1 else 1
-        self.ep_rank = ps.get_expert_model_parallel_rank() if self.world > 1 else 0
-        if self.world > 1:
-            if ps.get_tensor_model_parallel_world_size() != 1 or (
-                ps.get_pipeline_model_parallel_world_size() != 1
-                or ps.get_context_parallel_world_size() != 1
-            ):
-                raise NotImplementedError("megatron trainer: TP, PP and CP must be 1")
-            self.dp_group = ps.get_data_parallel_group()
-            self.edp_group = ps.get_expert_data_parallel_group()
-            self.ep_group = ps.get_expert_model_parallel_group()
-            self.dp_rank = dist.get_rank(self.dp_group)
-            self.dp = dist.get_world_size(self.dp_group)
-        else:
-            self.dp_group = self.edp_group = self.ep_group = None
-            self.dp_rank, self.dp = 0, 1
-
     def _build(self, *, routing_replay: bool, clear_registry: bool):
         model = build_gpt_model(
             self.hf_config,
             dtype=self.dtype,
+            tp=self.tp,
+            pp=self.pp,
             ep=self.ep,
             routing_replay=routing_replay,
             clear_replay_registry=clear_registry,
         )
-        convert.load_hf_into_megatron(model, self.model_path, ep_rank=self.ep_rank, ep_size=self.ep)
+        self._load_weights(model, self.model_path)
         return model.to(self.device)
 
+    def _load_weights(self, model, model_dir) -> None:
+        convert.load_hf_into_megatron(
+            model,
+            model_dir,
+            ep_rank=self.ep_rank,
+            ep_size=self.ep,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp,
+            select=None if self.stage is None else self._stage_weights,
+        )
+
+    def _stage_weights(self, mg_state: dict) -> dict:
+        return self.stage.select(mg_state, self.hf_config["num_hidden_layers"])
+
+    def _stage_layers(self) -> slice:
+        """The decoder layers of this pipeline stage (all without pipeline parallelism)."""
+        if self.stage is None:
+            return slice(None)
+        layers = self.stage.layers(self.hf_config["num_hidden_layers"])
+        return slice(layers.start, layers.stop)
+
     # --- forward ---------------------------------------------------------------------------
-    def _rank_forward(self, model, batch: TrainBatch):
+    def _rank_forward(self, model, batch: TrainBatch, real_rows: int | None = None):
+        """This rank's forward of ``batch``; rows from ``real_rows`` on are data-parallel
+        padding (``runtime.shard_rows``), left out of the R3 audit."""
         dev = self.device
+        n_cols = batch.input_ids.shape[1]
+        # sequence parallelism splits the sequence over the TP ranks: pad it to a multiple of
+        # tp (right padding, masked keys: real tokens see nothing new); cut again below
         if self.r3:
             check_routes(batch.routed_experts, batch.input_ids)
-            runtime.set_replay_routes(batch.routed_experts, self.model.config, device=dev)
-        audit = (
-            runtime.RouteAudit(model, batch.routed_experts, batch.recorded_routes)
-            if self.r3_audit and model is self.model
-            else None
-        )
+        batch = runtime.pad_columns(batch, self.tp)
+        routes = batch.routed_experts
+        if self.r3:
+            runtime.set_replay_routes(
+                routes,
+                self.model.config,
+                device=dev,
+                seq_shard=(self.tp_rank, self.tp),
+                layers=self._stage_layers(),
+            )
+        audit = None
+        if self.r3_audit and model is self.model:
+            # each TP rank's routers see its own block of positions, each stage its layers
+            cols = runtime.seq_block(batch.input_ids.shape[1], self.tp_rank, self.tp)
+            valid = batch.recorded_routes[:, cols].clone()
+            if real_rows is not None:
+                valid[real_rows:] = False
+            audit = runtime.RouteAudit(model, routes[:, cols, self._stage_layers()], valid)
         try:
             with audit or contextlib.nullcontext():
-                out = runtime.token_logprobs(
+                forward = (
+                    runtime.token_logprobs if self.stage is None else self.stage.token_logprobs
+                )
+                logp, entropy = forward(
                     model,
                     batch.input_ids.to(dev),
                     batch.position_ids.to(dev),
@@ -144,7 +175,7 @@ class MegatronActor(PolicyTrainer):
             if audit is not None:
                 self._audit[0] += audit.rows
                 self._audit[1] += audit.mismatched
-            return out
+            return logp[:, :n_cols], entropy[:, :n_cols]
         finally:
             if self.r3:
                 # REPLAY_FORWARD reads the routes during the forward only (no recompute), so
@@ -155,9 +186,10 @@ class MegatronActor(PolicyTrainer):
         """``(logp, entropy)`` ``[B, S]`` of the whole ``batch``, each rank running its rows."""
         if self.dp == 1:
             return self._rank_forward(model, batch)
-        rows, _ = runtime.shard_rows(batch.batch_size, self.dp, self.dp_rank)
-        logp, entropy = self._rank_forward(model, batch.select(rows))
         n = batch.batch_size
+        rows, per = runtime.shard_rows(n, self.dp, self.dp_rank)
+        real = min(per, max(0, n - self.dp_rank * per))
+        logp, entropy = self._rank_forward(model, batch.select(rows), real_rows=real)
         logp = runtime.gather_rows(logp, self.dp_group, self.dp_rank, self.dp)[:n]
         with torch.no_grad():
             entropy = runtime.gather_rows(entropy, self.dp_group, self.dp_rank, self.dp)[:n]
@@ -168,65 +200,6 @@ class MegatronActor(PolicyTrainer):
         if self.world == 1:
             return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         return self._reduce_and_clip(max_norm)
-
-    def _audit_totals(self) -> list[float]:
-        audit = torch.tensor(self._audit, dtype=torch.float64)
-        if self.dp_group is not None:  # each rank checked its own rows
-            import torch.distributed as dist
-
-            dist.all_reduce(audit, group=self.dp_group)
-        return audit.tolist()
-
-    def _grouped_params(self):
-        dense, expert = [], []
-        for name, p in self.model.named_parameters():
-            (expert if ".mlp.experts." in name else dense).append(p)
-        return dense, expert
-
-    def _reduce_and_clip(self, max_norm: float) -> torch.Tensor:
-        """Sum gradients over the ranks (see module doc) and clip by the global norm."""
-        import torch.distributed as dist
-
-        dense, expert = self._grouped_params()
-        for params, group in ((dense, self.dp_group), (expert, self.edp_group)):
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=group)
-            offset = 0
-            for p in params:
-                n = p.numel()
-                p.grad = flat[offset : offset + n].view_as(p).clone()
-                offset += n
-        dense_sq = sum(p.grad.double().pow(2).sum() for p in dense)
-        expert_sq = sum(p.grad.double().pow(2).sum() for p in expert).reshape(1)
-        dist.all_reduce(expert_sq, group=self.ep_group)  # experts differ across EP ranks
-        total = torch.sqrt(dense_sq + expert_sq[0]).float()
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in dense + expert:
-            p.grad.mul_(coef.to(p.grad.dtype))
-        return total
-
-    # --- weights and checkpoints ---------------------------------------------------------------
-    def _full_megatron_state(self) -> dict[str, torch.Tensor]:
-        """The model's state with every expert (gathered over the EP group), global indices."""
-        import torch.distributed as dist
-
-        state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
-        if self.ep == 1:
-            return state
-        per_rank = self.hf_config["num_experts"] // self.ep
-        out = {}
-        for key in sorted(state):
-            if ".mlp.experts.local_experts." not in key:
-                out[key] = state[key]
-                continue
-            head, tail = key.split(".mlp.experts.local_experts.")
-            local, rest = tail.split(".", 1)
-            parts = [torch.empty_like(state[key]) for _ in range(self.ep)]
-            dist.all_gather(parts, state[key].contiguous(), group=self.ep_group)
-            for r, t in enumerate(parts):
-                out[f"{head}.mlp.experts.local_experts.{r * per_rank + int(local)}.{rest}"] = t
-        return out
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """All weights in HF naming (a collective when EP > 1: every rank must call it)."""
@@ -275,6 +248,8 @@ class MegatronActor(PolicyTrainer):
                     "backend": "megatron",
                     "world_size": self.world,
                     "ep": self.ep,
+                    "tp": self.tp,
+                    "pp": self.pp,
                     "step_count": self.step_count,
                     "param_groups": param_groups,
                 }
@@ -296,18 +271,23 @@ class MegatronActor(PolicyTrainer):
                 f"{d} was written by the {meta.get('backend', 'local')!r} trainer; the megatron "
                 "trainer resumes only its own checkpoints (start from its model/ folder instead)"
             )
-        layout = (int(meta.get("world_size", 1)), int(meta.get("ep", 1)))
-        if layout != (self.world, self.ep):
+        keys = ("world_size", "ep", "tp", "pp")
+        layout = {k: int(meta.get(k, 1)) for k in keys}
+        ours = dict(zip(keys, (self.world, self.ep, self.tp, self.pp), strict=True))
+        if layout != ours:
             raise ValueError(
-                f"{d} was saved with world size {layout[0]} and ep {layout[1]}; this run has "
-                f"{self.world} and {self.ep} (optimizer shards do not match)"
+                f"{d} was saved with {layout}; this run has {ours} (optimizer shards do not match)"
             )
         tensors = load_file(str(d / self._optimizer_file()))
-        convert.load_hf_into_megatron(
-            self.model, d / "model", ep_rank=self.ep_rank, ep_size=self.ep
-        )
+        self._load_weights(self.model, d / "model")
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
-        load_optimizer_tensors(
-            self.opt, tensors, meta["param_groups"], index.__getitem__, device=self.device
-        )
+        # rank 0 wrote the hyperparameters; the parameter indices are this rank's own (pipeline
+        # stages hold different numbers of parameters)
+        groups = [
+            {**saved, "params": own["params"]}
+            for saved, own in zip(
+                meta["param_groups"], self.opt.state_dict()["param_groups"], strict=True
+            )
+        ]
+        load_optimizer_tensors(self.opt, tensors, groups, index.__getitem__, device=self.device)
         self.step_count = int(meta["step_count"])

@@ -29,8 +29,9 @@ values, ``loss_agg``, ``ratio_denominator``, ``kl_coef``, ``loss_kwargs``; ``lr`
 ``dtype``; they are forwarded to ``MegatronActor`` in the worker, the loss settings as
 ``LossConfig.to_dict()`` under ``actor.loss`` in ``worker_config.json``.
 Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``, ``nproc_per_node``, ``nnodes``) are passed
-through; the worker runs data parallel over all ranks with expert parallelism ``ep`` inside,
-and rejects ``tp``/``pp``/``cp`` > 1 at start-up with a clear message. Batch files must be
+through; the worker runs ``dp x tp`` ranks (``tp`` must divide ``nproc_per_node x nnodes``)
+with expert parallelism ``ep`` inside, and rejects ``pp``/``cp`` > 1 at start-up with a clear
+message. Batch files must be
 readable by every rank (one node, or a shared filesystem).
 """
 

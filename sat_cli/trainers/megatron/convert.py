@@ -27,7 +27,12 @@ output_layer.weight                                lm_head.weight (absent when t
 ``linear_qkv`` rows are ordered per KV group ``g``: the ``nh/ng`` query heads of the group, then
 its key head, then its value head (megatron's layout), each ``head_dim`` rows.
 
-Scope: tensor and pipeline parallel size 1. Expert parallelism: ``hf_to_megatron`` takes the
+Tensor parallelism (``split_tp`` / ``gather_tp``; megatron-core's local-spec layout, experts not
+split: ``expert_tensor_parallel_size = 1``): the vocabulary rows of ``embedding`` and
+``output_layer`` and the rows of ``linear_qkv`` (whole KV groups, since groups are the outer
+row blocks: rank ``r`` holds groups ``r*ng/tp …``, with their query heads) are split in
+contiguous blocks, ``linear_proj`` by columns (the same heads); norms, router and experts are
+whole on every tensor-parallel rank. Pipeline parallel size 1. Expert parallelism: ``hf_to_megatron`` takes the
 slice of experts a rank owns (``ep_rank``/``ep_size``); export needs all experts on one rank
 (``megatron_to_hf`` of a full state). HF checkpoints may store experts either per expert (the
 on-disk layout of transformers 5 ``save_pretrained``) or fused (``mlp.experts.gate_up_proj``
@@ -196,6 +201,42 @@ def hf_to_megatron(
     return mg
 
 
+def tp_split_dim(name: str) -> int | None:
+    """The dimension along which megatron-core splits ``name`` over tensor-parallel ranks
+    (column-parallel: rows, row-parallel: columns), or None for a tensor every rank holds whole."""
+    if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return 0  # VocabParallelEmbedding / ColumnParallelLinear: vocabulary rows
+    if name.endswith("self_attention.linear_qkv.weight"):
+        return 0  # ColumnParallelLinear: rows, whole KV groups per rank
+    if name.endswith("self_attention.linear_proj.weight"):
+        return 1  # RowParallelLinear: the input columns of the rank's heads
+    return None  # norms, router, experts (expert_tensor_parallel_size = 1)
+
+
+def split_tp(mg_state: dict[str, torch.Tensor], tp_rank: int, tp_size: int) -> dict:
+    """Tensor-parallel rank ``tp_rank``'s shard of a full megatron state (views, no copy)."""
+    if tp_size == 1:
+        return dict(mg_state)
+    out = {}
+    for key, t in mg_state.items():
+        dim = tp_split_dim(key)
+        if dim is not None:
+            if t.shape[dim] % tp_size:
+                raise ValueError(f"{key}: size {t.shape[dim]} is not divisible by tp={tp_size}")
+            t = t.chunk(tp_size, dim=dim)[tp_rank]
+        out[key] = t
+    return out
+
+
+def gather_tp(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The full megatron state from every tensor-parallel rank's shard (in rank order)."""
+    out = {}
+    for key, t in shards[0].items():
+        dim = tp_split_dim(key)
+        out[key] = t if dim is None else torch.cat([s[key] for s in shards], dim=dim)
+    return out
+
+
 def megatron_to_hf(
     mg_state: dict[str, torch.Tensor],
     hf_config: Any,
@@ -250,10 +291,23 @@ def megatron_to_hf(
     return {k: v.contiguous() for k, v in hf.items()}
 
 
-def load_hf_into_megatron(model: torch.nn.Module, model_dir: str | os.PathLike, **ep) -> None:
-    """Copy a HF checkpoint into a megatron GPTModel built by ``model.build_gpt_model``."""
+def load_hf_into_megatron(
+    model: torch.nn.Module,
+    model_dir: str | os.PathLike,
+    *,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    select=None,
+) -> None:
+    """Copy a HF checkpoint into a megatron GPTModel built by ``model.build_gpt_model`` (this
+    rank's experts and tensor-parallel shard; ``select(state)``: its pipeline stage's part)."""
     cfg = read_hf_config(model_dir)
-    mg = hf_to_megatron(load_hf_state(model_dir), cfg, **ep)
+    mg = hf_to_megatron(load_hf_state(model_dir), cfg, ep_rank=ep_rank, ep_size=ep_size)
+    mg = split_tp(mg, tp_rank, tp_size)
+    if select is not None:
+        mg = select(mg)
     params = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     missing = sorted(set(params) - set(mg))
     extra = sorted(set(mg) - set(params))

@@ -18,6 +18,11 @@ absent (on a GPU machine it does nothing):
    ``fork()`` does not touch CUDA state (no dropout is used here: all dropouts are 0).
 
 The shims are idempotent. ``apply_cpu_shims()`` must run before the model is built.
+
+Tensor and pipeline parallelism need no further shim: torch 2.13's gloo backend has every
+collective megatron-core's sequence-parallel layers, the all-gather dispatcher and the pipeline
+use (``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
+``send``/``recv``). Sequence parallelism needs a norm that accepts it: ``model.RMSNorm``.
 """
 
 from __future__ import annotations

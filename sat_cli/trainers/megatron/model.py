@@ -13,7 +13,12 @@ normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU al
   (``moe_router_pre_softmax=True``) and not renormalised, as in HF;
 - no auxiliary load-balancing loss in the training objective (``moe_router_load_balancing_type
   ="none"``, the RL setting), no token dropping, ``moe_token_dispatcher_type="allgather"``;
-- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs).
+- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs);
+- every norm is ``RMSNorm`` below (``torch.nn.RMSNorm``'s computation; unlike the local spec's
+  ``WrappedTorchNorm`` it accepts sequence parallelism, which megatron-core requires for MoE
+  with tp > 1: ``sequence_parallel = tp > 1``); experts are not tensor-parallel
+  (``expert_tensor_parallel_size = 1``); the output layer gathers full-vocabulary logits
+  (``parallel_output=False``).
 
 Only Qwen3-MoE models whose every layer is an MoE layer are supported
 (``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs fail loudly.
@@ -106,6 +111,8 @@ def transformer_config(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
+        # experts are whole on every tensor-parallel rank (split over ``ep`` only)
+        expert_tensor_parallel_size=1,
         context_parallel_size=cp,
         sequence_parallel=tp > 1,
         # numerics / kernels: nothing fused, so the CPU path and the GPU path compute the same
@@ -161,9 +168,10 @@ def build_gpt_model(
         qk_layernorm=True,
         normalization="RMSNorm",
     )
+    block = _with_rms_norm(spec, config)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=spec,
+        transformer_layer_spec=block,
         vocab_size=_get(hf_config, "vocab_size"),
         max_sequence_length=_get(hf_config, "max_position_embeddings"),
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -172,5 +180,64 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=rope_theta(hf_config),
+        # full-vocabulary logits on every tensor-parallel rank (the loss is computed there)
+        parallel_output=False,
     )
     return model.to(dtype)
+
+
+class RMSNorm(torch.nn.Module):
+    """``torch.nn.RMSNorm`` (same ``F.rms_norm`` call, same ``weight``) that also accepts
+    sequence parallelism, which megatron-core's ``WrappedTorchNorm`` refuses.
+
+    Under sequence parallelism each tensor-parallel rank normalises its own slice of the
+    sequence, so the weight's gradient is a partial sum: the weight is marked
+    ``sequence_parallel`` and the actor sums its gradient over the tensor-parallel group (as
+    megatron's ``finalize_model_grads`` does for such parameters).
+    """
+
+    def __init__(
+        self,
+        config,
+        hidden_size: int,
+        eps: float = 1e-5,
+        persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False,
+        normalization: str = "RMSNorm",
+    ):
+        super().__init__()
+        if normalization != "RMSNorm" or config.layernorm_zero_centered_gamma:
+            raise NotImplementedError("only plain RMSNorm is supported")
+        self.normalized_shape = (hidden_size,)
+        self.eps = eps
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=config.params_dtype, device="cpu")
+        )
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+def _with_rms_norm(layer_spec, config):
+    """The block spec: ``layer_spec`` with every norm (and the final norm) as ``RMSNorm``."""
+    import dataclasses
+
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layer = layer_spec.submodules
+    attention = layer.self_attention.submodules
+    attention = dataclasses.replace(attention, q_layernorm=RMSNorm, k_layernorm=RMSNorm)
+    layer = dataclasses.replace(
+        layer,
+        input_layernorm=RMSNorm,
+        pre_mlp_layernorm=RMSNorm,
+        self_attention=dataclasses.replace(layer.self_attention, submodules=attention),
+    )
+    spec = dataclasses.replace(layer_spec, submodules=layer)
+    return TransformerBlockSubmodules(
+        layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=RMSNorm
+    )

@@ -54,6 +54,7 @@ def init_distributed(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=1,  # experts are not split by tensor parallelism
             context_parallel_size=cp,
         )
         if torch.cuda.is_available():
@@ -127,13 +128,29 @@ def replay_tensors(routes: torch.Tensor, num_layers: int, top_k: int, num_expert
     ]
 
 
-def set_replay_routes(routes: torch.Tensor, config, device=None) -> None:
-    """Force every MoE router of the (single, replay-enabled) model to ``routes [B, S, L, K]``."""
+def set_replay_routes(
+    routes: torch.Tensor,
+    config,
+    device=None,
+    seq_shard: tuple[int, int] = (0, 1),
+    layers: slice = slice(None),
+) -> None:
+    """Force every MoE router of the (single, replay-enabled) model to ``routes [B, S, L, K]``.
+
+    ``seq_shard = (rank, size)``: under sequence parallelism a tensor-parallel rank's routers
+    see only its contiguous ``S / size`` positions (tokens ``[s, b]``, so a contiguous block of
+    rows): they get that block of each layer's routes. ``layers``: the decoder layers this
+    (pipeline stage's) model holds; ``config.num_layers`` counts all of them.
+    """
     from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
     per_layer = replay_tensors(
         routes, config.num_layers, config.moe_router_topk, config.num_moe_experts
-    )
+    )[layers]
+    rank, size = seq_shard
+    if size > 1:
+        per = per_layer[0].shape[0] // size
+        per_layer = [t[rank * per : (rank + 1) * per] for t in per_layer]
     if device is not None:
         per_layer = [t.to(device) for t in per_layer]
     n_inst = len(RouterReplay.global_router_replay_instances)
@@ -213,3 +230,35 @@ def gather_rows(local: torch.Tensor, group, rank: int, world: int) -> torch.Tens
     if world == 1:
         return local
     return _GatherRows.apply(local, group, rank, world)
+
+
+# ----------------------------------------------------------------------------- tensor parallel
+def pad_columns(batch, multiple: int):
+    """``batch`` with its sequence right-padded to a multiple of ``multiple`` (sequence
+    parallelism splits the sequence into equal blocks). Padding columns are masked tokens
+    (id 0, attention mask 0, no loss) and, with routes, route to experts ``0..K-1``; causal
+    attention with masked keys keeps them out of every real token's forward."""
+    import dataclasses
+
+    s = batch.input_ids.shape[1]
+    extra = -s % multiple
+    if extra == 0:
+        return batch
+    out = {}
+    for f in dataclasses.fields(batch):
+        t = getattr(batch, f.name)
+        if t is None or t.dim() < 2:
+            out[f.name] = t
+        elif f.name == "routed_experts":
+            b, _, layers, k = t.shape
+            fill = torch.arange(k, dtype=t.dtype).expand(b, extra, layers, k)
+            out[f.name] = torch.cat([t, fill], dim=1)
+        else:
+            out[f.name] = torch.cat([t, t.new_zeros((t.shape[0], extra, *t.shape[2:]))], dim=1)
+    return type(batch)(**out)
+
+
+def seq_block(seq: int, rank: int, size: int) -> slice:
+    """The positions a tensor-parallel rank holds under sequence parallelism."""
+    per = seq // size
+    return slice(rank * per, (rank + 1) * per)

@@ -17,11 +17,13 @@ stdin (the client is gone) and when its parent (torchrun) dies, so it never outl
 
 Several ranks: rank 0 reads stdin and broadcasts each command line (a byte tensor over a gloo
 group, so it also works beside NCCL); every rank runs the command (the actor's collectives
-need all of them) and rank 0 replies. Supported layouts: data parallel over all ranks with
-expert parallelism ``ep`` dividing the world size; ``tp``, ``pp`` and ``cp`` must be 1 (rejected
-at start-up with a clear message). A command that fails on some ranks only (not a validation
-error, which all ranks raise alike) can leave the others waiting in a collective; the client
-then sees no reply but a live worker, as with any hung step.
+need all of them) and rank 0 replies. Supported layouts (``check_layout``): ``world = dp x tp
+x pp`` with tensor parallelism ``tp`` (sequence parallel, megatron-core's parallel layers),
+pipeline stages ``pp`` (``pipeline.py``) and expert parallelism ``ep`` dividing the ranks of a
+stage; ``cp`` must be 1 (rejected at start-up with a clear message). Each rank logs its peak
+RSS after the model load. A command that fails on some ranks only (not a validation error,
+which all ranks raise alike) can leave the others waiting in a collective; the client then
+sees no reply but a live worker, as with any hung step.
 """
 
 from __future__ import annotations
@@ -169,6 +171,25 @@ def _all_pids(commands: _Commands) -> list[int]:
     return [int(p) for p in pids]
 
 
+def check_layout(world: int, *, tp: int, pp: int, ep: int, cp: int) -> None:
+    """Refuse, before anything is built, a layout the worker cannot run."""
+    if cp != 1:
+        raise NotImplementedError(
+            f"megatron trainer supports data, tensor, pipeline and expert parallelism only: cp "
+            f"must be 1 (got cp={cp}); see docs/megatron.md"
+        )
+    if world % (tp * pp):
+        raise ValueError(f"tp={tp} x pp={pp} does not divide the world size {world}")
+    if world // pp % ep:
+        raise ValueError(f"ep={ep} does not divide the ranks of a pipeline stage ({world // pp})")
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="worker_config.json written by the client")
@@ -181,21 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     replies = _Replies(args.reply_fifo) if rank == 0 else None
     try:
         tp, pp, ep, cp = (int(cfg.get(k, 1)) for k in ("tp", "pp", "ep", "cp"))
-        if tp != 1 or pp != 1 or cp != 1:
-            raise NotImplementedError(
-                f"megatron trainer supports data + expert parallelism only: tp, pp and cp must "
-                f"be 1 (got tp={tp}, pp={pp}, cp={cp}); see docs/megatron.md"
-            )
-        if world % ep:
-            raise ValueError(f"ep={ep} does not divide the world size {world}")
+        check_layout(world, tp=tp, pp=pp, ep=ep, cp=cp)
         from . import runtime
 
-        runtime.init_distributed(tp=1, pp=1, ep=ep, cp=1)
+        runtime.init_distributed(tp=tp, pp=pp, ep=ep, cp=1)
         commands = _Commands(sys.stdin.buffer, rank, world)
         from .actor import MegatronActor
 
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
         pids = _all_pids(commands)
+        print(
+            f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB "
+            f"(tp={tp}, pp={pp}, ep={ep}, world={world})",
+            file=sys.stderr,
+            flush=True,
+        )
     except Exception as exc:
         traceback.print_exc()
         if replies is not None:

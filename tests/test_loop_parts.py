@@ -188,11 +188,30 @@ def test_inflight_updates_reach_the_engine_from_the_training_thread():
     try:
         thread.pool.submit(gate.wait)  # the rollout thread is busy (a generation running)
         thread.published(1)  # handed over at once, not queued behind the generation
+        thread.drain()  # (on its own thread: the trainer does not wait for it)
         assert eng.log == [("update", "v1", 1)] and thread.engine_version == 1
         assert thread._ensure(0) == 0.0 and eng.version == 1  # never backwards in flight
         gate.set()
     finally:
         gate.set()
+        thread.close()
+
+
+def test_a_failed_inflight_hand_over_is_raised_not_lost():
+    from sat_cli.engines.base import EngineError
+
+    class Broken(Recorder):
+        def update_weights(self, path, version):
+            raise EngineError(f"cannot load {path}")
+
+    thread = RolloutThread(Broken(), Path("w"), engine_version=0, inflight=True)
+    try:
+        thread.published(1)
+        with pytest.raises(EngineError, match="cannot load w/v1"):
+            thread.drain()
+        with pytest.raises(EngineError, match="cannot load"):
+            thread.published(2)  # the previous failure surfaces at the next publish too
+    finally:
         thread.close()
 
 

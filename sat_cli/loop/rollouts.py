@@ -46,6 +46,12 @@ class RolloutThread:
         self.inflight = inflight
         self._lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-rollout")
+        # in-flight: the hand-over runs on its own thread, so the trainer never waits for the
+        # engine's token boundary; a version still queued when a newer one comes is skipped
+        self._push = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-push") if inflight else None
+        )
+        self._pushed: Future | None = None
 
     def _ensure(self, version: int) -> float:
         with self._lock:
@@ -58,10 +64,20 @@ class RolloutThread:
 
     def published(self, version: int) -> None:
         """The trainer published ``version`` (training thread). Late-bound requests take it
-        when they start; with in-flight updates the engine takes it now, mid-generation."""
+        when they start; with in-flight updates it is handed to the engine at once, which
+        takes it at the next token boundary (the trainer goes on meanwhile). A failed
+        hand-over is raised here, at the next publish, or by :meth:`drain`."""
         self.newest = max(self.newest, version)
-        if self.inflight:
-            self._ensure(version)
+        if self._push is None:
+            return
+        if self._pushed is not None and self._pushed.done():
+            self._pushed.result()
+        self._pushed = self._push.submit(lambda: self._ensure(self.newest))
+
+    def drain(self) -> None:
+        """Wait for the last in-flight hand-over (raises its error)."""
+        if self._pushed is not None:
+            self._pushed.result()
 
     def submit(self, version: int | None, prompts: list[list[int]], n: int,
                sampling: SamplingParams):  # fmt: skip
@@ -87,6 +103,8 @@ class RolloutThread:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self._push is not None:
+            self._push.shutdown(wait=False, cancel_futures=True)
 
 
 class RolloutBuffer:

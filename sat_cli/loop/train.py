@@ -207,6 +207,7 @@ def train_loop(
             st["published"] = pub.prune(new_version, buf.versions(), since)
             if on_state:
                 on_state(st)
+        thread.drain()  # an in-flight hand-over that failed after the last publish
         st["finished"] = True
         _checkpoint(s, st, s.max_steps, trainer, buf, thread, pub)
     finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests

@@ -5,6 +5,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: most tests wait on subprocesses (a CLI run, an engine, a server), so two
+# workers fill two cores; tests that share a server stay on one worker (xdist_group)
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 # SGLang's CPU environment (`make sglang-cpu`; docs/sglang.md): its own interpreter, never imported
 # by sat. The kernel wheel has no PyPI build; the default is the one built for this project.
 SGLANG_VENV ?= .venv-sglang
@@ -47,10 +51,10 @@ run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-M
 	$(BIN)/sat train
 
 test: $(STAMP) ## install, then the default test suite (no slow tests; a few minutes on 2 cores)
-	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(XDIST) $(PYTEST_ARGS)
 
 test-full: $(STAMP) ## all CPU tests, slow integration tests included
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu" $(XDIST) $(PYTEST_ARGS)
 
 bench: $(STAMP) ## run the benchmarks in bench/ (results are recorded in bench/README.md)
 	$(BIN)/python bench/cli_startup.py

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 from sglang_real import REPO, sglang_python
 
-pytestmark = pytest.mark.sglang
+# one xdist worker runs the real-server tier (its module-scoped servers are started once)
+pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
 
 LAUNCHER = REPO / "sat_cli" / "engines" / "sglang" / "cpu_launch.py"
 PROBE = """

@@ -27,7 +27,8 @@ from sat_cli.procs import live_group_members
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer, token_logprobs
 
-pytestmark = pytest.mark.sglang
+# one xdist worker runs the real-server tier (its module-scoped servers are started once)
+pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
 
 MEAN_TOL = 0.02  # mean |Δ log-prob|, SGLang bf16 vs the trainer's bf16 recompute
 MAX_TOL = 1.0

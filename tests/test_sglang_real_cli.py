@@ -11,7 +11,8 @@ import re
 import pytest
 from sglang_real import metrics, sat, sglang_python
 
-pytestmark = pytest.mark.sglang
+# one xdist worker runs the real-server tier (its module-scoped servers are started once)
+pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
 
 SMALL = [
     "engine=sglang",

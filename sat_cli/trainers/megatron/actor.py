@@ -8,7 +8,9 @@ the two backends give the same numbers from the same weights and batch
 ``RouterReplay`` with the recorded routes; the reference policy is a second, frozen GPTModel with
 the initial weights), the gradient reduction over data-parallel ranks with the clip, and
 ``torch.optim.AdamW`` (megatron's own optimizer allocates on CUDA; plain AdamW over the
-unwrapped model, with the gradient sums below for several ranks).
+unwrapped model, with the gradient sums below for several ranks). ``dtype="bfloat16"``: mixed
+precision (``precision.py``: fp32 main weights and states, fp32 gradient sums; megatron-core's
+distributed optimizer on CUDA).
 
 Metrics have the local trainer's names and meaning. Log-probs use ``TrainBatch``'s alignment
 (column 0 is 0). Padding keys are masked like HF's attention mask.

@@ -240,7 +240,8 @@ def test_bf16_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sat_train_megatron_bf16(tmp_path):
-    """`sat train trainer=megatron trainer.dtype=bfloat16 max_steps=2` end to end."""
+    """`sat train trainer=megatron trainer.dtype=bfloat16 max_steps=2` end to end, with a bf16
+    engine: published weights are bf16, the checkpoint's model/ the fp32 main weights."""
     from cli_helpers import run_sat
 
     out = run_sat(
@@ -253,6 +254,7 @@ def test_sat_train_megatron_bf16(tmp_path):
         "run.name=bf16",
         "trainer=megatron",
         "trainer.dtype=bfloat16",
+        "engine.dtype=bfloat16",
         "max_steps=2",
         cwd=tmp_path,
         timeout=600,
@@ -262,3 +264,7 @@ def test_sat_train_megatron_bf16(tmp_path):
     meta = json.loads((ckpt / "trainer_state.json").read_text())
     assert meta["dtype"] == "bfloat16" and meta["step_count"] == 2
     assert all(v.dtype == torch.float32 for v in convert.load_hf_state(ckpt / "model").values())
+    published = sorted((tmp_path / "runs/sat/bf16").glob("**/weights/v*/config.json"))
+    assert published, "no published weights left to inspect"
+    for folder in (p.parent for p in published):
+        assert all(v.dtype == torch.bfloat16 for v in convert.load_hf_state(folder).values())

@@ -14,6 +14,14 @@ top-8, vocab 4096, ~0.4 B parameters), randomly initialised. Checks, each a row 
 - ``train fp32 R3``: SAT-GRPO + R3, ``--steps`` steps of MegatronActor vs LocalTrainer from the
   same weights and batches: max |Δ loss| over steps and max |Δ weight| at the end;
 - ``train bf16``: megatron in bf16, ``--steps`` steps: losses finite, weights moved;
+- ``bf16 core``: bf16 with megatron-core's own optimizer (``DistributedDataParallel`` +
+  ``get_megatron_optimizer(OptimizerConfig(bf16=True, use_distributed_optimizer=True))``,
+  ``sat_cli/trainers/megatron/precision.py``), one SAT-GRPO + R3 step on each model (the medium
+  one is the ~0.4 B-parameter MoE step): the core optimizer is in use, the loss is finite, the
+  fp32 main weights moved by lr (Adam's first step moves every weight with a non-zero gradient
+  by lr: max |Δ main| / lr within 10 % of 1), and the step equals the CPU-tested ``MainWeights``
+  path on the same GPU (``SAT_MEGATRON_CORE_OPTIMIZER=0``: same loss, gradient norm, main
+  weights within 10 % of lr); save → load → step on the core path equals save → step;
 - ``torchrun``: one step through ``MegatronTrainer`` (NCCL, world size 1) equals the in-process
   fp32 step.
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 import time
@@ -215,6 +224,77 @@ def check_training(name, ckpt, dev, steps, bf16: bool, big: bool):
     return batches[0]
 
 
+def _main_weights(actor) -> dict[str, torch.Tensor]:
+    """A copy of the fp32 main weights by parameter name, flattened (either bf16 path)."""
+    if actor.core is not None:
+        t = actor.core.state_tensors(actor.model.named_parameters())
+        return {
+            k.split("/")[1]: v.reshape(-1).clone() for k, v in t.items() if k.endswith("/param")
+        }
+    return {n: m.detach().reshape(-1).cpu().clone() for n, m in actor.main.named()}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def check_bf16(name, ckpt, dev, batch, work):
+    # one actor at a time: under R3 the newest actor's routers are the replay-registered ones
+    lr = 1e-5
+    kw = dict(lr=lr, algo="grpo", adaptive=True, r3=True)
+    on_gpu = dev.type == "cuda"
+    t0 = time.perf_counter()
+    core = MegatronActor(str(ckpt), dtype="bfloat16", **kw)
+    row(
+        "bf16 core", name, "core optimizer missing", float(core.core is None), 0 if on_gpu else None
+    )
+    before = _main_weights(core)
+    m = core.step(batch)
+    after = _main_weights(core)
+    row("bf16 core", name, "non-finite loss", float(not math.isfinite(m["loss/total"])), 0)
+    row("bf16 core", name, "|max dmain / lr - 1|", abs(_max_diff(after, before) / lr - 1), 0.1)
+    row("bf16 core", name, "s/step (incl. build)", time.perf_counter() - t0, None)
+    if name == "tiny":  # checkpoint on this path: save -> step equals load -> step
+        core.save(Path(work) / f"ckpt_{name}")
+        core.step(batch)
+        expect, expect_w = _main_weights(core), core.hf_state()
+        core = None  # freed before the second actor is built
+        if on_gpu:
+            torch.cuda.empty_cache()
+        again = MegatronActor(str(ckpt), dtype="bfloat16", **kw)
+        again.load(Path(work) / f"ckpt_{name}")
+        again.step(batch)
+        row("bf16 core", name, "resume: max dmain", _max_diff(_main_weights(again), expect), 0)
+        row("bf16 core", name, "resume: max dweight", _max_diff(again.hf_state(), expect_w), 0)
+        del again
+    del core
+    if on_gpu:
+        torch.cuda.empty_cache()
+    # the CPU-tested path on the same device, from the same weights and batch
+    os.environ["SAT_MEGATRON_CORE_OPTIMIZER"] = "0"
+    try:
+        ref = MegatronActor(str(ckpt), dtype="bfloat16", **kw)
+    finally:
+        del os.environ["SAT_MEGATRON_CORE_OPTIMIZER"]
+    mr = ref.step(batch)
+    row(
+        "bf16 core", name, "abs dloss vs MainWeights", abs(m["loss/total"] - mr["loss/total"]), 1e-5
+    )
+    rel = abs(m["loss/grad_norm"] / mr["loss/grad_norm"] - 1)
+    row("bf16 core", name, "rel dgradnorm vs Main", rel, 1e-4)
+    row(
+        "bf16 core",
+        name,
+        "dmain / lr vs MainWeights",
+        _max_diff(after, _main_weights(ref)) / lr,
+        0.1,
+    )
+    del ref
+    if on_gpu:
+        torch.cuda.empty_cache()
+
+
 def check_torchrun(ckpt, batch, work):
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
@@ -261,6 +341,7 @@ def main() -> int:
             save_hf(build_tiny_moe(seed=0, **overrides), tok, ckpt)
             check_logits(name, ckpt, dev, bf16=on_gpu)
             batch = check_training(name, ckpt, dev, args.steps, bf16=on_gpu, big=name == "medium")
+            check_bf16(name, ckpt, dev, batch, Path(tmp) / "bf16")
             if name == "tiny":
                 first_batch = batch
         if first_batch is not None:

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # GPU check of the megatron trainer (docs/megatron.md): megatron-core vs HF logits in fp32 and
-# bf16 (with and without replayed routes), a few training steps against the local trainer, one
-# step through torchrun; prints a table. One GPU, under 5 minutes.
+# bf16 (with and without replayed routes), a few training steps against the local trainer (tp = 1,
+# tiny and ~0.4 B-parameter MoE), bf16 steps with megatron-core's own (distributed) optimizer
+# against the tested fp32-main-weights path, one step through torchrun; prints a table. One GPU,
+# bounded to 470 s (one call of at most 8 minutes).
 #
 #   scripts/gpu_check_megatron.sh --prepare [PYVER]   # here (registry access): fetch wheels
 #   scripts/gpu_check_megatron.sh [args for gpu_check_megatron.py]   # on the GPU machine
 #
 # The GPU machine has torch (CUDA) but no package registry. `--prepare` downloads the wheels of
 # megatron-core 0.16.1 and einops for Python PYVER (default: this interpreter's; the
-# megatron-core wheel is per Python version) into .gpu_deps/wheels/ (~3 MB). Carry that folder
+# megatron-core wheel is per Python version) into .gpu_deps/wheels/ (~3 MB; the bf16 rows need
+# nothing more: without Transformer Engine / Apex megatron-core's optimizer uses torch AdamW). Carry that folder
 # to the GPU machine with the working tree (it is untracked). There they are installed with
 # `pip install --no-index --no-deps --target .gpu_deps/site` and put on PYTHONPATH; nothing is
 # installed into the machine's environment. transformers, tokenizers and safetensors must be
@@ -41,4 +44,4 @@ fi
 "$PY" -c "import megatron.core, torch, transformers; assert torch.cuda.is_available(), 'no CUDA';
 print('megatron-core', megatron.core.__version__, 'torch', torch.__version__,
       'transformers', transformers.__version__, torch.cuda.get_device_name())"
-exec timeout 290 "$PY" scripts/gpu_check_megatron.py "$@"
+exec timeout 470 "$PY" scripts/gpu_check_megatron.py "$@"

@@ -8,7 +8,9 @@ the two backends give the same numbers from the same weights and batch
 ``RouterReplay`` with the recorded routes; the reference policy is a second, frozen GPTModel with
 the initial weights), the gradient reduction over data-parallel ranks with the clip, and
 ``torch.optim.AdamW`` (megatron's own optimizer allocates on CUDA; plain AdamW over the
-unwrapped model, with the gradient sums below for several ranks).
+unwrapped model, with the gradient sums below for several ranks). ``dtype="bfloat16"``: mixed
+precision (``precision.py``: fp32 main weights and states, fp32 gradient sums; megatron-core's
+distributed optimizer on CUDA).
 
 Metrics have the local trainer's names and meaning. Log-probs use ``TrainBatch``'s alignment
 (column 0 is 0). Padding keys are masked like HF's attention mask.
@@ -61,7 +63,7 @@ from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 
-from . import convert, runtime
+from . import convert, precision, runtime
 from .model import build_gpt_model
 from .parallel import ParallelMixin
 
@@ -75,14 +77,18 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         *,
         loss: LossConfig | dict | None = None,
         dtype: str = "float32",
+        export_dtype: str | None = None,
         **options,
     ):
         """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON); ``options``: as
         ``LocalTrainer``'s (``sat_cli.trainers.step.TrainerSettings`` and the keyword form of
-        the loss settings)."""
+        the loss settings). ``dtype``: the parameters' (``bfloat16``: mixed precision with fp32
+        main weights, ``precision.py``); ``export_dtype``: published weights' (the engine's;
+        default ``dtype``)."""
         if isinstance(loss, dict):
             loss = LossConfig.from_dict(loss)
         torch_dtype(dtype)  # refuses an unknown name before anything is built
+        self.export_dtype = torch_dtype(export_dtype or dtype)
         self._init_step(loss, options)
         self.model_path = str(model_path)
         self.hf_config = convert.read_hf_config(model_path)
@@ -96,7 +102,18 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             # also replay-enabled under R3 (same routes); registered after the actor's routers
             self.ref_model = self._build(routing_replay=self.r3, clear_registry=False)
             self.ref_model.requires_grad_(False)
-        self.opt = self._new_optimizer(self.model.parameters())
+        self.main: precision.MainWeights | None = None
+        self.core: precision.CoreOptimizer | None = None
+        if self.dtype == torch.float32:
+            self.opt = self._new_optimizer(self.model.parameters())
+        elif self.dtype != torch.bfloat16:
+            raise ValueError(f"megatron trainer: dtype float32 or bfloat16, got {dtype}")
+        elif precision.use_core_optimizer(self.device):
+            self.core = precision.CoreOptimizer(self.model, self.settings, self.grad_clip)
+            self.opt = self.core
+        else:
+            self.main = precision.MainWeights(self.model, self._hf_main_state(self.model_path))
+            self.opt = self._new_optimizer(self.main.params)
 
     def _build(self, *, routing_replay: bool, clear_registry: bool):
         model = build_gpt_model(
@@ -121,6 +138,17 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             tp_size=self.tp,
             select=None if self.stage is None else self._stage_weights,
         )
+
+    def _hf_main_state(self, model_dir) -> dict[str, torch.Tensor]:
+        """This rank's parameters from an HF checkpoint as stored (fp32 main weights)."""
+        state = {
+            k: torch.empty(v.shape, dtype=torch.float32)
+            for k, v in self.model.state_dict().items()
+            if not k.endswith("_extra_state")
+        }
+        holder = type("StateHolder", (), {"state_dict": lambda _self: state})()
+        self._load_weights(holder, model_dir)  # copies (shape-checked) into ``state``
+        return {n: state[n] for n, _ in self.model.named_parameters()}
 
     def _stage_weights(self, mg_state: dict) -> dict:
         return self.stage.select(mg_state, self.hf_config["num_hidden_layers"])
@@ -197,17 +225,34 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
 
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if self.core is not None:
+            return self.core.clip(max_norm)
+        if self.main is not None:
+            self.main.take_grads()  # bf16 -> fp32 before any reduction
         if self.world == 1:
-            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            return torch.nn.utils.clip_grad_norm_([p for _, p in self._trained()], max_norm)
         return self._reduce_and_clip(max_norm)
 
-    def hf_state(self) -> dict[str, torch.Tensor]:
-        """All weights in HF naming (a collective when EP > 1: every rank must call it)."""
-        return convert.megatron_to_hf(self._full_megatron_state(), self.hf_config)
+    def _opt_step(self, lr_scale: float | None) -> None:
+        super()._opt_step(lr_scale)
+        if self.main is not None:
+            self.main.copy_to_model()
 
-    def export_hf(self, out_dir: str | os.PathLike) -> Path:
-        """The current weights as an HF checkpoint at ``out_dir`` (atomic; rank 0 writes)."""
-        state = self.hf_state()
+    def hf_state(self, main: bool = False) -> dict[str, torch.Tensor]:
+        """All weights in HF naming (a collective when EP > 1: every rank must call it);
+        ``main``: the fp32 main weights of a bf16 model (CPU path) instead of the model's."""
+        source = self.main.state() if main and self.main is not None else None
+        return convert.megatron_to_hf(self._full_megatron_state(source), self.hf_config)
+
+    def export_hf(self, out_dir: str | os.PathLike, *, main: bool = False) -> Path:
+        """The current weights as an HF checkpoint at ``out_dir`` (atomic; rank 0 writes), in
+        ``export_dtype``, or with ``main`` the fp32 main weights (checkpoints)."""
+        state = self.hf_state(main)
+        if main:  # a checkpoint: what resumes exactly
+            dtype = torch.float32 if self.main is not None else self.dtype
+        else:
+            dtype = self.export_dtype
+        state = {k: v.to(dtype) for k, v in state.items()}
         if self.rank == 0:
             convert.save_hf_checkpoint(state, out_dir, self.model_path)
         self._barrier()
@@ -238,9 +283,13 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             tmp.mkdir()
         self._barrier()
         try:
-            self.export_hf(tmp / "model")
-            names = [n for n, _ in self.model.named_parameters()]
-            tensors, param_groups = optimizer_tensors(self.opt, names.__getitem__)
+            self.export_hf(tmp / "model", main=True)
+            if self.core is not None:  # this rank's main-weight and Adam-state shards
+                tensors = self.core.state_tensors(self.model.named_parameters())
+                tensors["rng/torch"], param_groups = torch.get_rng_state(), []
+            else:
+                names = [n for n, _ in self.model.named_parameters()]
+                tensors, param_groups = optimizer_tensors(self.opt, names.__getitem__)
             save_file(tensors, str(tmp / self._optimizer_file()))
             self._barrier()
             if self.rank == 0:
@@ -250,6 +299,7 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
                     "ep": self.ep,
                     "tp": self.tp,
                     "pp": self.pp,
+                    "dtype": str(self.dtype).removeprefix("torch."),
                     "step_count": self.step_count,
                     "param_groups": param_groups,
                 }
@@ -278,8 +328,18 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             raise ValueError(
                 f"{d} was saved with {layout}; this run has {ours} (optimizer shards do not match)"
             )
+        dtype = meta.get("dtype", "float32")
+        if torch_dtype(dtype) != self.dtype:
+            raise ValueError(f"{d} was saved with dtype {dtype}; this run has {self.dtype}")
         tensors = load_file(str(d / self._optimizer_file()))
         self._load_weights(self.model, d / "model")
+        self.step_count = int(meta["step_count"])
+        if self.core is not None:
+            self.core.load_state_tensors(self.model.named_parameters(), tensors)
+            torch.set_rng_state(tensors["rng/torch"])
+            return
+        if self.main is not None:  # model/ holds the fp32 main weights
+            self.main.load(self._hf_main_state(d / "model"))
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
         # rank 0 wrote the hyperparameters; the parameter indices are this rank's own (pipeline
         # stages hold different numbers of parameters)
@@ -290,4 +350,3 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             )
         ]
         load_optimizer_tensors(self.opt, tensors, groups, index.__getitem__, device=self.device)
-        self.step_count = int(meta["step_count"])

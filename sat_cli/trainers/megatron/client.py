@@ -67,7 +67,7 @@ class MegatronWorkerError(TrainerError):
 
 
 def _actor_keys() -> set[str]:
-    return {*TRAINER_KEYS, "dtype"}  # MegatronActor's keywords
+    return {*TRAINER_KEYS, "dtype", "export_dtype"}  # MegatronActor's keywords
 
 
 class MegatronTrainer:

@@ -64,10 +64,12 @@ class ParallelMixin:
         self.stage = pipeline.Stage.current() if self.pp > 1 else None
 
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
-    def _clip_gradients(self, max_norm: float) -> torch.Tensor:
-        if self.world == 1:
-            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return self._reduce_and_clip(max_norm)
+    def _trained(self):
+        """``(name, tensor)`` of what the optimizer updates: the model's parameters, or with
+        bf16 on CPU their fp32 main copies (``precision.MainWeights``), whose fp32 gradients
+        are the ones reduced and clipped."""
+        main = getattr(self, "main", None)
+        return main.named() if main is not None else self.model.named_parameters()
 
     def _audit_totals(self) -> list[float]:
         audit = torch.tensor(self._audit, dtype=torch.float64)
@@ -81,7 +83,7 @@ class ParallelMixin:
         """``(sharded, replicated, expert)``: dense parameters split over the TP ranks, dense
         parameters every TP rank holds whole (norms, router), expert parameters."""
         sharded, replicated, expert = [], [], []
-        for name, p in self.model.named_parameters():
+        for name, p in self._trained():
             if ".mlp.experts." in name:
                 expert.append(p)
             elif convert.tp_split_dim(name) is not None:
@@ -136,10 +138,12 @@ class ParallelMixin:
         return total
 
     # --- the full state ------------------------------------------------------------------------
-    def _full_megatron_state(self) -> dict[str, torch.Tensor]:
+    def _full_megatron_state(self, params: dict | None = None) -> dict[str, torch.Tensor]:
         """The whole model's state (every TP shard, expert and pipeline stage gathered; global
-        layer and expert indices), on every rank: a collective over all of them."""
+        layer and expert indices), on every rank: a collective over all of them; ``params``
+        replaces the model's parameters by name (the fp32 main weights)."""
         state = {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+        state.update(params or {})
         if self.tp > 1:
             state = self._gather_tp(state)
         if self.ep > 1:

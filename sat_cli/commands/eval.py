@@ -106,12 +106,13 @@ def run_eval_command(cfg, obj) -> None:
     from sat_cli.signals import BY_NAME, orderly_stop
     from sat_cli.tracking import Tracker, flatten_config
 
-    # every input is checked before anything is written or started
-    path = _model_dir(obj)
+    # every input is checked before anything is written or started; the data first (cheap:
+    # no torch import, no model read), then the model
     e = obj.eval
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
     data_file = _data_file(obj)
+    path = _model_dir(obj)
     tokenizer = preflight.load_tokenizer(path)
     overlong = preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
     out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"

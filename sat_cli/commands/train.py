@@ -140,12 +140,12 @@ def _train(cfg, obj) -> dict:
     run_dir, resuming = resolve_run_dir(obj)
     log = print
     preflight.check_run_folder(run_dir)
-    path = model_path(obj, log=log)
-    tokenizer = preflight.load_tokenizer(path)
-    task = build_task(obj)
-    dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
+    task = build_task(obj)  # the data first (cheap: no model read), then the model
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
+    path = model_path(obj, log=log)
+    tokenizer = preflight.load_tokenizer(path)
+    dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
     overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
         key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
         for key, s in (("eval", spec), ("final", final_spec))

@@ -284,6 +284,9 @@ def test_server_kill_is_detected_and_leaves_no_process(engine, prompts, tokenize
     server = engine.servers[0]
     pgid = server.pgid
     assert len(live_group_members(pgid)) >= 3  # launcher, scheduler, detokenizer
+    # SGLang's CPU all-reduce segments carry our tag (259 MB each in /dev/shm, i.e. RAM)
+    segments = server.shm_segments()
+    assert segments and all(s.stat().st_size > 100e6 for s in segments)
     future = engine.generate_async(prompts * 8, 8, sampling(tokenizer, max_new_tokens=32))
     time.sleep(1.0)
     t0 = time.monotonic()
@@ -295,3 +298,5 @@ def test_server_kill_is_detected_and_leaves_no_process(engine, prompts, tokenize
     assert not engine.health()
     engine.close()
     assert live_group_members(pgid) == []  # SGLang's scheduler and detokenizer went too
+    assert not any(s.exists() for s in segments)  # and their /dev/shm segments (killed: not
+    # even a clean exit of SGLang removes them)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sat_cli.engines.sglang.process import ManagedProcess
+from sat_cli.procs import free_port
 
 CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 # SGLang 0.5.23 on an AMX CPU (../shared/sglang-cpu/README.md): the AMX attention kernel of the
@@ -37,6 +38,14 @@ CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 # (there is no device memory to take a fraction of).
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule")
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+# SGLang's CPU all-reduce (sgl_kernel shm.cpp) keeps 259 MB segments in /dev/shm named
+# deepspeed_allreduce_buffer_<i>_<MASTER_ADDR>_<MASTER_PORT>_<rank>, and nothing removes them when
+# the server stops (they filled /dev/shm, i.e. RAM, here: 17 GB after a day of tests). SGLang
+# only sets MASTER_ADDR/MASTER_PORT if unset (distributed/bootstrap.py), so each CPU process gets
+# a tag of ours (a free port number: only a name, nothing binds it) and `stop` unlinks its
+# segments.
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "deepspeed_allreduce_buffer"
 DEVICES = ("cuda", "cpu")
 SGLANG_VENV = ".venv-sglang"  # what `make sglang-cpu` builds
 
@@ -100,8 +109,13 @@ class SGLangProcess(ManagedProcess):
     ) -> None:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        self.shm_tag: tuple[str, str] | None = None
         if device == "cpu":
             env = {**CPU_ENV, **(env or {})}
+            if "MASTER_PORT" not in env and "MASTER_PORT" not in os.environ:
+                env.setdefault("MASTER_ADDR", "127.0.0.1")
+                env["MASTER_PORT"] = str(free_port())
+                self.shm_tag = (env["MASTER_ADDR"], env["MASTER_PORT"])
         super().__init__(
             host=host,
             port=port,
@@ -113,6 +127,21 @@ class SGLangProcess(ManagedProcess):
         self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
         self.device = device
         self.extra_args = list(extra_args)
+
+    def shm_segments(self) -> list[Path]:
+        """This process's SGLang CPU all-reduce segments in /dev/shm (see ``SHM_PREFIX``)."""
+        if self.shm_tag is None or not SHM_DIR.is_dir():
+            return []
+        addr, port = self.shm_tag
+        return sorted(SHM_DIR.glob(f"{SHM_PREFIX}_*_{addr}_{port}_*"))
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        try:
+            super().stop(grace_s)
+        finally:
+            if self._proc is not None and self._proc.poll() is not None:
+                for seg in self.shm_segments():
+                    seg.unlink(missing_ok=True)
 
     @property
     def launch_head(self) -> list[str]:

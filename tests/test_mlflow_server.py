@@ -107,7 +107,7 @@ def test_tracker_over_http_server(tmp_path):
             "r",
             params={"algo.name": "gspo", "lag": "8"},
             tags={"sweep": "smoke"},
-            http_timeout_s=5,
+            http_timeout_s=60,  # uploads are slow on a loaded machine; failure paths: below
             http_max_retries=0,
         ) as tr:
             for step in range(3):

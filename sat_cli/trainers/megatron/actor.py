@@ -209,7 +209,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         """The current weights as an HF checkpoint at ``out_dir`` (atomic; rank 0 writes)."""
         state = self.hf_state()
         if self.rank == 0:
-            convert.save_hf_checkpoint(state, out_dir, self.model_path)
+            shard = getattr(self, "max_shard_size", convert.hf_io.DEFAULT_MAX_SHARD_SIZE)
+            convert.save_hf_checkpoint(state, out_dir, self.model_path, shard)
         self._barrier()
         return Path(out_dir)
 

@@ -1,0 +1,238 @@
+"""Lazy, per-rank reads and sharded writes of HF safetensors checkpoints.
+
+Reading (``CheckpointReader``, ``rank_plan``): a checkpoint is one ``model.safetensors`` or
+shards named by ``model.safetensors.index.json`` (any other ``*.safetensors`` set is read by
+its headers). Files are opened with ``safetensors.safe_open`` (memory-mapped; only the bytes of
+the tensors asked for are read), and ``get_slice`` reads a tensor-parallel rank's rows or
+columns without the rest of the tensor. ``rank_plan`` maps every megatron parameter name a rank
+holds (global layer numbers, local expert numbers) to a thunk that reads exactly that rank's
+part: its experts (``ep``), its TP shard (vocabulary rows of the embedding and output layer,
+the rows of its KV groups in q/k/v, its heads' columns of ``o_proj``); a pipeline stage then
+keeps the thunks of its layers (``pipeline.select_stage`` works on any mapping), so no rank
+materialises a tensor it does not own. The result equals ``split_tp(hf_to_megatron(full))``
+bit for bit (tests/test_megatron_shard.py). The reader counts what it read (``read_log``).
+
+Writing (``save_sharded``): transformers' layout: tensors in name order, a new shard whenever
+the next tensor would take the current one past ``max_shard_size`` bytes (a tensor larger than
+the cap gets a shard of its own); one shard is written as ``model.safetensors`` without an
+index, several as ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``
+(``{"metadata": {"total_parameters": n, "total_size": bytes}, "weight_map": {name: file}}``,
+as transformers 5 writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # transformers' default "5GB"
+
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes of ``size``: an int, or a string such as ``"5GB"``, ``"500MB"``, ``"2GiB"``."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(size).upper())
+    if m is None or m.group(2) not in _UNITS:
+        raise ValueError(f"max_shard_size {size!r} is not a size such as 5GB, 500MB or 1000000")
+    return parse_size(int(float(m.group(1)) * _UNITS[m.group(2)]))
+
+
+class CheckpointReader:
+    """Lazy tensors of a HF checkpoint folder (module doc). ``read_log`` lists
+    ``(name, elements read)`` for every read, in order."""
+
+    def __init__(self, model_dir: str | os.PathLike):
+        from safetensors import safe_open
+
+        self.dir = Path(model_dir)
+        index = self.dir / INDEX_NAME
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+            weight_map = None
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {self.dir}")
+        self._files = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
+        if weight_map is None:
+            weight_map = {k: f for f, h in self._files.items() for k in h.keys()}
+        self.where: dict[str, str] = dict(weight_map)
+        self.read_log: list[tuple[str, int]] = []
+
+    def keys(self) -> list[str]:
+        return list(self.where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def shape(self, key: str) -> list[int]:
+        return list(self._slice(key).get_shape())
+
+    def _slice(self, key: str):
+        if key not in self.where:
+            raise KeyError(f"HF checkpoint lacks {key}")
+        return self._files[self.where[key]].get_slice(key)
+
+    def get(self, key: str, index: Any = None) -> torch.Tensor:
+        """Tensor ``key``, or only ``key[index]`` (slices, e.g. ``(slice(None), slice(a, b))``)."""
+        if index is None:
+            t = self._files[self.where[key]].get_tensor(key) if key in self.where else None
+            if t is None:
+                raise KeyError(f"HF checkpoint lacks {key}")
+        else:
+            t = self._slice(key)[index]
+        self.read_log.append((key, t.numel()))
+        return t
+
+
+def read_all(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder (single file or shards)."""
+    reader = CheckpointReader(model_dir)
+    return {k: reader.get(k) for k in reader.keys()}
+
+
+def _block(n: int, rank: int, size: int, what: str) -> slice:
+    if n % size:
+        raise ValueError(f"{what}: size {n} is not divisible by tp={size}")
+    per = n // size
+    return slice(rank * per, (rank + 1) * per)
+
+
+def rank_plan(
+    reader: CheckpointReader,
+    cfg: dict,
+    *,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """``{megatron name: thunk}`` of this (ep, tp) rank's tensors (module doc); unknown
+    checkpoint tensors raise ``KeyError`` as ``convert.hf_to_megatron`` does."""
+    from .convert import SAME_TENSORS, _dims
+    from .model import _get
+
+    nh, ng, hd, n_layers, n_experts = _dims(cfg)
+    if n_experts % ep_size:
+        raise ValueError(f"num_experts={n_experts} is not divisible by ep_size={ep_size}")
+    if ng % tp_size:
+        raise ValueError(f"num_key_value_heads={ng} is not divisible by tp={tp_size}")
+    per_rank = n_experts // ep_size
+    get = reader.get
+    known: set[str] = {"model.embed_tokens.weight", "model.norm.weight"}
+
+    def rows(key: str) -> Callable[[], torch.Tensor]:
+        if tp_size == 1:
+            return lambda: get(key)
+        block = _block(reader.shape(key)[0], tp_rank, tp_size, key)
+        return lambda: get(key, block)
+
+    plan: dict[str, Callable[[], torch.Tensor]] = {
+        "embedding.word_embeddings.weight": rows("model.embed_tokens.weight"),
+        "decoder.final_layernorm.weight": lambda: get("model.norm.weight"),
+    }
+    if not _get(cfg, "tie_word_embeddings", False):
+        known.add("lm_head.weight")
+        plan["output_layer.weight"] = rows("lm_head.weight")
+    g = ng // tp_size  # KV groups of this TP rank
+    groups = slice(tp_rank * g, (tp_rank + 1) * g)
+    qh = nh // ng * hd  # query rows per group
+
+    def qkv(h: str) -> torch.Tensor:
+        q = get(h + "q_proj.weight", slice(groups.start * qh, groups.stop * qh))
+        k = get(h + "k_proj.weight", slice(groups.start * hd, groups.stop * hd))
+        v = get(h + "v_proj.weight", slice(groups.start * hd, groups.stop * hd))
+        hidden = q.shape[1]
+        parts = [q.view(g, qh, hidden), k.view(g, hd, hidden), v.view(g, hd, hidden)]
+        return torch.cat(parts, dim=1).reshape(-1, hidden)
+
+    def expert(h: str, e: int) -> tuple[Callable, Callable]:
+        fused = h + "mlp.experts.gate_up_proj"
+        if fused in reader:  # [E, 2I, H] and [E, H, I]
+            return (
+                lambda: get(fused, slice(e, e + 1))[0],
+                lambda: get(h + "mlp.experts.down_proj", slice(e, e + 1))[0],
+            )
+        x = f"{h}mlp.experts.{e}."
+        return (
+            lambda: torch.cat([get(x + "gate_proj.weight"), get(x + "up_proj.weight")], dim=0),
+            lambda: get(x + "down_proj.weight"),
+        )
+
+    for layer in range(n_layers):
+        h, m = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+        a = h + "self_attn."
+        known.update(a + f"{p}_proj.weight" for p in "qkv")
+        plan[m + "self_attention.linear_qkv.weight"] = lambda a=a: qkv(a)
+        for mg_name, hf_name in SAME_TENSORS:
+            known.add(h + hf_name)
+            if mg_name == "self_attention.linear_proj.weight" and tp_size > 1:
+                cols = _block(nh * hd, tp_rank, tp_size, h + hf_name)
+                plan[m + mg_name] = lambda k=h + hf_name, c=cols: get(k, (slice(None), c))
+            else:
+                plan[m + mg_name] = lambda k=h + hf_name: get(k)
+        known.update((h + "mlp.experts.gate_up_proj", h + "mlp.experts.down_proj"))
+        for e in range(n_experts):
+            known.update(f"{h}mlp.experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down"))
+            if e // per_rank != ep_rank:
+                continue
+            fc1, fc2 = expert(h, e)
+            local = f"{m}mlp.experts.local_experts.{e % per_rank}."
+            plan[local + "linear_fc1.weight"] = fc1
+            plan[local + "linear_fc2.weight"] = fc2
+    unknown = sorted(set(reader.keys()) - known)
+    if unknown:
+        raise KeyError(f"HF checkpoint has tensors the converter does not map: {unknown[:5]}")
+    return plan
+
+
+def save_sharded(
+    tensors: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str
+) -> list[str]:
+    """Write ``tensors`` into ``folder`` in transformers' sharded layout (module doc); returns
+    the file names written."""
+    from safetensors.torch import save_file
+
+    cap = parse_size(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    total = params = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > cap:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+        total += nbytes
+        params += t.numel()
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    n = len(shards)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    weight_map = {}
+    for fname, shard in zip(names, shards, strict=True):
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {
+        "metadata": {"total_parameters": params, "total_size": total},
+        "weight_map": weight_map,
+    }
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return [*names, INDEX_NAME]

@@ -219,6 +219,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         ep=t.ep,
         cp=t.cp,
         dtype=t.dtype,
+        max_shard_size=t.max_shard_size,
         **kwargs,
     )
 

@@ -156,3 +156,12 @@ def test_shard_size_parsing():
     for bad in ("lots", "0", -1, "5 parsecs"):
         with pytest.raises(ValueError):
             hf_io.parse_size(bad)
+
+
+def test_config_checks_the_shard_size():
+    from sat_cli.config.checks import ConfigError
+    from sat_cli.config.schema import TrainerConfig
+
+    assert TrainerConfig(name="megatron", max_shard_size="500MB").max_shard_size == "500MB"
+    with pytest.raises(ConfigError, match="trainer.max_shard_size"):
+        TrainerConfig(name="megatron", max_shard_size="lots")

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from . import hf_io
+from .hf_io import SAME_TENSORS, _dims
 from .model import _get
 
 # Files copied next to exported weights so that transformers / SGLang can load the directory.
@@ -64,25 +65,6 @@ HF_SIDE_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
-
-
-# per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
-# order both conversions write them
-SAME_TENSORS = (
-    ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
-    ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
-    ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
-    ("input_layernorm.weight", "input_layernorm.weight"),
-    ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
-    ("mlp.router.weight", "mlp.gate.weight"),
-)
-
-
-def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
-    nh = _get(hf_config, "num_attention_heads")
-    ng = _get(hf_config, "num_key_value_heads")
-    hd = _get(hf_config, "head_dim")
-    return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
 
 
 # --------------------------------------------------------------------------- HF checkpoints

@@ -24,30 +24,37 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sat_cli.fsio import parse_size
+
+from .model import _get
+
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # transformers' default "5GB"
 
-_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
-_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
+
+# per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
+# order both conversions write them
+SAME_TENSORS = (
+    ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+    ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
+    ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
+    ("input_layernorm.weight", "input_layernorm.weight"),
+    ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
+    ("mlp.router.weight", "mlp.gate.weight"),
+)
 
 
-def parse_size(size: int | str) -> int:
-    """Bytes of ``size``: an int, or a string such as ``"5GB"``, ``"500MB"``, ``"2GiB"``."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        if size <= 0:
-            raise ValueError(f"max_shard_size must be positive, got {size}")
-        return size
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(size).upper())
-    if m is None or m.group(2) not in _UNITS:
-        raise ValueError(f"max_shard_size {size!r} is not a size such as 5GB, 500MB or 1000000")
-    return parse_size(int(float(m.group(1)) * _UNITS[m.group(2)]))
+def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
+    nh = _get(hf_config, "num_attention_heads")
+    ng = _get(hf_config, "num_key_value_heads")
+    hd = _get(hf_config, "head_dim")
+    return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
 
 
 class CheckpointReader:
@@ -123,9 +130,6 @@ def rank_plan(
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """``{megatron name: thunk}`` of this (ep, tp) rank's tensors (module doc); unknown
     checkpoint tensors raise ``KeyError`` as ``convert.hf_to_megatron`` does."""
-    from .convert import SAME_TENSORS, _dims
-    from .model import _get
-
     nh, ng, hd, n_layers, n_experts = _dims(cfg)
     if n_experts % ep_size:
         raise ValueError(f"num_experts={n_experts} is not divisible by ep_size={ep_size}")

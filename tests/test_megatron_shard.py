@@ -114,6 +114,11 @@ def test_lazy_load_reads_only_the_owned_tensors(sharded_dir, ep, tp, stage):
     print(f"ep={ep} tp={tp} stage={stage}: read {owned} of {total} elements")
     ref = _eager(sharded_dir, cfg, ep - 1, ep, tp - 1, tp, stage)
     assert owned == sum(t.numel() for t in ref.values()) < total
+    # bytes from disk: exactly the owned tensors, plus under tp the other half of each o_proj
+    # (columns are read with their rows, then sliced)
+    o_proj = cfg["hidden_size"] * cfg["num_attention_heads"] * cfg["head_dim"]
+    extra = 0 if tp == 1 else cfg["num_hidden_layers"] * o_proj // 2
+    assert reader.bytes_read == 4 * (owned + extra)
 
 
 def test_sharded_export_is_transformers_layout(tiny_dir, sharded_dir, tmp_path):
@@ -165,3 +170,27 @@ def test_config_checks_the_shard_size():
     assert TrainerConfig(name="megatron", max_shard_size="500MB").max_shard_size == "500MB"
     with pytest.raises(ConfigError, match="trainer.max_shard_size"):
         TrainerConfig(name="megatron", max_shard_size="lots")
+
+
+def test_reader_reads_every_dtype_like_safetensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=g)
+    tensors = {
+        "bf16": x.bfloat16(),
+        "f16": x.half(),
+        "f64": x.double(),
+        "i64": torch.arange(12).view(3, 4),
+        "mask": x > 0,
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    want = load_file(str(tmp_path / "model.safetensors"))
+    reader = hf_io.CheckpointReader(tmp_path)
+    for k, t in want.items():
+        got = reader.get(k)
+        assert got.dtype == t.dtype and torch.equal(got, t), k
+    assert torch.equal(reader.get("bf16", slice(2, 4)), want["bf16"][2:4])
+    assert torch.equal(reader.get("f16", (slice(None), slice(1, 3))), want["f16"][:, 1:3])

@@ -2,9 +2,9 @@
 
 Reading (``CheckpointReader``, ``rank_plan``): a checkpoint is one ``model.safetensors`` or
 shards named by ``model.safetensors.index.json`` (any other ``*.safetensors`` set is read by
-its headers). Files are opened with ``safetensors.safe_open`` (memory-mapped; only the bytes of
-the tensors asked for are read), and ``get_slice`` reads a tensor-parallel rank's rows or
-columns without the rest of the tensor. ``rank_plan`` maps every megatron parameter name a rank
+its headers). Only the headers are parsed up front; a tensor is read when asked for, with plain
+file reads of exactly its bytes (a tensor-parallel rank's row block: only those rows), not
+through a memory map (see ``CheckpointReader`` for why). ``rank_plan`` maps every megatron parameter name a rank
 holds (global layer numbers, local expert numbers) to a thunk that reads exactly that rank's
 part: its experts (``ep``), its TP shard (vocabulary rows of the embedding and output layer,
 the rows of its KV groups in q/k/v, its heads' columns of ``o_proj``); a pipeline stage then
@@ -57,51 +57,105 @@ def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
     return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
 
 
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_header(path: Path) -> tuple[int, dict[str, dict]]:
+    """``(offset of the data, {name: {"dtype", "shape", "data_offsets"}})`` of a safetensors
+    file: an 8-byte little-endian header length, then the JSON header."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return 8 + n, header
+
+
 class CheckpointReader:
     """Lazy tensors of a HF checkpoint folder (module doc). ``read_log`` lists
-    ``(name, elements read)`` for every read, in order."""
+    ``(name, elements kept)`` for every read, in order; ``bytes_read`` counts file bytes.
+
+    Tensors are read with plain file reads into freshly allocated tensors, not through a
+    memory map: pages of a mapped file count towards the process's resident set size as they
+    are touched, so reading a whole file through ``safe_open``'s map costs its size in peak
+    RSS on every rank even when the tensors are dropped right after (measured:
+    docs/megatron.md). Row blocks (dimension 0) are read directly; other slices (the
+    ``o_proj`` columns of a TP rank) read the tensor and keep a copy of the slice."""
 
     def __init__(self, model_dir: str | os.PathLike):
-        from safetensors import safe_open
-
         self.dir = Path(model_dir)
         index = self.dir / INDEX_NAME
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
-            weight_map = None
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {self.dir}")
-        self._files = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
-        if weight_map is None:
-            weight_map = {k: f for f, h in self._files.items() for k in h.keys()}
-        self.where: dict[str, str] = dict(weight_map)
+        self._meta: dict[str, tuple[Path, int, dict]] = {}
+        for f in files:
+            start, header = read_header(self.dir / f)
+            for key, info in header.items():
+                if info["dtype"] not in _DTYPES:
+                    raise ValueError(f"{f}: {key} has dtype {info['dtype']}, not supported")
+                self._meta[key] = (self.dir / f, start, info)
         self.read_log: list[tuple[str, int]] = []
+        self.bytes_read = 0
 
     def keys(self) -> list[str]:
-        return list(self.where)
+        return list(self._meta)
 
     def __contains__(self, key: str) -> bool:
-        return key in self.where
+        return key in self._meta
+
+    def _info(self, key: str) -> tuple[Path, int, dict]:
+        if key not in self._meta:
+            raise KeyError(f"HF checkpoint lacks {key}")
+        return self._meta[key]
 
     def shape(self, key: str) -> list[int]:
-        return list(self._slice(key).get_shape())
+        return list(self._info(key)[2]["shape"])
 
-    def _slice(self, key: str):
-        if key not in self.where:
-            raise KeyError(f"HF checkpoint lacks {key}")
-        return self._files[self.where[key]].get_slice(key)
+    def _read(self, key: str, rows: slice | None = None) -> torch.Tensor:
+        path, start, info = self._info(key)
+        shape = list(info["shape"])
+        begin, end = info["data_offsets"]
+        if rows is not None:
+            lo, hi, step = rows.indices(shape[0])
+            if step != 1:
+                raise ValueError(f"{key}: only contiguous row blocks are read directly")
+            row = (end - begin) // max(shape[0], 1)
+            begin, shape[0] = begin + lo * row, max(hi - lo, 0)
+        t = torch.empty(shape, dtype=_DTYPES[info["dtype"]])
+        buf = memoryview(t.view(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start + begin)
+            done = 0
+            while done < len(buf):
+                n = f.readinto(buf[done:])
+                if not n:
+                    raise OSError(f"{path.name}: {key} is truncated")
+                done += n
+        self.bytes_read += len(buf)
+        return t
 
     def get(self, key: str, index: Any = None) -> torch.Tensor:
         """Tensor ``key``, or only ``key[index]`` (slices, e.g. ``(slice(None), slice(a, b))``)."""
         if index is None:
-            t = self._files[self.where[key]].get_tensor(key) if key in self.where else None
-            if t is None:
-                raise KeyError(f"HF checkpoint lacks {key}")
+            t = self._read(key)
+        elif isinstance(index, slice):
+            t = self._read(key, index)
         else:
-            t = self._slice(key)[index]
+            t = self._read(key)[index].clone()
         self.read_log.append((key, t.numel()))
         return t
 

@@ -50,7 +50,9 @@ def measure(model: Path, work: Path, nproc: int, ep: int, tp: int) -> list[tuple
     with MegatronTrainer(model, work_dir=work, nproc_per_node=nproc, ep=ep, tp=tp) as tr:
         tr.ping()
     log = (work / "logs" / "megatron_trainer.log").read_text()
-    rows = re.findall(r"rank (\d+): peak RSS after model load (\d+) MiB(?:, before (\d+) MiB)?", log)
+    rows = re.findall(
+        r"rank (\d+): peak RSS after model load (\d+) MiB(?:, before (\d+) MiB)?", log
+    )
     return [(float(a), float(b or "nan")) for _, a, b in sorted(rows)]
 
 

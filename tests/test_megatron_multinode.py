@@ -125,3 +125,53 @@ def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
     assert all(torch.equal(one_w[k], two_w[k]) for k in one_w)  # bit-exact weights
     moved = convert.load_hf_state(tiny_dir)
     assert max((one_w[k] - moved[k]).abs().max().item() for k in one_w) > 1e-4
+
+
+@pytest.mark.slow
+def test_sat_train_on_two_loopback_nodes_matches_one_node(tmp_path):
+    """`sat train trainer=megatron trainer.nnodes=2 trainer.nproc_per_node=1 max_steps=2` with
+    node 1 joined by `sat worker --join`, against `trainer.nproc_per_node=2` on one node (both
+    ep = 2): the same losses and gradient norms and the same final weights."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from test_megatron_tp import _run_history
+
+    from sat_cli.trainers.megatron import convert
+
+    common = [
+        "train",
+        "experiment=cpu_smoke",
+        "task.prompts_per_step=2",
+        "task.samples_per_prompt=2",
+        "eval.every=0",
+        "run.dir=runs",
+        "trainer=megatron",
+        "trainer.ep=2",
+        "max_steps=2",
+    ]
+    out = run_sat(*common, "run.name=one", "trainer.nproc_per_node=2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    port = free_port()
+    config = tmp_path / "runs/sat/two/megatron/worker_config.json"
+    joined: dict = {}
+    joiner = threading.Thread(
+        target=_join_when_config_appears, args=(config, f"127.0.0.1:{port}", joined)
+    )
+    joiner.start()
+    two = ["run.name=two", "trainer.nnodes=2", f"trainer.master_port={port}"]
+    out = run_sat(*common, *two, cwd=tmp_path)
+    joiner.join(timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"sat worker --join 127.0.0.1:{port} --config {config}" in out.stderr
+    assert joined["proc"].returncode == 0, joined["proc"].stderr[-3000:]
+    for key in ("loss/policy", "loss/grad_norm", "loss/entropy"):
+        ref, got = _run_history(tmp_path, "one", key), _run_history(tmp_path, "two", key)
+        assert [s for s, _ in got] == [s for s, _ in ref] == [1, 2], key
+        assert got == ref, key
+        if key == "loss/grad_norm":
+            assert max(v for _, v in ref) > 0  # a step with a gradient
+    ckpt = "checkpoints/step_2/trainer/model"
+    one = convert.load_hf_state(tmp_path / "runs/sat/one" / ckpt)
+    two_w = convert.load_hf_state(tmp_path / "runs/sat/two" / ckpt)
+    worst = max((one[k] - two_w[k]).abs().max().item() for k in one)
+    print(f"two loopback nodes vs one node: weights max |diff| {worst:.1e}")
+    assert worst <= 1e-6

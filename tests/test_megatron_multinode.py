@@ -129,9 +129,10 @@ def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sat_train_on_two_loopback_nodes_matches_one_node(tmp_path):
-    """`sat train trainer=megatron trainer.nnodes=2 trainer.nproc_per_node=1 max_steps=2` with
+    """`sat train trainer=megatron trainer.nnodes=2 trainer.nproc_per_node=1 max_steps=3` with
     node 1 joined by `sat worker --join`, against `trainer.nproc_per_node=2` on one node (both
-    ep = 2): the same losses and gradient norms and the same final weights."""
+    ep = 2): the same losses and gradient norms and the same final weights. Three steps: on
+    this smoke task the first two have no gradient (zero-advantage groups), the third has."""
     pytest.importorskip("megatron.core", reason="megatron-core not installed")
     from test_megatron_tp import _run_history
 
@@ -146,7 +147,7 @@ def test_sat_train_on_two_loopback_nodes_matches_one_node(tmp_path):
         "run.dir=runs",
         "trainer=megatron",
         "trainer.ep=2",
-        "max_steps=2",
+        "max_steps=3",
     ]
     out = run_sat(*common, "run.name=one", "trainer.nproc_per_node=2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -165,13 +166,15 @@ def test_sat_train_on_two_loopback_nodes_matches_one_node(tmp_path):
     assert joined["proc"].returncode == 0, joined["proc"].stderr[-3000:]
     for key in ("loss/policy", "loss/grad_norm", "loss/entropy"):
         ref, got = _run_history(tmp_path, "one", key), _run_history(tmp_path, "two", key)
-        assert [s for s, _ in got] == [s for s, _ in ref] == [1, 2], key
+        assert [s for s, _ in got] == [s for s, _ in ref] == [1, 2, 3], key
         assert got == ref, key
         if key == "loss/grad_norm":
             assert max(v for _, v in ref) > 0  # a step with a gradient
-    ckpt = "checkpoints/step_2/trainer/model"
-    one = convert.load_hf_state(tmp_path / "runs/sat/one" / ckpt)
-    two_w = convert.load_hf_state(tmp_path / "runs/sat/two" / ckpt)
+    ckpt = "checkpoints/step_{}/trainer/model"
+    one = convert.load_hf_state(tmp_path / "runs/sat/one" / ckpt.format(3))
+    two_w = convert.load_hf_state(tmp_path / "runs/sat/two" / ckpt.format(3))
+    before = convert.load_hf_state(tmp_path / "runs/sat/one" / ckpt.format(2))
+    assert max((one[k] - before[k]).abs().max().item() for k in one) > 1e-4
     worst = max((one[k] - two_w[k]).abs().max().item() for k in one)
     print(f"two loopback nodes vs one node: weights max |diff| {worst:.1e}")
     assert worst <= 1e-6

@@ -220,6 +220,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         cp=t.cp,
         dtype=t.dtype,
         export_dtype=obj.engine.dtype,
+        max_shard_size=t.max_shard_size,
         **kwargs,
     )
 

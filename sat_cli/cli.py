@@ -178,6 +178,32 @@ def report_cmd(
     )
 
 
+@app.command("worker")
+def worker_cmd(
+    join: str = typer.Option(..., "--join", help="HOST:PORT of the job's rendezvous (node 0)"),
+    config: str = typer.Option(
+        ..., "--config", help="the job's worker_config.json (RUN/megatron/, shared filesystem)"
+    ),
+    node_rank: int = typer.Option(1, "--node-rank", help="this node's rank, 1 .. nnodes - 1"),
+    nproc_per_node: int = typer.Option(
+        None, "--nproc-per-node", help="processes on this node (default: the job's)"
+    ),
+    wait: float = typer.Option(60.0, "--wait", help="seconds to wait for the rendezvous"),
+) -> None:
+    """Join this machine as one more node to a running `sat train trainer=megatron
+    trainer.nnodes=N` job (docs/megatron.md, Multi-node)."""
+    from sat_cli.commands.worker import join as join_job
+
+    code: list[int] = []
+    _guard(
+        lambda: code.append(
+            join_job(join, config, node_rank=node_rank, nproc_per_node=nproc_per_node, wait=wait)
+        )
+    )
+    if code and code[0]:
+        fail(f"the worker ranks of node {node_rank} exited with code {code[0]}", 1)
+
+
 @app.command("ui")
 def ui_cmd(
     port: int = typer.Option(5000, help="port on 127.0.0.1 (1-65535; must be free)"),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sat_cli.config.checks import ConfigError, _choice, _range, _template
 from sat_cli.config.engine import EngineConfig  # the engine section (its own module)
+from sat_cli.fsio import parse_size
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
     ANCHORS,
@@ -217,7 +218,7 @@ class TrainerConfig:
     num_threads: int = 1
     # megatron: torchrun layout and model parallel sizes; rules, split and memory estimate in
     # sat_cli/config/layout.py (`sat plan` prints them). nnodes > 1: torchrun's rendezvous is
-    # master_addr:master_port; the other nodes' torchrun is started by the user (docs/megatron.md)
+    # master_addr:master_port; other nodes join with `sat worker --join` (docs/megatron.md)
     nproc_per_node: int = 1
     nnodes: int = 1
     master_addr: str = "127.0.0.1"
@@ -234,6 +235,8 @@ class TrainerConfig:
     # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
     # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
     r3_audit: bool = False
+    # megatron: exported HF weights in safetensors shards of at most this size (+ index.json)
+    max_shard_size: str = "5GB"
 
     def __post_init__(self) -> None:
         _choice("trainer.name", self.name, TRAINERS)
@@ -247,6 +250,10 @@ class TrainerConfig:
         if self.etp is not None:
             _range("trainer.etp", self.etp, 1)
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        try:
+            parse_size(self.max_shard_size)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.max_shard_size: {exc}") from None
         _range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
         if self.name == "local" and self.dtype != "float32":
             raise ConfigError("trainer=local trains in float32: trainer.dtype=float32")

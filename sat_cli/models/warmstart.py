@@ -261,7 +261,8 @@ def ensure_warm_start(
 
 def _complete(path: Path, key: str) -> bool:
     meta = path / "warmstart.json"
-    if not (meta.is_file() and (path / "model.safetensors").is_file()):
+    weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards
+    if not (meta.is_file() and any((path / w).is_file() for w in weights)):
         return False
     return json.loads(meta.read_text()).get("key") == key
 

@@ -254,7 +254,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             dtype = self.export_dtype
         state = {k: v.to(dtype) for k, v in state.items()}
         if self.rank == 0:
-            convert.save_hf_checkpoint(state, out_dir, self.model_path)
+            shard = getattr(self, "max_shard_size", convert.hf_io.DEFAULT_MAX_SHARD_SIZE)
+            convert.save_hf_checkpoint(state, out_dir, self.model_path, shard)
         self._barrier()
         return Path(out_dir)
 

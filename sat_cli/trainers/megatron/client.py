@@ -10,6 +10,10 @@ subprocess and driving it over the channel described in ``protocol.py``:
      --monitor-interval, 0.1, --log-dir, WORK/torchelastic, -m, sat_cli.trainers.megatron.worker,
      --config, WORK/worker_config.json, --reply-fifo, WORK/reply.fifo]
 
+(with ``nnodes`` M > 1 the rendezvous is torchrun's static one, ``--node-rank 0 --master-addr
+HOST --master-port PORT``, and the other nodes join with ``sat worker --join HOST:PORT
+--config WORK/worker_config.json --node-rank k``: ``launch.py``).
+
 - ``work_dir`` (run-local) holds the config, the reply FIFO and the batch/result safetensors
   files (deleted after use); ``logs_dir`` gets ``megatron_trainer.log`` (torchrun and worker
   stdout/stderr).
@@ -45,7 +49,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -58,6 +61,7 @@ from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import TRAINER_KEYS
 
 from . import protocol
+from .launch import join_command, launch_env, torchrun_command
 
 LOG_NAME = "megatron_trainer.log"
 
@@ -89,6 +93,7 @@ class MegatronTrainer:
         python: str | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = 600.0,
+        max_shard_size: int | str = "5GB",
         **actor_kwargs,
     ):
         unknown = set(actor_kwargs) - _actor_keys()
@@ -121,17 +126,24 @@ class MegatronTrainer:
         self.log_path = self.logs_dir / LOG_NAME
         (self.work_dir / "io").mkdir(exist_ok=True)
 
+        endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
         config = {
             "protocol": protocol.PROTOCOL_VERSION,
+            "nnodes": nnodes,
+            "nproc_per_node": nproc_per_node,
+            "master": endpoint,
             "model_path": str(Path(model_path).resolve()),
             "tp": tp,
             "pp": pp,
             "ep": ep,
             "cp": cp,
+            "max_shard_size": max_shard_size,
             "actor": {**actor_kwargs, "loss": loss.to_dict()},
         }
         config_path = self.work_dir / "worker_config.json"
-        config_path.write_text(json.dumps(config, indent=1))
+        tmp_config = config_path.with_name(".worker_config.json.tmp")
+        tmp_config.write_text(json.dumps(config, indent=1))
+        os.replace(tmp_config, config_path)  # `sat worker --join` may be polling for it
 
         fifo = self.work_dir / "reply.fifo"
         if fifo.exists():
@@ -142,44 +154,26 @@ class MegatronTrainer:
         # worker death is detected from the processes instead.
         self._keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
 
-        endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
-        self.command = [
+        self.command = torchrun_command(
             python or sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc_per_node),
-            "--nnodes",
-            str(nnodes),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            uuid.uuid4().hex[:12],
-            "--max-restarts",
-            "0",
-            "--monitor-interval",
-            "0.1",
-            # torchrun's own log folder: by default a /tmp/torchelastic_* folder that it never
-            # removes; here it lives in the run-local work dir and is removed on close
-            "--log-dir",
-            str(self.work_dir / "torchelastic"),
-            "-m",
-            "sat_cli.trainers.megatron.worker",
-            "--config",
-            str(config_path),
-            "--reply-fifo",
-            str(fifo),
-        ]
-        run_env = dict(os.environ)
-        project_root = str(Path(__file__).resolve().parents[3])
-        run_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (project_root, run_env.get("PYTHONPATH")) if p
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            endpoint=endpoint,
+            node_rank=0,
+            log_dir=self.work_dir / "torchelastic",
+            config=config_path,
+            fifo=fifo,
         )
-        run_env["PYTHONUNBUFFERED"] = "1"
-        run_env.update(env or {})
+        run_env = launch_env(env)
         self._log = open(self.log_path, "ab")  # noqa: SIM115
+        if nnodes > 1:
+            note = (
+                f"megatron trainer: waiting for {nnodes - 1} more node(s); on node k = 1 .. "
+                f"{nnodes - 1} run: {join_command(endpoint, config_path)} --node-rank k\n"
+            )
+            self._log.write(note.encode())
+            self._log.flush()
+            print(note, end="", file=sys.stderr, flush=True)
         self._proc = subprocess.Popen(
             self.command,
             stdin=subprocess.PIPE,
@@ -201,7 +195,7 @@ class MegatronTrainer:
                 f"megatron worker failed to start: {ready.get('error')}\n"
                 f"{ready.get('traceback', '')}(log: {self.log_path})"
             )
-        self._worker_pids = [int(p) for p in ready.get("pids", [])]
+        self._worker_pids = [int(p) for p in ready.get("pids", [])]  # this node's ranks
 
     # --- the channel ---------------------------------------------------------------------------
     def _log_tail(self, n: int = 30) -> str:

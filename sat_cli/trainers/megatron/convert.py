@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from . import hf_io
+from .hf_io import SAME_TENSORS, _dims
 from .model import _get
 
 # Files copied next to exported weights so that transformers / SGLang can load the directory.
@@ -66,35 +67,10 @@ HF_SIDE_FILES = (
 )
 
 
-# per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
-# order both conversions write them
-SAME_TENSORS = (
-    ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
-    ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
-    ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
-    ("input_layernorm.weight", "input_layernorm.weight"),
-    ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
-    ("mlp.router.weight", "mlp.gate.weight"),
-)
-
-
-def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
-    nh = _get(hf_config, "num_attention_heads")
-    ng = _get(hf_config, "num_key_value_heads")
-    hd = _get(hf_config, "head_dim")
-    return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
-
-
 # --------------------------------------------------------------------------- HF checkpoints
 def load_hf_state(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a HF checkpoint directory (``*.safetensors``), experts per-expert."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return unfuse_experts(state)
+    """All tensors of a HF checkpoint directory (one file or shards), experts per-expert."""
+    return unfuse_experts(hf_io.read_all(model_dir))
 
 
 def unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -117,9 +93,14 @@ def unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_hf_checkpoint(
-    state: dict[str, torch.Tensor], out_dir: str | os.PathLike, source_dir: str | os.PathLike
+    state: dict[str, torch.Tensor],
+    out_dir: str | os.PathLike,
+    source_dir: str | os.PathLike,
+    max_shard_size: int | str = hf_io.DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
-    """Write ``model.safetensors`` plus the config/tokenizer files of ``source_dir``.
+    """Write the weights (``model.safetensors``, or shards of at most ``max_shard_size`` bytes
+    plus ``model.safetensors.index.json``: ``hf_io.save_sharded``) and the config/tokenizer
+    files of ``source_dir``.
 
     The directory appears atomically: everything is written to a temporary sibling which is
     then renamed to ``out_dir`` (an existing ``out_dir`` is replaced).
@@ -128,8 +109,7 @@ def save_hf_checkpoint(
 
     out_dir = Path(out_dir)
     with staged_dir(out_dir, prefix=f".{out_dir.name}.") as tmp:
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        hf_io.save_sharded(state, tmp, max_shard_size)
         for name in HF_SIDE_FILES:
             src = Path(source_dir) / name
             if src.exists():
@@ -302,22 +282,30 @@ def load_hf_into_megatron(
     select=None,
 ) -> None:
     """Copy a HF checkpoint into a megatron GPTModel built by ``model.build_gpt_model`` (this
-    rank's experts and tensor-parallel shard; ``select(state)``: its pipeline stage's part)."""
+    rank's experts and tensor-parallel shard; ``select(state)``: its pipeline stage's part).
+
+    Lazy (``hf_io.rank_plan``): only the tensors, rows and columns this rank holds are read,
+    one at a time, each copied into its parameter before the next is read. ``select`` is
+    applied to the mapping of names to readers, so it must only pick and rename keys."""
     cfg = read_hf_config(model_dir)
-    mg = hf_to_megatron(load_hf_state(model_dir), cfg, ep_rank=ep_rank, ep_size=ep_size)
-    mg = split_tp(mg, tp_rank, tp_size)
+    reader = hf_io.CheckpointReader(model_dir)
+    plan = hf_io.rank_plan(
+        reader, cfg, ep_rank=ep_rank, ep_size=ep_size, tp_rank=tp_rank, tp_size=tp_size
+    )
     if select is not None:
-        mg = select(mg)
+        plan = select(plan)
     params = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    missing = sorted(set(params) - set(mg))
-    extra = sorted(set(mg) - set(params))
+    missing = sorted(set(params) - set(plan))
+    extra = sorted(set(plan) - set(params))
     if missing or extra:
         raise KeyError(f"conversion mismatch: missing {missing[:5]}, unexpected {extra[:5]}")
     with torch.no_grad():
         for k, p in params.items():
-            if p.shape != mg[k].shape:
-                raise ValueError(f"{k}: model {tuple(p.shape)} vs converted {tuple(mg[k].shape)}")
-            p.copy_(mg[k].to(p.dtype))
+            t = plan[k]()
+            if p.shape != t.shape:
+                raise ValueError(f"{k}: model {tuple(p.shape)} vs converted {tuple(t.shape)}")
+            p.copy_(t.to(p.dtype))
+            del t
 
 
 def megatron_state_to_hf(model: torch.nn.Module, hf_config: Any) -> dict[str, torch.Tensor]:

@@ -209,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         commands = _Commands(sys.stdin.buffer, rank, world)
         from .actor import MegatronActor
 
+        before = _peak_rss_mib()  # imports, process groups: the part the weights do not scale
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
+        actor.max_shard_size = cfg.get("max_shard_size", "5GB")  # export_hf's shard cap
         pids = _all_pids(commands)
         print(
-            f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB "
+            f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB, "
+            f"before {before:.0f} MiB "
             f"(tp={tp}, pp={pp}, ep={ep}, world={world})",
             file=sys.stderr,
             flush=True,
@@ -230,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 1
     if replies is not None:
-        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids})
+        # the client watches the processes of its own node (ranks 0 .. local world - 1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local]})
     print(
         f"megatron worker rank {rank}/{world} ready (pid {os.getpid()})",
         file=sys.stderr,

@@ -129,20 +129,10 @@ def histogram_image(
     return Image.fromarray(rgba[..., :3].copy(), mode="RGB")
 
 
-def histogram_png(
-    values: Any,
-    *,
-    title: str = "",
-    marks: Mapping[str, float] | None = None,
-    bins: int | Sequence[float] | str = 50,
-    xlabel: str = "",
-    logy: bool = False,
-    stats: Mapping[str, Any] | None = None,
-) -> bytes:
-    """Same picture as :func:`histogram_image`, encoded as PNG bytes (for files and reports)."""
-    img = histogram_image(
-        values, title=title, marks=marks, bins=bins, xlabel=xlabel, logy=logy, stats=stats
-    )
+def histogram_png(values: Any, **kwargs) -> bytes:
+    """Same picture as :func:`histogram_image` (same keywords), encoded as PNG bytes (for files
+    and reports)."""
+    img = histogram_image(values, **kwargs)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()

@@ -83,15 +83,7 @@ class _Worker:
         capture = RouteCapture(self.model) if self.cfg["r3"] else None
         for start in range(0, len(flat), max_batch):
             chunk = flat[start : start + max_batch]
-            kw = dict(
-                temperature=float(s["temperature"]),
-                top_p=float(s["top_p"]),
-                top_k=int(s["top_k"]),
-                max_new_tokens=int(s["max_new_tokens"]),
-                stop_token_ids=stop,
-                pad_id=self.pad_id,
-                generator=gen,
-            )
+            kw = self._sampling_kwargs(s, stop, gen)
             if capture is not None:
                 with capture:
                     results += sample_batch(self.model, chunk, capture=capture, **kw)
@@ -99,6 +91,18 @@ class _Worker:
                 results += sample_batch(self.model, chunk, **kw)
         elapsed = time.perf_counter() - t0
         return {"samples": results, "weight_version": self.version, "gen_s": elapsed}
+
+    def _sampling_kwargs(self, s: dict, stop: set, gen) -> dict:
+        """``sample_batch``'s sampling keywords from a request's sampling dict."""
+        return dict(
+            temperature=float(s["temperature"]),
+            top_p=float(s["top_p"]),
+            top_k=int(s["top_k"]),
+            max_new_tokens=int(s["max_new_tokens"]),
+            stop_token_ids=stop,
+            pad_id=self.pad_id,
+            generator=gen,
+        )
 
     def _sample_switching(self, switch, chunk, s: dict, stop: set, gen) -> list[dict]:
         """One batch with in-flight updates; each result gets its first token's version."""
@@ -108,15 +112,9 @@ class _Worker:
             out = sample_batch(
                 switch.model,
                 chunk,
-                temperature=float(s["temperature"]),
-                top_p=float(s["top_p"]),
-                top_k=int(s["top_k"]),
-                max_new_tokens=int(s["max_new_tokens"]),
-                stop_token_ids=stop,
-                pad_id=self.pad_id,
-                generator=gen,
                 capture=switch.capture,
                 switch=switch,
+                **self._sampling_kwargs(s, stop, gen),
             )
         for r in out:
             r["weight_version"] = r["token_versions"][0] if r["token_versions"] else version

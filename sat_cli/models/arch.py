@@ -8,6 +8,9 @@ the numbers are those of the published ``config.json`` of each model.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 # STACK.md's tiny Qwen3-MoE. vocab_size 128 leaves room above the 100 tokenizer ids.
 TINY_MOE_CONFIG: dict = dict(
     vocab_size=128,
@@ -27,21 +30,10 @@ TINY_MOE_CONFIG: dict = dict(
 )
 
 # Qwen/Qwen3-30B-A3B-Base (and the post-trained Qwen/Qwen3-30B-A3B, same shapes): ~30.5 B
-# parameters, ~3.3 B active per token.
-QWEN3_30B_A3B: dict = dict(
-    model_type="qwen3_moe",
-    vocab_size=151936,
-    hidden_size=2048,
-    intermediate_size=6144,  # unused: every layer is MoE (decoder_sparse_step 1, no mlp_only_layers)
-    moe_intermediate_size=768,
-    num_hidden_layers=48,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_experts=128,
-    num_experts_per_tok=8,
-    tie_word_embeddings=False,
-    max_position_embeddings=40960,
+# parameters, ~3.3 B active per token. Every layer is MoE (decoder_sparse_step 1, no
+# mlp_only_layers), so intermediate_size is unused. Data: assets/arch/qwen3_30b_a3b.json.
+QWEN3_30B_A3B: dict = json.loads(
+    (Path(__file__).parent.parent / "assets" / "arch" / "qwen3_30b_a3b.json").read_text()
 )
 
 KNOWN_HF_CONFIGS: dict[str, dict] = {

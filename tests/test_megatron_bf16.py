@@ -242,17 +242,12 @@ def test_bf16_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path):
 def test_sat_train_megatron_bf16(tmp_path):
     """`sat train trainer=megatron trainer.dtype=bfloat16 max_steps=2` end to end, with a bf16
     engine: published weights are bf16, the checkpoint's model/ the fp32 main weights."""
-    from cli_helpers import run_sat
+    from cli_helpers import MEGATRON_SMOKE, run_sat
 
     out = run_sat(
         "train",
-        "experiment=cpu_smoke",
-        "task.prompts_per_step=2",
-        "task.samples_per_prompt=2",
-        "eval.every=0",
-        "run.dir=runs",
+        *MEGATRON_SMOKE,
         "run.name=bf16",
-        "trainer=megatron",
         "trainer.dtype=bfloat16",
         "engine.dtype=bfloat16",
         "max_steps=2",

@@ -18,7 +18,7 @@ import time
 
 import pytest
 import torch
-from cli_helpers import run_sat
+from cli_helpers import MEGATRON_SMOKE, run_sat
 
 from sat_cli.procs import free_port
 
@@ -140,12 +140,7 @@ def test_sat_train_on_two_loopback_nodes_matches_one_node(tmp_path):
 
     common = [
         "train",
-        "experiment=cpu_smoke",
-        "task.prompts_per_step=2",
-        "task.samples_per_prompt=2",
-        "eval.every=0",
-        "run.dir=runs",
-        "trainer=megatron",
+        *MEGATRON_SMOKE,
         "trainer.ep=2",
         "max_steps=3",
     ]

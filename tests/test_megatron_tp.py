@@ -212,18 +212,9 @@ def test_sat_train_tp2_and_pp2_match_tp1(tmp_path):
     and gradient norms at every
     step and the same final weights (≤ 5e-5, 1.7e-5 seen, after three steps at lr 3e-4 of which
     the last has a gradient; it moves the weights by 1.9e-4)."""
-    from cli_helpers import run_sat
+    from cli_helpers import MEGATRON_SMOKE, run_sat
 
-    common = [
-        "train",
-        "experiment=cpu_smoke",
-        "task.prompts_per_step=2",
-        "task.samples_per_prompt=2",
-        "eval.every=0",
-        "run.dir=runs",
-        "trainer=megatron",
-        "max_steps=3",
-    ]
+    common = ["train", *MEGATRON_SMOKE, "max_steps=3"]
     layouts = {"tp1": [], "tp2": ["trainer.tp=2"], "pp2": ["trainer.pp=2"]}
     for name, extra in layouts.items():
         extra = [*extra, "trainer.nproc_per_node=2"] if extra else []

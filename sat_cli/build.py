@@ -212,7 +212,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         export_dtype=obj.engine.dtype,
         # the layout and precision keys have the schema's names
         **{k: getattr(t, k) for k in ("nproc_per_node", "nnodes", "tp", "pp", "ep", "cp")},
-        **{k: getattr(t, k) for k in ("dtype", "max_shard_size")},
+        **{k: getattr(t, k) for k in ("dtype", "max_shard_size", "recompute", "optimizer_offload")},
         **kwargs,
     )
 

@@ -22,6 +22,12 @@ top-8, vocab 4096, ~0.4 B parameters), randomly initialised. Checks, each a row 
   by lr: max |Δ main| / lr within 10 % of 1), and the step equals the CPU-tested ``MainWeights``
   path on the same GPU (``SAT_MEGATRON_CORE_OPTIMIZER=0``: same loss, gradient norm, main
   weights within 10 % of lr); save → load → step on the core path equals save → step;
+- ``bf16 memory``: the paper overlay's memory options, ``recompute=True`` (megatron's full
+  recompute, one layer at a time) and ``optimizer_offload=True`` (megatron-core's
+  ``HybridDeviceOptimizer``: fp32 main weights and Adam states on the host), one bf16 SAT-GRPO +
+  R3 step on each model against the plain bf16 core step: the hybrid optimizer is in use, same
+  loss and gradient norm, main weights within 10 % of lr; the peak GPU memory of both steps is
+  reported (offload should remove the 12 B/param of main weights and states from the GPU);
 - ``torchrun``: one step through ``MegatronTrainer`` (NCCL, world size 1) equals the in-process
   fp32 step.
 
@@ -295,6 +301,43 @@ def check_bf16(name, ckpt, dev, batch, work):
         torch.cuda.empty_cache()
 
 
+def _peak_gib(dev) -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+
+
+def check_memory_options(name, ckpt, dev, batch):
+    """bf16 with recompute + optimizer offload against plain bf16 (module docstring)."""
+    lr = 1e-5
+    kw = dict(lr=lr, algo="grpo", adaptive=True, r3=True, dtype="bfloat16")
+    on_gpu = dev.type == "cuda"
+    results = {}
+    for tag, extra in (("plain", {}), ("memory", dict(recompute=True, optimizer_offload=True))):
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        actor = MegatronActor(str(ckpt), **kw, **extra)
+        if tag == "memory" and on_gpu:
+            subs = actor.core.subs if actor.core is not None else []
+            hybrid = [type(getattr(s, "optimizer", None)).__name__ for s in subs]
+            row("bf16 memory", name, "hybrid optimizer missing",
+                float("HybridDeviceOptimizer" not in hybrid), 0)  # fmt: skip
+        before = _main_weights(actor)
+        t0 = time.perf_counter()
+        m = actor.step(batch)
+        results[tag] = (m, _main_weights(actor), before)
+        row("bf16 memory", name, f"s/step {tag}", time.perf_counter() - t0, None)
+        row("bf16 memory", name, f"peak GPU GiB {tag}", _peak_gib(dev), None)
+        del actor
+    (m0, w0, _), (m1, w1, b1) = results["plain"], results["memory"]
+    row("bf16 memory", name, "abs dloss vs plain", abs(m1["loss/total"] - m0["loss/total"]), 1e-5)
+    rel = abs(m1["loss/grad_norm"] / m0["loss/grad_norm"] - 1)
+    row("bf16 memory", name, "rel dgradnorm vs plain", rel, 1e-4)
+    row("bf16 memory", name, "|max dmain / lr - 1|", abs(_max_diff(w1, b1) / lr - 1), 0.1)
+    row("bf16 memory", name, "dmain / lr vs plain", _max_diff(w1, w0) / lr, 0.1)
+    if on_gpu:
+        torch.cuda.empty_cache()
+
+
 def check_torchrun(ckpt, batch, work):
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
@@ -310,6 +353,18 @@ def check_torchrun(ckpt, batch, work):
     row("torchrun", "tiny", "abs dloss vs in-proc", abs(got - expect), 1e-5)
     row("torchrun", "tiny", "startup s", startup, None)
     row("torchrun", "tiny", "published files", len(list(Path(pub).iterdir())), None)
+
+
+def guarded(check: str, name: str, fn, *args) -> None:
+    """Run one check; an exception becomes a failed row (traceback printed) and the later
+    checks still run, so one call of the script reports everything it can."""
+    import traceback
+
+    try:
+        fn(*args)
+    except Exception:
+        traceback.print_exc()
+        row(check, name, "raised (see traceback)", 1.0, 0)
 
 
 def main() -> int:
@@ -341,7 +396,8 @@ def main() -> int:
             save_hf(build_tiny_moe(seed=0, **overrides), tok, ckpt)
             check_logits(name, ckpt, dev, bf16=on_gpu)
             batch = check_training(name, ckpt, dev, args.steps, bf16=on_gpu, big=name == "medium")
-            check_bf16(name, ckpt, dev, batch, Path(tmp) / "bf16")
+            guarded("bf16 core", name, check_bf16, name, ckpt, dev, batch, Path(tmp) / "bf16")
+            guarded("bf16 memory", name, check_memory_options, name, ckpt, dev, batch)
             if name == "tiny":
                 first_batch = batch
         if first_batch is not None:

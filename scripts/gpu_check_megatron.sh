@@ -2,7 +2,8 @@
 # GPU check of the megatron trainer (docs/megatron.md): megatron-core vs HF logits in fp32 and
 # bf16 (with and without replayed routes), a few training steps against the local trainer (tp = 1,
 # tiny and ~0.4 B-parameter MoE), bf16 steps with megatron-core's own (distributed) optimizer
-# against the tested fp32-main-weights path, one step through torchrun; prints a table. One GPU,
+# against the tested fp32-main-weights path, the same with activation recompute and optimizer
+# offload (megatron-core's HybridDeviceOptimizer), one step through torchrun; prints a table. One GPU,
 # bounded to 470 s (one call of at most 8 minutes).
 #
 #   scripts/gpu_check_megatron.sh --prepare [PYVER]   # here (registry access): fetch wheels

@@ -563,10 +563,16 @@ CASES = {
         r"sat: error: .*trainer=megatron cannot run trainer\.cp=2",
     ),
     "megatron-tp-not-dividing-ranks": (
-        lambda t: ["train", "trainer=megatron", "trainer.tp=2", "run.dir=runs"],
+        lambda t: [
+            "train",
+            "trainer=megatron",
+            "trainer.tp=2",
+            "trainer.nproc_per_node=3",
+            "run.dir=runs",
+        ],  # fmt: skip
         2,
         r"sat: error: trainer=megatron: trainer\.tp × trainer\.pp × trainer\.cp = 2 × 1 × 1 "
-        r"must divide the number of ranks",
+        r"must divide the number of ranks \(trainer\.nproc_per_node × trainer\.nnodes = 3\)",
     ),
     "megatron-ep-not-dividing-ranks": (
         lambda t: ["train", "trainer=megatron", "trainer.ep=3", "run.dir=runs"],

@@ -9,7 +9,8 @@ export), log-probs (≤ 1e-5), one training step's metrics and weights (≤ 1e-5
 grad-norm clip active, so the clip norm must count every parameter once), with and without R3
 (routes split over the sequence-parallel ranks and the stages' layers), the KL reference model,
 a checkpoint save → load that resumes bit-exactly, and a non-finite loss that every rank skips
-together.
+together; tp = 2 (and, slow, pp = 2) also with activation recompute in the workers
+(``trainer.recompute``: R3's routes replayed by the backward's rerun of each layer).
 
 Weights after a step: Adam turns float-level gradient differences of near-zero gradients into
 weight differences of a fraction of ``lr`` (see tests/test_megatron_trainer.py); with
@@ -133,6 +134,9 @@ CASES = {  # name: (options and samples seed, ranks, tp, pp, ep)
     "tp2_ep2_dp2_sat_r3": (SAT_R3, 4, 2, 1, 2),
     "tp2_pp2_sat_r3": (SAT_R3, 4, 2, 2, 1),
     "pp2_ep2_dp2_sat_r3": (SAT_R3, 4, 1, 2, 2),
+    # the workers with activation recompute (trainer.recompute) against one rank without
+    "tp2_recompute_sat_r3": (SAT_R3, 2, 2, 1, 1),
+    "pp2_recompute_gspo_kl": (GSPO_KL, 2, 1, 2, 1),
 }
 SLOW = pytest.mark.slow
 
@@ -147,6 +151,8 @@ SLOW = pytest.mark.slow
         pytest.param("tp2_ep2_dp2_sat_r3", marks=SLOW),
         pytest.param("tp2_pp2_sat_r3", marks=SLOW),
         pytest.param("pp2_ep2_dp2_sat_r3", marks=SLOW),
+        "tp2_recompute_sat_r3",
+        pytest.param("pp2_recompute_gspo_kl", marks=SLOW),
     ],
 )
 def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name):
@@ -156,9 +162,11 @@ def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name
     batch = collate(*make_samples(n=7, seed=seed), 0, need_routes=r3)
     b2 = collate(*make_samples(n=5, seed=seed + 10), 0, need_routes=r3)
     one = MegatronActor(str(tiny_dir), **kw)
-    launch = dict(nproc_per_node=ranks, tp=tp, pp=pp, ep=ep)
+    launch = dict(nproc_per_node=ranks, tp=tp, pp=pp, ep=ep, recompute="recompute" in name)
     with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", **launch, **kw) as tr:
         assert len(tr.worker_pids) == ranks
+        recompute = "full" if "recompute" in name else "none"
+        assert f"float32, recompute={recompute}, optimizer on host)" in tr.log_path.read_text()
         # HF -> Megatron (TP shards, stages) -> HF through the real load and export: bit-exact
         exported = convert.load_hf_state(tr.publish_weights(tmp_path / "weights", 0))
         src = convert.load_hf_state(tiny_dir)
@@ -207,23 +215,23 @@ def _run_history(root, name: str, key: str) -> list[tuple[int, float]]:
 
 @pytest.mark.slow
 def test_sat_train_tp2_and_pp2_match_tp1(tmp_path):
-    """`sat train trainer=megatron trainer.tp=2 trainer.nproc_per_node=2 max_steps=3` end to
-    end, and the same with trainer.pp=2, against the run with tp=1: the same losses, entropies
+    """`sat train trainer=megatron trainer.tp=2 max_steps=3` end to end (two ranks: the default
+    trainer.nproc_per_node is tp x pp), and the same with trainer.pp=2, against the run with tp=1: the same losses, entropies
     and gradient norms at every
     step and the same final weights (≤ 5e-5, 1.7e-5 seen, after three steps at lr 3e-4 of which
     the last has a gradient; it moves the weights by 1.9e-4)."""
     from cli_helpers import MEGATRON_SMOKE, run_sat
 
     common = ["train", *MEGATRON_SMOKE, "max_steps=3"]
+    # two ranks each: trainer.nproc_per_node defaults to tp x pp
     layouts = {"tp1": [], "tp2": ["trainer.tp=2"], "pp2": ["trainer.pp=2"]}
     for name, extra in layouts.items():
-        extra = [*extra, "trainer.nproc_per_node=2"] if extra else []
         out = run_sat(*common, f"run.name={name}", *extra, cwd=tmp_path, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "runs/sat/tp2/logs/megatron_trainer.log").read_text()
-    assert "peak RSS after model load" in log and "(tp=2, pp=1, ep=1, world=2)" in log
+    assert "peak RSS after model load" in log and "(tp=2, pp=1, ep=1, world=2;" in log
     assert (
-        "(tp=1, pp=2, ep=1, world=2)"
+        "(tp=1, pp=2, ep=1, world=2;"
         in (tmp_path / "runs/sat/pp2/logs/megatron_trainer.log").read_text()
     )
     assert max(v for _, v in _run_history(tmp_path, "tp1", "loss/grad_norm")) > 0

@@ -85,9 +85,7 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     assert "1 × 33792 tokens, full recompute" in text  # 1024 prompt + 32768 response
     total = _row(text, "total")
     assert 50 < total <= 80 and "of trainer.gpu_memory_gb=80 (fits)" in text
-    # tensor parallelism runs; the overlay's optimizer offload and recompute do not yet
-    assert "note: trainer=megatron cannot run" in text and "trainer.tp=4" not in text
-    assert "trainer.optimizer_offload=true" in text and "trainer.recompute=true" in text
+    assert "cannot run" not in text  # tp, optimizer offload and recompute all run
     text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
     assert _row(text141, "total") == total and "gpu_memory_gb=141 (fits)" in text141
     assert not list(tmp_path.iterdir())  # wrote nothing
@@ -161,19 +159,50 @@ def test_compose_time_runs_the_same_checks():
 
 
 def test_unimplemented_is_one_constant():
-    assert NOT_YET == {"cp", "etp", "optimizer_offload", "recompute"}
+    assert NOT_YET == {"cp", "etp"}
     _, obj = load(["trainer=megatron", "trainer.nproc_per_node=2", "trainer.ep=2"])
     assert unimplemented(Layout.of(obj.trainer)) == []  # data + expert parallel: runs today
-    _, obj = load([PAPER])
-    assert unimplemented(Layout.of(obj.trainer)) == [
-        "trainer.optimizer_offload=true",
-        "trainer.recompute=true",
-    ]
+    _, obj = load([PAPER])  # TP4/EP4, bf16, optimizer offload, recompute
+    assert unimplemented(Layout.of(obj.trainer)) == []
     # tensor and pipeline parallel run (experts whole on each TP rank: etp 1); etp > 1 does not
     _, obj = load(["trainer=megatron", "trainer.nproc_per_node=4", "trainer.tp=2", "trainer.pp=2"])
     assert unimplemented(Layout.of(obj.trainer)) == []
     _, obj = load(["trainer=megatron", "trainer.nproc_per_node=2", "trainer.tp=2", "trainer.etp=2"])
     assert unimplemented(Layout.of(obj.trainer)) == ["trainer.etp=2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "nproc"),
+    [
+        ([], 1),
+        (["trainer.tp=2"], 2),
+        (["trainer.pp=2"], 2),
+        (["trainer.tp=2", "trainer.pp=2"], 4),
+        (["trainer.ep=4"], 4),  # experts over 4 ranks: dp 4
+        (["trainer.tp=2", "trainer.ep=4"], 4),  # lcm(2, 4)
+        (["trainer.pp=2", "trainer.ep=2"], 4),  # ep divides a stage's ranks
+        (["trainer.tp=2", "trainer.nproc_per_node=8"], 8),  # given: kept (dp 4)
+        (["trainer.nnodes=2"], 1),  # spread over the nodes: 2 ranks in all
+        (["trainer.ep=2", "trainer.nnodes=2"], 1),
+        (["trainer.tp=2", "trainer.pp=2", "trainer.nnodes=2"], 2),
+        (["trainer.tp=2", "trainer.nnodes=3"], 2),  # 6 ranks: the least multiple of 2 and 3
+    ],
+)
+def test_nproc_per_node_defaults_to_the_fewest_ranks_the_layout_needs(overrides, nproc):
+    _, obj = load(["trainer=megatron", *overrides])
+    assert obj.trainer.nproc_per_node == nproc
+    lay = Layout.of(obj.trainer)
+    assert lay.world % (lay.tp * lay.pp * lay.cp) == 0 == lay.world % (lay.etp * lay.ep * lay.pp)
+
+
+def test_trainer_memory_options_are_checked():
+    with pytest.raises(ConfigError, match=r"trainer\.recompute=true needs trainer=megatron"):
+        load(["trainer.recompute=true"])
+    with pytest.raises(ConfigError, match=r"optimizer_offload=true .* needs trainer\.dtype=bf"):
+        load(["trainer=megatron", "trainer.optimizer_offload=true"])
+    _, obj = load(["trainer=megatron", "trainer.recompute=true", "trainer.dtype=bfloat16",
+                   "trainer.optimizer_offload=true"])  # fmt: skip
+    assert obj.trainer.recompute and obj.trainer.optimizer_offload
 
 
 def test_train_refuses_unimplemented_cp_before_anything_starts(tmp_path):

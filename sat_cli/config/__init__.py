@@ -176,6 +176,8 @@ def load(overrides: list[str] | None = None) -> tuple[Any, SatConfig]:
         raise _translate(exc, list(overrides or [])) from None
     except ConfigError as exc:
         raise ConfigError(str(exc)) from None
+    # values the schema derives (null = automatic) go back into the config that runs record
+    cfg.trainer.nproc_per_node = obj.trainer.nproc_per_node
     return cfg, obj
 
 

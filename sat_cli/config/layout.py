@@ -45,9 +45,9 @@ from sat_cli.config.checks import ConfigError
 # What the Megatron worker cannot run yet; `sat train` refuses these at compose time and `sat
 # plan` prints them as a note. Remove a name here when the worker implements it.
 #   cp: a size > 1; etp: an expert tensor parallel size other than 1 (the worker builds with
-#   expert_tensor_parallel_size = 1); optimizer_offload, recompute: set to true. tp and pp run
-#   (docs/megatron.md "Parallelism").
-NOT_YET = frozenset({"cp", "etp", "optimizer_offload", "recompute"})
+#   expert_tensor_parallel_size = 1). tp, pp, optimizer_offload and recompute run
+#   (docs/megatron.md "Parallelism", "Memory: recompute and optimizer offload").
+NOT_YET = frozenset({"cp", "etp"})
 
 PROMPT_TOKENS = 1024  # prompt allowance of a sequence in the activation estimate
 OVERHEAD_GB = 4.0

@@ -78,13 +78,17 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         loss: LossConfig | dict | None = None,
         dtype: str = "float32",
         export_dtype: str | None = None,
+        recompute: bool = False,
+        optimizer_offload: bool = False,
         **options,
     ):
         """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON); ``options``: as
         ``LocalTrainer``'s (``sat_cli.trainers.step.TrainerSettings`` and the keyword form of
         the loss settings). ``dtype``: the parameters' (``bfloat16``: mixed precision with fp32
         main weights, ``precision.py``); ``export_dtype``: published weights' (the engine's;
-        default ``dtype``)."""
+        default ``dtype``); ``recompute``: full activation recompute of the trained model, one
+        layer at a time; ``optimizer_offload``: the fp32 main weights and Adam states in host
+        memory (``precision.py``)."""
         if isinstance(loss, dict):
             loss = LossConfig.from_dict(loss)
         torch_dtype(dtype)  # refuses an unknown name before anything is built
@@ -94,8 +98,12 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         self.hf_config = convert.read_hf_config(model_path)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.dtype = torch_dtype(dtype)
+        self.recompute = bool(recompute)
+        self.optimizer_offload = bool(optimizer_offload)
         self._init_parallel()
-        self.model = self._build(routing_replay=self.r3, clear_registry=True)
+        self.model = self._build(
+            routing_replay=self.r3, clear_registry=True, recompute=self.recompute
+        )
         self.model.train()
         self.ref_model = None
         if self.loss.kl_coef > 0:
@@ -105,17 +113,31 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         self.main: precision.MainWeights | None = None
         self.core: precision.CoreOptimizer | None = None
         if self.dtype == torch.float32:
+            if self.optimizer_offload:
+                raise ValueError(
+                    "optimizer_offload moves the fp32 main weights and Adam states of mixed "
+                    "precision to the host: it needs dtype bfloat16"
+                )
             self.opt = self._new_optimizer(self.model.parameters())
         elif self.dtype != torch.bfloat16:
             raise ValueError(f"megatron trainer: dtype float32 or bfloat16, got {dtype}")
-        elif precision.use_core_optimizer(self.device):
-            self.core = precision.CoreOptimizer(self.model, self.settings, self.grad_clip)
+        elif precision.use_core_optimizer(self.device, self.optimizer_offload):
+            self.core = precision.CoreOptimizer(
+                self.model, self.settings, self.grad_clip, offload=self.optimizer_offload
+            )
             self.opt = self.core
         else:
             self.main = precision.MainWeights(self.model, self._hf_main_state(self.model_path))
             self.opt = self._new_optimizer(self.main.params)
 
-    def _build(self, *, routing_replay: bool, clear_registry: bool):
+    def memory_options(self) -> str:
+        """What the worker's start-up line reports, e.g. ``bfloat16, recompute=full (megatron
+        config), optimizer on host``."""
+        where = "host" if self.optimizer_offload or self.device.type == "cpu" else "gpu"
+        granularity = self.model.config.recompute_granularity or "none"
+        return f"{str(self.dtype).removeprefix('torch.')}, recompute={granularity}, optimizer on {where}"
+
+    def _build(self, *, routing_replay: bool, clear_registry: bool, recompute: bool = False):
         model = build_gpt_model(
             self.hf_config,
             dtype=self.dtype,
@@ -124,6 +146,7 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             ep=self.ep,
             routing_replay=routing_replay,
             clear_replay_registry=clear_registry,
+            recompute=recompute,
         )
         self._load_weights(model, self.model_path)
         return model.to(self.device)
@@ -205,9 +228,10 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
                 self._audit[1] += audit.mismatched
             return logp[:, :n_cols], entropy[:, :n_cols]
         finally:
-            if self.r3:
-                # REPLAY_FORWARD reads the routes during the forward only (no recompute), so
-                # they can go now; a backward never needs them again.
+            if self.r3 and not (self.recompute and torch.is_grad_enabled()):
+                # REPLAY_FORWARD reads the routes during the forward only, so they can go now.
+                # With recompute the backward reruns each layer's forward, routers included:
+                # the routes stay until the backward is done (``_clip_gradients``).
                 runtime.clear_replay()
 
     def _model_forward(self, model, batch: TrainBatch):
@@ -225,6 +249,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
 
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if self.r3 and self.recompute:
+            runtime.clear_replay()  # the backward has rerun the forwards (``_rank_forward``)
         if self.core is not None:
             return self.core.clip(max_norm)
         if self.main is not None:

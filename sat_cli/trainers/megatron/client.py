@@ -30,13 +30,13 @@ Trainer hyperparameters are the local trainer's keyword arguments (``loss``, a
 ``sat_cli.rl.config.LossConfig``, or its older keyword form ``algo``, ``correction``, SAT/clip
 values, ``loss_agg``, ``ratio_denominator``, ``kl_coef``, ``loss_kwargs``; ``lr``, ``betas``,
 ``weight_decay``, ``grad_clip``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``) plus
-``dtype``; they are forwarded to ``MegatronActor`` in the worker, the loss settings as
-``LossConfig.to_dict()`` under ``actor.loss`` in ``worker_config.json``.
-Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``, ``nproc_per_node``, ``nnodes``) are passed
-through; the worker runs ``dp x tp`` ranks (``tp`` must divide ``nproc_per_node x nnodes``)
-with expert parallelism ``ep`` inside, and rejects ``pp``/``cp`` > 1 at start-up with a clear
-message. Batch files must be
-readable by every rank (one node, or a shared filesystem).
+``dtype``, ``export_dtype``, ``recompute`` and ``optimizer_offload``; they are forwarded to
+``MegatronActor`` in the worker, the loss settings as ``LossConfig.to_dict()`` under
+``actor.loss`` in ``worker_config.json``. Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``,
+``nproc_per_node``, ``nnodes``) are passed through; the worker runs ``dp x tp x pp`` ranks
+(``tp x pp`` must divide ``nproc_per_node x nnodes``) with expert parallelism ``ep`` inside,
+and rejects ``cp`` > 1 at start-up with a clear message. Batch files must be readable by every
+rank (one node, or a shared filesystem).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class MegatronWorkerError(TrainerError):
 
 
 def _actor_keys() -> set[str]:
-    return {*TRAINER_KEYS, "dtype", "export_dtype"}  # MegatronActor's keywords
+    # MegatronActor's keywords
+    return {*TRAINER_KEYS, "dtype", "export_dtype", "recompute", "optimizer_offload"}
 
 
 class MegatronTrainer:

@@ -16,6 +16,10 @@ absent (on a GPU machine it does nothing):
 4. The RNG tracker calls ``torch.cuda`` RNG functions; ``initialize_rng_tracker(
    inference_rng_tracker=True, force_reset=True)`` installs the inference tracker, whose
    ``fork()`` does not touch CUDA state (no dropout is used here: all dropouts are 0).
+5. Activation recompute (``trainer.recompute``: ``tensor_parallel.checkpoint``) saves and
+   restores the CPU *and* CUDA RNG states around each recomputed layer; on CPU the CUDA half
+   (``random._get_cuda_rng_state`` / ``_set_cuda_rng_state``) becomes a no-op returning
+   ``None``, the CPU state is still saved and restored by megatron's own code.
 
 The shims are idempotent. ``apply_cpu_shims()`` must run before the model is built.
 
@@ -44,6 +48,15 @@ def _cpu_causal_mask(sq: int, skv: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, skv, dtype=torch.bool), diagonal=1)
 
 
+def _no_cuda_rng_state(*args, **kwargs) -> None:
+    return None
+
+
+def _set_no_cuda_rng_state(new_state, *args, **kwargs) -> None:
+    if new_state is not None:  # only ever None here: nothing on CPU saved a CUDA state
+        raise RuntimeError("a CUDA RNG state on a machine without CUDA")
+
+
 def apply_te_absent_fix() -> None:
     """Define ``moe_utils.te_general_gemm = None`` when Transformer Engine is not installed."""
     from megatron.core.transformer.moe import moe_utils
@@ -70,5 +83,7 @@ def apply_cpu_shims() -> bool:
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     mp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    mp_random._get_cuda_rng_state = _no_cuda_rng_state
+    mp_random._set_cuda_rng_state = _set_no_cuda_rng_state
     _APPLIED = True
     return True

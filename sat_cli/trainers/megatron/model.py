@@ -75,8 +75,10 @@ def transformer_config(
     ep: int = 1,
     cp: int = 1,
     routing_replay: bool = False,
+    recompute: bool = False,
 ):
-    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config."""
+    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config; ``recompute``: full
+    activation recompute, one layer at a time (only each layer's input is kept)."""
     from megatron.core.transformer import TransformerConfig
 
     check_supported(hf_config)
@@ -115,6 +117,10 @@ def transformer_config(
         expert_tensor_parallel_size=1,
         context_parallel_size=cp,
         sequence_parallel=tp > 1,
+        # activation recompute (trainer.recompute): the backward reruns each layer's forward
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
         # numerics / kernels: nothing fused, so the CPU path and the GPU path compute the same
         params_dtype=dtype,
         pipeline_dtype=dtype,
@@ -141,6 +147,7 @@ def build_gpt_model(
     cp: int = 1,
     routing_replay: bool = False,
     clear_replay_registry: bool = True,
+    recompute: bool = False,
 ):
     """A megatron-core ``GPTModel`` (uninitialised weights) shaped like the HF model.
 
@@ -154,7 +161,14 @@ def build_gpt_model(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     config = transformer_config(
-        hf_config, dtype=dtype, tp=tp, pp=pp, ep=ep, cp=cp, routing_replay=routing_replay
+        hf_config,
+        dtype=dtype,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        cp=cp,
+        routing_replay=routing_replay,
+        recompute=recompute,
     )
     if routing_replay and clear_replay_registry:
         from megatron.core.transformer.moe.router_replay import RouterReplay

@@ -22,6 +22,17 @@ before they are reduced over the ranks and clipped; after the step the main weig
   ``SAT_MEGATRON_CORE_OPTIMIZER=0`` selects ``MainWeights`` on a GPU as well (the GPU check
   compares the two). Not run on a GPU in the session that wrote it
   (scripts/gpu_check_megatron.py checks it).
+
+**Optimizer offload** (``trainer.optimizer_offload``, ``offload=True``): the fp32 main weights
+and Adam states live in host memory and the Adam step runs on the CPU. On a GPU this is
+megatron-core's own recipe (``optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
+use_precision_aware_optimizer=True``: its ``HybridDeviceOptimizer``, which copies the fp32
+gradient shards to the host, steps there and copies the parameters back); the gradients then
+sit in ``decoupled_grad``, which ``clip`` passes on to megatron's clip. ``MainWeights`` on a GPU
+cannot offload (its gradient sums run on the main copies, which NCCL needs on the GPU), so
+``SAT_MEGATRON_CORE_OPTIMIZER=0`` with offload is refused. On CPU every tensor already is in
+host memory: the flag changes nothing there, which tests/test_megatron_recompute.py checks
+(bit-identical steps with and without it).
 """
 
 from __future__ import annotations
@@ -33,9 +44,15 @@ import torch
 CORE_ENV = "SAT_MEGATRON_CORE_OPTIMIZER"  # "0": the MainWeights path on a GPU too
 
 
-def use_core_optimizer(device: torch.device) -> bool:
+def use_core_optimizer(device: torch.device, offload: bool = False) -> bool:
     """megatron-core's optimizer on CUDA (it allocates there), unless ``CORE_ENV=0``."""
-    return device.type == "cuda" and os.environ.get(CORE_ENV, "1") != "0"
+    core = device.type == "cuda" and os.environ.get(CORE_ENV, "1") != "0"
+    if offload and device.type == "cuda" and not core:
+        raise ValueError(
+            f"trainer.optimizer_offload=true on a GPU needs megatron-core's optimizer; unset "
+            f"{CORE_ENV}=0"
+        )
+    return core
 
 
 class MainWeights:
@@ -81,7 +98,7 @@ class CoreOptimizer:
     """megatron-core's DDP + distributed optimizer behind the interface the shared step uses
     (``zero_grad``, ``param_groups``, ``step``); ``clip`` is the actor's ``_clip_gradients``."""
 
-    def __init__(self, model, settings, grad_clip: float):
+    def __init__(self, model, settings, grad_clip: float, offload: bool = False):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -106,7 +123,13 @@ class CoreOptimizer:
             bf16=True,
             params_dtype=torch.bfloat16,
             use_distributed_optimizer=True,
+            # offload: fp32 main weights and Adam states on the host, the step on the CPU
+            optimizer_cpu_offload=offload,
+            optimizer_offload_fraction=1.0 if offload else 0.0,
+            use_precision_aware_optimizer=offload,
+            overlap_cpu_optimizer_d2h_h2d=False,
         )
+        self.decoupled = bool(config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
         self.opt = get_megatron_optimizer(config, [self.ddp])
         self.subs = list(getattr(self.opt, "chained_optimizers", [self.opt]))
 
@@ -131,7 +154,7 @@ class CoreOptimizer:
             for sub in self.subs:
                 params = sub.get_parameters()
                 if params:
-                    clip_grad_by_total_norm_fp32(params, max_norm, norm)
+                    clip_grad_by_total_norm_fp32(params, max_norm, norm, self.decoupled)
         return torch.tensor(norm)
 
     def step(self) -> None:

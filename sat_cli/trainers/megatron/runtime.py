@@ -262,3 +262,19 @@ def seq_block(seq: int, rank: int, size: int) -> slice:
     """The positions a tensor-parallel rank holds under sequence parallelism."""
     per = seq // size
     return slice(rank * per, (rank + 1) * per)
+
+
+def saved_for_backward(fn):
+    """``(fn(), bytes)``: the bytes of the tensors autograd saves for the backward while ``fn``
+    runs (``saved_tensors_hooks``), the activation memory a training forward keeps; what
+    ``trainer.recompute`` cuts (tests/test_megatron_recompute.py, bench/megatron_recompute.py)."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB, "
             f"before {before:.0f} MiB "
-            f"(tp={tp}, pp={pp}, ep={ep}, world={world})",
+            f"(tp={tp}, pp={pp}, ep={ep}, world={world}; {actor.memory_options()})",
             file=sys.stderr,
             flush=True,
         )

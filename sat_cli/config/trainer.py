@@ -1,0 +1,77 @@
+"""The ``trainer`` section of the config (``conf/trainer/*.yaml``): the local trainer and the
+Megatron worker's layout (``sat_cli/config/layout.py`` checks it against the model)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sat_cli.config.checks import ConfigError, _choice, _range
+from sat_cli.fsio import parse_size
+
+TRAINERS = ("local", "megatron")
+
+
+@dataclass
+class TrainerConfig:
+    name: str = "local"
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # the paper's Adam betas
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    num_threads: int = 1
+    # megatron: torchrun layout and model parallel sizes; rules, split and memory estimate in
+    # sat_cli/config/layout.py (`sat plan` prints them). nnodes > 1: torchrun's rendezvous is
+    # master_addr:master_port; other nodes join with `sat worker --join` (docs/megatron.md)
+    # null: the fewest ranks the layout needs, lcm(tp·pp·cp, etp·ep·pp), spread over the nodes
+    nproc_per_node: int | None = None
+    nnodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0 = pick a free port
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    cp: int = 1
+    etp: int | None = None  # expert tensor parallel size; null = 1 (experts whole on each TP rank)
+    dtype: str = "float32"  # megatron: parameter dtype (bfloat16 on GPUs)
+    optimizer_offload: bool = False  # megatron: optimizer states in host memory
+    recompute: bool = False  # megatron: full activation recompute, one layer at a time
+    gpu_memory_gb: float = 80.0  # memory of one trainer GPU; layouts estimated above it fail
+    # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
+    # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
+    r3_audit: bool = False
+    # megatron: exported HF weights in safetensors shards of at most this size (+ index.json)
+    max_shard_size: str = "5GB"
+
+    def __post_init__(self) -> None:
+        _choice("trainer.name", self.name, TRAINERS)
+        _range("trainer.lr", self.lr, 0, lo_open=True)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("trainer.betas must be two numbers in [0, 1)")
+        _range("trainer.weight_decay", self.weight_decay, 0)
+        _range("trainer.grad_clip", self.grad_clip, 0)
+        for k in ("num_threads", "nnodes", "tp", "ep", "pp", "cp"):
+            _range(f"trainer.{k}", getattr(self, k), 1)
+        if self.etp is not None:
+            _range("trainer.etp", self.etp, 1)
+        if self.nproc_per_node is not None:
+            _range("trainer.nproc_per_node", self.nproc_per_node, 1)
+        else:  # the fewest ranks the layout rules accept (sat_cli/config/layout.py), per node
+            least = math.lcm(self.tp * self.pp * self.cp, (self.etp or 1) * self.ep * self.pp)
+            self.nproc_per_node = math.lcm(least, self.nnodes) // self.nnodes
+        _choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        try:
+            parse_size(self.max_shard_size)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.max_shard_size: {exc}") from None
+        _range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
+        if self.name == "local" and self.dtype != "float32":
+            raise ConfigError("trainer=local trains in float32: trainer.dtype=float32")
+        for key in ("optimizer_offload", "recompute"):
+            if self.name == "local" and getattr(self, key):
+                raise ConfigError(f"trainer.{key}=true needs trainer=megatron")
+        if self.optimizer_offload and self.dtype != "bfloat16":
+            raise ConfigError(
+                "trainer.optimizer_offload=true offloads the fp32 main weights and Adam states "
+                "of mixed precision: it needs trainer.dtype=bfloat16"
+            )

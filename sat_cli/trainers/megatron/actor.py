@@ -131,8 +131,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             self.opt = self._new_optimizer(self.main.params)
 
     def memory_options(self) -> str:
-        """What the worker's start-up line reports, e.g. ``bfloat16, recompute=full (megatron
-        config), optimizer on host``."""
+        """What the worker's start-up line reports, e.g. ``bfloat16, recompute=full, optimizer
+        on host`` (the granularity is read back from the built model's megatron config)."""
         where = "host" if self.optimizer_offload or self.device.type == "cpu" else "gpu"
         granularity = self.model.config.recompute_granularity or "none"
         return f"{str(self.dtype).removeprefix('torch.')}, recompute={granularity}, optimizer on {where}"

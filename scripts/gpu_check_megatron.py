@@ -27,7 +27,8 @@ top-8, vocab 4096, ~0.4 B parameters), randomly initialised. Checks, each a row 
   ``HybridDeviceOptimizer``: fp32 main weights and Adam states on the host), one bf16 SAT-GRPO +
   R3 step on each model against the plain bf16 core step: the hybrid optimizer is in use, same
   loss and gradient norm, main weights within 10 % of lr; the peak GPU memory of both steps is
-  reported (offload should remove the 12 B/param of main weights and states from the GPU);
+  reported (offload should remove the 12 B/param of main weights and states from the GPU); on
+  the tiny model save -> step equals load -> step on the offload path;
 - ``torchrun``: one step through ``MegatronTrainer`` (NCCL, world size 1) equals the in-process
   fp32 step.
 
@@ -328,6 +329,8 @@ def check_memory_options(name, ckpt, dev, batch):
         row("bf16 memory", name, f"s/step {tag}", time.perf_counter() - t0, None)
         row("bf16 memory", name, f"peak GPU GiB {tag}", _peak_gib(dev), None)
         del actor
+        if tag == "memory" and name == "tiny":  # resume on the offload path (check_bf16's)
+            guarded("bf16 memory", name, _offload_resume, ckpt, kw, extra, batch)
     (m0, w0, _), (m1, w1, b1) = results["plain"], results["memory"]
     row("bf16 memory", name, "abs dloss vs plain", abs(m1["loss/total"] - m0["loss/total"]), 1e-5)
     rel = abs(m1["loss/grad_norm"] / m0["loss/grad_norm"] - 1)
@@ -336,6 +339,22 @@ def check_memory_options(name, ckpt, dev, batch):
     row("bf16 memory", name, "dmain / lr vs plain", _max_diff(w1, w0) / lr, 0.1)
     if on_gpu:
         torch.cuda.empty_cache()
+
+
+def _offload_resume(ckpt, kw, extra, batch):
+    """save -> step equals load -> step with recompute + optimizer offload."""
+    work = Path(tempfile.mkdtemp(prefix="offload_resume_"))
+    actor = MegatronActor(str(ckpt), **kw, **extra)
+    actor.step(batch)
+    actor.save(work / "ckpt")
+    actor.step(batch)
+    expect, expect_w = _main_weights(actor), actor.hf_state()
+    del actor
+    again = MegatronActor(str(ckpt), **kw, **extra)
+    again.load(work / "ckpt")
+    again.step(batch)
+    row("bf16 memory", "tiny", "resume: max dmain", _max_diff(_main_weights(again), expect), 0)
+    row("bf16 memory", "tiny", "resume: max dweight", _max_diff(again.hf_state(), expect_w), 0)
 
 
 def check_torchrun(ckpt, batch, work):

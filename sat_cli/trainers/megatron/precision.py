@@ -191,4 +191,9 @@ class CoreOptimizer:
             dev = {k: v.to(p.device) for k, v in values.items()}
             sub._set_main_param_and_optimizer_states(p, dev)
         for sub in self.subs:
+            inner = getattr(sub, "optimizer", None)
+            if hasattr(inner, "_sync_hdo_state_to_sub_optimizers"):
+                # offload: the states were set on the HybridDeviceOptimizer; hand them to its CPU
+                # Adam (moved to the host) and refresh its fp32 copies from ``master_param``
+                inner._sync_hdo_state_to_sub_optimizers()
             sub._copy_main_params_to_model_params()

@@ -171,6 +171,13 @@ def _all_pids(commands: _Commands) -> list[int]:
     return [int(p) for p in pids]
 
 
+def _say(line: str) -> None:
+    """One line to the log in a single write: the ranks share the file, and ``print`` may
+    split a line over writes, so lines of two ranks could interleave mid-line."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (line + "\n").encode())
+
+
 def check_layout(world: int, *, tp: int, pp: int, ep: int, cp: int) -> None:
     """Refuse, before anything is built, a layout the worker cannot run."""
     if cp != 1:
@@ -213,12 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
         actor.max_shard_size = cfg.get("max_shard_size", "5GB")  # export_hf's shard cap
         pids = _all_pids(commands)
-        print(
+        _say(
             f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB, "
             f"before {before:.0f} MiB "
-            f"(tp={tp}, pp={pp}, ep={ep}, world={world}; {actor.memory_options()})",
-            file=sys.stderr,
-            flush=True,
+            f"(tp={tp}, pp={pp}, ep={ep}, world={world}; {actor.memory_options()})"
         )
     except Exception as exc:
         traceback.print_exc()
@@ -236,11 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         # the client watches the processes of its own node (ranks 0 .. local world - 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local]})
-    print(
-        f"megatron worker rank {rank}/{world} ready (pid {os.getpid()})",
-        file=sys.stderr,
-        flush=True,
-    )
+    _say(f"megatron worker rank {rank}/{world} ready (pid {os.getpid()})")
     code = _serve(actor, replies, commands)
     import torch.distributed as dist
 

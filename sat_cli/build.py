@@ -105,7 +105,7 @@ def build_task(obj):
     )
 
 
-def build_engine(obj, path: str, logs: Path, *, r3: bool):
+def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
     e = obj.engine
     inflight = (
         {"inflight_updates": True, "inflight_cache": obj.lag.inflight_cache}
@@ -169,6 +169,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool):
         log_dir=logs,
         startup_timeout_s=e.startup_timeout_s,
         **common,
+        placer=placer,  # launcher=ray: the servers run on the cluster's nodes
     )
 
 
@@ -183,7 +184,7 @@ def _hf_config(path: str) -> dict:
     return AutoConfig.from_pretrained(path).to_dict()
 
 
-def build_trainer(obj, path: str, run_dir: Path):
+def build_trainer(obj, path: str, run_dir: Path, placer=None):
     kwargs = dict(
         loss=loss_config(obj),
         lr=obj.trainer.lr,
@@ -211,6 +212,7 @@ def build_trainer(obj, path: str, run_dir: Path):
         rdzv_endpoint=rdzv,
         export_dtype=obj.engine.dtype,
         # the layout and precision keys have the schema's names
+        placer=placer,  # launcher=ray: the nodes run on the cluster
         **{k: getattr(t, k) for k in ("nproc_per_node", "nnodes", "tp", "pp", "ep", "cp")},
         **{k: getattr(t, k) for k in ("dtype", "max_shard_size", "recompute", "optimizer_offload")},
         **kwargs,

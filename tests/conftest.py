@@ -79,3 +79,34 @@ def tiny_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "model"
     save_hf(build_tiny_moe(seed=3), build_char_tokenizer(), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real two-node Ray cluster on 127.0.0.1 (``tests/ray_cluster.py``), shared by the tests
+    of the ``ray`` xdist group; skipped without the ``[ray]`` extra. At the end it is shut down
+    and no process that carries its ``RAY_TMPDIR`` may be left."""
+    import shutil
+    import time
+
+    pytest.importorskip("ray", reason="the [ray] extra is not installed (pip install -e '.[ray]')")
+    from ray_cluster import RayTestCluster, new_tmp
+
+    tmp = new_tmp()
+    t0 = time.monotonic()
+    cluster = RayTestCluster(tmp)
+    cluster.started_s = time.monotonic() - t0
+    try:
+        yield cluster
+    finally:
+        t1 = time.monotonic()
+        cluster.stop()
+        deadline = time.monotonic() + 20
+        while cluster.leftover_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = cluster.leftover_pids()
+        print(
+            f"ray test cluster: up in {cluster.started_s:.1f} s, down in {time.monotonic() - t1:.1f} s"
+        )
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert left == [], f"processes of the test Ray cluster survived it: {left}"

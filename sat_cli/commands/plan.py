@@ -126,6 +126,10 @@ def plan_text(obj) -> str:
     else:
         lines.append(f"model     {obj.model.path}: architecture unknown ({source})")
     lines += _engine_lines(obj, arch) + _trainer_lines(obj, lay) + _gpu_line(obj, lay)
+    if obj.launcher.name == "ray":
+        from sat_cli.commands.launch import placement_text
+
+        lines.append(placement_text(obj))
     if obj.trainer.name != "megatron":
         lines.append("(the per-GPU memory table is for trainer=megatron)")
     elif arch is None:

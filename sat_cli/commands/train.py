@@ -194,15 +194,18 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     _warn_recompute(obj, log)
     torch.set_num_threads(obj.trainer.num_threads)
     cfg_container = OmegaConf.to_container(cfg, resolve=True)
-    engine = trainer = tracker = None
+    engine = trainer = tracker = launcher = None
     status, steps_done = "FAILED", []
     try:
+        from sat_cli.commands.launch import build_launcher
+
+        launcher = build_launcher(obj, log, logs)  # launcher=ray: connected, processes placed
         tracker = make_tracker(
             obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), dropped
         )
         tracker.log_artifact(str(run_dir / "config.yaml"))
-        trainer = loading(path, lambda: build_trainer(obj, path, run_dir))
-        engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3))
+        trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
+        engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher))
         write_pids(logs, engine)
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
@@ -274,8 +277,12 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except Exception as exc:
+        if tracker is not None:  # why the run FAILED, also in MLflow (e.g. a lost Ray node)
+            tracker.set_tags({"sat.error": f"{type(exc).__name__}: {exc}"[:4000]})
+        raise
     finally:  # each part is closed even if closing another one fails
-        for part in (engine, trainer):
+        for part in (engine, trainer, launcher):
             try:
                 if part is not None:
                     part.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sat_cli.config.checks import ConfigError, _choice, _range, _template
 from sat_cli.config.engine import EngineConfig  # the engine section (its own module)
+from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.trainer import TrainerConfig  # the trainer section
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
@@ -314,6 +315,7 @@ class SatConfig:
     lag: LagConfig = field(default_factory=LagConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -334,6 +336,7 @@ class SatConfig:
             from sat_cli.config.layout import check_config
 
             check_config(self)
+        check_placement(self.launcher, self.trainer.name, self.engine)
         if self.algo.name in UNCLIPPED_ALGOS and self.clip.adaptive:
             raise ConfigError(
                 f"algo={self.algo.name} has no clip interval for SAT to contract; use clip=ppo"

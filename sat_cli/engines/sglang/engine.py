@@ -161,11 +161,14 @@ class SGLangEngine(_WorkerControl):
         r3: bool = False,
         deterministic: bool = False,
         initial_version: int = 0,
+        placer=None,
         **kwargs,
     ) -> SGLangEngine:
         """Start servers (and a router) with :func:`build_servers`, wait until every one is
         healthy, return the engine. ``kwargs`` go to the engine when they are its own options
-        (``max_batch_size``, ``request_timeout_s``, ...) and to ``build_servers`` otherwise."""
+        (``max_batch_size``, ``request_timeout_s``, ...) and to ``build_servers`` otherwise.
+        ``placer`` (``launcher=ray``): its ``place_servers`` runs each server on a cluster node
+        (``sat_cli.cluster.remote.RemoteServer``); the supervisor watches them as local ones."""
         own = set(inspect.signature(cls.__init__).parameters)
         engine_kwargs = {k: v for k, v in kwargs.items() if k in own}
         server_kwargs = {k: v for k, v in kwargs.items() if k not in own}
@@ -176,6 +179,10 @@ class SGLangEngine(_WorkerControl):
             enable_return_routed_experts=r3,
             **server_kwargs,
         )
+        if placer is not None:  # launcher=ray: each server runs on its node, driven from here
+            servers = placer.place_servers(servers)
+            if router is not None:
+                router.worker_urls = [s.url for s in servers]
         return cls(
             model_path,
             servers=servers,

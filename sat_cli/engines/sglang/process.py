@@ -52,6 +52,14 @@ class ManagedProcess:
         self.env = dict(env) if env is not None else None
         self._proc: subprocess.Popen | None = None
 
+    def rebind(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` instead, before ``start()``: a server that ``launcher=ray``
+        places on a cluster node binds the address Ray knows that node by (127.0.0.1 on a
+        loopback cluster) so that the orchestrator on another node can reach it."""
+        if self._proc is not None:
+            raise EngineError(f"{self.name} at {self.url} is already started; cannot rebind")
+        self.host, self.port = host, int(port)
+
     # -- to be provided by subclasses -------------------------------------------------------
     @property
     def command(self) -> list[str]:

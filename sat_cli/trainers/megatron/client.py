@@ -14,6 +14,11 @@ subprocess and driving it over the channel described in ``protocol.py``:
 HOST --master-port PORT``, and the other nodes join with ``sat worker --join HOST:PORT
 --config WORK/worker_config.json --node-rank k``: ``launch.py``).
 
+- The transport is a channel (``channel.py``): :class:`LocalChannel` starts torchrun here. With
+  ``launcher=ray`` a ``placer`` (``sat_cli.cluster.launcher.RayLauncher``) runs the same channel
+  inside a Ray actor on trainer node 0 and starts ``sat worker --join`` on nodes 1..; its
+  ``failure()`` (a lost node, a joined node that exited) is checked while waiting, and a
+  failed reply or a dead torchrun is reported as the lost node when the monitor finds one.
 - ``work_dir`` (run-local) holds the config, the reply FIFO and the batch/result safetensors
   files (deleted after use); ``logs_dir`` gets ``megatron_trainer.log`` (torchrun and worker
   stdout/stderr).
@@ -43,10 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,12 +56,12 @@ import torch
 
 from sat_cli.errors import TrainerError
 from sat_cli.procs import free_port
-from sat_cli.procs import pid_alive as _pid_alive
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import TRAINER_KEYS
 
 from . import protocol
+from .channel import LocalChannel
 from .launch import join_command, launch_env, torchrun_command
 
 LOG_NAME = "megatron_trainer.log"
@@ -95,6 +96,7 @@ class MegatronTrainer:
         env: dict[str, str] | None = None,
         startup_timeout: float = 600.0,
         max_shard_size: int | str = "5GB",
+        placer=None,
         **actor_kwargs,
     ):
         unknown = set(actor_kwargs) - _actor_keys()
@@ -115,10 +117,9 @@ class MegatronTrainer:
             )
         self.step_count = 0
         self._msg_id = 0
-        self._proc: subprocess.Popen | None = None
+        self._chan = None  # LocalChannel, or a RemoteChannel on the cluster (launcher=ray)
+        self._placer = None
         self._worker_pids: list[int] = []
-        self._rfd: int | None = None
-        self._keep_fd: int | None = None
         self._buf = b""
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,10 @@ class MegatronTrainer:
         self.log_path = self.logs_dir / LOG_NAME
         (self.work_dir / "io").mkdir(exist_ok=True)
 
-        endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+        if placer is not None:  # node 0's address on the cluster, a port free there
+            endpoint = placer.trainer_endpoint(rdzv_endpoint)
+        else:
+            endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
         config = {
             "protocol": protocol.PROTOCOL_VERSION,
             "nnodes": nnodes,
@@ -147,14 +151,9 @@ class MegatronTrainer:
         os.replace(tmp_config, config_path)  # `sat worker --join` may be polling for it
 
         fifo = self.work_dir / "reply.fifo"
-        if fifo.exists():
-            fifo.unlink()
-        os.mkfifo(fifo)
-        self._rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        # Our own idle writer keeps the FIFO from signalling EOF before the worker opens it;
-        # worker death is detected from the processes instead.
-        self._keep_fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-
+        self._placer = placer
+        if placer is not None and python is None:
+            python = placer.trainer_python()  # node 0's interpreter (the cluster's environment)
         self.command = torchrun_command(
             python or sys.executable,
             nproc_per_node=nproc_per_node,
@@ -165,25 +164,23 @@ class MegatronTrainer:
             config=config_path,
             fifo=fifo,
         )
-        run_env = launch_env(env)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115
-        if nnodes > 1:
+        note = None
+        if nnodes > 1 and placer is None:
             note = (
                 f"megatron trainer: waiting for {nnodes - 1} more node(s); on node k = 1 .. "
                 f"{nnodes - 1} run: {join_command(endpoint, config_path)} --node-rank k\n"
             )
-            self._log.write(note.encode())
-            self._log.flush()
             print(note, end="", file=sys.stderr, flush=True)
-        self._proc = subprocess.Popen(
-            self.command,
-            stdin=subprocess.PIPE,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=run_env,
-            start_new_session=True,
+        channel_args = dict(
+            log_path=self.log_path, fifo=fifo, cleanup=[self.work_dir / "torchelastic"], note=note
         )
+        if placer is None:
+            self._chan = LocalChannel(self.command, env=launch_env(env), **channel_args)
+        else:  # node 0 on the cluster; nodes 1.. join it with `sat worker --join`
+            self._chan = placer.trainer_channel(self.command, env or {}, **channel_args)
         try:
+            if placer is not None and nnodes > 1:
+                placer.join_trainer_nodes(endpoint, config_path, startup_timeout)
             ready = self._read_reply(
                 lambda m: m.get("event") == "ready", "start-up", startup_timeout
             )
@@ -207,12 +204,19 @@ class MegatronTrainer:
         return "\n".join(lines[-n:])
 
     def _died(self, what: str) -> MegatronWorkerError:
-        code = self._proc.poll() if self._proc else None
+        code = self._chan.exit_code() if self._chan else None
+        reason = self._placer.failure(self._placer.settle_s) if self._placer else None
+        if reason is not None:  # torchrun ended because a node of the job was lost
+            return self._lost(reason)
         self._teardown()
         return MegatronWorkerError(
             f"megatron worker died during {what} (torchrun exit code {code}); "
             f"last lines of {self.log_path}:\n{self._log_tail()}"
         )
+
+    def _lost(self, reason: str) -> MegatronWorkerError:
+        self._teardown()
+        return MegatronWorkerError(f"megatron trainer lost during its work: {reason}")
 
     def _read_reply(self, match, what: str, timeout: float | None = None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -224,17 +228,19 @@ class MegatronTrainer:
                     msg = protocol.decode(line)
                     if match(msg):
                         return msg
-            if self._proc is None:
+            if self._chan is None:
                 raise MegatronWorkerError("megatron trainer is closed")
-            ready, _, _ = select.select([self._rfd], [], [], 0.2)
-            if ready:
-                chunk = os.read(self._rfd, 1 << 16)
+            chunk = self._chan.recv(0.2)
+            if chunk:
                 self._buf += chunk
-                if chunk:
-                    continue
-            if self._proc.poll() is not None:
+                continue
+            if self._placer is not None:  # a lost node or a dead process of another node
+                reason = self._placer.failure()
+                if reason is not None:
+                    raise self._lost(reason)
+            if self._chan.exit_code() is not None:
                 raise self._died(what)
-            if self._worker_pids and not all(_pid_alive(p) for p in self._worker_pids):
+            if self._worker_pids and not self._chan.pids_alive(self._worker_pids):
                 # torchrun notices within its monitor interval and exits; do not wait long
                 worker_gone_at = worker_gone_at or time.monotonic()
                 if time.monotonic() - worker_gone_at > 3.0:
@@ -247,18 +253,19 @@ class MegatronTrainer:
                 )
 
     def _request(self, cmd: str, timeout: float | None = None, **fields) -> dict:
-        if self._proc is None:
+        if self._chan is None:
             raise MegatronWorkerError("megatron trainer is closed")
         self._msg_id += 1
         msg_id = self._msg_id
-        try:
-            self._proc.stdin.write(protocol.encode({"id": msg_id, "cmd": cmd, **fields}))
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._died(cmd) from None
+        if not self._chan.send(protocol.encode({"id": msg_id, "cmd": cmd, **fields})):
+            raise self._died(cmd)
         reply = self._read_reply(lambda m: m.get("id") == msg_id, cmd, timeout)
         if not reply.get("ok"):
             error = reply.get("error", "unknown error")
+            reason = self._placer.failure(self._placer.settle_s) if self._placer else None
+            if reason is not None:  # e.g. gloo's "connection closed by peer": a node was lost
+                first = error.strip().splitlines()[0] if error.strip() else error
+                raise self._lost(f"{reason} (then '{cmd}' failed: {first})")
             if error.startswith("R3Error"):
                 from sat_cli.models.r3 import R3Error
 
@@ -328,13 +335,13 @@ class MegatronTrainer:
 
     @property
     def launcher_pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._chan.launcher_pid if self._chan else None
 
     def close(self, timeout: float = 30.0) -> None:
         """Ask the worker to exit, then make sure torchrun and the worker are gone."""
-        if self._proc is None:
+        if self._chan is None:
             return
-        if self._proc.poll() is None:
+        if self._chan.exit_code() is None:
             try:
                 self._request("close", timeout=timeout)
             except MegatronWorkerError:
@@ -342,36 +349,11 @@ class MegatronTrainer:
         self._teardown()
 
     def _teardown(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            try:
-                proc.stdin.close()  # EOF: a worker still serving exits by itself
-            except OSError:
-                pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        for pid in self._worker_pids:
-            if _pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for fd in (self._rfd, self._keep_fd):
-            if fd is not None:
-                os.close(fd)
-        self._rfd = self._keep_fd = None
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
-        (self.work_dir / "reply.fifo").unlink(missing_ok=True)
-        shutil.rmtree(self.work_dir / "torchelastic", ignore_errors=True)
+        chan, self._chan = self._chan, None
+        if chan is not None:
+            chan.close(self._worker_pids)
+        if self._placer is not None:
+            self._placer.stop_trainer_nodes()
 
     def __enter__(self) -> MegatronTrainer:
         return self
@@ -380,5 +362,5 @@ class MegatronTrainer:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_proc", None) is not None:
+        if getattr(self, "_chan", None) is not None:
             self._teardown()

@@ -1,0 +1,67 @@
+"""The edge of ``launcher=ray``: the config's ``launcher`` section → a started ``RayLauncher``.
+
+``launcher=local`` (the default) gives None: the trainer and the engine start their processes
+on this machine as always. With ``launcher=ray`` the trainer nodes (``trainer=megatron``, one
+bundle per node of ``trainer.nnodes``) and the SGLang servers (``engine=sglang`` without
+``engine.urls``, one bundle per server) are placed on the cluster (``sat_cli.cluster.launcher``).
+"""
+
+from __future__ import annotations
+
+
+def bundles(obj) -> tuple[int, dict[str, float], int, dict[str, float]]:
+    """(trainer nodes, trainer bundle, servers, server bundle) that ``launcher=ray`` places."""
+    la, t, e = obj.launcher, obj.trainer, obj.engine
+    nodes = t.nnodes if t.name == "megatron" else 0
+    servers = e.num_servers if e.name == "sglang" and not e.urls else 0
+    cpus = la.trainer_cpus if la.trainer_cpus is not None else float(t.nproc_per_node or 1)
+    trainer = {"CPU": cpus, "GPU": la.trainer_gpus, **la.trainer_resources}
+    server = {"CPU": la.server_cpus, "GPU": la.server_gpus, **la.server_resources}
+    return (
+        nodes,
+        {k: float(v) for k, v in trainer.items() if v},
+        servers,
+        {k: float(v) for k, v in server.items() if v},
+    )
+
+
+def placement_text(obj) -> str:
+    """One line for `sat plan`: what ``launcher=ray`` would ask the cluster for."""
+    from sat_cli.cluster.launcher import bundle_text
+
+    nodes, trainer, servers, server = bundles(obj)
+    parts = []
+    if nodes:
+        parts.append(f"{nodes} trainer node bundle(s) [{bundle_text(trainer)}]")
+    if servers:
+        parts.append(f"{servers} SGLang server bundle(s) [{bundle_text(server)}]")
+    return (
+        f"launcher: ray at {obj.launcher.address}, one placement group ({obj.launcher.strategy}): "
+        + " + ".join(parts)
+    )
+
+
+def build_launcher(obj, log=print, logs=None):
+    """A connected, placed ``RayLauncher`` for ``launcher=ray``; None for ``launcher=local``."""
+    if obj.launcher.name != "ray":
+        return None
+    from sat_cli.cluster.launcher import RayLauncher, RaySettings
+
+    la = obj.launcher
+    nodes, trainer, servers, server = bundles(obj)
+    settings = RaySettings(
+        address=la.address,
+        namespace=la.namespace,
+        connect_timeout_s=la.connect_timeout_s,
+        placement_timeout_s=la.placement_timeout_s,
+        call_timeout_s=la.call_timeout_s,
+        health_interval_s=la.health_interval_s,
+        health_timeout_s=la.health_timeout_s,
+        strategy=la.strategy,
+        trainer_bundle=trainer,
+        server_bundle=server,
+    )
+    log_path = None if logs is None else logs / "ray.log"
+    return RayLauncher(
+        settings, trainer_nodes=nodes, servers=servers, log=log, log_path=log_path
+    ).start()

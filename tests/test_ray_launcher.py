@@ -1,0 +1,290 @@
+"""``launcher=ray`` on a real two-node Ray cluster on loopback (``tests/ray_cluster.py``).
+
+- ``sat train launcher=ray trainer=megatron trainer.nnodes=2`` gives the metrics of the same two
+  ranks on one node bit for bit (tests/test_megatron_multinode.py holds today's loopback
+  two-node run to that same reference), and no process of the run or the cluster listens on or
+  talks to anything but 127.0.0.1 while it runs.
+- A node lost mid-run (its raylet SIGKILLed): the run stops within seconds, exit 1, the error
+  and the MLflow run's ``sat.error`` tag name the lost node, the run ends FAILED, nothing of the
+  run is left running; ``resume=auto`` on the healed cluster continues from the last checkpoint.
+- Bad input without a cluster: the extra missing (exit 2, the pip line), an address nobody
+  answers (exit 1 within ``launcher.connect_timeout_s``), a placement the cluster cannot give
+  (exit 1 after ``launcher.placement_timeout_s``, naming what was asked and what there is).
+
+The cluster tests share one cluster and run on one xdist worker (group ``ray``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from cli_helpers import MEGATRON_SMOKE, run_sat
+
+from sat_cli.procs import free_port
+
+pytestmark = pytest.mark.xdist_group("ray")
+
+NODES2 = ["trainer.ep=2", "trainer.nnodes=2", "launcher=ray"]
+
+
+def _history(root, name: str, key: str) -> list[tuple[int, float]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sat")
+    (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == name]
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def _run_info(root, name: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'runs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sat")
+    (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == name]
+    return run
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return ""
+
+
+def _popen_sat(*args, cwd, log):
+    return subprocess.Popen(
+        [sys.executable, "-m", "sat_cli.cli", *args],
+        cwd=cwd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _wait_for(path, proc, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"sat train ended early (exit {proc.returncode})"
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
+def test_two_ray_nodes_match_one_node_and_stay_on_loopback(ray_cluster, tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from netcheck import descendants, off_loopback, sockets
+
+    common = ["train", *MEGATRON_SMOKE, "trainer.ep=2", "max_steps=3", "checkpoint.every=1"]
+    ref = run_sat(*common, "run.name=one", "trainer.nproc_per_node=2", cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    args = [*common, *NODES2[1:], "run.name=ray", f"launcher.address={ray_cluster.address}"]
+    with open(tmp_path / "ray.out", "w") as log:
+        proc = _popen_sat(*args, cwd=tmp_path, log=log)
+        try:
+            # while both trainer nodes run: every socket of the run and of the cluster
+            _wait_for(tmp_path / "runs/sat/ray/checkpoints/step_1", proc, 300)
+            pids = set(ray_cluster.leftover_pids()) | descendants(proc.pid)
+            rows = sockets(pids)
+            cmdlines = {pid: _cmdline(pid) for pid in pids}
+            assert proc.wait(timeout=300) == 0, (tmp_path / "ray.out").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = (tmp_path / "ray.out").read_text()
+    assert "ray: trainer node 0 on Ray node" in out and "ray: trainer node 1 on Ray node" in out
+    assert len({r[0] for r in rows}) >= 6 and len(rows) > 20  # Ray's, torchrun's, the ranks'
+    # Every socket is loopback-only, except torch's TCPStore (the rendezvous and process-group
+    # store, held by torchrun or by rank 0 of the workers): torch binds it to the wildcard
+    # address and has no option to do otherwise (docs/cluster.md). Every connection to it is
+    # through 127.0.0.1 (connections are checked with the rest).
+    torch_store = ("torch.distributed.run", "sat_cli.trainers.megatron.worker")
+    bad = [
+        r
+        for r in off_loopback(rows)
+        if not (
+            any(t in cmdlines[r[0]] for t in torch_store)
+            and r[2] in ("::", "0.0.0.0")
+            and r[5] == "0A"  # listening
+        )
+    ]
+    assert bad == [], [(r, cmdlines[r[0]]) for r in bad]
+    for key in ("loss/policy", "loss/grad_norm", "loss/entropy"):
+        want, got = _history(tmp_path, "one", key), _history(tmp_path, "ray", key)
+        assert [s for s, _ in got] == [1, 2, 3], key
+        assert got == want, key  # bit for bit: the same ranks and collectives
+    assert max(v for _, v in _history(tmp_path, "ray", "loss/grad_norm")) > 0
+    from sat_cli.trainers.megatron import convert
+
+    ckpt = "runs/sat/{}/checkpoints/step_3/trainer/model"
+    one = convert.load_hf_state(tmp_path / ckpt.format("one"))
+    two = convert.load_hf_state(tmp_path / ckpt.format("ray"))
+    assert all(one[k].equal(two[k]) for k in one)
+    # the run's processes are gone, the cluster's own remain
+    log = (tmp_path / "runs/sat/ray/logs/megatron_node1.log").read_text()
+    assert "node 1 of 2 joining" in log
+
+
+def test_lost_node_fails_the_run_and_resume_continues(ray_cluster, tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    args = ["train", *MEGATRON_SMOKE, *NODES2, f"launcher.address={ray_cluster.address}"]
+    args += ["max_steps=200", "checkpoint.every=1", "run.name=lost"]
+    with open(tmp_path / "lost.out", "w") as log:
+        proc = _popen_sat(*args, cwd=tmp_path, log=log)
+        try:
+            _wait_for(tmp_path / "runs/sat/lost/checkpoints/step_2", proc, 300)
+            t0 = time.monotonic()
+            ray_cluster.kill_raylet(1)  # returns once Ray counts the node dead
+            code = proc.wait(timeout=120)
+            stopped_s = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = (tmp_path / "lost.out").read_text()
+    assert code == 1, out[-3000:]
+    assert stopped_s < 60, stopped_s
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("sat: error:")]
+    assert "was lost" in line and "on Ray node" in line, line
+    assert "Traceback" not in out
+    run = _run_info(tmp_path, "lost")
+    assert run.info.status == "FAILED"
+    assert "was lost" in run.data.tags["sat.error"]
+    # nothing of the run is left: no torchrun, rank, join or guard that names its folder
+    folder = str(tmp_path / "runs/sat/lost")
+    time.sleep(1)
+    left = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if folder.encode() in cmd:
+            left.append((entry, cmd[:200]))
+    assert left == []
+    done = max(
+        int(p.name.split("_")[1]) for p in (tmp_path / "runs/sat/lost/checkpoints").iterdir()
+    )
+
+    ray_cluster.add_node()  # a healthy cluster again
+    args = [a for a in args if not a.startswith("max_steps")] + [f"max_steps={done + 2}"]
+    res = run_sat(*args, "resume=auto", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    assert f"resuming from step_{done}" in res.stdout
+    steps = [s for s, _ in _history(tmp_path, "lost", "loss/grad_norm")]
+    assert steps == list(range(1, done + 3))  # every step once: nothing lost or repeated
+    assert _run_info(tmp_path, "lost").info.status == "FINISHED"
+
+
+def test_placement_the_cluster_cannot_give_exits_1(ray_cluster, tmp_path):
+    t0 = time.monotonic()
+    res = run_sat(
+        "train",
+        *MEGATRON_SMOKE,
+        *NODES2,
+        f"launcher.address={ray_cluster.address}",
+        "launcher.trainer_cpus=4",
+        "launcher.placement_timeout_s=3",
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert res.returncode == 1, res.stderr[-2000:]
+    err = res.stderr.strip().splitlines()
+    assert err[-1].startswith("sat: error:") and "Traceback" not in res.stderr
+    msg = err[-1]
+    assert "could not place this run within launcher.placement_timeout_s=3" in msg
+    assert "[CPU: 4]; [CPU: 4]" in msg and "2 live node(s)" in msg and "CPU: 2" in msg
+    assert time.monotonic() - t0 < 90
+
+
+def test_unreachable_address_exits_1_within_the_timeout(tmp_path):
+    pytest.importorskip("ray", reason="the [ray] extra is not installed")
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    res = run_sat(
+        "train",
+        *MEGATRON_SMOKE,
+        *NODES2,
+        f"launcher.address=127.0.0.1:{port}",
+        "launcher.connect_timeout_s=2",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port} within 2 s" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert elapsed < 60  # the CLI's own start-up plus the 2 s deadline
+
+
+def test_without_the_ray_extra_exit_2_names_the_install_line(tmp_path):
+    fake = tmp_path / "site"
+    (fake / "ray").mkdir(parents=True)
+    (fake / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", "train", *MEGATRON_SMOKE, *NODES2]
+        + ["launcher.address=127.0.0.1:1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "launcher=ray needs Ray, which is not installed: pip install -e '.[ray]'" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "runs" / "sat").exists() or not any(
+        (tmp_path / "runs" / "sat").rglob("checkpoints")
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["launcher=ray"], "launcher=ray needs launcher.address=HOST:PORT"),
+        (["launcher=ray", "launcher.address=head"], "is not HOST:PORT"),
+        (["launcher=ray", "launcher.address=h:1"], "there is nothing to place"),
+        (
+            ["launcher=ray", "launcher.address=h:1", "trainer=megatron", "launcher.trainer_cpus=0"],
+            "a Ray bundle must ask for some resource",
+        ),
+        (["launcher.health_timeout_s=1", "launcher.health_interval_s=2"], "a node would count"),
+        (["launcher.strategy=RANDOM"], "launcher.strategy='RANDOM' is not valid"),
+        (
+            ["launcher=ray", "launcher.address=h:1", "engine=sglang", "engine.urls=[http://h:1]"],
+            "engine.urls: servers run elsewhere",
+        ),
+    ],
+)
+def test_bad_launcher_settings_exit_2(tmp_path, overrides, message):
+    res = run_sat("config", *overrides, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2, res.stdout[-500:]
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_shows_the_placement(tmp_path):
+    res = run_sat(
+        "plan",
+        "trainer=megatron",
+        "trainer.nnodes=2",
+        "trainer.ep=2",
+        "launcher=ray",
+        "launcher.address=head:6379",
+        "launcher.trainer_gpus=8",
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    want = (
+        "launcher: ray at head:6379, one placement group (STRICT_SPREAD): 2 trainer node "
+        "bundle(s) [CPU: 1, GPU: 8]"
+    )
+    assert want in res.stdout, res.stdout

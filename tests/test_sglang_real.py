@@ -3,10 +3,12 @@
 One server of the tiny Qwen3-MoE (bf16, R3 on) serves the module; the last test kills it. The
 references are recomputations by the trainer's own code (``token_logprobs`` over an HF model at
 the engine's dtype), the trainer's R3 replay, and SGLang's source for the sampling filter.
-Measured here (2026-11-30, 800 tokens): SGLang bf16 vs an HF bf16 recompute, mean |Δ log-prob|
-0.005 (max 0.18); vs the fp32 trainer, 0.004 (max 0.10); top-2 expert sets agree on 99.3 % of
-(token, layer) rows with the bf16 recompute. The tolerances below are several times those and
-far below what a misaligned token or a wrong dtype gives (mean |Δ| of 1 or more).
+Measured on an AMX Xeon (SGLang's AMX kernels; 2026-11-30, 800 tokens): SGLang bf16 vs an HF bf16
+recompute, mean |Δ log-prob| 0.005 (max 0.18); vs the fp32 trainer, 0.004 (max 0.10); top-2
+expert sets agree on 99.3 % of (token, layer) rows with the bf16 recompute. On an AVX-512 Xeon
+without AMX (SGLang's torch-native layers; 2026-12-02, two runs of ~800 tokens): 0.0036 and 0.0042
+(max 0.20) vs bf16, 0.0032 and 0.0039 (max 0.10) vs fp32. The tolerances below are several times
+those and far below what a misaligned token or a wrong dtype gives (mean |Δ| of 1 or more).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from sglang_real import MODEL, launch
+from sglang_real import MODEL, launch, probe, require_cpu_all_reduce
 
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.models.tiny_moe import load_model, save_hf
@@ -279,14 +281,23 @@ def test_sglang_stops_on_the_union_of_eos_ids_like_the_local_engine(
     assert any(s.response_ids[-1] == eos for s in samples)
 
 
+def test_the_cpu_all_reduce_segments_carry_our_tag(engine):
+    # SGLang's shared-memory all-reduce (for tp > 1; AMX or arm64 only) maps its segments in
+    # /dev/shm (259 MB each, i.e. RAM) even at tp 1; they carry this server's tag, so that
+    # stopping it can remove them (next test)
+    require_cpu_all_reduce()
+    segments = engine.servers[0].shm_segments()
+    assert segments and all(s.stat().st_size > 100e6 for s in segments)
+
+
 def test_server_kill_is_detected_and_leaves_no_process(engine, prompts, tokenizer):
     # (last in the module: it kills the shared server)
     server = engine.servers[0]
     pgid = server.pgid
     assert len(live_group_members(pgid)) >= 3  # launcher, scheduler, detokenizer
-    # SGLang's CPU all-reduce segments carry our tag (259 MB each in /dev/shm, i.e. RAM)
+    # the all-reduce's /dev/shm segments exist exactly where SGLang has that all-reduce
     segments = server.shm_segments()
-    assert segments and all(s.stat().st_size > 100e6 for s in segments)
+    assert bool(segments) == probe().all_reduce
     future = engine.generate_async(prompts * 8, 8, sampling(tokenizer, max_new_tokens=32))
     time.sleep(1.0)
     t0 = time.monotonic()

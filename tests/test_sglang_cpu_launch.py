@@ -3,6 +3,7 @@ the real SGLang environment; with it, it does not (tier ``sglang``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -12,67 +13,88 @@ from sglang_real import REPO, sglang_python
 pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
 
 LAUNCHER = REPO / "sat_cli" / "engines" / "sglang" / "cpu_launch.py"
-PROBE = """
-import importlib.util, sys
+# argv: the launcher, the patches to apply, the checks to run; one RESULT line per check: what it
+# returned, or the exception it raised (each SGLang import costs 20-40 s on 2 cores: the three
+# processes below are all the patch tests need)
+CHECKS = """
+import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("cpu_launch", sys.argv[1])
 launch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(launch)  # importing applies nothing; only running it as a script does
-which, apply = sys.argv[2], sys.argv[3] == "1"
-if which != "torchvision":
-    launch.patch_torchvision()  # sglang cannot be imported without it
-if apply:
-    getattr(launch, "patch_" + which)()
-if which == "torchvision":
+for name in filter(None, sys.argv[2].split(",")):
+    getattr(launch, "patch_" + name)()
+
+def torchvision():
     import torchvision.transforms
-    print("RESULT imported")
-elif which == "state_capturer":
+    return "imported"
+
+def state_capturer():
     from sglang.srt.state_capturer.base import BaseHostCache
     cache = BaseHostCache(num_tokens=4, num_layers=2, topk_size=2, name="t", device="cpu")
-    print("RESULT buffer", tuple(cache.buffer.shape), cache.buffer.is_pinned())
-elif which == "amx_pack":
+    return f"buffer {tuple(cache.buffer.shape)} {cache.buffer.is_pinned()}"
+
+def amx_pack():
     import torch
     from sglang.srt.layers import amx_utils
     gate = torch.empty(8, 128, dtype=torch.bfloat16)  # the 8-expert router of the tiny model
     up = torch.empty(64, 128, dtype=torch.bfloat16)
-    print("RESULT packs gate:", amx_utils.dim_is_supported(gate), "up:", amx_utils.dim_is_supported(up))
+    return f"packs gate: {amx_utils.dim_is_supported(gate)} up: {amx_utils.dim_is_supported(up)}"
+
+for check in sys.argv[3].split(","):
+    try:
+        found = {"returned": globals()[check]()}
+    except Exception as exc:
+        found = {"raised": f"{type(exc).__name__}: {exc}"}
+    print("RESULT " + json.dumps({check: found}), flush=True)
 """
+ALL = ["torchvision", "state_capturer", "amx_pack"]
 
 
-def probe(which: str, apply: bool) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sglang_python(), "-c", PROBE, str(LAUNCHER), which, "1" if apply else "0"],
+def run_checks(patches: list[str], checks: list[str]) -> dict[str, dict[str, str]]:
+    out = subprocess.run(
+        [sglang_python(), "-c", CHECKS, str(LAUNCHER), ",".join(patches), ",".join(checks)],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=REPO,
     )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found: dict[str, dict[str, str]] = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            found |= json.loads(line[len("RESULT ") :])
+    assert sorted(found) == sorted(checks), out.stdout[-2000:] + out.stderr[-2000:]
+    return found
 
 
-def test_torchvision_imports_only_with_the_patch():
-    bare = probe("torchvision", apply=False)
-    assert bare.returncode != 0 and "operator torchvision::nms does not exist" in bare.stderr
-    patched = probe("torchvision", apply=True)
-    assert patched.returncode == 0, patched.stderr[-2000:]
-    assert "RESULT imported" in patched.stdout
+@pytest.fixture(scope="module")
+def bare():
+    """Each failure without its patch (SGLang itself cannot be imported without torchvision's,
+    so the other two are checked with that one only)."""
+    return run_checks([], ["torchvision"]) | run_checks(["torchvision"], ALL[1:])
 
 
-def test_routed_experts_buffer_allocates_on_cpu_only_with_the_patch():
-    bare = probe("state_capturer", apply=False)
-    assert bare.returncode != 0 and "Torch not compiled with CUDA enabled" in bare.stderr
-    patched = probe("state_capturer", apply=True)
-    assert patched.returncode == 0, patched.stderr[-2000:]
-    assert "RESULT buffer (4, 2, 2) False" in patched.stdout
+@pytest.fixture(scope="module")
+def patched():
+    return run_checks(ALL, ALL)
 
 
-def test_the_router_gate_is_not_amx_packed_with_the_patch():
+def test_torchvision_imports_only_with_the_patch(bare, patched):
+    assert "operator torchvision::nms does not exist" in bare["torchvision"]["raised"]
+    assert patched["torchvision"] == {"returned": "imported"}
+
+
+def test_routed_experts_buffer_allocates_on_cpu_only_with_the_patch(bare, patched):
+    assert "Torch not compiled with CUDA enabled" in bare["state_capturer"]["raised"]
+    assert patched["state_capturer"] == {"returned": "buffer (4, 2, 2) False"}
+
+
+def test_the_router_gate_is_not_amx_packed_with_the_patch(bare, patched):
     # Packed, the 8-row gate is stored transposed and /update_weights_from_disk then kills the
-    # server (its end-to-end check: test_sglang_real.py::test_weight_update_changes_...).
-    bare = probe("amx_pack", apply=False)
-    assert bare.returncode == 0, bare.stderr[-2000:]
-    assert "RESULT packs gate: True up: True" in bare.stdout
-    patched = probe("amx_pack", apply=True)
-    assert patched.returncode == 0, patched.stderr[-2000:]
-    assert "RESULT packs gate: False up: True" in patched.stdout
+    # server (its end-to-end check: test_sglang_real.py::test_weight_update_changes_...). SGLang
+    # packs only on AMX CPUs; the shape test it uses is the same everywhere.
+    assert bare["amx_pack"] == {"returned": "packs gate: True up: True"}
+    assert patched["amx_pack"] == {"returned": "packs gate: False up: True"}
 
 
 PARSE = """
@@ -104,8 +126,6 @@ else:
 
 
 def parse_with_sglang(which: str, command: list[str], module: str) -> dict:
-    import json
-
     args = command[command.index(module) + 1 :]
     out = subprocess.run(
         [sglang_python(), "-c", PARSE],

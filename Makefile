@@ -10,9 +10,13 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 # SGLang's CPU environment (`make sglang-cpu`; docs/sglang.md): its own interpreter, never imported
-# by sat. The kernel wheel has no PyPI build; the default is the one built for this project.
+# by sat. SGLang's CPU kernel has no PyPI build: `make sglang-cpu` installs SGLANG_KERNEL_WHEEL
+# if set, else the project's wheel in ../shared if present, else the one `make sglang-kernel`
+# built from source (scripts/build_sglang_kernel.sh) into SGLANG_KERNEL_DIR/dist.
 SGLANG_VENV ?= .venv-sglang
-SGLANG_KERNEL_WHEEL ?= ../shared/sglang-cpu/sglang_kernel_cpu-0.4.6.post1-cp311-cp311-linux_x86_64.whl
+SGLANG_KERNEL_WHEEL ?=
+SGLANG_KERNEL_SHARED := ../shared/sglang-cpu/sglang_kernel_cpu-0.4.6.post1-cp311-cp311-linux_x86_64.whl
+SGLANG_KERNEL_DIR ?= build/sglang-kernel
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 # torch, installed first and on its own (README "Install"). TORCH_SPEC is the requirement;
 # TORCH_INDEX_URL, when set, the only index it is taken from, e.g. a CPU-only machine:
@@ -38,14 +42,27 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 install: $(STAMP) ## create .venv and install sat with dev tools and megatron-core (idempotent)
 
 $(SGLANG_STAMP): requirements-sglang-cpu.txt
-	@test -f "$(SGLANG_KERNEL_WHEEL)" || { echo "SGLANG_KERNEL_WHEEL=$(SGLANG_KERNEL_WHEEL) not found: build it (docs/sglang.md) or point the variable at it"; exit 2; }
-	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
-	$(SGLANG_VENV)/bin/python -m pip install -q -r requirements-sglang-cpu.txt
-	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23 torchvision==0.28.0 sglang-router==0.3.2 "$(SGLANG_KERNEL_WHEEL)"
+	@wheel='$(SGLANG_KERNEL_WHEEL)'; from='SGLANG_KERNEL_WHEEL'; \
+	if [ -z "$$wheel" ] && [ -f '$(SGLANG_KERNEL_SHARED)' ]; then \
+	  wheel='$(SGLANG_KERNEL_SHARED)'; from='../shared, built for this project'; fi; \
+	if [ -z "$$wheel" ]; then \
+	  wheel="$$(ls $(SGLANG_KERNEL_DIR)/dist/sglang_kernel_cpu-*.whl 2>/dev/null | head -n 1)"; \
+	  from='built from source by make sglang-kernel'; fi; \
+	if [ -z "$$wheel" ]; then \
+	  echo "make sglang-cpu: no SGLang CPU kernel wheel: SGLANG_KERNEL_WHEEL is unset, $(SGLANG_KERNEL_SHARED) is absent and $(SGLANG_KERNEL_DIR)/dist has none. Run \`make sglang-kernel\` first (builds it from source; docs/sglang.md)" >&2; exit 2; fi; \
+	if [ ! -f "$$wheel" ]; then echo "make sglang-cpu: SGLANG_KERNEL_WHEEL=$$wheel not found" >&2; exit 2; fi; \
+	echo "make sglang-cpu: SGLang CPU kernel wheel $$wheel ($$from)"; \
+	set -ex; \
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV); \
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip; \
+	$(SGLANG_VENV)/bin/python -m pip install -q -r requirements-sglang-cpu.txt; \
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23 torchvision==0.28.0 sglang-router==0.3.2 "$$wheel"; \
 	touch $(SGLANG_STAMP)
 
-sglang-cpu: $(SGLANG_STAMP) ## build .venv-sglang: a real SGLang 0.5.23 server on this CPU (AMX); `make test` then runs its tier
+sglang-cpu: $(SGLANG_STAMP) ## build .venv-sglang (SGLANG_VENV): a real SGLang 0.5.23 server on this CPU (AVX-512); `make test` then runs its tier
+
+sglang-kernel: ## build SGLang's CPU kernel wheel from source into build/sglang-kernel/dist (SGLANG_SRC=<checkout>, else download; ~11 min on 2 cores)
+	SGLANG_KERNEL_OUT='$(SGLANG_KERNEL_DIR)' scripts/build_sglang_kernel.sh
 
 run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-MoE, toy task, CPU)
 	$(BIN)/sat train
@@ -68,4 +85,4 @@ clean: ## remove the venvs, caches and build outputs (keeps runs/)
 	rm -rf $(VENV) $(SGLANG_VENV) build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-.PHONY: help install sglang-cpu run test test-full bench lint clean
+.PHONY: help install sglang-cpu sglang-kernel run test test-full bench lint clean

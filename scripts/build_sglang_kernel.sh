@@ -80,7 +80,10 @@ with tempfile.TemporaryFile() as tmp:
                 members.append(m)
         if not members:
             sys.exit(f"{aot} not in the archive")
-        tar.extractall(dest, members=members, filter="data")
+        try:
+            tar.extractall(dest, members=members, filter="data")
+        except TypeError:  # Python before 3.11.4 has no extraction filters
+            tar.extractall(dest, members=members)
 PY
 fi
 [[ -f "$SRC/pyproject_cpu.toml" && -d "$SRC/csrc/cpu" ]] || die "$SRC lacks pyproject_cpu.toml or csrc/cpu"

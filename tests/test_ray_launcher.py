@@ -16,6 +16,7 @@ The cluster tests share one cluster and run on one xdist worker (group ``ray``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -288,3 +289,52 @@ def test_plan_shows_the_placement(tmp_path):
         "bundle(s) [CPU: 1, GPU: 8]"
     )
     assert want in res.stdout, res.stdout
+
+
+def test_sglang_servers_on_two_nodes_and_a_dead_server_fails_the_run(ray_cluster, tmp_path):
+    """Two SGLang servers placed on the two nodes (the loopback stand-in as the launch prefix:
+    the placement and supervision are sat's, the server is tests/sglang_standin.py), run steps;
+    then one server is killed: as with local servers, exit 1 with its log tail, FAILED, no
+    restart, nothing left running."""
+    standin = os.path.join(os.path.dirname(__file__), "sglang_standin.py")
+    args = ["train", "experiment=cpu_smoke", "eval.every=0", "run.dir=runs", "launcher=ray"]
+    args += [f"launcher.address={ray_cluster.address}", "engine=sglang", "engine.device=cpu"]
+    args += [f"engine.launch_prefix=[{sys.executable},{standin}]", "engine.num_servers=2"]
+    args += ["engine.use_router=false", "checkpoint.every=1", "max_steps=500", "run.name=sg"]
+    with open(tmp_path / "sg.out", "w") as log:
+        proc = _popen_sat(*args, cwd=tmp_path, log=log)
+        try:
+            _wait_for(tmp_path / "runs/sat/sg/checkpoints/step_2", proc, 300)
+            pids = json.loads((tmp_path / "runs/sat/sg/logs/pids.json").read_text())
+            os.kill(pids["engine"], 9)  # server 0, on its Ray node
+            t0 = time.monotonic()
+            code = proc.wait(timeout=120)
+            stopped_s = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = (tmp_path / "sg.out").read_text()
+    assert code == 1, out[-3000:]
+    assert "ray: SGLang server 0 on Ray node" in out and "ray: SGLang server 1 on Ray node" in out
+    assert "sat: error: SGLang server at http://127.0.0.1:" in out and "died (exit code -9)" in out
+    assert "standin: serving on" in out  # the log tail
+    assert "restarting" not in out and "Traceback" not in out
+    assert stopped_s < 60
+    assert _run_info(tmp_path, "sg").info.status == "FAILED"
+    # both servers' processes are gone (server 1 was stopped by sat, server 0 killed)
+    import re
+
+    ports = set()
+    for i in (0, 1):
+        text = (tmp_path / f"runs/sat/sg/logs/sglang_{i}.log").read_text()
+        ports |= set(re.findall(r"serving on http://127.0.0.1:(\d+)", text))
+    assert len(ports) == 2
+    time.sleep(1)
+    left = [
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and "sglang_standin.py" in (cmd := _cmdline(int(pid)))
+        and any(f"--port {port} " in cmd for port in ports)
+    ]
+    assert left == []

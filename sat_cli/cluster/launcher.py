@@ -328,6 +328,8 @@ class RayLauncher:
 
         if len(servers) != len(self._server_hosts):
             raise ValueError(f"{len(servers)} servers for {len(self._server_hosts)} bundles")
+        for server in servers:  # an actor's working folder is not ours: absolute paths only
+            server.absolute_paths()
         return [
             RemoteServer(self, placed, server)
             for placed, server in zip(self._server_hosts, servers, strict=True)

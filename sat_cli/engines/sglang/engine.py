@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
@@ -333,6 +334,9 @@ class SGLangEngine(_WorkerControl):
         self._check_usable()
         if version < self._version:
             raise ValueError(f"weight version went backwards: {self._version} -> {version}")
+        # the servers resolve a relative path against their own working folder (on another
+        # node with launcher=ray), and read one that is not there as a hub id
+        path = str(Path(path).resolve())
         with self._update_lock, self._paused_for_update():
             # Outputs may report the new version as soon as a worker has loaded it, before
             # push() returns: widen the accepted range first.

@@ -189,6 +189,13 @@ class SGLangServer(SGLangProcess):
         self.enable_return_routed_experts = enable_return_routed_experts
         self.weight_version = weight_version
 
+    def absolute_paths(self) -> None:
+        """Make the log and model paths absolute (a process started on another node, from
+        another working folder, must find them on the shared filesystem); a hub id stays."""
+        self.log_path = Path(self.log_path).resolve()
+        if Path(self.model_path).exists():
+            self.model_path = str(Path(self.model_path).resolve())
+
     @property
     def command(self) -> list[str]:
         # Flag names as declared in sglang/srt/server_args.py (ServerArgs.add_cli_args; its own

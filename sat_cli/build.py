@@ -118,6 +118,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
         return LocalEngine(
             path,
             dtype=e.dtype,
+            device=e.device,
             r3=r3,
             seed=obj.seed,
             num_threads=e.num_threads,
@@ -201,7 +202,7 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
     if t.name == "local":
         from sat_cli.trainers.local import LocalTrainer
 
-        return LocalTrainer(path, **kwargs)
+        return LocalTrainer(path, device=t.device, dtype=t.dtype, **kwargs)
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
     rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None

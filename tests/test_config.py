@@ -127,7 +127,7 @@ def test_bad_overrides_name_the_key(override, needle):
             "needs a GPU attention",
         ),
         (["engine=sglang", "engine.device=tpu"], "engine.device='tpu' is not valid"),
-        (["engine=local", "engine.device=cuda"], "engine=local runs on the CPU"),
+        (["engine=local", "engine.device=tpu"], "engine.device='tpu' is not valid"),
         (["engine=sglang", "engine.urls=[localhost:30000]"], "is not http://host:port"),
         (
             ["engine=sglang", "engine.urls=[http://a:1]", "engine.num_servers=2"],

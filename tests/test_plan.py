@@ -150,8 +150,8 @@ def test_compose_time_runs_the_same_checks():
     """No overlay that composes can fail the layout rules later: `load` refuses them too."""
     with pytest.raises(ConfigError, match=r"trainer\.ep=3 must divide the model's 8 experts"):
         load(["trainer=megatron", "trainer.nproc_per_node=3", "trainer.ep=3"])
-    with pytest.raises(ConfigError, match=r"trainer=local trains in float32"):
-        load(["trainer.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match=r"trainer.recompute=true needs trainer=megatron"):
+        load(["trainer.recompute=true"])
     _, obj = load([PAPER, "algo=gspo", "lag=8", "r3=true"])  # the paper overlay composes
     assert (obj.trainer.tp, obj.trainer.ep, obj.trainer.etp, obj.trainer.dtype) == (
         4, 4, 1, "bfloat16"

@@ -1,4 +1,5 @@
-"""Pieces the `sat train` and `sat eval` commands share: loading models, the pids file."""
+"""Pieces the `sat train` and `sat eval` commands share: loading models, the pids file, the
+check that a CUDA device is there."""
 
 from __future__ import annotations
 
@@ -35,3 +36,36 @@ def write_pids(logs: Path, engine) -> None:
 
     pids = {"orchestrator": os.getpid(), "engine": getattr(engine, "pid", None)}
     atomic_write_text(logs / "pids.json", json.dumps(pids))
+
+
+def check_devices(obj, *, trainer: bool = True) -> None:
+    """``engine.device=cuda`` / ``trainer.device=cuda`` of the local engine and trainer: a CUDA
+    device must be visible now, with bf16 where a dtype asks for it; else ``UserError`` (one
+    line, exit 2), raised before anything is written or started. ``trainer``: whether the
+    command trains (``sat eval`` runs the engine only)."""
+    wanted = []
+    if obj.engine.name == "local" and obj.engine.device == "cuda":
+        wanted.append(("engine", obj.engine.dtype))
+    if trainer and obj.trainer.name == "local" and obj.trainer.device == "cuda":
+        wanted.append(("trainer", obj.trainer.dtype))
+    if not wanted:
+        return
+    import torch
+
+    keys = " and ".join(f"{who}.device=cuda" for who, _ in wanted)
+    if not torch.cuda.is_available():
+        build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+        raise UserError(
+            f"{keys}: no CUDA GPU is visible to torch {torch.__version__} ({build}); run on a "
+            "machine with a GPU or set the device to cpu"
+        )
+    try:
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # an older torch without the keyword
+        bf16 = torch.cuda.is_bf16_supported()
+    for who, dtype in wanted:
+        if dtype == "bfloat16" and not bf16:
+            raise UserError(
+                f"{who}.dtype=bfloat16: the GPU {torch.cuda.get_device_name(0)} has no native "
+                f"bf16; use {who}.dtype=float32"
+            )

@@ -98,7 +98,7 @@ def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
     from sat_cli.build import build_engine, build_evaluator, build_task, eval_problems
-    from sat_cli.commands.common import loading, write_pids
+    from sat_cli.commands.common import check_devices, loading, write_pids
     from sat_cli.errors import os_error
     from sat_cli.evaluation import format_table, write_results
     from sat_cli.loop import preflight
@@ -109,6 +109,7 @@ def run_eval_command(cfg, obj) -> None:
     # every input is checked before anything is written or started; the data first (cheap:
     # no torch import, no model read), then the model
     e = obj.eval
+    check_devices(obj, trainer=False)
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)
     data_file = _data_file(obj)

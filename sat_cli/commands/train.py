@@ -31,7 +31,7 @@ from sat_cli.build import (
     model_path,
     sat_inert_recompute,
 )
-from sat_cli.commands.common import loading, write_pids
+from sat_cli.commands.common import check_devices, loading, write_pids
 from sat_cli.errors import UserError
 
 
@@ -137,6 +137,7 @@ def _train(cfg, obj) -> dict:
     from sat_cli.loop.state import read_loop_state
 
     # every input is checked before the run folder is created or written, or a process starts
+    check_devices(obj)
     run_dir, resuming = resolve_run_dir(obj)
     log = print
     preflight.check_run_folder(run_dir)

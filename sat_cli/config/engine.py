@@ -16,7 +16,7 @@ DTYPES = ("float32", "bfloat16")
 class EngineConfig:
     name: str = "local"
     dtype: str = "float32"  # bfloat16 reproduces engine/trainer numeric mismatch on CPU
-    device: str = "cpu"  # local: torch device; sglang: cuda, or cpu (Intel AMX, docs/sglang.md)
+    device: str = "cpu"  # local: torch device (cuda: one GPU); sglang: cuda or cpu (sglang.md)
     num_threads: int = 1  # torch threads of the local engine process
     # sglang: the interpreter of the SGLang environment; auto = $SAT_SGLANG_PYTHON, else
     # .venv-sglang/bin/python of the current folder or of the sat checkout (`make sglang-cpu`)
@@ -54,8 +54,6 @@ class EngineConfig:
         if self.max_total_tokens is not None:
             _range("engine.max_total_tokens", self.max_total_tokens, 1)
         _range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
-        if self.name == "local" and self.device != "cpu":
-            raise ConfigError("engine=local runs on the CPU: engine.device=cpu")
         if self.name == "sglang":
             self._check_sglang()
 

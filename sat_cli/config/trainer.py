@@ -20,6 +20,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     num_threads: int = 1
+    device: str = "cpu"  # local: torch device (cuda: one GPU); megatron takes CUDA when present
     # megatron: torchrun layout and model parallel sizes; rules, split and memory estimate in
     # sat_cli/config/layout.py (`sat plan` prints them). nnodes > 1: torchrun's rendezvous is
     # master_addr:master_port; other nodes join with `sat worker --join` (docs/megatron.md)
@@ -33,7 +34,9 @@ class TrainerConfig:
     pp: int = 1
     cp: int = 1
     etp: int | None = None  # expert tensor parallel size; null = 1 (experts whole on each TP rank)
-    dtype: str = "float32"  # megatron: parameter dtype (bfloat16 on GPUs)
+    # megatron: parameter dtype (bfloat16 on GPUs); local: bfloat16 = bf16 autocast of the
+    # forward, fp32 weights and AdamW states
+    dtype: str = "float32"
     optimizer_offload: bool = False  # megatron: optimizer states in host memory
     recompute: bool = False  # megatron: full activation recompute, one layer at a time
     gpu_memory_gb: float = 80.0  # memory of one trainer GPU; layouts estimated above it fail
@@ -60,13 +63,16 @@ class TrainerConfig:
             least = math.lcm(self.tp * self.pp * self.cp, (self.etp or 1) * self.ep * self.pp)
             self.nproc_per_node = math.lcm(least, self.nnodes) // self.nnodes
         _choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        _choice("trainer.device", self.device, ("cpu", "cuda"))
+        if self.name == "megatron" and self.device != "cpu":
+            raise ConfigError(
+                "trainer.device is the local trainer's; trainer=megatron takes CUDA when present"
+            )
         try:
             parse_size(self.max_shard_size)
         except ValueError as exc:
             raise ConfigError(f"trainer.max_shard_size: {exc}") from None
         _range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
-        if self.name == "local" and self.dtype != "float32":
-            raise ConfigError("trainer=local trains in float32: trainer.dtype=float32")
         for key in ("optimizer_offload", "recompute"):
             if self.name == "local" and getattr(self, key):
                 raise ConfigError(f"trainer.{key}=true needs trainer=megatron")

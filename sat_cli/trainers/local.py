@@ -1,5 +1,10 @@
 """The local trainer: an HF causal LM (fp32) trained with torch AdamW on the policy losses.
 
+Device and precision: ``device`` is any torch device (``cpu``, ``cuda``: one GPU); ``dtype=
+"bfloat16"`` runs the forward under bf16 autocast (matmuls in bf16, log-probs in fp32) while the
+weights, gradients and AdamW states stay fp32 (mixed precision); ``"float32"`` (the default) is
+plain fp32 with no autocast at all.
+
 The policy update (minibatches, ``pi_old`` recompute, reference log-probs, loss, backward,
 grad-norm clip, non-finite skip, metrics) is ``sat_cli.trainers.step.PolicyTrainer``; this class
 supplies the HF forward (R3 replay of the recorded routes when ``r3``), plain
@@ -47,13 +52,18 @@ class LocalTrainer(PolicyTrainer):
         *,
         loss: LossConfig | None = None,
         device: str = "cpu",
+        dtype: str = "float32",
         **options,
     ):
         """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...)
-        and, without ``loss``, the loss settings in keyword form (``algo``, ``eps_low``, ...)."""
+        and, without ``loss``, the loss settings in keyword form (``algo``, ``eps_low``, ...).
+        ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring)."""
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")
         self._init_step(loss, options)
         self.model_path = str(model_path)
         self.device = torch.device(device)
+        self.dtype = dtype
         self.model = load_model(model_path, "float32", self.device).train()
         self.tokenizer = self._load_tokenizer(model_path)
         if self.r3 and not hasattr(self.model.config, "num_experts"):
@@ -83,6 +93,11 @@ class LocalTrainer(PolicyTrainer):
             if self.r3_audit and model is self.model
             else contextlib.nullcontext()
         )
+        autocast = (
+            torch.autocast(dev.type, dtype=torch.bfloat16)
+            if self.dtype == "bfloat16"
+            else contextlib.nullcontext()
+        )
         with (
             maybe_replay(
                 model,
@@ -90,6 +105,7 @@ class LocalTrainer(PolicyTrainer):
                 self.r3,
             ),
             audit,
+            autocast,
         ):
             out = model(
                 input_ids=batch.input_ids.to(dev),

@@ -347,6 +347,7 @@ TAG_NAMES = {
 
 
 def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
+    from sat_cli.commands.common import run_environment
     from sat_cli.loop.final_status import apply_pending
     from sat_cli.tracking import Tracker, flatten_config
 
@@ -375,7 +376,7 @@ def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dr
         # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
         params={
             k: v
-            for k, v in flatten_config(cfg_container).items()
+            for k, v in {**flatten_config(cfg_container), **run_environment(obj)}.items()
             if not k.startswith("tracking.tags.") and k != "tracking.tags"
         },
     )

@@ -52,6 +52,19 @@ def _load(overrides: list[str]):
         fail(str(exc))
 
 
+def _pin_numerics(obj) -> None:
+    """``run.portable_numerics=true``: pin torch's CPU code paths in the environment before torch
+    is imported; every process of the run inherits them (sat_cli/numerics.py)."""
+    if not obj.run.portable_numerics:
+        return
+    from sat_cli.numerics import PortableError, pin
+
+    try:
+        pin(obj.trainer.num_threads)
+    except PortableError as exc:
+        fail(str(exc))
+
+
 @app.command("config")
 def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
     """Print the composed, validated config (what a run would use)."""
@@ -92,6 +105,7 @@ def train_cmd(
         missing = unimplemented(Layout.of(obj.trainer))
         if missing:
             fail(not_yet_message(missing))
+    _pin_numerics(obj)
     from sat_cli.commands.train import train
 
     _guard(lambda: train(cfg, obj, overrides or []))
@@ -108,6 +122,7 @@ def pretrain_cmd(
 ) -> None:
     """Build and warm-start the tiny model on the task (cached; `sat train` runs it when needed)."""
     cfg, obj = _load(overrides or [])
+    _pin_numerics(obj)
     from sat_cli.commands.train import pretrain
 
     _guard(lambda: pretrain(obj, use_shipped=use_shipped))
@@ -127,6 +142,7 @@ def eval_cmd(
             f"choose one of: {', '.join(group_options('eval'))}"
         )
     cfg, obj = _load([f"eval={benchmark}", *(overrides or [])])
+    _pin_numerics(obj)
     from sat_cli.commands.eval import run_eval_command as evaluate
 
     _guard(lambda: evaluate(cfg, obj))

@@ -283,6 +283,10 @@ def build_report(client, target: str, pairs: list[str] | None = None) -> dict[st
     runs = [load_run(client, r, records, list(axes or [])) for r in children]
     rows = row_order(runs, methods)
     lags, cells = build_table(runs, rows)
+    from sat_cli.tracking.environment import compare_environments
+
+    envs = [(r.info.run_name or r.info.run_id, {**r.data.params, **r.data.tags}) for r in children]
+    sel.notes += compare_environments(envs)  # different machines or numeric settings: say so
     dropped = len(sel.runs) - len(children)
     if dropped:
         sel.notes.append(

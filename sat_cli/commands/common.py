@@ -1,5 +1,5 @@
 """Pieces the `sat train` and `sat eval` commands share: loading models, the pids file, the
-check that a CUDA device is there."""
+run's environment params and the check that a CUDA device is there."""
 
 from __future__ import annotations
 
@@ -36,6 +36,24 @@ def write_pids(logs: Path, engine) -> None:
 
     pids = {"orchestrator": os.getpid(), "engine": getattr(engine, "pid", None)}
     atomic_write_text(logs / "pids.json", json.dumps(pids))
+
+
+def run_environment(obj) -> dict[str, str]:
+    """The run's ``env.*`` params: hardware, libraries and numeric settings of this process
+    (``sat_cli.tracking.environment``); with engine=sglang the version its interpreter has."""
+    from sat_cli.tracking.environment import UNKNOWN, environment_params, sglang_version
+
+    e, version = obj.engine, None
+    if e.name == "sglang":
+        version = f"{UNKNOWN} (servers started elsewhere)"
+        if not (e.urls or e.launch_prefix):
+            from sat_cli.engines.sglang.server import resolve_python
+
+            try:
+                version = sglang_version(resolve_python(e.python))
+            except FileNotFoundError:
+                version = UNKNOWN
+    return environment_params(sglang=version)
 
 
 def check_devices(obj, *, trainer: bool = True) -> None:

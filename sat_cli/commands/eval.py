@@ -98,7 +98,7 @@ def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
     from sat_cli.build import build_engine, build_evaluator, build_task, eval_problems
-    from sat_cli.commands.common import check_devices, loading, write_pids
+    from sat_cli.commands.common import check_devices, loading, run_environment, write_pids
     from sat_cli.errors import os_error
     from sat_cli.evaluation import format_table, write_results
     from sat_cli.loop import preflight
@@ -123,6 +123,7 @@ def run_eval_command(cfg, obj) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
+    params.update(run_environment(obj))
     params["eval.model_path"] = path
     if data_file is not None:
         params["eval.data_file"] = data_file
@@ -132,6 +133,7 @@ def run_eval_command(cfg, obj) -> None:
     with orderly_stop():
         engine = loading(path, lambda: build_engine(obj, path, logs, r3=False))
         write_pids(logs, engine)
+        params.update({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
         holder: dict = {}
         try:
             run = build_evaluator(

@@ -208,6 +208,8 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
         trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
         engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher))
         write_pids(logs, engine)
+        # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
+        tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
             if spec is not None

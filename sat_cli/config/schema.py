@@ -273,6 +273,9 @@ class RunConfig:
     name: str | None = None  # default: <algo>-<clip>-lag<n>-r3<bool>-s<seed>-<time>
     dir: str = "runs"
     experiment: str = "sat"
+    # pin torch's CPU code paths (ATen AVX2, oneDNN AVX2, MKL's COMPATIBLE branch, fixed threads)
+    # in every process, aiming at the same numbers for a seed on any x86-64 CPU (numerics.py)
+    portable_numerics: bool = False
 
     def __post_init__(self) -> None:
         for key, value in (("run.name", self.name), ("run.experiment", self.experiment)):
@@ -337,6 +340,13 @@ class SatConfig:
 
             check_config(self)
         check_placement(self.launcher, self.trainer.name, self.engine)
+        if self.run.portable_numerics and (
+            self.engine.name != "local" or "cuda" in (self.engine.device, self.trainer.device)
+        ):
+            raise ConfigError(
+                "run.portable_numerics=true pins torch's CPU code paths; it needs engine=local "
+                "on the CPU (SGLang's kernels and CUDA devices are not pinned)"
+            )
         if self.algo.name in UNCLIPPED_ALGOS and self.clip.adaptive:
             raise ConfigError(
                 f"algo={self.algo.name} has no clip interval for SAT to contract; use clip=ppo"

@@ -125,12 +125,14 @@ class LocalEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
         self.pid = self._proc.pid
         try:
-            self._recv(timeout=startup_timeout_s, what="engine startup")
+            ready = self._recv(timeout=startup_timeout_s, what="engine startup")
         except EngineError:
             self._closed = True
             self._executor.shutdown(wait=False)
             self._finalizer()
             raise
+        # the worker's own view: ATen CPU capability, torch threads, MKL branch (strings)
+        self.numerics: dict[str, str] = dict(ready.get("numerics") or {})
 
     # --- transport -------------------------------------------------------------------------
     def _recv(self, timeout: float | None, what: str, conn=None):

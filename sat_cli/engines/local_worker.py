@@ -169,7 +169,10 @@ def worker_main(conn, cfg: dict, ctrl=None) -> None:
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
-    conn.send(("ok", {"pid": os.getpid(), "weight_version": worker.version}))
+    from sat_cli.tracking.environment import process_numerics
+
+    ready = {"pid": os.getpid(), "weight_version": worker.version, "numerics": process_numerics()}
+    conn.send(("ok", ready))
     if ctrl is not None:
         from sat_cli.engines.local_inflight import ControlChannel
 

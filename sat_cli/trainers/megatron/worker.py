@@ -241,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         # the client watches the processes of its own node (ranks 0 .. local world - 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local]})
-    _say(f"megatron worker rank {rank}/{world} ready (pid {os.getpid()})")
+    from sat_cli.tracking.environment import process_numerics
+
+    numerics = " ".join(f"{k}={v}" for k, v in process_numerics().items())
+    _say(f"megatron worker rank {rank}/{world} ready (pid {os.getpid()}; {numerics})")
     code = _serve(actor, replies, commands)
     import torch.distributed as dist
 

@@ -11,13 +11,13 @@ error), 2 for a path that cannot be used.
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import NoReturn
 
 import typer
 
 from sat_cli import __version__
+from sat_cli.errors import without_tracebacks as _without_tracebacks  # noqa: F401 - tests
 
 app = typer.Typer(
     name="sat",
@@ -152,13 +152,57 @@ def eval_cmd(
 def sweep_cmd(
     sweep_file: str = typer.Argument(..., help="a sweep YAML, e.g. sweeps/smoke.yaml"),
     overrides: list[str] = typer.Argument(None, help="overrides applied to every run"),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="runs at once"),
+    jobs: int = typer.Option(
+        None, "--jobs", "-j", min=1, help="runs at once (local default 1; a cluster: all)"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and exit"),
+    executor: str = typer.Option(
+        "local", "--executor", help="local | slurm (submitit) | ray: where the runs go"
+    ),
+    slurm_cluster: str = typer.Option(
+        None, "--slurm-cluster", help="slurm (default) | local: submitit's local executor"
+    ),
+    slurm_partition: str = typer.Option(None, "--slurm-partition", help="SLURM partition"),
+    slurm_time: int = typer.Option(None, "--slurm-time", help="time limit per run, minutes"),
+    slurm_gpus: int = typer.Option(None, "--slurm-gpus", help="GPUs per run (one node)"),
+    slurm_cpus: int = typer.Option(None, "--slurm-cpus", help="CPUs per run"),
+    slurm_mem_gb: float = typer.Option(None, "--slurm-mem-gb", help="memory per run, GB"),
+    slurm_option: list[str] = typer.Option(
+        None, "--slurm-option", help="an extra #SBATCH option KEY=VALUE (e.g. account=x); repeat"
+    ),
+    slurm_setup: list[str] = typer.Option(
+        None, "--slurm-setup", help="a shell line run before each job (module load ...); repeat"
+    ),
+    ray_address: str = typer.Option(None, "--ray-address", help="HOST:PORT of the Ray head"),
+    ray_cpus: float = typer.Option(None, "--ray-cpus", help="CPUs per run"),
+    ray_gpus: float = typer.Option(None, "--ray-gpus", help="GPUs per run"),
+    ray_resource: list[str] = typer.Option(
+        None, "--ray-resource", help="a custom Ray resource per run NAME=AMOUNT; repeat"
+    ),
 ) -> None:
-    """Run a grid of `sat train` runs, resumable, grouped under one MLflow parent run."""
+    """Run a grid of `sat train` runs, resumable, grouped under one MLflow parent run; locally,
+    on SLURM (submitit) or on a Ray cluster (docs/cluster.md)."""
     from sat_cli.sweep import run_sweep
+    from sat_cli.sweep.executor import ExecutorOptions
 
-    _guard(lambda: run_sweep(sweep_file, overrides or [], jobs=jobs, dry_run=dry_run))
+    opts = ExecutorOptions(
+        name=executor,
+        slurm_cluster=slurm_cluster,
+        slurm_partition=slurm_partition,
+        slurm_time=slurm_time,
+        slurm_gpus=slurm_gpus,
+        slurm_cpus=slurm_cpus,
+        slurm_mem_gb=slurm_mem_gb,
+        slurm_options=list(slurm_option or []),
+        slurm_setup=list(slurm_setup or []),
+        ray_address=ray_address,
+        ray_cpus=ray_cpus,
+        ray_gpus=ray_gpus,
+        ray_resources=list(ray_resource or []),
+    )
+    _guard(
+        lambda: run_sweep(sweep_file, overrides or [], jobs=jobs, dry_run=dry_run, executor=opts)
+    )
 
 
 @app.command("report")
@@ -245,6 +289,48 @@ def ui_cmd(
     raise typer.Exit(code)
 
 
+@app.command("mlflow-server")
+def mlflow_server_cmd(
+    backend_store_uri: str = typer.Option(
+        ..., "--backend-store-uri", help="postgresql://USER[:PASSWORD]@HOST:5432/DB (the store)"
+    ),
+    artifacts_destination: str = typer.Option(
+        ..., "--artifacts-destination", help="where artifacts go: a shared path (or s3://…)"
+    ),
+    host: str = typer.Option("127.0.0.1", help="bind address (a cluster: the head's address)"),
+    port: int = typer.Option(5000, help="port (1-65535; must be free)"),
+    workers: int = typer.Option(2, help="server worker processes"),
+    db_timeout: float = typer.Option(10.0, "--db-timeout", help="seconds to reach the database"),
+    telemetry: bool = typer.Option(
+        False, "--telemetry", help="let MLflow send its usage telemetry (off by default)"
+    ),
+) -> None:
+    """One MLflow tracking server for every node (PostgreSQL store, shared artifacts); prints
+    the tracking URI for `tracking=mlflow_server tracking.uri=…` (docs/cluster.md)."""
+    import os
+
+    from sat_cli.cluster.mlflow_server import run_server
+
+    env = dict(os.environ)
+    code = 0
+
+    def body() -> None:
+        nonlocal code
+        code = run_server(
+            backend_store_uri,
+            artifacts_destination,
+            host=host,
+            port=port,
+            workers=workers,
+            telemetry=telemetry,
+            db_timeout_s=db_timeout,
+            env=env,
+        )
+
+    _guard(body)
+    raise typer.Exit(code)
+
+
 @app.command("version")
 def version_cmd() -> None:
     """Print the version of sat."""
@@ -266,23 +352,6 @@ def _quiet_libraries() -> None:
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
-def _without_tracebacks(message: str) -> str:
-    """A worker's error message (with its log tail) with every traceback cut to its exception
-    line: the frames of ``Traceback (most recent call last):`` blocks are dropped, also when a
-    launcher prefixes each line (``[rank0]: ``)."""
-    out, in_tb = [], False
-    for line in message.splitlines():
-        body = re.sub(r"^\[[^\]]*\]:? ?", "", line)
-        if "Traceback (most recent call last):" in body:
-            in_tb = True
-            continue
-        if in_tb and (not body.strip() or body[:1].isspace() or set(body.strip()) <= set("^~")):
-            continue
-        in_tb = False
-        out.append(line)
-    return "\n".join(out)
-
-
 def _guard(fn) -> None:
     """Run a command body: user errors → message + exit 2; runtime faults (a dead or failing
     trainer or engine, a failed checkpoint write) → message + exit 1; Ctrl-C → exit 130. By
@@ -290,7 +359,7 @@ def _guard(fn) -> None:
     _quiet_libraries()
     from sat_cli.config import ConfigError
     from sat_cli.engines.base import EngineError
-    from sat_cli.errors import RunFailed, UserError, as_os_error, os_error
+    from sat_cli.errors import RunFailed, UserError, as_os_error, os_error, without_tracebacks
     from sat_cli.loop.state import CheckpointError
     from sat_cli.tasks.datafiles import DataError
     from sat_cli.tracking.store import TrackingError
@@ -300,7 +369,7 @@ def _guard(fn) -> None:
     except (UserError, ConfigError, DataError, TrackingError, CheckpointError) as exc:
         fail(str(exc), getattr(exc, "code", 2))
     except (RunFailed, EngineError) as exc:  # TrainerError (MegatronWorkerError, R3Error) included
-        fail(_without_tracebacks(str(exc)), getattr(exc, "code", 1))
+        fail(without_tracebacks(str(exc)), getattr(exc, "code", 1))
     except OSError as exc:  # a path or disk problem no layer below turned into a message
         err = os_error(exc, f"cannot use a file ({type(exc).__name__})")
         fail(str(err), err.code)

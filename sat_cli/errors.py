@@ -6,6 +6,7 @@ exit 2) live in ``sat_cli.engines.base``. The CLI catches them by type (``sat_cl
 """
 
 import errno
+import re
 
 
 class UserError(Exception):
@@ -63,3 +64,20 @@ def as_os_error(exc: BaseException) -> OSError | None:
             code = int(m.group(1))
             return OSError(code, os.strerror(code))
     return None
+
+
+def without_tracebacks(message: str) -> str:
+    """A worker's error message (with its log tail) with every traceback cut to its exception
+    line: the frames of ``Traceback (most recent call last):`` blocks are dropped, also when a
+    launcher prefixes each line (``[rank0]: ``)."""
+    out, in_tb = [], False
+    for line in message.splitlines():
+        body = re.sub(r"^\[[^\]]*\]:? ?", "", line)
+        if "Traceback (most recent call last):" in body:
+            in_tb = True
+            continue
+        if in_tb and (not body.strip() or body[:1].isspace() or set(body.strip()) <= set("^~")):
+            continue
+        in_tb = False
+        out.append(line)
+    return "\n".join(out)

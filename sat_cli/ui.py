@@ -166,12 +166,24 @@ def run_ui(
     url = base_url(host, port)
     state = "on (--telemetry)" if telemetry else "off; --telemetry turns it on"
     print(f"MLflow UI starting on {url}  (MLflow usage telemetry {state})", flush=True)
+
+    def ready() -> None:
+        print(f"MLflow UI ready: {url}/#/?{WORKFLOW_QUERY}", flush=True)
+        for name, exp_id in experiments[:MAX_LISTED]:
+            print(f"  experiment {name!r}: {experiment_url(url, exp_id)}", flush=True)
+        if len(experiments) > MAX_LISTED:
+            print(f"  … and {len(experiments) - MAX_LISTED} more experiments", flush=True)
+        print("Ctrl-C to stop", flush=True)
+
+    return serve(ui_command(store, host=host, port=port), url, server_env(telemetry, env), ready)
+
+
+def serve(command: list[str], url: str, env: dict[str, str], ready) -> int:
+    """Run an MLflow server (its own process group) until it exits or is stopped (Ctrl-C,
+    SIGTERM, SIGHUP stop the whole group); ``ready()`` runs once ``url/health`` answers. The
+    exit code: the server's, 0 after a clean stop; exit 1 (``RunFailed``) if it dies first."""
     handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    proc = subprocess.Popen(
-        ui_command(store, host=host, port=port),
-        env=server_env(telemetry, env),
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         while not _healthy(url):
             if proc.poll() is not None:
@@ -180,12 +192,7 @@ def run_ui(
                     f"{url}; its output is above"
                 )
             time.sleep(0.5)
-        print(f"MLflow UI ready: {url}/#/?{WORKFLOW_QUERY}", flush=True)
-        for name, exp_id in experiments[:MAX_LISTED]:
-            print(f"  experiment {name!r}: {experiment_url(url, exp_id)}", flush=True)
-        if len(experiments) > MAX_LISTED:
-            print(f"  … and {len(experiments) - MAX_LISTED} more experiments", flush=True)
-        print("Ctrl-C to stop", flush=True)
+        ready()
         code = proc.wait()
         return code if code >= 0 else 1
     finally:

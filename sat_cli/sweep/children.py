@@ -18,7 +18,10 @@ from sat_cli.sweep.spec import SweepRun
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during a sweep: children stopped, parent run KILLED, exit 130."""
+    """Ctrl-C or SIGTERM during a sweep: children stopped, parent run KILLED, exit 130.
+    ``hung_up``: SIGHUP (the terminal went away): a cluster sweep leaves its jobs running."""
+
+    hung_up = False
 
 
 # ----------------------------------------------------------------------------- children
@@ -26,10 +29,20 @@ class SweepInterrupted(KeyboardInterrupt):
 
 @dataclass
 class _Child:
+    """One run in flight: a local ``sat train`` subprocess (``proc``), or a cluster job
+    (``job``, ``sat_cli.cluster.executors``: ``poll()``, ``stop(grace_s)``, ``job_id``)."""
+
     run: SweepRun
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
     log: Any
     started: float
+    job: Any = None
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.proc.poll() if self.job is None else self.job.poll()
+        return self.returncode
 
 
 def _child_env() -> dict[str, str]:
@@ -72,9 +85,26 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
+def _stop_jobs(children: list[_Child], grace_s: float, log) -> None:
+    """Cluster jobs: each job's own orderly stop (scancel, the actor's SIGINT), in parallel."""
+    import threading
+
+    threads = [threading.Thread(target=c.job.stop, args=(grace_s,)) for c in children]
+    log(f"stopping {len(children)} cluster job(s) (an orderly stop, hard after {grace_s:.0f} s)")
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(grace_s + 60)
+    for c in children:
+        c.poll()
+
+
 def stop_children(children: list[_Child], grace_s: float, log) -> None:
     """SIGINT to each child's process group, wait up to ``grace_s``, then SIGKILL the rest."""
-    alive = [c for c in children if c.proc.poll() is None]
+    jobs = [c for c in children if c.job is not None and c.poll() is None]
+    if jobs:
+        _stop_jobs(jobs, grace_s, log)
+    alive = [c for c in children if c.job is None and c.proc.poll() is None]
     if not alive:
         return
     log(f"stopping {len(alive)} run(s): SIGINT, then SIGKILL after {grace_s:.0f} s")
@@ -93,6 +123,7 @@ def stop_children(children: list[_Child], grace_s: float, log) -> None:
             c.proc.wait(timeout=10)
         # the group may hold grandchildren (engine process) that outlived the child
         _signal_group(c.proc, signal.SIGKILL)
+        c.returncode = c.proc.returncode
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -104,8 +135,10 @@ def _tail(path: Path, n: int = 8) -> str:
 
 
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+    exc = SweepInterrupted()
     if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
         from sat_cli.signals import _detach_terminal
 
         _detach_terminal()
-    raise SweepInterrupted()
+        exc.hung_up = True
+    raise exc

@@ -4,12 +4,9 @@ warm start before parallel runs, and the summary.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -18,18 +15,22 @@ from sat_cli.errors import RunFailed, UserError
 from sat_cli.sweep.children import (
     SweepInterrupted,
     _Child,
-    _child_env,
-    _launch,
     _on_sigterm,
     _signal_group,
-    _tail,
     stop_children,
-    tag_overrides,
 )
+from sat_cli.sweep.executor import (
+    EXECUTORS,
+    ExecutorOptions,
+    check_cluster_plan,
+    open_executor,
+    ray_settings,
+    slurm_settings,
+)
+from sat_cli.sweep.jobs import CHILD_LOG, adopt_jobs, finish_run, start_run, warm_start
 from sat_cli.sweep.plan import Plan, _conflict_message, format_plan, validate
-from sat_cli.sweep.spec import SweepRun, load_sweep
+from sat_cli.sweep.spec import load_sweep
 from sat_cli.sweep.state import (
-    RUN_RECORD,
     _lock,
     _still_running,
     _write_state,
@@ -38,7 +39,6 @@ from sat_cli.sweep.state import (
     run_status,
 )
 
-CHILD_LOG = "sweep_child.log"
 DEFAULT_GRACE_S = 30.0
 
 
@@ -90,9 +90,20 @@ def _open_parent(plan: Plan, state: dict, log):
 # ----------------------------------------------------------------------------- main
 
 
-def run_sweep(sweep_file: str, overrides: list[str], *, jobs: int, dry_run: bool) -> None:
-    """`sat sweep`: expand, validate, then run (or list with ``dry_run``) the grid."""
+def run_sweep(
+    sweep_file: str,
+    overrides: list[str],
+    *,
+    jobs: int | None,
+    dry_run: bool,
+    executor: ExecutorOptions | None = None,
+) -> None:
+    """`sat sweep`: expand, validate, then run (or list with ``dry_run``) the grid.
+    ``executor``: where the runs go (``sat_cli.sweep.executor``; default local subprocesses)."""
     log = _printer()
+    opts = executor or ExecutorOptions()
+    if opts.name not in EXECUTORS:
+        raise UserError(f"--executor {opts.name!r}: choose one of {', '.join(EXECUTORS)}")
     sweep = load_sweep(sweep_file, overrides)
     plan = validate(sweep, log=log)
     state = read_state(plan.root)
@@ -100,8 +111,18 @@ def run_sweep(sweep_file: str, overrides: list[str], *, jobs: int, dry_run: bool
     if dry_run:
         log(format_plan(plan, statuses))
         return
+    if jobs is None:  # local: one at a time; a cluster: every run submitted at once
+        jobs = 1 if opts.name == "local" else len(sweep.runs)
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
+    settings = None
+    if opts.name == "slurm":
+        settings = slurm_settings(sweep.executors.get("slurm", {}), opts)
+    elif opts.name == "ray":
+        settings = ray_settings(sweep.executors.get("ray", {}), opts)
+    if opts.name != "local":
+        _require_extra(opts.name, settings)
+        check_cluster_plan(plan, opts.name, settings)
     from sat_cli.loop.preflight import check_output_dir
 
     check_output_dir(plan.root, "sweep folder")
@@ -109,7 +130,24 @@ def run_sweep(sweep_file: str, overrides: list[str], *, jobs: int, dry_run: bool
     if conflicts:
         raise UserError(_conflict_message(plan, conflicts[0]))
     with _lock(plan.root):
-        _run_locked(plan, read_state(plan.root), jobs, log)
+        ex = open_executor(opts.name, settings, plan) if opts.name != "local" else None
+        try:
+            _run_locked(plan, read_state(plan.root), jobs, log, ex)
+        finally:
+            if ex is not None:
+                ex.close()
+
+
+def _require_extra(name: str, settings) -> None:
+    """Exit 2 naming the pip line when the executor's library is missing (nothing submitted)."""
+    if name == "slurm":
+        from sat_cli.cluster.executors import import_submitit
+
+        import_submitit()
+    else:
+        from sat_cli.cluster.ray_env import import_ray, is_loopback, split_address
+
+        import_ray(is_loopback(split_address(settings.address)[0]), "--executor ray")
 
 
 def _printer():
@@ -119,8 +157,21 @@ def _printer():
     return log
 
 
-def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
+def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
     sweep = plan.sweep
+    name = executor.name if executor is not None else "local"
+    elsewhere = {
+        n: rec
+        for n, rec in state["runs"].items()
+        if rec.get("status") == "running" and rec.get("executor", "local") not in ("local", name)
+    }
+    if elsewhere:
+        n, rec = next(iter(elsewhere.items()))
+        raise UserError(
+            f"run {n} was submitted with --executor {rec['executor']} (job {rec.get('job_id')}) "
+            f"and may still run; re-run with --executor {rec['executor']}, which waits for it "
+            "(or resumes it if it is gone)"
+        )
     orphans = {n: pid for n, rec in state["runs"].items() if (pid := _still_running(n, rec))}
     if orphans:
         raise UserError(
@@ -147,26 +198,31 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
         if parent_id:
             state["parents"][sweep.id] = parent_id
         _write_state(plan.root, state)
+        # jobs of an earlier sweep that still run are waited for, not started again
+        children.update(adopt_jobs(plan, state, todo, executor, log))
+        todo = [
+            r for r in todo if r.name in children or not checkpoint_status(plan.run_dirs[r.name])[0]
+        ]
         if not todo:
             log(f"all {len(sweep.runs)} runs are finished; nothing to do")
         elif jobs > 1 and plan.needs_warm_start:
-            _warm_start(plan, log)
-        queue = deque(todo)
+            warm_start(plan, log)
+        queue = deque(r for r in todo if r.name not in children)
         done = 0
         while queue or children:
             while queue and len(children) < jobs:
                 run = queue.popleft()
-                children[run.name] = _start_child(plan, state, run, parent_id, log)
-            time.sleep(0.2)
+                children[run.name] = start_run(plan, state, run, parent_id, log, executor)
+            time.sleep(0.2 if executor is None else 1.0)
             for name, child in list(children.items()):
-                rc = child.proc.poll()
+                rc = child.poll()
                 if rc is None:
                     continue
                 del children[name]
-                if rc != 0:  # a crashed child may leave its engine process behind in its group
+                if rc != 0 and child.job is None:  # its engine may be left in its group
                     _signal_group(child.proc, signal.SIGKILL)
                 done += 1
-                results[name] = _finish_child(plan, state, child, rc, done, len(todo), log)
+                results[name] = finish_run(plan, state, child, rc, done, len(todo), log)
         failed = [n for n, v in results.items() if v != "finished"]
         outcome = "FAILED" if failed else "FINISHED"
         if parent is not None:
@@ -187,11 +243,16 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
                 f"<run>/logs/{CHILD_LOG} under {plan.root}. Re-run the same command to retry "
                 "them (finished runs are skipped)."
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         outcome = "KILLED"
+        if executor is not None and getattr(exc, "hung_up", False):
+            # the terminal went away: the cluster jobs run on; the next `sat sweep` adopts them
+            log(f"hung up: {len(children)} job(s) keep running; re-run the sweep to adopt them")
+            children.clear()
+            raise SweepInterrupted() from None
         stop_children(list(children.values()), grace, log)
         for child in children.values():
-            _finish_child(plan, state, child, child.proc.returncode, 0, 0, log, interrupted=True)
+            finish_run(plan, state, child, child.poll(), 0, 0, log, interrupted=True)
         children.clear()
         raise SweepInterrupted() from None
     finally:
@@ -204,90 +265,6 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log) -> None:
 
             end_run(parent, outcome, Path(plan.run_dir), log)
         _write_state(plan.root, state)
-
-
-def _warm_start(plan: Plan, log) -> None:
-    """Build the warm-start cache once before parallel runs would race to build it."""
-    for run in plan.needs_warm_start:
-        train_only = [o for o in run.overrides if o != "resume=auto"]
-        # --use-shipped: the same warm start `sat train` (and so --jobs 1) uses — the shipped
-        # checkpoint when its key matches — not `sat pretrain`'s rebuild from scratch
-        cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", "--use-shipped", *train_only]
-        log_path = plan.root / "logs" / "pretrain.log"
-        log(f"warm start (once, before parallel runs): log {log_path}")
-        proc, f = _launch(cmd, log_path, dict(os.environ), "sat pretrain")
-        try:
-            rc = proc.wait()
-        except KeyboardInterrupt:
-            _signal_group(proc, signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-            _signal_group(proc, signal.SIGKILL)
-            raise
-        finally:
-            f.close()
-        if rc != 0:
-            raise RunFailed(f"warm start failed (exit {rc}); see {log_path}\n{_tail(log_path)}")
-
-
-def _start_child(plan: Plan, state: dict, run: SweepRun, parent_id: str | None, log) -> _Child:
-    from sat_cli.fsio import atomic_write_json
-
-    run_dir = plan.run_dirs[run.name]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / RUN_RECORD, {**run.record(), "sweep_id": plan.sweep.id})
-    tags = tag_overrides(plan.sweep.id, run, parent_id)
-    cmd = [sys.executable, "-m", "sat_cli.cli", "train", *run.overrides, *tags]
-    log_path = run_dir / "logs" / CHILD_LOG
-    rec = state["runs"].setdefault(run.name, {})
-    rec.update(
-        run.record(),
-        status="running",
-        attempts=int(rec.get("attempts", 0)) + 1,
-        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        log=str(log_path),
-    )
-    proc, f = _launch(cmd, log_path, _child_env(), f"sweep attempt {rec['attempts']}")
-    rec["pid"] = proc.pid
-    _write_state(plan.root, state)
-    log(f"start  {run.name}  ({run.method}; pid {proc.pid}; log {log_path})")
-    return _Child(run, proc, f, time.perf_counter())
-
-
-def _finish_child(
-    plan: Plan, state: dict, child: _Child, rc, done: int, total: int, log, *, interrupted=False
-) -> str:
-    child.log.close()
-    finished, step = checkpoint_status(plan.run_dirs[child.run.name])
-    wall = time.perf_counter() - child.started
-    if finished and rc == 0:
-        status = "finished"
-    elif interrupted or rc in (130, 143, -signal.SIGINT, -signal.SIGKILL, -signal.SIGTERM):
-        status = "killed"
-    else:
-        status = "failed"
-    rec = state["runs"].setdefault(child.run.name, {})
-    rec.update(
-        status=status,
-        returncode=rc,
-        ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        wall_s=round(wall, 1),
-        checkpoint_step=step,
-    )
-    rec.pop("pid", None)
-    _write_state(plan.root, state)
-    where = f"[{done}/{total}] " if total else ""
-    if status == "finished":
-        log(f"{where}done   {child.run.name}  in {wall:.0f} s")
-    else:
-        log(
-            f"{where}{status.upper()} {child.run.name}  (exit {rc}) after {wall:.0f} s; "
-            f"last checkpoint: {step if step is not None else 'none'}; log "
-            f"{plan.run_dirs[child.run.name] / 'logs' / CHILD_LOG}"
-        )
-        if status == "failed":
-            log(_tail(plan.run_dirs[child.run.name] / "logs" / CHILD_LOG))
-    return status
 
 
 def _summary(plan: Plan, results: dict[str, str], wall: float, log) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from sat_cli.errors import UserError
 
-SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds")
+SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "slurm", "ray")
 REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
 RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -58,6 +58,8 @@ class Sweep:
     seeds: list[int]
     cli_overrides: list[str]
     runs: list[SweepRun] = field(default_factory=list)
+    # executor settings of `--executor slurm|ray` (sat_cli/sweep/executor.py); not in the id
+    executors: dict[str, dict] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -168,7 +170,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     if unknown:
         raise UserError(
             f"{p}: unknown key(s) {', '.join(map(repr, unknown))}; a sweep file has "
-            f"{', '.join(SWEEP_KEYS)} (base is optional)"
+            f"{', '.join(SWEEP_KEYS)} (base, slurm and ray are optional)"
         )
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
@@ -237,6 +239,8 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
                     "change the axis values instead"
                 )
 
+    from sat_cli.sweep.executor import check_section
+
     sweep = Sweep(
         name=name,
         file=str(p),
@@ -245,6 +249,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         methods=methods,
         seeds=list(seeds),
         cli_overrides=cli,
+        executors={k: check_section(str(p), k, doc.get(k)) for k in ("slurm", "ray")},
     )
     sweep.runs = _expand(parser, sweep)
     return sweep

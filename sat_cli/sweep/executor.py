@@ -1,0 +1,243 @@
+"""``sat sweep --executor local|slurm|ray``: the executor's settings and the checks before any
+submission.
+
+Settings come from the sweep file's optional ``slurm:`` / ``ray:`` sections, overridden by the
+command line (``--slurm-partition``, ``--slurm-time``, ``--slurm-gpus``, ``--slurm-cpus``,
+``--slurm-mem-gb``, ``--slurm-option KEY=VALUE``, ``--slurm-setup LINE``, ``--slurm-cluster``;
+``--ray-address``, ``--ray-cpus``, ``--ray-gpus``, ``--ray-resource NAME=AMOUNT``).
+
+A cluster sweep's runs run on other machines, so before anything is submitted (exit 2):
+
+- the tracking store must be a server every node reaches: ``sqlite:///`` or a local folder is
+  refused, naming ``sat mlflow-server`` and ``tracking=mlflow_server tracking.uri=…``;
+- ``run.dir`` must be shared: with Ray, every live node must read a marker file written here
+  (a real check); with SLURM, a folder under a node-local temporary root (/tmp, /var/tmp,
+  /dev/shm, /run, ``$TMPDIR``) or on a tmpfs/ramfs mount is refused.
+
+``--slurm-cluster local`` runs the jobs through submitit's local executor on this machine (the
+same submission, state and adoption code; no SLURM): both checks are skipped there, since every
+job shares this machine's disk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sat_cli.errors import UserError
+
+EXECUTORS = ("local", "slurm", "ray")
+SLURM_KEYS = (
+    "cluster",
+    "partition",
+    "time_min",
+    "gpus_per_node",
+    "cpus_per_task",
+    "mem_gb",
+    "setup",
+    "additional",
+)
+RAY_KEYS = ("address", "num_cpus", "num_gpus", "resources")
+LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+LOCAL_FS = ("tmpfs", "ramfs", "devtmpfs")
+
+
+@dataclass
+class ExecutorOptions:
+    """What the command line says (None: the sweep file's value or the default)."""
+
+    name: str = "local"
+    slurm_cluster: str | None = None
+    slurm_partition: str | None = None
+    slurm_time: int | None = None
+    slurm_gpus: int | None = None
+    slurm_cpus: int | None = None
+    slurm_mem_gb: float | None = None
+    slurm_options: list[str] = field(default_factory=list)
+    slurm_setup: list[str] = field(default_factory=list)
+    ray_address: str | None = None
+    ray_cpus: float | None = None
+    ray_gpus: float | None = None
+    ray_resources: list[str] = field(default_factory=list)
+
+
+def check_section(where: str, name: str, value) -> dict:
+    """A sweep file's ``slurm:`` or ``ray:`` section: a mapping with known keys."""
+    if value is None:
+        return {}
+    keys = SLURM_KEYS if name == "slurm" else RAY_KEYS
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: {name} must be a mapping with keys {', '.join(keys)}")
+    unknown = sorted(set(map(str, value)) - set(keys))
+    if unknown:
+        raise UserError(
+            f"{where}: {name}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(keys)}"
+        )
+    return dict(value)
+
+
+def _pairs(items: list[str] | dict, what: str, number: bool) -> dict:
+    if isinstance(items, dict):
+        pairs = {str(k): v for k, v in items.items()}
+    else:
+        pairs = {}
+        for item in items:
+            key, sep, value = str(item).partition("=")
+            if not sep or not key.strip():
+                raise UserError(f"{what} {item!r}: expected KEY=VALUE")
+            pairs[key.strip()] = value.strip()
+    if number:
+        out = {}
+        for k, v in pairs.items():
+            try:
+                amount = float(v)
+            except (TypeError, ValueError):
+                raise UserError(f"{what} {k}={v!r}: the amount must be a number") from None
+            if not math.isfinite(amount) or amount <= 0:
+                raise UserError(f"{what} {k}={v!r}: the amount must be a number > 0")
+            out[k] = amount
+        return out
+    return {k: str(v) for k, v in pairs.items()}
+
+
+def _number(what: str, value, lo: float, integer: bool):
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if not ok or not math.isfinite(value) or value < lo:
+        kind = "an integer" if integer else "a number"
+        raise UserError(f"{what}={value!r}: must be {kind} >= {lo:g}")
+    return int(value) if integer else float(value)
+
+
+def slurm_settings(section: dict, opts: ExecutorOptions):
+    from sat_cli.cluster.executors import SlurmSettings
+
+    def pick(key, cli):
+        return cli if cli is not None else section.get(key)
+
+    cluster = pick("cluster", opts.slurm_cluster) or "slurm"
+    if cluster not in ("slurm", "local"):
+        raise UserError(f"--slurm-cluster {cluster!r}: choose slurm or local")
+    out = {"cluster": cluster}
+    if (partition := pick("partition", opts.slurm_partition)) is not None:
+        out["partition"] = str(partition)
+    for key, cli, lo, integer in (
+        ("time_min", opts.slurm_time, 1, True),
+        ("gpus_per_node", opts.slurm_gpus, 0, True),
+        ("cpus_per_task", opts.slurm_cpus, 1, True),
+        ("mem_gb", opts.slurm_mem_gb, 0, False),
+    ):
+        value = pick(key, cli)
+        if value is not None:
+            out[key] = _number(f"slurm.{key}", value, lo, integer)
+    setup = list(section.get("setup") or []) + list(opts.slurm_setup)
+    if not all(isinstance(line, str) for line in setup):
+        raise UserError("slurm.setup: a list of shell lines, e.g. ['module load cuda']")
+    out["setup"] = tuple(setup)
+    extra = {**_pairs(section.get("additional") or {}, "slurm.additional", False)}
+    extra.update(_pairs(opts.slurm_options, "--slurm-option", False))
+    out["additional"] = extra
+    return SlurmSettings(**out)
+
+
+def ray_settings(section: dict, opts: ExecutorOptions):
+    from sat_cli.cluster.executors import RaySweepSettings
+    from sat_cli.config.launcher import parse_address
+
+    address = opts.ray_address or section.get("address")
+    if not address:
+        raise UserError(
+            "--executor ray needs the cluster's address: --ray-address HOST:PORT (or ray.address "
+            "in the sweep file), the head node of a running cluster (`ray start --head`)"
+        )
+    from sat_cli.config import ConfigError
+
+    try:
+        parse_address("--ray-address", str(address))
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    out = {"address": str(address)}
+    for key, cli, lo in (("num_cpus", opts.ray_cpus, 0), ("num_gpus", opts.ray_gpus, 0)):
+        value = cli if cli is not None else section.get(key)
+        if value is not None:
+            out[key] = _number(f"ray.{key}", value, lo, False)
+    resources = _pairs(section.get("resources") or {}, "ray.resources", True)
+    resources.update(_pairs(opts.ray_resources, "--ray-resource", True))
+    out["resources"] = resources
+    return RaySweepSettings(**out)
+
+
+def _mount_fstype(path: Path) -> str | None:
+    """The file-system type of the mount that holds ``path`` (longest /proc/mounts prefix)."""
+    best, fstype = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) > len(best):
+                    best, fstype = mount, parts[2]
+    except OSError:
+        return None
+    return fstype
+
+
+def node_local_reason(folder: Path) -> str | None:
+    """Why ``folder`` is only on this node (a temporary root or a memory file system), or None."""
+    folder = Path(folder).resolve()
+    roots = list(LOCAL_ROOTS) + ([os.environ["TMPDIR"]] if os.environ.get("TMPDIR") else [])
+    for root in roots:
+        r = str(Path(root).resolve())
+        if str(folder) == r or str(folder).startswith(r.rstrip("/") + "/"):
+            return f"it is under {root}, a node-local temporary folder"
+    fstype = _mount_fstype(folder)
+    if fstype in LOCAL_FS:
+        return f"it is on a {fstype} mount (memory of this node only)"
+    return None
+
+
+def check_cluster_plan(plan, name: str, settings) -> None:
+    """Refuse what a cluster sweep cannot use (module docstring); nothing is submitted yet."""
+    if name == "local" or (name == "slurm" and settings.cluster == "local"):
+        return
+    uri = plan.tracking_uri
+    if uri is not None and (uri.startswith(("sqlite:", "file:")) or "://" not in uri):
+        raise UserError(
+            f"--executor {name}: the tracking store {uri!r} lives on this machine's disk, which "
+            "the cluster's runs cannot share; start one server for all nodes with `sat "
+            "mlflow-server --backend-store-uri postgresql://… --artifacts-destination "
+            "/shared/mlartifacts` and pass tracking=mlflow_server tracking.uri=http://HOST:5000 "
+            "(or tracking=none)"
+        )
+    if name == "slurm":
+        why = node_local_reason(Path(plan.run_dir))
+        if why:
+            raise UserError(
+                f"--executor slurm: run.dir={plan.run_dir} is not shared ({why}); the jobs run "
+                "on other nodes: use a folder on the cluster's shared filesystem "
+                "(run.dir=/shared/runs)"
+            )
+
+
+def open_executor(name: str, settings, plan):
+    """The executor, connected and checked (Ray: every node reads run.dir)."""
+    if name == "slurm":
+        from sat_cli.cluster.executors import SlurmExecutor
+
+        return SlurmExecutor(settings, Path(plan.root) / "submitit")
+    from sat_cli.cluster.executors import RaySweepExecutor
+
+    executor = RaySweepExecutor(settings)
+    try:
+        executor.check_shared(Path(plan.run_dir))
+    except BaseException:
+        executor.close()
+        raise
+    return executor

@@ -229,3 +229,86 @@ def test_without_the_extra_exit_2_names_the_install_line(tmp_path, module, execu
     assert res.returncode == 2, res.stderr[-2000:]
     assert f"pip install -e '.[{'slurm' if executor == 'slurm' else 'ray'}]'" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.fixture
+def mlflow_on_postgres(tmp_path):
+    """``sat mlflow-server`` on a real PostgreSQL (tests/postgres_server.py); its URL."""
+    pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
+    from postgres_server import PostgresServer, pg_bin
+
+    from sat_cli.procs import free_port
+
+    if pg_bin() is None:
+        pytest.skip("no PostgreSQL binaries (initdb, postgres) on this machine")
+    pg = PostgresServer().start()
+    port = free_port()
+    log = open(tmp_path / "mlflow-server.log", "w")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sat_cli.cli", "mlflow-server", "--backend-store-uri", pg.uri]
+        + ["--artifacts-destination", str(tmp_path / "mlartifacts"), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "Ctrl-C to stop" not in (tmp_path / "mlflow-server.log").read_text():
+            assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "sat mlflow-server did not come up"
+            time.sleep(0.5)
+        text = (tmp_path / "mlflow-server.log").read_text()
+        assert f"tracking=mlflow_server tracking.uri=http://127.0.0.1:{port}" in text
+        assert "postgresql+psycopg://sat@127.0.0.1" in text  # the store, no password
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+        log.close()
+        pg.stop()
+
+
+@pytest.mark.xdist_group("ray")
+def test_ray_sweep_into_postgres_mlflow_server_survives_a_kill(
+    ray_cluster, mlflow_on_postgres, tmp_path
+):
+    """`sat sweep --executor ray` on the two-node cluster, runs logging into `sat mlflow-server`
+    on PostgreSQL: killed mid-way and re-run as on SLURM; two runs logged at once; the parent's
+    runs_finished is 4 and every child is nested under it."""
+    uri = mlflow_on_postgres
+    args = ["--executor", "ray", "--ray-address", ray_cluster.address, "--jobs", "2"]
+    args += [*LONGER, "tracking=mlflow_server", f"tracking.uri={uri}"]
+    root = tmp_path / "runs" / "smoke"
+    with open(tmp_path / "first.out", "w") as log:
+        proc = _sweep(*args, cwd=tmp_path, log=log)
+        try:
+            victim, other = _interrupt(root, proc)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    before = _state(root)
+    assert before["runs"][other]["executor"] == "ray"
+    assert before["runs"][other]["job_id"].endswith(f"/{other}")  # the actor's name
+    done_before = [n for n in before["runs"] if _finished(root / n)]
+    code, out = _rerun(args, tmp_path, other)
+    assert code == 0, out[-3000:]
+    _check_rerun(root, out, victim, other, done_before)
+    assert "4/4 runs finished" in out
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("sat.sweep_role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
+    assert {r.info.run_name for r in children} == set(before["runs"])
+    hist = client.get_metric_history(parent.info.run_id, "sweep/runs_finished")
+    assert max(m.value for m in hist) == 4
+    spans = sorted((r.info.start_time, r.info.end_time) for r in children)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))  # two at once
+    for r in children:  # every step's metrics arrived through the server
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss/grad_norm")]
+        assert sorted(set(steps)) == [1, 2, 3], (r.info.run_name, steps)

@@ -274,7 +274,8 @@ class RaySweepExecutor:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray = self.ray
-        marker = Path(folder) / f".sat-shared-{uuid.uuid4().hex[:12]}"
+        folder = Path(folder).resolve()  # a task's working folder is not ours
+        marker = folder / f".sat-shared-{uuid.uuid4().hex[:12]}"
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("sat")
 

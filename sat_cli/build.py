@@ -169,8 +169,8 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
         extra_args=list(e.extra_args),
         log_dir=logs,
         startup_timeout_s=e.startup_timeout_s,
-        **common,
         placer=placer,  # launcher=ray: the servers run on the cluster's nodes
+        **common,
     )
 
 
@@ -212,8 +212,8 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         logs_dir=run_dir / "logs",
         rdzv_endpoint=rdzv,
         export_dtype=obj.engine.dtype,
-        # the layout and precision keys have the schema's names
         placer=placer,  # launcher=ray: the nodes run on the cluster
+        # the layout and precision keys have the schema's names
         **{k: getattr(t, k) for k in ("nproc_per_node", "nnodes", "tp", "pp", "ep", "cp")},
         **{k: getattr(t, k) for k in ("dtype", "max_shard_size", "recompute", "optimizer_offload")},
         **kwargs,

@@ -36,10 +36,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) $(TORCH_ARGS) '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e '.[dev,megatron]'
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e '.[dev,megatron,cluster]'
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install sat with dev tools and megatron-core (idempotent)
+install: $(STAMP) ## create .venv and install sat with dev tools, megatron-core and the cluster extras (idempotent)
 
 $(SGLANG_STAMP): requirements-sglang-cpu.txt
 	@wheel='$(SGLANG_KERNEL_WHEEL)'; from='SGLANG_KERNEL_WHEEL'; \

@@ -20,12 +20,29 @@ def test_help_imports_no_heavy_library():
     code = (
         "import sys; from sat_cli.cli import app\n"
         "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'mlflow', 'transformers', 'hydra') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'mlflow', 'transformers', 'hydra', 'ray', 'submitit',"
+        " 'psycopg') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
     assert "train" in out.stdout and "sweep" in out.stdout and "eval" in out.stdout
+    assert "mlflow-server" in out.stdout
+
+
+def test_sweep_and_launcher_help_import_no_cluster_library():
+    """`sat sweep --help` and `sat config launcher=ray …` (compose only) leave Ray, submitit and
+    psycopg unimported: they are optional extras, loaded by the commands that run them."""
+    code = (
+        "import sys; from sat_cli.cli import app\n"
+        "for argv in (['sweep', '--help'], ['mlflow-server', '--help'],\n"
+        "             ['config', 'launcher=ray', 'launcher.address=h:1', 'trainer=megatron']):\n"
+        "    try:\n        app(argv)\n    except SystemExit:\n        pass\n"
+        "print('CLUSTER', [m for m in ('ray', 'submitit', 'psycopg') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "CLUSTER []" in out.stdout, out.stdout + out.stderr
+    assert "--executor" in out.stdout and "launcher:" in out.stdout
 
 
 def test_config_design_card(tmp_path):

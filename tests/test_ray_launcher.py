@@ -338,3 +338,55 @@ def test_sglang_servers_on_two_nodes_and_a_dead_server_fails_the_run(ray_cluster
         and any(f"--port {port} " in cmd for port in ports)
     ]
     assert left == []
+
+
+@pytest.mark.slow
+def test_the_documented_ray_start_head_and_a_run_on_it(tmp_path):
+    """docs/cluster.md step 1 on one node: `ray start --head` (loopback, its own RAY_TMPDIR),
+    `sat train launcher=ray …` placing one SGLang server (the stand-in) on it, `ray stop`;
+    nothing of either is left."""
+    pytest.importorskip("ray", reason="the [ray] extra is not installed")
+    import shutil
+
+    from ray_cluster import new_tmp
+
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    tmp = new_tmp()
+    port = free_port()
+    env = {**os.environ, "RAY_TMPDIR": str(tmp), "RAY_USAGE_STATS_ENABLED": "0"}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    start = [ray_bin, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1"]
+    start += ["--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    try:
+        up = subprocess.run(start, env=env, capture_output=True, text=True, timeout=180)
+        assert up.returncode == 0, up.stderr[-3000:]
+        standin = os.path.join(os.path.dirname(__file__), "sglang_standin.py")
+        res = run_sat(
+            "train",
+            "experiment=cpu_smoke",
+            "eval.every=0",
+            "run.dir=runs",
+            "max_steps=2",
+            "launcher=ray",
+            f"launcher.address=127.0.0.1:{port}",
+            "engine=sglang",
+            "engine.device=cpu",
+            f"engine.launch_prefix=[{sys.executable},{standin}]",
+            cwd=tmp_path,
+            timeout=300,
+        )
+        assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+        assert "ray: SGLang server 0 on Ray node" in res.stdout
+        assert "done: 2 steps" in res.stdout
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        from ray_cluster import RayTestCluster
+
+        probe = RayTestCluster.__new__(RayTestCluster)
+        probe.tmp = tmp
+        deadline = time.monotonic() + 20
+        while probe.leftover_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = probe.leftover_pids()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert left == []

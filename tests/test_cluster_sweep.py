@@ -312,3 +312,47 @@ def test_ray_sweep_into_postgres_mlflow_server_survives_a_kill(
     for r in children:  # every step's metrics arrived through the server
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "loss/grad_norm")]
         assert sorted(set(steps)) == [1, 2, 3], (r.info.run_name, steps)
+
+
+@pytest.mark.slow
+def test_sweep_on_a_real_slurm(mlflow_on_postgres, tmp_path):
+    """`sat sweep --executor slurm` on a real one-node SLURM (munged + slurmctld + slurmd of the
+    distribution, tests/slurm_cluster.py): two runs as sbatch jobs, finished, logged into the
+    PostgreSQL-backed server; the run.dir is outside the node-local folders, as a real cluster's
+    shared filesystem would be."""
+    pytest.importorskip("submitit", reason="the [slurm] extra is not installed")
+    import shutil
+    import uuid
+
+    from slurm_cluster import SlurmCluster, missing
+
+    if missing():
+        pytest.skip(
+            f"no SLURM here ({', '.join(missing())} missing: Debian's slurmctld slurmd munge)"
+        )
+    cluster = SlurmCluster().start()
+    shared = REPO / "build" / f"test-slurm-{uuid.uuid4().hex[:8]}"
+    sweep = tmp_path / "two.yaml"
+    sweep.write_text(
+        "name: two\nbase: [experiment=cpu_smoke, max_steps=2, eval.every=2, eval.n=2,"
+        " eval.limit=8]\naxes: {}\nmethods: {GRPO: [algo=grpo, clip=ppo],"
+        " SAT-GRPO: [algo=grpo, clip=sat]}\nseeds: [0]\n"
+    )
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "sat_cli.cli", "sweep", str(sweep), "--executor", "slurm"]
+            + ["--slurm-partition", "debug", "--slurm-cpus", "1", "--slurm-time", "30"]
+            + [f"run.dir={shared}", "tracking=mlflow_server", f"tracking.uri={mlflow_on_postgres}"],
+            cwd=tmp_path,
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert res.stdout.count("slurm job ") == 2 and "2/2 runs finished" in res.stdout
+        state = json.loads((shared / "two" / "sweep_state.json").read_text())
+        assert {r["job_id"] for r in state["runs"].values()} <= {"1", "2", "3", "4"}
+    finally:
+        cluster.stop()
+        shutil.rmtree(shared, ignore_errors=True)

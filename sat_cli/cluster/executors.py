@@ -86,16 +86,19 @@ class SlurmJob:
         if self._ex.settings.cluster == "local":
             if not self._local_done():
                 return None
-        else:
-            state = self._state()
-            if state.split(" ")[0] not in ENDED_STATES:
-                return None
-            if state.split(" ")[0] in KILLED_STATES:
+        elif not self._job.paths.result_pickle.exists():  # no result yet: ask SLURM
+            state = self._state().split(" ")[0]
+            if state in KILLED_STATES:
                 self._code = KILLED_CODE
                 return self._code
+            if state not in ENDED_STATES and self._queued(state):
+                return None
+        if not self._job.paths.result_pickle.exists():  # ended without a result: killed
+            self._code = KILLED_CODE  # (result() would wait for one forever)
+            return self._code
         try:
             self._code = int(self._job.result())
-        except Exception:  # noqa: BLE001 - the job died (killed, no result): resume it later
+        except Exception:  # noqa: BLE001 - the job raised (killed mid-way): resume it later
             self._code = KILLED_CODE
         return self._code
 
@@ -107,8 +110,28 @@ class SlurmJob:
     def _state(self) -> str:
         try:
             return str(self._job.state).upper()
-        except Exception:  # noqa: BLE001 - sacct unreachable: ask again later
+        except Exception:  # noqa: BLE001 - sacct unreachable: squeue decides (below)
             return "UNKNOWN"
+
+    def _queued(self, state: str) -> bool:
+        """Still queued or running? sacct's state when it knows one; without accounting
+        (sacct answers nothing), whether ``squeue`` still lists the job."""
+        if state not in ("UNKNOWN", ""):
+            return True
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%T"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell now: ask again later
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return True
+        return bool(out.stdout.strip())
 
     def stop(self, grace_s: float) -> None:
         """scancel (SIGTERM: the run stops in order), wait, then SIGKILL via scancel."""

@@ -9,8 +9,8 @@ of its own, and fast node-death detection (a missed heartbeat counts after 0.5 s
 after 3: a test-cluster setting, not sat's). It prints one JSON line (the address) and then
 obeys lines on its stdin:
 
-- ``kill-raylet 1`` — SIGKILL node 1's raylet (what a lost machine looks like to Ray), then
-  the rest of that node's Ray processes;
+- ``kill-raylet`` — SIGKILL the raylet of the newest worker node (what a lost machine looks
+  like to Ray), then the rest of that node's Ray processes;
 - ``add-node`` — start another node (``node<k>`` resource), to heal the cluster after a kill;
 - ``quit`` (or EOF: the test process is gone) — shut the cluster down and exit.
 
@@ -51,6 +51,7 @@ def serve(timeout_s: float) -> None:
     )
     cluster = Cluster(initialize_head=True, connect=False, head_node_args=head)
     nodes = [cluster.head_node]
+    added = 1
     try:
         nodes.append(
             cluster.add_node(num_cpus=1, resources={"node1": 1}, node_ip_address="127.0.0.1")
@@ -61,16 +62,17 @@ def serve(timeout_s: float) -> None:
             cmd = line.split()
             if not cmd:
                 continue
-            if cmd[0] == "kill-raylet":
-                node = nodes[int(cmd[1])]
+            if cmd[0] == "kill-raylet":  # the newest live worker node (never the head)
+                node = nodes.pop()
                 os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)
                 # what is left of that node (its object store, log monitor) goes too, and the
                 # Cluster object stops counting it
                 cluster.remove_node(node, allow_graceful=False)
                 cluster.wait_for_nodes(timeout=60)  # until the GCS counts the node dead
-                print(json.dumps({"killed": int(cmd[1])}), flush=True)
+                print(json.dumps({"killed": len(nodes)}), flush=True)
             elif cmd[0] == "add-node":
-                k = len(nodes)
+                added += 1
+                k = added  # a fresh resource name
                 nodes.append(
                     cluster.add_node(
                         num_cpus=1, resources={f"node{k}": 1}, node_ip_address="127.0.0.1"
@@ -140,8 +142,9 @@ class RayTestCluster:
         self.proc.stdin.flush()
         return self._answer(key, timeout_s)
 
-    def kill_raylet(self, node: int) -> None:
-        self.command(f"kill-raylet {node}", "killed")
+    def kill_raylet(self) -> None:
+        """Kill the newest worker node; returns once Ray counts it dead."""
+        self.command("kill-raylet", "killed")
 
     def add_node(self) -> int:
         return self.command("add-node", "added")

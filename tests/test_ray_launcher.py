@@ -131,21 +131,50 @@ def test_two_ray_nodes_match_one_node_and_stay_on_loopback(ray_cluster, tmp_path
     assert "node 1 of 2 joining" in log
 
 
-def test_lost_node_fails_the_run_and_resume_continues(ray_cluster, tmp_path):
-    pytest.importorskip("megatron.core", reason="megatron-core not installed")
-    args = ["train", *MEGATRON_SMOKE, *NODES2, f"launcher.address={ray_cluster.address}"]
-    args += ["max_steps=200", "checkpoint.every=1", "run.name=lost"]
+def _standin_args(cluster) -> list[str]:
+    standin = os.path.join(os.path.dirname(__file__), "sglang_standin.py")
+    args = ["train", "experiment=cpu_smoke", "eval.every=0", "run.dir=runs", "launcher=ray"]
+    args += [f"launcher.address={cluster.address}", "engine=sglang", "engine.device=cpu"]
+    args += [f"engine.launch_prefix=[{sys.executable},{standin}]", "engine.num_servers=2"]
+    return args + ["engine.use_router=false"]
+
+
+LOST = {
+    # two SGLang servers (the stand-in) on the two nodes; the killed node held one of them
+    "sglang_servers": lambda cluster: _standin_args(cluster),
+    # Megatron trainer nodes 0 and 1 on the two nodes
+    "megatron_nodes": lambda cluster: [
+        "train",
+        *MEGATRON_SMOKE,
+        *NODES2,
+        f"launcher.address={cluster.address}",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "what",
+    [
+        "sglang_servers",
+        pytest.param("megatron_nodes", marks=pytest.mark.slow),
+    ],
+)
+def test_lost_node_fails_the_run_and_resume_continues(ray_cluster, tmp_path, what):
+    if what == "megatron_nodes":
+        pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    args = LOST[what](ray_cluster) + ["max_steps=200", "checkpoint.every=1", "run.name=lost"]
     with open(tmp_path / "lost.out", "w") as log:
         proc = _popen_sat(*args, cwd=tmp_path, log=log)
         try:
             _wait_for(tmp_path / "runs/sat/lost/checkpoints/step_2", proc, 300)
             t0 = time.monotonic()
-            ray_cluster.kill_raylet(1)  # returns once Ray counts the node dead
+            ray_cluster.kill_raylet()  # returns once Ray counts the node dead
             code = proc.wait(timeout=120)
             stopped_s = time.monotonic() - t0
         finally:
             if proc.poll() is None:
                 proc.kill()
+        ray_cluster.add_node()  # a healthy cluster again (also for the tests after this one)
     out = (tmp_path / "lost.out").read_text()
     assert code == 1, out[-3000:]
     assert stopped_s < 60, stopped_s
@@ -155,23 +184,15 @@ def test_lost_node_fails_the_run_and_resume_continues(ray_cluster, tmp_path):
     run = _run_info(tmp_path, "lost")
     assert run.info.status == "FAILED"
     assert "was lost" in run.data.tags["sat.error"]
-    # nothing of the run is left: no torchrun, rank, join or guard that names its folder
+    # nothing of the run is left: no process that names its folder, model or ports
     folder = str(tmp_path / "runs/sat/lost")
     time.sleep(1)
-    left = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if folder.encode() in cmd:
-            left.append((entry, cmd[:200]))
+    left = [p for p in os.listdir("/proc") if p.isdigit() and folder in _cmdline(int(p))]
+    left += [p for p in os.listdir("/proc") if p.isdigit() and _serves_run(int(p), tmp_path)]
     assert left == []
     done = max(
         int(p.name.split("_")[1]) for p in (tmp_path / "runs/sat/lost/checkpoints").iterdir()
     )
-
-    ray_cluster.add_node()  # a healthy cluster again
     args = [a for a in args if not a.startswith("max_steps")] + [f"max_steps={done + 2}"]
     res = run_sat(*args, "resume=auto", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
@@ -179,6 +200,18 @@ def test_lost_node_fails_the_run_and_resume_continues(ray_cluster, tmp_path):
     steps = [s for s, _ in _history(tmp_path, "lost", "loss/grad_norm")]
     assert steps == list(range(1, done + 3))  # every step once: nothing lost or repeated
     assert _run_info(tmp_path, "lost").info.status == "FINISHED"
+
+
+def _serves_run(pid: int, tmp_path) -> bool:
+    """A stand-in server of this test's run (its port is in the run's server logs)."""
+    import re
+
+    cmd = _cmdline(pid)
+    if "sglang_standin.py" not in cmd:
+        return False
+    logs = (tmp_path / "runs/sat/lost/logs").glob("sglang_*.log")
+    ports = {p for f in logs for p in re.findall(r"--port', '(\d+)'", f.read_text())}
+    return any(f"--port {port} " in cmd for port in ports)
 
 
 def test_placement_the_cluster_cannot_give_exits_1(ray_cluster, tmp_path):

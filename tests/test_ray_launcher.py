@@ -423,3 +423,16 @@ def test_the_documented_ray_start_head_and_a_run_on_it(tmp_path):
         left = probe.leftover_pids()
         shutil.rmtree(tmp, ignore_errors=True)
     assert left == []
+
+
+def test_sat_eval_places_its_server_on_the_cluster(ray_cluster, tmp_path):
+    """`sat eval toy launcher=ray engine=sglang …`: one server bundle (no trainer is placed for
+    an evaluation), the evaluation runs against it, the actor is gone afterwards."""
+    args = [a for a in _standin_args(ray_cluster) if a not in ("train", "experiment=cpu_smoke")]
+    args = [a for a in args if not a.startswith(("engine.num_servers", "eval.every"))]
+    res = run_sat("eval", "toy", *args, "eval.n=2", "eval.limit=8", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    assert "ray: placement group of 1 bundle(s)" in res.stdout
+    assert "ray: SGLang server 0 on Ray node" in res.stdout
+    assert "trainer node" not in res.stdout
+    assert "avg@2" in res.stdout

@@ -131,7 +131,15 @@ def run_eval_command(cfg, obj) -> None:
     if cap is not None:
         params["eval.max_new_tokens_capped"] = str(cap)
     with orderly_stop():
-        engine = loading(path, lambda: build_engine(obj, path, logs, r3=False))
+        from sat_cli.commands.launch import build_launcher
+
+        placer = build_launcher(obj, print, logs, trainer_nodes=False)  # servers on Ray
+        try:
+            engine = loading(path, lambda: build_engine(obj, path, logs, r3=False, placer=placer))
+        except BaseException:
+            if placer is not None:
+                placer.close()
+            raise
         write_pids(logs, engine)
         params.update({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
         holder: dict = {}
@@ -144,6 +152,8 @@ def run_eval_command(cfg, obj) -> None:
             m = run()
         finally:
             engine.close()
+            if placer is not None:
+                placer.close()
     res = holder["result"]
     # evaluate() turns Ctrl-C / SIGTERM / SIGHUP into an incomplete result: keep it, then exit
     # 130 / 143 / 129

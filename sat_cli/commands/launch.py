@@ -41,14 +41,19 @@ def placement_text(obj) -> str:
     )
 
 
-def build_launcher(obj, log=print, logs=None):
-    """A connected, placed ``RayLauncher`` for ``launcher=ray``; None for ``launcher=local``."""
+def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
+    """A connected, placed ``RayLauncher`` for ``launcher=ray``; None for ``launcher=local`` (or
+    when nothing is to be placed: ``sat eval`` places SGLang servers only,
+    ``trainer_nodes=False``)."""
     if obj.launcher.name != "ray":
         return None
     from sat_cli.cluster.launcher import RayLauncher, RaySettings
 
     la = obj.launcher
     nodes, trainer, servers, server = bundles(obj)
+    nodes = nodes if trainer_nodes else 0
+    if not nodes and not servers:
+        return None
     settings = RaySettings(
         address=la.address,
         namespace=la.namespace,

@@ -9,9 +9,10 @@
 #   scripts/gpu_check_local.sh [--model-path DIR]  # on the GPU machine
 #   python scripts/gpu_check_local.py --device cpu # CPU smoke of the script (tests/test_gpu_checks.py)
 #
-# The GPU machine needs torch (CUDA), transformers, tokenizers, safetensors and typer; the
-# `sat train` rows also need hydra-core and omegaconf (they run with tracking=none: no MLflow).
-# `--prepare` fetches those two and antlr4-python3-runtime 4.9.3 as pure-Python wheels into
+# The GPU machine needs torch (CUDA), transformers, tokenizers, safetensors, sympy and typer;
+# the `sat train` rows also need hydra-core, omegaconf and math-verify (they run with
+# tracking=none: no MLflow). `--prepare` fetches those, latex2sympy2_extended and
+# antlr4-python3-runtime 4.9.3 as pure-Python wheels (the versions of sat's .venv) into
 # .gpu_deps/wheels/ (untracked; carry it with the working tree); there they are installed with
 # `pip install --no-index --no-deps --target .gpu_deps/site` and put on PYTHONPATH, nothing is
 # installed into the machine's environment.
@@ -23,16 +24,17 @@ if [[ "${1:-}" == "--prepare" ]]; then
   PYVER="${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}"
   mkdir -p "$DEPS/wheels"
   "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$PYVER" \
-    --platform any -d "$DEPS/wheels" hydra-core==1.3.2 omegaconf==2.3.0
+    --platform any -d "$DEPS/wheels" hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 \
+    latex2sympy2_extended==1.11.0
   # antlr4-python3-runtime 4.9.3 (hydra's parser) ships as source only: build its pure-Python wheel
   "$PY" -m pip wheel --no-deps -w "$DEPS/wheels" antlr4-python3-runtime==4.9.3
   ls -la "$DEPS/wheels"
   exit 0
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
+if ! "$PY" -c "import hydra, omegaconf, math_verify" 2>/dev/null; then
   if ! ls "$DEPS"/wheels/*.whl >/dev/null 2>&1; then
-    echo "hydra-core/omegaconf are not installed and $DEPS/wheels/ is empty: run" \
+    echo "hydra-core/omegaconf/math-verify are missing and $DEPS/wheels/ is empty: run" \
          "'scripts/gpu_check_local.sh --prepare PYVER' where a registry is reachable" >&2
     exit 2
   fi

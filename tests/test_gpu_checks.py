@@ -85,8 +85,9 @@ def test_gpu_check_local_cpu_smoke():
     fp32 and bf16, bf16 steps, `sat train` with both on the device) passes on the CPU."""
     rc, text = _run([sys.executable, "scripts/gpu_check_local.py", "--device", "cpu"])
     assert rc == 0 and "FAIL" not in text, text[-4000:]
-    table = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.endswith("|")][2:]
+    table = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.endswith("|")]
     rows = {tuple(c.strip() for c in ln.strip("|").split("|")[:3]): ln for ln in table}
+    assert ("check", "model", "metric") in rows  # the header: the table was printed
     for key in [
         ("parity fp32", "tiny", "max abs dlogp engine-trainer"),
         ("parity bf16", "tiny", "mean abs dlogp engine-trainer"),

@@ -184,7 +184,7 @@ def render_markdown(rep: dict, uri: str, plots: list[str], st: Settings) -> str:
         "## Regime",
         "",
         "SAT can change a gradient only on tokens with q < |d| < ln(1+ε) on their side "
-        "(ALGORITHMS.md §4): *SAT can act* = fraction of logged steps with "
+        "(docs/algorithms.md §4): *SAT can act* = fraction of logged steps with "
         "q < max(ln(1+ε_high), −ln(1−ε_low)) (0.182 / 0.223 at ε = 0.2), *low* / *high* per "
         "side; *SAT band* = mean fraction of tokens whose gradient SAT removed (clipped by SAT, "
         "not by PPO); *gate rate* = fraction of tokens whose interval SAT contracted. Means over "

@@ -46,10 +46,10 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
         p = obj.model.path
         hub_id = p.count("/") == 1 and not p.startswith((".", "/", "~")) and not Path(p).exists()
         if not hub_id:
-            check_hf_dir(p, "model.path")
+            check_hf_dir(p, "model.path", values=True)  # values: no NaN/inf weight either
         return p
     if obj.model.path:
-        check_hf_dir(obj.model.path, "model.path")
+        check_hf_dir(obj.model.path, "model.path", values=True)
         return str(obj.model.path)
     if obj.task.kind != "toy":
         raise UserError(

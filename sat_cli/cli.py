@@ -6,7 +6,7 @@ engine or trainer, failed checkpoint write, non-finite loss, incomplete evaluati
 user's input (overrides, files, paths, run names, an unreachable tracking store at start), one
 ``sat: error:`` paragraph and no traceback; 130 Ctrl-C; 143 SIGTERM; 129 SIGHUP. An ``OSError``
 that reaches the top is one line too: exit 1 when the disk refused a write (full, quota, I/O
-error), 2 for a path that cannot be used.
+error) or memory ran out (``MemoryError``, ``ulimit -v``), 2 for a path that cannot be used.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(overrides: list[str]):
+def _load(overrides: list[str], command: str):
     from sat_cli.config import ConfigError, load
 
     try:
-        return load(overrides)
+        return load(overrides, command)
     except ConfigError as exc:
         fail(str(exc))
 
@@ -70,7 +70,7 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
     """Print the composed, validated config (what a run would use)."""
     from sat_cli.config import to_yaml
 
-    cfg, _ = _load(overrides or [])
+    cfg, _ = _load(overrides or [], "config")
     typer.echo(to_yaml(cfg), nl=False)
 
 
@@ -78,7 +78,7 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
 def plan_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
     """Print the layout a `sat train` would start (processes, parallel sizes) and the trainer's
     per-GPU memory estimate; starts nothing. Impossible layouts exit 2 naming the key."""
-    _, obj = _load(overrides or [])
+    _, obj = _load(overrides or [], "plan")
     from sat_cli.commands.plan import plan_text
 
     typer.echo(plan_text(obj), nl=False)
@@ -92,7 +92,7 @@ def train_cmd(
     ),
 ) -> None:
     """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
-    cfg, obj = _load(overrides or [])
+    cfg, obj = _load(overrides or [], "plan" if dry_run else "train")
     if dry_run:
         from sat_cli.commands.plan import plan_text
 
@@ -121,7 +121,7 @@ def pretrain_cmd(
     ),
 ) -> None:
     """Build and warm-start the tiny model on the task (cached; `sat train` runs it when needed)."""
-    cfg, obj = _load(overrides or [])
+    cfg, obj = _load(overrides or [], "pretrain")
     _pin_numerics(obj)
     from sat_cli.commands.train import pretrain
 
@@ -141,7 +141,7 @@ def eval_cmd(
             f"the first argument is the benchmark, got {benchmark!r}; "
             f"choose one of: {', '.join(group_options('eval'))}"
         )
-    cfg, obj = _load([f"eval={benchmark}", *(overrides or [])])
+    cfg, obj = _load([f"eval={benchmark}", *(overrides or [])], "eval")
     _pin_numerics(obj)
     from sat_cli.commands.eval import run_eval_command as evaluate
 
@@ -359,7 +359,7 @@ def _guard(fn) -> None:
     _quiet_libraries()
     from sat_cli.config import ConfigError
     from sat_cli.engines.base import EngineError
-    from sat_cli.errors import RunFailed, UserError, as_os_error, os_error, without_tracebacks
+    from sat_cli.errors import RunFailed, UserError, as_failure, without_tracebacks
     from sat_cli.loop.state import CheckpointError
     from sat_cli.tasks.datafiles import DataError
     from sat_cli.tracking.store import TrackingError
@@ -370,15 +370,11 @@ def _guard(fn) -> None:
         fail(str(exc), getattr(exc, "code", 2))
     except (RunFailed, EngineError) as exc:  # TrainerError (MegatronWorkerError, R3Error) included
         fail(without_tracebacks(str(exc)), getattr(exc, "code", 1))
-    except OSError as exc:  # a path or disk problem no layer below turned into a message
-        err = os_error(exc, f"cannot use a file ({type(exc).__name__})")
+    except Exception as exc:  # a path, disk or memory problem no layer below named (OSError,
+        err = as_failure(exc)  # safetensors' "No space left on device", MemoryError): 1 line
+        if err is None:
+            raise
         fail(str(err), err.code)
-    except Exception as exc:
-        wrapped = as_os_error(exc)  # e.g. safetensors' "I/O error: No space left on device"
-        if wrapped is not None:
-            err = os_error(wrapped, f"cannot write a file ({type(exc).__name__})")
-            fail(str(err), err.code)
-        raise
     except KeyboardInterrupt as exc:
         code = getattr(exc, "code", 130)
         name = getattr(exc, "signame", None)
@@ -394,6 +390,9 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except MemoryError:  # while importing the libraries, before a command handles it
+        sys.stderr.write("sat: error: out of memory while starting (see ulimit -v)\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

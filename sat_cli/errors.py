@@ -36,6 +36,8 @@ class TrainerError(RunFailed, RuntimeError):
 # errno values that mean "the disk refused the write" (a runtime fault, exit 1); every other
 # OSError of a path is "this path cannot be used" (the user's input, exit 2)
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+# errno values of a resource limit (memory, open files): a runtime fault too (exit 1)
+RESOURCE_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 def os_error(exc: OSError, what: str) -> Exception:
@@ -46,7 +48,53 @@ def os_error(exc: OSError, what: str) -> Exception:
     text = f"{what}: {exc.strerror or exc}{where}"
     if exc.errno in DISK_ERRNOS:
         return RunFailed(text + "; free some space (or fix the disk) and run the command again")
+    if exc.errno in RESOURCE_ERRNOS:
+        return RunFailed(text + "; " + _LIMITS)
     return UserError(text)
+
+
+_LIMITS = (
+    "the process ran out of memory or file handles: raise the limit (ulimit -v for memory, "
+    "ulimit -n for open files) or free memory; checkpoints written so far are intact, continue "
+    "a training run with resume=auto"
+)
+# what a library raises when the address space (ulimit -v) or the thread limit is exhausted
+_RESOURCE_TEXT = re.compile(
+    r"(cannot|can't|could not|failed to) allocate|failed to map segment|can't start new thread"
+    r"|out of memory|bad_alloc",
+    re.I,
+)
+
+
+def resource_error(exc: BaseException) -> RunFailed | None:
+    """``exc`` as a one-line ``RunFailed`` (exit 1) if memory, address space (``ulimit -v``),
+    threads or file handles ran out: ``MemoryError``, an ``OSError`` of :data:`RESOURCE_ERRNOS`,
+    or what a library raises then (CUDA's "out of memory", "can't start new thread", a shared
+    library that cannot be mapped); else None."""
+    if isinstance(exc, MemoryError):
+        return RunFailed(f"out of memory ({type(exc).__name__}); {_LIMITS}")
+    if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+        return RunFailed(f"{exc.strerror or exc} ({type(exc).__name__}); {_LIMITS}")
+    if isinstance(exc, RuntimeError | ImportError) and _RESOURCE_TEXT.search(str(exc)):
+        first = str(exc).strip().splitlines()[0][:200]
+        return RunFailed(f"out of memory ({type(exc).__name__}: {first}); {_LIMITS}")
+    return None
+
+
+def as_failure(exc: BaseException) -> Exception | None:
+    """The user-facing form of an exception no layer below turned into a message: a resource
+    error (:func:`resource_error`), an ``OSError`` (also one a library wrapped,
+    :func:`as_os_error`: :func:`os_error`); None for anything else (a bug: its traceback is
+    shown). A training run that ends this way is marked FAILED by its command, and its
+    checkpoints stay as they were (they are written atomically)."""
+    err = resource_error(exc)
+    if err is not None:
+        return err
+    wrapped = as_os_error(exc)
+    if wrapped is not None:
+        what = "cannot use a file" if isinstance(exc, OSError) else "cannot write a file"
+        return os_error(wrapped, f"{what} ({type(exc).__name__})")
+    return None
 
 
 def as_os_error(exc: BaseException) -> OSError | None:

@@ -13,19 +13,73 @@ first); on any failure the temporary folder is removed and ``final`` is left as 
 
 ``write_text_fsync(path, text)`` is a plain (non-atomic) write followed by an fsync, for files
 inside a temporary folder that is itself renamed into place (checkpoint manifests).
+
+``check_regular(path)``, ``open_regular(path)`` and ``read_regular_bytes(path)``: files `sat` reads (model, tokenizer
+and data files, state files) must be regular files. A FIFO named ``model.safetensors`` would
+block the reader forever inside a library that never returns to Python (Ctrl-C does not stop
+it); a device could be endless. They raise :class:`NotRegularFile` (an ``OSError``) for anything
+else; the readers open with ``O_NONBLOCK`` and check the open descriptor, so a FIFO swapped in
+after a check is still never waited on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+class NotRegularFile(OSError):
+    """A path that exists but is not a regular file (a FIFO, a device, a socket, a folder)."""
+
+    def __init__(self, path: str | os.PathLike, mode: int):
+        kind = {
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFSOCK: "a socket",
+            stat.S_IFDIR: "a folder",
+        }.get(stat.S_IFMT(mode), "not a regular file")
+        super().__init__(errno.EINVAL, f"is {kind}, not a regular file", os.fspath(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename} {self.strerror}"
+
+
+def check_regular(path: str | os.PathLike) -> None:
+    """Raise :class:`NotRegularFile` if ``path`` (links followed) exists and is not a regular
+    file; ``FileNotFoundError`` if it does not exist. Never opens it."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, mode)
+
+
+def open_regular(path: str | os.PathLike):
+    """``path`` opened for binary reading if it is a regular file (see the module docstring);
+    never blocks on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+        return os.fdopen(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path``, a regular file (see the module docstring); never blocks on a FIFO."""
+    with open_regular(path) as fh:
+        return fh.read()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

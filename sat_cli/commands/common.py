@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sat_cli.errors import TrainerError, UserError
+from sat_cli.errors import TrainerError, UserError, resource_error
 
 
 def loading(path: str, build):
@@ -24,6 +24,8 @@ def loading(path: str, build):
     except (TrainerError, EngineError):
         raise
     except (OSError, ValueError, RuntimeError) as exc:
+        if resource_error(exc) is not None:  # memory ran out: not the model's fault (exit 1)
+            raise resource_error(exc) from None
         first = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
         raise UserError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from None
 

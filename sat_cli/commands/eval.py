@@ -41,7 +41,7 @@ def _model_dir(obj) -> str:
                 raise UserError(f"ckpt={obj.ckpt!r} is damaged: {reason}")
         for cand in (ck / "trainer" / "model", ck / "model", ck):
             if (cand / "config.json").is_file():
-                check_hf_dir(cand, "ckpt")
+                check_hf_dir(cand, "ckpt", values=True)  # no NaN/inf weight either
                 return str(cand)
         raise UserError(
             f"ckpt={obj.ckpt!r} is not a training checkpoint (no trainer/model/config.json)"
@@ -109,6 +109,7 @@ def run_eval_command(cfg, obj) -> None:
     # every input is checked before anything is written or started; the data first (cheap:
     # no torch import, no model read), then the model
     e = obj.eval
+    preflight.check_address_space("eval")  # ulimit -v too low: one clear line, nothing written
     check_devices(obj, trainer=False)
     task = build_task(obj) if e.benchmark == "toy" else None
     spec = eval_problems(obj, task)

@@ -91,6 +91,16 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     return run_dir, False
 
 
+def _trainer_kind(obj) -> dict:
+    """What a checkpoint's trainer state must say for this run's trainer to resume it."""
+    t = obj.trainer
+    if t.name != "megatron":
+        return {"backend": t.name}
+    world = t.nnodes * t.nproc_per_node
+    return {"backend": t.name, "world_size": world, "tp": t.tp, "ep": t.ep, "pp": t.pp,
+            "dtype": t.dtype}  # fmt: skip
+
+
 def _warn_recompute(obj, log) -> None:
     if (
         obj.algo.ratio_denominator == "recompute"
@@ -137,6 +147,7 @@ def _train(cfg, obj) -> dict:
     from sat_cli.loop.state import read_loop_state
 
     # every input is checked before the run folder is created or written, or a process starts
+    preflight.check_address_space("train")  # ulimit -v too low: one clear line, nothing written
     check_devices(obj)
     run_dir, resuming = resolve_run_dir(obj)
     log = print
@@ -154,7 +165,7 @@ def _train(cfg, obj) -> dict:
     }
     preflight.check_trainer_layout(obj, path)
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
-        ckpt = resume_checkpoint(run_dir, resuming, path, log)
+        ckpt = resume_checkpoint(run_dir, resuming, path, log, _trainer_kind(obj))
         done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
         if done > obj.max_steps:
             raise UserError(

@@ -158,14 +158,23 @@ def compose(overrides: list[str] | None = None):
             + (f" (and {', '.join(map(repr, extra[1:4]))})" if len(extra) > 1 else "")
             + ": not in the schema, so it would be silently ignored. To list every key: sat config"
         )
+    from sat_cli.config.checks import check_finite
+
+    check_finite(OmegaConf.to_container(cfg, resolve=True))  # one rule for every number
     return cfg
 
 
-def load(overrides: list[str] | None = None) -> tuple[Any, SatConfig]:
-    """Compose, then build the dataclasses (runs every bound check). Returns (DictConfig, SatConfig)."""
+def load(overrides: list[str] | None = None, command: str | None = None) -> tuple[Any, SatConfig]:
+    """Compose, then build the dataclasses (runs every bound check). Returns (DictConfig, SatConfig).
+    ``command`` (``train``, ``eval``, ...): refuse top-level settings only another command uses
+    (:func:`sat_cli.config.grammar.check_command_keys`)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if command is not None:
+        from sat_cli.config.grammar import check_command_keys
+
+        check_command_keys(list(overrides or []), command)
     cfg = compose(overrides)
     try:
         obj = OmegaConf.to_object(cfg)

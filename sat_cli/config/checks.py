@@ -1,7 +1,10 @@
-"""The checks every config section uses: :class:`ConfigError` and the range/choice helpers."""
+"""The checks every config section uses: :class:`ConfigError`, the range/choice helpers and
+the one rule for numbers: :func:`non_finite` walks a composed config and finds every NaN or
+infinity (which pass any ``x < lo or x > hi`` test), whatever the field."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -33,6 +36,8 @@ def _range(
     lo_open: bool = False,
     hi_open: bool = False,
 ) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value} is not a finite number")
     bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
         hi is not None and (value >= hi if hi_open else value > hi)
     )
@@ -40,3 +45,35 @@ def _range(
         lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
         hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
         raise ConfigError(f"{key}={value} is out of range: need {lo_s}{key}{hi_s}")
+
+
+def non_finite(node: Any, key: str = "") -> tuple[str, float] | None:
+    """(dotted key, value) of the first NaN or infinite number in ``node`` (a composed config as
+    plain containers: dicts and lists are walked), or None."""
+    if isinstance(node, float):
+        return None if math.isfinite(node) else (key, node)
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for k, v in items:
+        found = non_finite(
+            v, f"{key}[{k}]" if isinstance(k, int) else f"{key}.{k}" if key else str(k)
+        )
+        if found:
+            return found
+    return None
+
+
+def check_finite(container: dict) -> None:
+    """Refuse a composed config with a NaN or infinite number in any setting (ConfigError)."""
+    found = non_finite(container)
+    if found:
+        key, value = found
+        raise ConfigError(
+            f"{key}={value} is not a finite number: every numeric setting must be finite "
+            "(NaN and infinity pass no range check)"
+        )

@@ -13,7 +13,13 @@ Hydra accepts some overrides that `sat` must refuse, or fails on them with a raw
   load any YAML file on the machine. Options are names of files in ``conf/<group>/``: ``..``,
   absolute paths and backslashes are refused, and the resolved file must lie in that folder;
 * ``~key`` **deleting a key of the schema** (``~seed``) silently fell back to the default:
-  deleting is for config groups (``~experiment``).
+  deleting is for config groups (``~experiment``);
+* a group option given as an **interpolation** (``algo='${oc.env:X}'``) is resolved first and
+  the result checked as above: Hydra resolves it when it loads the file, so ``X=../../x``
+  climbed out of ``conf/algo/``. An interpolation that cannot be resolved before composing is
+  refused; the option file must be a regular file (a FIFO would block the composition);
+* **a top-level setting of another command** (``sat train ckpt=…``, ``sat eval resume=auto``)
+  was silently ignored: :func:`check_command_keys` names the command that takes it.
 
 Every refusal is a :class:`ConfigError` naming the override and the key (exit code 2).
 """
@@ -60,7 +66,27 @@ def unknown_keys(cfg, prefix: str = "") -> list[str]:
     return out
 
 
+def _resolve(option: str, text: str) -> str:
+    """``option`` with its interpolations resolved (``${oc.env:X}``) as Hydra would resolve them."""
+    if "${" not in option:
+        return option
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        value = OmegaConf.create({"option": option}).option
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(
+            f"{text!r}: a config group option may be an interpolation only if it resolves on "
+            f"its own ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        ) from None
+    return str(value)
+
+
 def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
+    resolved = _resolve(option, text)
+    if resolved != option:
+        text, option = f"{text} (resolved: {resolved!r})", resolved
     path = PurePosixPath(option)
     if (
         not option
@@ -77,6 +103,46 @@ def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
     target = (folder / f"{option}.yaml").resolve()
     if folder not in target.parents:
         raise ConfigError(f"{text!r}: the option resolves outside conf/{group}/")
+    if target.exists() and not target.is_file():
+        raise ConfigError(f"{text!r}: conf/{group}/{option}.yaml is not a regular file")
+
+
+# Top-level settings that only some commands use (the others would silently ignore them): the
+# key -> the commands that take it. `sat config` prints any config; `plan` is `sat plan` and
+# `sat train --dry-run`; `pretrain` gets a sweep run's overrides (its warm start).
+COMMAND_KEYS = {
+    "ckpt": ("eval",),
+    "resume": ("train", "plan"),
+    "checkpoint": ("train", "plan", "pretrain"),
+    "max_steps": ("train", "plan", "pretrain"),
+    "algo": ("train", "plan", "pretrain"),
+    "clip": ("train", "plan", "pretrain"),
+    "lag": ("train", "plan", "pretrain"),
+    "r3": ("train", "plan", "pretrain"),
+}
+
+
+def check_command_keys(overrides: list[str], command: str) -> None:
+    """Refuse a top-level setting that ``command`` does not use (``ConfigError`` naming the
+    command(s) that take it); unparsable overrides are left to the composition."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if command == "config":
+        return
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            key = parser.parse_override(text).key_or_group
+        except HydraException:
+            continue
+        takers = COMMAND_KEYS.get(key.split(".")[0])
+        if takers is not None and command not in takers:
+            names = " and ".join(f"`sat {c}`" for c in takers if c != "pretrain")
+            raise ConfigError(
+                f"{text!r}: {key.split('.')[0]} is a setting of {names}; `sat {command}` does "
+                "not use it (it would be silently ignored)"
+            )
 
 
 def check_overrides(overrides: list[str], groups: tuple[str, ...], conf_dir: Path) -> None:

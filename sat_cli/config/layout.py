@@ -116,8 +116,9 @@ class Arch:
         return self.layers * per_layer + self.embedding + head + self.hidden  # + final norm
 
 
-def architecture(obj) -> tuple[Arch | None, str]:
-    """(architecture, where it came from); (None, why) when it is not known here."""
+def model_config(obj) -> tuple[dict | None, str]:
+    """(the model's ``config.json`` fields, where they came from); (None, why) when they are
+    not known here (a hub id missing from ``sat_cli.models.arch``)."""
     from sat_cli.models.arch import KNOWN_HF_CONFIGS, TINY_MOE_CONFIG
 
     m = obj.model
@@ -129,21 +130,32 @@ def architecture(obj) -> tuple[Arch | None, str]:
             "num_experts": m.num_experts,
             "num_experts_per_tok": m.top_k,
         }
-        return Arch.from_hf(cfg), "the tiny model (model.*)"
+        return cfg, "the tiny model (model.*)"
     path = Path(str(m.path)).expanduser()
     if (path / "config.json").is_file():
+        where = str(path / "config.json")
         try:
-            return Arch.from_hf(json.loads((path / "config.json").read_text())), str(
-                path / "config.json"
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            return None, f"{path / 'config.json'} cannot be read ({type(exc).__name__}: {exc})"
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            return None, f"{where} cannot be read ({type(exc).__name__}: {exc})"
+        return (cfg, where) if isinstance(cfg, dict) else (None, f"{where} is not a JSON object")
     if m.path in KNOWN_HF_CONFIGS:
-        return Arch.from_hf(KNOWN_HF_CONFIGS[m.path]), f"{m.path} (sat_cli/models/arch.py)"
+        return KNOWN_HF_CONFIGS[m.path], f"{m.path} (sat_cli/models/arch.py)"
     return None, (
         f"model.path={m.path!r} is neither a local folder with config.json nor a known hub id "
         "(sat_cli/models/arch.py)"
     )
+
+
+def architecture(obj) -> tuple[Arch | None, str]:
+    """(architecture, where it came from); (None, why) when it is not known here."""
+    cfg, where = model_config(obj)
+    if cfg is None:
+        return None, where
+    try:
+        return Arch.from_hf(cfg), where
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"{where} cannot be read ({type(exc).__name__}: {exc})"
 
 
 @dataclass(frozen=True)

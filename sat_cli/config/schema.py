@@ -3,7 +3,9 @@
 YAML files under `conf/` only set values; the types, defaults and bounds live here, beside a
 one-line description of each field. Bounds are checked in ``__post_init__``, which runs when the
 composed config is turned into objects (``OmegaConf.to_object``) by :func:`sat_cli.config.load`,
-so a typo or an out-of-range value fails at compose time, before any process starts.
+so a typo or an out-of-range value fails at compose time, before any process starts. One rule
+covers every number: NaN and infinity are refused in any field
+(:func:`sat_cli.config.checks.check_finite`, a walk over the composed config).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from sat_cli.config.checks import ConfigError, _choice, _range, _template
+from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.engine import EngineConfig  # the engine section (its own module)
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.trainer import TrainerConfig  # the trainer section
@@ -340,6 +343,7 @@ class SatConfig:
 
             check_config(self)
         check_placement(self.launcher, self.trainer.name, self.engine)
+        check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         if self.run.portable_numerics and (
             self.engine.name != "local" or "cuda" in (self.engine.device, self.trainer.device)
         ):

@@ -6,10 +6,14 @@ trainer state and the loop state, inside the temporary folder, just before the r
 checkpoint with a manifest is one that was completely written.
 
 ``select_checkpoint(ckpt_root)`` is what ``resume`` uses: the newest checkpoint that passes
-:func:`verify_checkpoint` — every file of the manifest present with its size and hash, the loop
-state a JSON object whose ``step`` matches the folder name, the trainer's state, optimizer and
-model present (the layout both trainers write) and the model complete
-(:func:`sat_cli.models.weights_check.check_hf_dir`). A damaged newer checkpoint is reported (one
+:func:`verify_checkpoint` — every file of the manifest present with its size and hash, the
+manifest, the loop state and the trainer state of the shape of their schemas
+(``sat_cli.records``: a ``step`` that is ``null`` or a list instead of an object is named), the
+loop state's ``step`` the folder's, the trainer's state, optimizer and model present (the layout
+both trainers write), the model complete and finite
+(:func:`sat_cli.models.weights_check.check_hf_dir`), and the optimizer's tensors what the
+trainer's ``load`` needs (:func:`trainer_problem`: for the local trainer one AdamW moment per
+parameter, of its shape). No file is opened that is not a regular file (a FIFO would block). A damaged newer checkpoint is reported (one
 line each) and skipped; when none is usable, ``UserError`` (exit 2) lists each one's problem.
 Checkpoints written before manifests existed (no ``manifest.json``) are accepted when the other
 checks pass. Hashing reads every byte once (about 1 s per GB).
@@ -63,30 +67,34 @@ def write_manifest(folder: Path) -> None:
 
 
 def verify_checkpoint(ckpt: Path) -> str | None:
-    """None if ``ckpt`` is a complete, undamaged checkpoint, else a one-line reason."""
+    """None if ``ckpt`` is a complete, undamaged checkpoint, else a one-line reason. Every
+    state file is checked against its schema (``sat_cli.records``) and the optimizer's tensors
+    against the model's parameters, so a damaged checkpoint is found here, before a run uses it
+    (and before its folder is written)."""
+    from sat_cli.records import LOOP_STATE, RecordError, read_json
+    from sat_cli.records import MANIFEST as MANIFEST_SCHEMA
 
     man = ckpt / MANIFEST
-    if man.exists():
+    if man.exists() or man.is_symlink():
         try:
-            files = json.loads(man.read_text())["files"]
-            items = [(str(k), int(v["size"]), str(v["sha256"])) for k, v in files.items()]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"{MANIFEST} is unreadable ({type(exc).__name__}: {str(exc)[:100]})"
-        for rel, size, digest in items:
+            files = read_json(man, MANIFEST_SCHEMA)["files"]
+        except RecordError as exc:
+            return str(exc)
+        for rel, rec in files.items():
             p = ckpt / rel
-            if ".." in Path(rel).parts or not p.is_file():
+            if ".." in Path(rel).parts or Path(rel).is_absolute() or not p.is_file():
                 return f"{rel} is missing"
-            if p.stat().st_size != size:
-                return f"{rel} has {p.stat().st_size} bytes, the manifest says {size}"
-            if _sha256(p) != digest:
+            if p.stat().st_size != rec["size"]:
+                return f"{rel} has {p.stat().st_size} bytes, the manifest says {rec['size']}"
+            if _sha256(p) != rec["sha256"]:
                 return f"{rel} does not match its SHA-256 in {MANIFEST}"
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        return f"{STATE_FILE} is unreadable ({type(exc).__name__}: {str(exc)[:100]})"
+        state = read_json(ckpt / STATE_FILE, LOOP_STATE)
+    except RecordError as exc:
+        return str(exc)
     m = re.fullmatch(r"step_(\d+)", ckpt.name)
-    if not isinstance(state, dict) or (m and state.get("step") != int(m.group(1))):
-        return f"{STATE_FILE} does not describe {ckpt.name}"
+    if m and state["step"] != int(m.group(1)):
+        return f"{STATE_FILE} does not describe {ckpt.name} (step {state['step']})"
     trainer = ckpt / "trainer"
     for need, found in (
         ("trainer/trainer_state.json", (trainer / "trainer_state.json").is_file()),
@@ -95,15 +103,75 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     ):
         if not found:
             return f"{need} is missing"
-    model = trainer / "model"
-    if model.is_dir():
-        from sat_cli.models.weights_check import check_hf_dir
+    from sat_cli.models.weights_check import check_hf_dir
 
+    try:
+        check_hf_dir(trainer / "model", "trainer/model", values=True)
+    except UserError as exc:
+        return str(exc).split(": ", 1)[-1][:300]
+    return trainer_problem(trainer)
+
+
+def trainer_problem(trainer: Path) -> str | None:
+    """None if ``trainer/trainer_state.json`` has its schema and the optimizer files hold what
+    the trainer's ``load`` needs (the local trainer: one AdamW state per parameter, of the
+    parameter's shape), else a one-line reason."""
+    from sat_cli.fsio import NotRegularFile
+    from sat_cli.records import TRAINER_STATE, RecordError, read_json
+
+    try:
+        meta = read_json(trainer / "trainer_state.json", TRAINER_STATE)
+    except RecordError as exc:
+        return f"trainer/{exc}"
+    headers: dict[str, tuple[int, ...]] = {}
+    for f in sorted(trainer.glob("optimizer*.safetensors")):
         try:
-            check_hf_dir(model, "trainer/model")
-        except UserError as exc:
-            return str(exc).split(": ", 1)[-1][:300]
+            part = _shapes(f)
+        except NotRegularFile as exc:
+            return f"trainer/{f.name} {exc.strerror}"
+        except Exception as exc:  # SafetensorError, OSError: damaged, not a bug
+            return f"trainer/{f.name} is not a readable safetensors file ({str(exc)[:120]})"
+        if "rng/torch" not in part:
+            return f"trainer/{f.name} has no random-number state (rng/torch)"
+        headers.update(part)
+    if meta.get("backend") == "megatron":
+        return None  # parameter names of the worker's model: checked by the worker
+    from sat_cli.models.weights_check import param_shapes
+
+    try:
+        shapes = param_shapes(trainer / "model")
+    except (OSError, ValueError, UserError):
+        return None  # the model check above names a model folder that cannot be read
+    grouped = sorted(i for g in meta["param_groups"] for i in g["params"])
+    if grouped != list(range(len(shapes))):
+        return (
+            f"trainer/trainer_state.json: the optimizer's parameter groups hold {len(grouped)} "
+            f"parameters, the model has {len(shapes)}"
+        )
+    for name, shape in sorted(headers.items()):
+        if not name.startswith("state/"):
+            continue
+        idx, _, key = name[len("state/") :].rpartition("/")
+        if not idx.isdigit() or int(idx) >= len(shapes):
+            return f"trainer/optimizer.safetensors: {name!r} names no parameter of the model"
+        want = shapes[int(idx)] if key in ("exp_avg", "exp_avg_sq") else None
+        if want is not None and shape != want:
+            return (
+                f"trainer/optimizer.safetensors: {name!r} has shape {list(shape)} but the "
+                f"parameter has {list(want)}"
+            )
     return None
+
+
+def _shapes(f: Path) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of one safetensors file, from its header (a regular file only)."""
+    from safetensors import safe_open
+
+    from sat_cli.fsio import check_regular
+
+    check_regular(f)
+    with safe_open(str(f), framework="pt") as sf:
+        return {k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()}
 
 
 def select_checkpoint(ckpt_root: Path, log=print) -> tuple[Path | None, list[Path]]:
@@ -160,12 +228,29 @@ def _same_model(ckpt_model: Path, model_path: str) -> str | None:
     return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4]) or None
 
 
-def resume_checkpoint(run_dir: Path, resuming: bool, model_path: str, log=print) -> Path | None:
+def _same_trainer(ckpt: Path, trainer: dict) -> str | None:
+    """None if the checkpoint's trainer state was written by the trainer ``trainer`` describes
+    (``backend``, and for megatron ``world_size``, ``tp``, ``ep``, ``pp``, ``dtype``)."""
+    meta = json.loads((ckpt / "trainer" / "trainer_state.json").read_text())  # checked above
+    have = {"backend": meta.get("backend", "local")}
+    if have["backend"] == "megatron":
+        have.update({k: meta.get(k, 1) for k in ("world_size", "tp", "ep", "pp")})
+        have["dtype"] = meta.get("dtype", "float32")
+    diff = [k for k in have if trainer.get(k, have[k]) != have[k]]
+    if not diff:
+        return None
+    return ", ".join(f"{k}: {have[k]!r} in the checkpoint, {trainer.get(k)!r} now" for k in diff)
+
+
+def resume_checkpoint(
+    run_dir: Path, resuming: bool, model_path: str, log=print, trainer: dict | None = None
+) -> Path | None:
     """The checkpoint a run continues from, chosen under the run's lock: the newest verified one.
 
     Damaged newer checkpoints are renamed ``damaged_step_N`` (kept for inspection, never chosen
     again). Refusals (``UserError``) change nothing: no checkpoint at all although the run was
-    to be resumed, none usable, a checkpoint of another model (e.g. another ``model.*``), or a
+    to be resumed, none usable, a checkpoint of another model (e.g. another ``model.*``) or of
+    another trainer or trainer layout (``trainer``: what :func:`_same_trainer` compares), or a
     run that gained checkpoints since the command started without ``resume``."""
 
     root = run_dir / "checkpoints"
@@ -184,6 +269,12 @@ def resume_checkpoint(run_dir: Path, resuming: bool, model_path: str, log=print)
         raise UserError(
             f"checkpoint {ckpt} holds another model than the one configured ({diff}); resume "
             "with the settings the run was started with (its config.yaml)"
+        )
+    diff = _same_trainer(ckpt, trainer) if trainer else None
+    if diff:
+        raise UserError(
+            f"checkpoint {ckpt} was written by another trainer than the one configured ({diff}); "
+            "resume with the trainer settings the run was started with (its config.yaml)"
         )
     for bad in damaged:
         target = bad.with_name(f"damaged_{bad.name}")

@@ -22,6 +22,10 @@
 * ``check_trainer_layout`` — ``trainer=megatron`` trains what its worker can build (Qwen3-MoE):
   anything else is refused naming the model, instead of failing inside the worker as "cannot
   load the model". The parallel layout is checked at compose time (``sat_cli.config.layout``).
+* ``check_address_space`` — an address-space limit (``ulimit -v``) below what one process of a
+  run maps (torch, transformers, MLflow: about 1.5 GiB on the CPU default) ends the run inside
+  native code (OpenBLAS: "Memory allocation still failed", exit 1 with no message and the MLflow
+  run left RUNNING): refused up front (``RunFailed``, exit 1: a resource limit, not the input).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import json
 import os
 from pathlib import Path
 
-from sat_cli.errors import UserError
+from sat_cli.errors import RunFailed, UserError
+
+MIN_ADDRESS_SPACE = 2 << 30  # bytes of address space one process of a run needs at least
 
 
 def _lexists(p: Path) -> bool:
@@ -246,3 +252,18 @@ def check_trainer_layout(obj, path: str) -> None:
         rope_theta(config)
     except (NotImplementedError, ValueError) as exc:
         raise UserError(f"trainer=megatron cannot train the model at {path}: {exc}") from None
+
+
+def check_address_space(command: str) -> None:
+    """Refuse to start under an address-space limit below :data:`MIN_ADDRESS_SPACE`."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft >= MIN_ADDRESS_SPACE:
+        return
+    raise RunFailed(
+        f"the address-space limit of this process is {soft / 2**30:.2f} GiB (ulimit -v "
+        f"{soft // 1024}); `sat {command}` needs at least {MIN_ADDRESS_SPACE / 2**30:.0f} GiB in "
+        "each of its processes (torch, the engine): raise it (ulimit -v unlimited) and run the "
+        "command again"
+    )

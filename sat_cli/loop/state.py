@@ -15,7 +15,6 @@ complete checkpoint, which is left untouched.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -95,10 +94,20 @@ def prune_checkpoints(ckpt_root: Path, keep: int) -> None:
 
 
 def read_loop_state(ckpt: Path) -> dict:
+    """The checkpoint's loop state, checked against its schema (``sat_cli.records``) and against
+    the folder name (``step_N`` holds step N); ``CheckpointError`` (exit 2) otherwise."""
+    from sat_cli.records import LOOP_STATE, RecordError, read_json
+
     try:
-        return json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {ckpt / STATE_FILE}: {exc}") from None
+        state = read_json(ckpt / STATE_FILE, LOOP_STATE)
+    except RecordError as exc:
+        raise CheckpointError(f"cannot use {ckpt / STATE_FILE}: {exc}") from None
+    m = re.fullmatch(r"step_(\d+)", ckpt.name)
+    if m and state["step"] != int(m.group(1)):
+        raise CheckpointError(
+            f"cannot use {ckpt / STATE_FILE}: it says step {state['step']}, not {m.group(1)}"
+        )
+    return state
 
 
 def prune_weights(weights_root: Path, keep_versions: set[int]) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.fsio import NotRegularFile, check_regular
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}
@@ -65,6 +66,7 @@ def _is_float(torch_dtype: str) -> bool:
 
 
 _CACHE: dict[str, tuple[_Layout, ...]] = {}
+_PARAMS: dict[str, tuple[tuple[int, ...], ...]] = {}  # parameter shapes in optimizer order
 _SAFETENSORS_INT = {
     "BOOL": "bool",
     "U8": "uint8",
@@ -90,6 +92,7 @@ def _layouts(config_text: str, config_dir: str) -> tuple[_Layout, ...]:
         raise WeightsError(
             f"{config_dir}: config.json does not describe a causal LM ({exc})"
         ) from None
+    _PARAMS[config_text] = tuple(tuple(p.shape) for p in model.parameters())
     live = model.state_dict(keep_vars=True)
     owner_of: dict[int, str] = {}
     aliases: dict[str, list[str]] = {}
@@ -186,6 +189,7 @@ def read_headers(p: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
     found: dict[str, tuple[tuple[int, ...], str]] = {}
     for f in files:
         try:
+            check_regular(f)  # a FIFO would block safe_open where Ctrl-C cannot reach
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():
                     sl = sf.get_slice(key)
@@ -202,11 +206,32 @@ def read_headers(p: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
     return found
 
 
-def check_hf_dir(path: str | os.PathLike, what: str) -> None:
-    """Refuse a folder that is not exactly the model its ``config.json`` describes."""
+def _irregular(p: Path) -> list[str]:
+    """Names of the files of ``p`` a loader may open that are not regular files (FIFOs, ...)."""
+    out = []
+    for f in sorted(p.iterdir()):
+        try:
+            if not f.is_dir():
+                check_regular(f)
+        except NotRegularFile:
+            out.append(f.name)
+        except OSError:  # a dangling link: the loader names it if it needs it
+            pass
+    return out
+
+
+def check_hf_dir(path: str | os.PathLike, what: str, *, values: bool = False) -> None:
+    """Refuse a folder that is not exactly the model its ``config.json`` describes; with
+    ``values``, also one with a NaN or infinite weight (:func:`check_finite_values`)."""
     p = Path(path)
     if not p.is_dir():
         raise WeightsError(f"{what}={str(path)!r} is not a directory")
+    odd = _irregular(p)
+    if odd:
+        raise WeightsError(
+            f"{what}={str(path)!r}: {_names(odd)} is not a regular file (a FIFO, a device or a "
+            "socket); sat reads model files only from regular files"
+        )
     if not (p / "config.json").is_file():
         raise WeightsError(f"{what}={str(path)!r} has no config.json: not an HF checkpoint")
     if not any(p.glob("*.safetensors")):
@@ -226,15 +251,54 @@ def check_hf_dir(path: str | os.PathLike, what: str) -> None:
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WeightsError(f"{what}={str(path)!r}: config.json is unreadable: {exc}") from None
     found = read_headers(p, what)
-    if config.get("quantization_config"):
-        return
-    layouts = _layouts(text, str(p.resolve()))
-    reports = [_problems(layout, found) for layout in layouts]
-    if any(n == 0 for n, _ in reports):
-        return
-    best = min(reports, key=lambda r: r[0])[1]
-    raise WeightsError(
-        f"{what}={str(path)!r}: the weights do not belong to this config.json: "
-        + "; ".join(best[:6])
-        + (f"; and {len(best) - 6} more problems" if len(best) > 6 else "")
-    )
+    if not config.get("quantization_config"):
+        layouts = _layouts(text, str(p.resolve()))
+        reports = [_problems(layout, found) for layout in layouts]
+        if not any(n == 0 for n, _ in reports):
+            best = min(reports, key=lambda r: r[0])[1]
+            raise WeightsError(
+                f"{what}={str(path)!r}: the weights do not belong to this config.json: "
+                + "; ".join(best[:6])
+                + (f"; and {len(best) - 6} more problems" if len(best) > 6 else "")
+            )
+    if values:
+        check_finite_values(p, what)
+
+
+def check_finite_values(path: str | os.PathLike, what: str) -> None:
+    """Refuse weights with a NaN or infinite value (``WeightsError``): such a model samples
+    garbage (an all-NaN model's log-probabilities are NaN, every token equally "likely") and
+    its scores would be reported as if they meant something. Reads every floating tensor once,
+    one at a time (about 1 s per GB)."""
+    import torch
+    from safetensors import safe_open
+
+    bad: list[str] = []
+    counts: dict[str, int] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        check_regular(f)
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                if sf.get_slice(key).get_dtype() not in _FLOAT_DTYPES:
+                    continue
+                t = sf.get_tensor(key)
+                n = int(t.numel() - torch.isfinite(t).sum())
+                if n:
+                    bad.append(key)
+                    counts[key] = n
+    if bad:
+        first = bad[0]
+        raise WeightsError(
+            f"{what}={str(path)!r}: {len(bad)} tensor(s) hold NaN or infinite values "
+            f"({_names(bad)}; {counts[first]} in {first!r}): these weights cannot be sampled "
+            "from. Use an earlier checkpoint or the weights the model was trained from"
+        )
+
+
+def param_shapes(path: str | os.PathLike) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the model's parameters in ``model.parameters()`` order (the order of the
+    local trainer's AdamW state), from the ``config.json`` of ``path`` (nothing loaded)."""
+    p = Path(path)
+    text = (p / "config.json").read_text()
+    _layouts(text, str(p.resolve()))
+    return _PARAMS[text]

@@ -35,15 +35,19 @@ def validate(sweep: Sweep, log=None) -> Plan:
     dirs: dict[str, str] = {}
     uris: dict[str | None, str] = {}
     warm: dict[str, SweepRun] = {}
+    seen: dict[str, SweepRun] = {}  # composed config -> the first run with it
     for i, run in enumerate(sweep.runs):
         if log and len(sweep.runs) > 20 and i and i % 20 == 0:
             log(f"  composed {i}/{len(sweep.runs)} runs")
         try:
-            _, obj = load(run.overrides)
+            cfg, obj = load(run.overrides, "train")
         except ConfigError as exc:
             raise UserError(
                 f"{sweep.file}: run {run.name!r} (method {run.method!r}) does not compose: {exc}"
             ) from None
+        twin = seen.setdefault(_config_key(cfg), run)
+        if twin is not run:
+            raise UserError(_collision_message(sweep, twin, run))
         dirs.setdefault(obj.run.dir, run.name)
         uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
         if uri is not None and uri.strip().lower() in ("", "none", "off", "disabled"):
@@ -72,6 +76,55 @@ def validate(sweep: Sweep, log=None) -> Plan:
         tracking_uri=next(iter(uris)),
         run_dirs=run_dirs,
         needs_warm_start=list(warm.values()),
+    )
+
+
+def _config_key(cfg) -> str:
+    """What makes a run what it is: its composed config without its name and MLflow tags."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c["run"].pop("name", None)
+    c["tracking"].pop("tags", None)
+    return json.dumps(c, sort_keys=True, default=str)
+
+
+def _sources(sweep: Sweep, run: SweepRun) -> list[tuple[str, str]]:
+    """(where, override) for each override of a run, in the order they are applied."""
+    layers = [("base", sweep.base), (f"methods.{run.method}", sweep.methods[run.method])]
+    layers.append(("axes", [f"{k}={v}" for k, v in run.axes.items()]))
+    layers.append(("command-line overrides", sweep.cli_overrides))
+    return [(w, o) for w, ovs in layers for o in ovs] + [("seeds", f"seed={run.seed}")]
+
+
+def _collision_message(sweep: Sweep, a: SweepRun, b: SweepRun) -> str:
+    """Two runs of the grid compose to one config: name what differs between them and what
+    makes the difference void (a later or more specific override of the same setting)."""
+    from sat_cli.sweep.spec import _override_key, _parser
+
+    parser = _parser()
+    src_a, src_b = _sources(sweep, a), _sources(sweep, b)
+    texts_a, texts_b = {o for _, o in src_a}, {o for _, o in src_b}
+    differ = [(w, o) for w, o in src_a if o not in texts_b]
+    differ += [(w, o) for w, o in src_b if o not in texts_a]
+    keys = {_override_key(parser, o, w).split("@")[0] for w, o in differ}
+    void = [
+        f"{w}: {o}"
+        for w, o in src_a
+        if (w, o) in src_b
+        for k in [_override_key(parser, o, w).split("@")[0]]
+        if any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for d in keys)
+    ]
+    what = ", ".join(f"{w}: {o}" for w, o in differ) or "nothing"
+    why = (
+        f"; {' and '.join(void)} sets the same setting in both, so the difference is void"
+        if void
+        else "; the difference changes nothing in the composed config"
+    )
+    return (
+        f"{sweep.file}: runs {a.name!r} and {b.name!r} are the same config (they differ only in "
+        f"{what}{why}). Remove the colliding override or the axis, so that every run of the grid "
+        "is a different experiment"
     )
 
 

@@ -15,9 +15,12 @@ from typing import Any
 
 from sat_cli.errors import UserError
 
-SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "slurm", "ray")
+SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "max_runs", "slurm", "ray")
 REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
 RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
+# runs a grid may have unless its file says more (`max_runs:`): each is composed before the
+# sweep starts (about 0.1-0.3 s a run), and a typo such as range(0,10**9) must not hang it
+DEFAULT_MAX_RUNS = 2000
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -118,6 +121,41 @@ def _override_list(value: Any, where: str) -> list[str]:
     return out
 
 
+def _axis_size(parser, key: str, value: Any, where: str) -> int:
+    """How many values an axis has, from Hydra's parsed sweep object (a range is never
+    enumerated); UserError for an axis that is not a finite, reproducible list."""
+    import math
+
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from hydra.errors import HydraException
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return 1  # refused with its own message by _expand_axis
+    try:
+        ov = parser.parse_override(f"{key}={value}")
+        sweep = ov.value() if ov.is_sweep_override() else None
+    except HydraException:
+        return 1  # _expand_axis names the parse error
+    if sweep is None:
+        return 1
+    if getattr(sweep, "shuffle", False):
+        raise UserError(f"{where}: shuffle() gives another order each time; a sweep's runs must "
+                        "be the same at every invocation (resume, the sweep id)")  # fmt: skip
+    if isinstance(sweep, IntervalSweep):
+        raise UserError(f"{where}: interval() is a continuous range, not a list of values")
+    if isinstance(sweep, ChoiceSweep):
+        return len(sweep.list)
+    if isinstance(sweep, RangeSweep):
+        start, stop, step = sweep.start, sweep.stop, sweep.step
+        nums = (start, stop, step)
+        if step == 0 or not all(math.isfinite(x) for x in nums):
+            raise UserError(f"{where}: range({start}, {stop}, {step}) has no finite list of values")
+        if all(isinstance(x, int) for x in nums):
+            return len(range(start, stop, step))
+        return max(0, math.ceil((stop - start) / step))
+    return 1  # glob(): bounded by the option files; expanded (or refused) by _expand_axis
+
+
 def _expand_axis(parser, key: str, value: Any, where: str) -> list[str]:
     from hydra.errors import HydraException
 
@@ -160,7 +198,8 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
 
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"sweep file {str(p)!r} does not exist")
+        what = "is not a regular file" if p.exists() else "does not exist"
+        raise UserError(f"sweep file {str(p)!r} {what}")
     from sat_cli.safe_yaml import read_yaml
 
     doc = read_yaml(p, "a sweep file is a short list of overrides")
@@ -191,12 +230,16 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     if not isinstance(axes_doc, dict):
         raise UserError(f'{p}: axes must be a mapping key -> sweep string, e.g. {{lag: "1,8"}}')
     for k in axes_doc:
-        if str(k) in RESERVED:
+        try:  # the key an axis sets (`+seed`, `++seed` and `seed@pkg` set seed too)
+            key = _override_key(parser, f"{k}=0", f"{p}: axes.{k}")
+        except UserError:
+            continue  # _expand_axis names the parse error
+        if key.split("@")[0] in RESERVED:
             raise UserError(
-                f"{p}: axes.{k} sets {str(k)!r}, which the sweep sets for each run "
+                f"{p}: axes.{k} sets {key!r}, which the sweep sets for each run "
                 "(use seeds: [..] for seeds)"
             )
-    axes = {str(k): _expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
+    sizes = {str(k): _axis_size(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 
     methods_doc = doc["methods"]
     if not isinstance(methods_doc, dict) or not methods_doc:
@@ -220,9 +263,37 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         or len(set(seeds)) != len(seeds)
     ):
         raise UserError(f"{p}: seeds must be a non-empty list of distinct integers >= 0")
+    max_runs = doc.get("max_runs", DEFAULT_MAX_RUNS)
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise UserError(f"{p}: max_runs must be an integer >= 1, got {max_runs!r}")
+    total = len(methods) * len(seeds)
+    for n in sizes.values():
+        total *= n
+    if total > max_runs:
+        grid = " × ".join(
+            [
+                f"{len(methods)} methods",
+                *(f"{k}({n})" for k, n in sizes.items()),
+                f"{len(seeds)} seeds",
+            ]
+        )
+        raise UserError(
+            f"{p}: the grid has {total} runs ({grid}), more than max_runs={max_runs}; every run "
+            "is composed and checked before the sweep starts. Narrow an axis, or set "
+            f"max_runs: {total} in the sweep file if you mean it"
+        )
+    axes = {str(k): _expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 
     # keys the sweep owns, and axis keys that would be silently overridden
-    axis_keys = {_override_key(parser, f"{k}={v[0]}", f"{p}: axes.{k}") for k, v in axes.items()}
+    axis_keys: dict[str, str] = {}
+    for k, v in axes.items():
+        key = _override_key(parser, f"{k}={v[0]}", f"{p}: axes.{k}")
+        if key in axis_keys:
+            raise UserError(
+                f"{p}: axes.{axis_keys[key]} and axes.{k} both set {key!r}; the later one would "
+                "override the earlier in every run (the grid would repeat the same runs)"
+            )
+        axis_keys[key] = k
     layers = [("base", base), *((f"methods.{m}", o) for m, o in methods.items()), ("cli", cli)]
     for where, overrides in layers:
         label = "command-line overrides" if where == "cli" else f"{p}: {where}"

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -34,10 +33,21 @@ def checkpoint_status(run_dir: Path) -> tuple[bool, int | None]:
 
 
 def _recorded_hash(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / RUN_RECORD).read_text()).get("override_hash")
-    except (OSError, json.JSONDecodeError, AttributeError):
+    """The override hash a run folder was started with (``sweep_run.json``); None when there is
+    no record. A record that exists but is damaged is refused (``UserError``): guessing would
+    resume a run with a config it was not started with."""
+    from sat_cli.records import SWEEP_RUN, RecordError, read_json
+
+    path = run_dir / RUN_RECORD
+    if not (path.exists() or path.is_symlink()):
         return None
+    try:
+        return read_json(path, SWEEP_RUN).get("override_hash")
+    except RecordError as exc:
+        raise UserError(
+            f"cannot use the run record {path}: {exc}; delete it if the run folder holds no "
+            "run you want to keep (the sweep then starts or resumes that run as listed)"
+        ) from None
 
 
 def run_status(run: SweepRun, run_dir: Path, state: dict) -> str:
@@ -69,15 +79,23 @@ def _still_running(name: str, rec: dict) -> int | None:
 
 
 def read_state(root: Path) -> dict:
+    """``sweep_state.json``, checked against its schema (``sat_cli.records``): a damaged one
+    (not an object, a run record of the wrong shape, a FIFO) is refused with exit 2 naming the
+    field, before the sweep writes anything."""
+    from sat_cli.records import SWEEP_STATE, RecordError, read_json
+
     path = root / STATE_FILE
     if path.is_dir():
         raise UserError(f"sweep state {path} is a folder; remove it (or pick another run.dir)")
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return {"runs": {}, "parents": {}, "invocations": 0}
     try:
-        state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read sweep state {path}: {exc}; delete it to start over") from None
+        state = read_json(path, SWEEP_STATE)
+    except RecordError as exc:
+        raise UserError(
+            f"cannot use sweep state {path}: {exc}; delete it to start over (finished runs "
+            "are still skipped: their checkpoints say so)"
+        ) from None
     state.setdefault("runs", {})
     state.setdefault("parents", {})
     state.setdefault("invocations", 0)

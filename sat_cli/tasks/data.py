@@ -83,14 +83,19 @@ def _checked(rows: list[dict[str, str]], wheres: list[str], empty: str) -> list[
 
 def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dict[str, str]]:
     """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
+    from sat_cli.fsio import NotRegularFile, open_regular
+
     path = Path(path)
-    if not path.is_file():
-        raise DataError(
-            f"{path}: " + ("a folder, not a JSONL file" if path.is_dir() else "no such file")
-        )
+    try:
+        fh = open_regular(path)  # never waits on a FIFO
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except NotRegularFile as exc:
+        what = "a folder, not a JSONL file" if path.is_dir() else exc.strerror
+        raise DataError(f"{path}: {what}") from None
     rows: list[dict[str, str]] = []
     wheres: list[str] = []
-    with path.open("rb") as fh:
+    with fh:
         for lineno, raw_line in enumerate(fh, start=1):
             where = f"{path}:{lineno}"
             try:

@@ -73,6 +73,8 @@ def benchmark_file(name: str, data_dir: str | os.PathLike | None = None) -> Path
             raise DataError(f"data directory {root} ({source}) does not exist or is not a folder")
         if (root / fname).is_file():
             return root / fname
+        if (root / fname).exists():  # a FIFO, a device, a folder: never read, never skipped
+            raise DataError(f"{root / fname} is not a regular file")
     shipped = SHIPPED_DIR / fname
     if shipped.is_file():
         return shipped

@@ -1,0 +1,69 @@
+"""Combinations of model, task, trainer, engine and device that `sat train` cannot run.
+
+Each section of the config checks its own fields; the rules here span sections, and used to be
+found only when `sat train` reached the part that failed (after the run folder was written, or as
+"cannot load the model"): `sat config`, `sat plan` and `sat train --dry-run` accepted them. They
+run at compose time (:class:`sat_cli.config.schema.SatConfig`), so every command refuses them
+the same way (``ConfigError``, exit 2):
+
+* ``model=tiny_moe`` without ``model.path`` is warm-started on the toy task only: another
+  ``task.kind`` needs ``model.path`` (the warm start refused it at start-up);
+* ``trainer=megatron`` builds all-MoE Qwen3 models only (``qwen3_moe``, every layer MoE, no
+  attention bias, no sliding window; ``sat_cli.trainers.megatron.model.check_supported``, kept in
+  step with it here because that module needs torch): a dense model (``model.num_experts`` <= 1,
+  e.g. ``model=qwen3_0_6b``) or a ``config.json`` of another kind is refused; a hub id whose
+  config is not known here is left to the worker;
+* ``engine=sglang`` with in-flight updates that recompute the cache (``lag.inflight_cache=
+  recompute``, SGLang's ``retract`` pause) cannot keep R3's routes (``r3=true``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sat_cli.config.checks import ConfigError
+
+
+def megatron_model_problem(cfg: dict[str, Any]) -> str | None:
+    """Why the Megatron worker cannot build the model a ``config.json`` describes, or None."""
+    kind = cfg.get("model_type", "qwen3_moe")
+    if kind != "qwen3_moe":
+        return f"it builds qwen3_moe models only, this one is {kind!r}"
+    if int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0) <= 1:
+        return "it builds Mixture-of-Experts models only, this one is dense"
+    if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+        return "it builds all-MoE models only, this one has dense layers"
+    for key in ("attention_bias", "use_sliding_window"):
+        if cfg.get(key):
+            return f"{key}=true is not supported"
+    return None
+
+
+def check_compat(c) -> None:
+    """Refuse the combinations of the module docstring (``c``: a ``SatConfig``)."""
+    m = c.model
+    if m.kind == "tiny" and not m.path and c.task.kind != "toy":
+        raise ConfigError(
+            f"model={m.name} is warm-started on the toy task only; task.kind={c.task.kind} needs "
+            "model.path=<an HF folder or hub id> (e.g. model=qwen3_0_6b)"
+        )
+    if c.trainer.name == "megatron":
+        from sat_cli.config.layout import model_config
+
+        cfg, where = model_config(c)
+        if cfg is None and m.num_experts <= 1:
+            cfg, where = {"num_experts": m.num_experts}, f"model.num_experts={m.num_experts}"
+        why = megatron_model_problem(cfg) if cfg is not None else None
+        if why:
+            raise ConfigError(
+                f"trainer=megatron cannot train model={m.name} ({where}): {why}; use "
+                "trainer=local, or an all-MoE Qwen3 model (e.g. model=qwen3_30b_a3b)"
+            )
+    lag = c.lag
+    if c.engine.name == "sglang" and lag.inflight_updates and c.r3:
+        if lag.inflight_cache == "recompute":
+            raise ConfigError(
+                "engine=sglang with lag.inflight_updates=true and lag.inflight_cache=recompute "
+                "re-prefills running requests, which replaces the routes R3 recorded (r3=true); "
+                "use lag.inflight_cache=keep with r3"
+            )

@@ -191,7 +191,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     from omegaconf import OmegaConf
 
     from sat_cli.engines.base import SamplingParams
-    from sat_cli.loop.final_status import end_run, keep_previous_status
+    from sat_cli.loop.final_status import PENDING_DIR, end_run, keep_previous_status
     from sat_cli.loop.lag import LagPolicy
     from sat_cli.loop.progress import Progress
     from sat_cli.loop.state import atomic_write_text, read_loop_state
@@ -215,6 +215,8 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
         tracker = make_tracker(
             obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), dropped
         )
+        tr, pending = obj.tracking, Path(obj.run.dir) / PENDING_DIR  # an outage: metrics on disk
+        tracker.keep_on_disk(pending, tr.outage_timeout_s, tr.retry_interval_s)
         tracker.log_artifact(str(run_dir / "config.yaml"))
         trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
         engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher))

@@ -259,10 +259,16 @@ class TrackingConfig:
     # sweep` sets sweep_id, override_hash, method and parent_run_id (tags sat.sweep_id,
     # sat.override_hash, sat.method, mlflow.parentRunId); any other key becomes a tag as it is.
     tags: dict[str, str] = field(default_factory=dict)
+    # store unreachable mid-run: metrics wait on disk (<run.dir>/.mlflow_pending/) and are
+    # retried every retry_interval_s; past outage_timeout_s the run stops with a checkpoint
+    outage_timeout_s: float = 1800.0
+    retry_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
         _choice("tracking.backend", self.backend, TRACKING_BACKENDS)
         _range("tracking.histogram_every", self.histogram_every, 1)
+        _range("tracking.outage_timeout_s", self.outage_timeout_s, 0, lo_open=True)
+        _range("tracking.retry_interval_s", self.retry_interval_s, 0, lo_open=True)
         for key in self.tags:
             if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,100}", str(key)):
                 raise ConfigError(

@@ -8,6 +8,9 @@ that opens the same store from the same ``run.dir`` (`sat train`, `sat eval`, `s
 ``resume=auto`` of that run) applies every pending record for that store with
 ``set_terminated`` and removes it: the run no longer shows RUNNING forever.
 
+Metric points an outage kept on disk (``<run.dir>/.mlflow_pending/<run id>.metrics.jsonl``,
+``sat_cli.tracking.outage``) are sent by the same commands, before the statuses.
+
 ``keep_previous_status``: a resumed run that did not complete a single new step (it failed or
 was interrupted while starting, or had nothing left to do) ends with the status it had before
 the resume (FINISHED, FAILED or KILLED) — a refused or failed resume never flips a finished run.
@@ -15,7 +18,6 @@ the resume (FINISHED, FAILED or KILLED) — a refused or failed resume never fli
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -25,7 +27,9 @@ TERMINAL = ("FINISHED", "FAILED", "KILLED")
 
 
 def _uri_key(uri: str) -> str:
-    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+    from sat_cli.tracking.outage import uri_key
+
+    return uri_key(uri)
 
 
 def keep_previous_status(tracker, status: str, steps_done: int) -> str:
@@ -67,6 +71,9 @@ def apply_pending(run_root: Path, tracker, log=print) -> int:
     folder = Path(run_root) / PENDING_DIR
     if not tracker.enabled or tracker.uri is None or not folder.is_dir():
         return 0
+    from sat_cli.tracking.outage import send_spools
+
+    send_spools(folder, tracker, log)  # metrics an outage kept on disk, before the statuses
     key, done = _uri_key(tracker.uri), 0
     for path in sorted(folder.glob("*.json")):
         try:

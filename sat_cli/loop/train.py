@@ -26,6 +26,11 @@ Non-finite losses: a step whose ``loss/*`` metrics are NaN/inf is counted in
 ``MAX_CONSECUTIVE_NONFINITE`` steps in a row were non-finite (the weights cannot recover);
 otherwise — or then — the loop stops with :class:`NonFiniteLoss` (exit code 1) *before* any
 weights or checkpoint of that step are written, so the last checkpoint stays a good one.
+
+Tracking outage: once the tracker says the store has been unreachable for its limit
+(``tracker.outage_expired()``, ``tracking.outage_timeout_s``; the metrics meanwhile wait on
+disk, ``sat_cli.tracking.outage``), the loop writes a checkpoint of the step it just finished
+and stops with ``RunFailed`` (exit 1) saying where the metrics wait and how to resume.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.engines.base import SamplingParams
+from sat_cli.errors import RunFailed
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError, min_needed
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
@@ -197,12 +203,20 @@ def train_loop(
                 log_histograms(tracker, diag, lags, new_version)
             if progress:
                 progress.step(t, metrics)
-            if (
+            # the tracking store unreachable for tracking.outage_timeout_s: checkpoint, stop
+            outage = new_version < s.max_steps and _outage_expired(tracker)
+            if outage or (
                 0 < new_version < s.max_steps
                 and s.checkpoint_every > 0
                 and (new_version % s.checkpoint_every == 0)
             ):
                 _checkpoint(s, st, new_version, trainer, buf, thread, pub)
+            if outage:
+                raise RunFailed(
+                    f"{tracker.outage_message()}. The run stopped after step {new_version} with "
+                    f"the checkpoint {ckpt_root / f'step_{new_version}'}; once the store "
+                    f"answers, continue it with the same command and resume=auto ({s.run_dir})"
+                )
             since = st.get("min_needed", new_version)
             st["published"] = pub.prune(new_version, buf.versions(), since)
             if on_state:
@@ -285,6 +299,11 @@ def _checkpoint(s: LoopSettings, st: dict, step_done: int, trainer, buf: Rollout
     st["published"] = pub.published
     save_checkpoint(ckpt_root, step_done, trainer, st)
     prune_checkpoints(ckpt_root, s.checkpoint_keep)
+
+
+def _outage_expired(tracker) -> bool:
+    expired = getattr(tracker, "outage_expired", None)  # a Tracker; test doubles may lack it
+    return bool(expired and expired())
 
 
 def _skip_step(trainer, counters: dict) -> None:

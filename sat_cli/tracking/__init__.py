@@ -41,6 +41,11 @@ What it does:
   images, tables, artifacts and tags that fail are dropped and counted in ``dropped_artifacts``.
   On a successful reconnect the buffer is flushed; ``end`` logs the counters as metrics
   ``tracking/dropped_metrics`` / ``tracking/dropped_artifacts`` (at the last step) when non-zero.
+  ``keep_on_disk(folder, outage_timeout_s, retry_interval_s)`` (what `sat train` turns on,
+  :mod:`sat_cli.tracking.outage`) keeps the unsent points in a file instead — nothing is
+  dropped, a later command or the resumed run sends them — and makes ``outage_expired()`` true
+  once the store has been unreachable for ``outage_timeout_s`` (the loop then checkpoints and
+  stops).
   ``status_recorded`` says whether ``end`` reached the store; when it did not, the caller keeps
   the final status for later (``sat_cli.loop.final_status``). ``resumed_status`` is the status a
   resumed run had before.

@@ -14,6 +14,7 @@ from typing import Any
 
 from sat_cli.signals import deferred
 from sat_cli.tracking.artifacts import _ArtifactLogging
+from sat_cli.tracking.outage import METRICS_PER_BATCH, _OutageHandling
 from sat_cli.tracking.params import (
     MAX_PARAM_VALUE_LEN,
     PARAMS_PER_BATCH,
@@ -38,7 +39,6 @@ from sat_cli.tracking.store import (
 
 log = logging.getLogger("sat_cli.tracking")  # one logger for the package, as before the split
 
-METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
 NONFINITE_KEY = "tracking/nonfinite_metrics"
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
 # MLflow 3's experiment kind: the UI opens such experiments in the model-training view.
@@ -49,7 +49,7 @@ EXPERIMENT_KIND = "custom_model_development"
 # --------------------------------------------------------------------------- the tracker
 
 
-class Tracker(_ArtifactLogging):
+class Tracker(_ArtifactLogging, _OutageHandling):
     """One MLflow run; see the docstring of :mod:`sat_cli.tracking`. Use as a context manager or call ``end``."""
 
     def __init__(
@@ -219,15 +219,19 @@ class Tracker(_ArtifactLogging):
             self._down_since = time.monotonic()
         if not self._warned_down:
             self._warned_down = True
+            kept = (
+                f"kept on disk in {self._spool.path}"
+                if self._spool is not None
+                else f"buffered (up to {self._buffer.maxlen} points)"
+            )
             log.warning(
                 "MLflow store %s unreachable while logging %s (%s: %s); training continues, "
-                "metrics are buffered (up to %d points) and retried every %.0f s, "
-                "images/artifacts are dropped and counted",
+                "metrics are %s and retried every %.0f s, images/artifacts are dropped and counted",
                 redact_uri(self.uri or ""),
                 what,
                 type(exc).__name__,
                 redact_uri(str(exc))[:300],
-                self._buffer.maxlen,
+                kept,
                 self.retry_interval_s,
             )
 
@@ -297,6 +301,9 @@ class Tracker(_ArtifactLogging):
 
     def _flush(self) -> None:
         with self._lock:
+            if self._spool is not None and not self._send_spool():  # points on disk go first
+                self._spill()
+                return
             while self._buffer:
                 n = min(METRICS_PER_BATCH, len(self._buffer))
                 batch = [self._buffer[i] for i in range(n)]
@@ -309,9 +316,11 @@ class Tracker(_ArtifactLogging):
                         for _ in range(n):
                             self._buffer.popleft()
                 if not sent:
-                    return
+                    break
                 for _ in range(n):
                     self._buffer.popleft()
+            if self._buffer and self._spool is not None:  # the store is down: keep them on disk
+                self._spill()
 
     @property
     def buffered_metrics(self) -> int:
@@ -333,6 +342,9 @@ class Tracker(_ArtifactLogging):
         with self._lock:
             self._last_attempt = 0.0  # one last try even inside the retry interval
             self._flush()
+            if self._spool is not None and len(self._spool):
+                log.warning("%d metric points wait in %s for the next sat command that reaches "
+                            "the store", len(self._spool), self._spool.path)  # fmt: skip
             if self._buffer:
                 self.dropped_metrics += len(self._buffer)
                 log.warning(

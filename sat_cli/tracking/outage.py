@@ -1,0 +1,219 @@
+"""A tracking store that goes away mid-run: metrics wait on disk, the run waits a bounded time.
+
+``Tracker.keep_on_disk(root, outage_timeout_s, retry_interval_s)`` (a method of
+:class:`sat_cli.tracking.Tracker`, from the mixin here) turns on, for one run:
+
+* **the spool** — metric points the store did not take (the server stopped or restarting, its
+  database unreachable) are appended to ``<root>/<run id>.metrics.jsonl`` (``root`` is
+  ``<run.dir>/.mlflow_pending``, beside the pending final statuses of
+  ``sat_cli.loop.final_status``), one JSON line per point, flushed and fsynced at every step:
+  nothing is held in memory only, nothing is dropped. The first line names the run and a hash
+  of the tracking URI (never the URI: it may hold a password). Every ``retry_interval_s`` the
+  tracker tries the store again; when it answers, the spooled points are sent first, in order,
+  then the new ones, and the file is removed. Points the store still lacks when the run ends
+  stay in the file; the next `sat` command that reaches the same store from the same ``run.dir``
+  sends them (:func:`send_spools`, called with the pending statuses), and a resumed run sends
+  its own before it logs anything (so a step is never logged twice).
+* **the outage limit** — :meth:`_OutageHandling.outage_expired` is true once the store has been
+  unreachable for ``outage_timeout_s`` (one more attempt is made first); the training loop then
+  writes a checkpoint and stops with :meth:`_OutageHandling.outage_message`, which says where
+  the metrics wait and how to continue (``resume=auto``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from sat_cli.tracking.params import redact_uri
+
+log = logging.getLogger("sat_cli.tracking")
+SPOOL_SUFFIX = ".metrics.jsonl"
+METRICS_PER_BATCH = 1000  # MLflow's MAX_METRICS_PER_BATCH (the tracker's batches too)
+
+
+def uri_key(uri: str) -> str:
+    """A short hash of a tracking URI: which store a pending record belongs to."""
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+class MetricSpool:
+    """The metric points of one run that wait for the store, in a JSON-lines file."""
+
+    def __init__(self, root: str | os.PathLike, run_id: str, uri: str):
+        self.path = Path(root) / f"{run_id}{SPOOL_SUFFIX}"
+        self.header = {"run_id": run_id, "uri_key": uri_key(uri)}
+
+    def __len__(self) -> int:
+        try:
+            with self.path.open("rb") as f:
+                return max(0, sum(1 for _ in f) - 1)
+        except FileNotFoundError:
+            return 0
+
+    def append(self, points) -> None:
+        """Append ``mlflow.entities.Metric`` points (the file is created with its header)."""
+        from sat_cli.fsio import write_text_fsync
+
+        if not points:
+            return
+        lines = [
+            json.dumps({"k": m.key, "v": m.value, "t": m.timestamp, "s": m.step}) for m in points
+        ]
+        if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_fsync(self.path, json.dumps(self.header) + "\n")
+        with self.path.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def load(self) -> list:
+        """The points in the order they were logged (a line cut by a crash is skipped)."""
+        if not (self.path.exists() or self.path.is_symlink()):
+            return []
+        return read_spool(self.path)[1]
+
+    def rewrite(self, points) -> None:
+        from sat_cli.fsio import atomic_write_text
+
+        if not points:
+            self.path.unlink(missing_ok=True)
+            return
+        lines = [json.dumps(self.header)]
+        lines += [
+            json.dumps({"k": m.key, "v": m.value, "t": m.timestamp, "s": m.step}) for m in points
+        ]
+        atomic_write_text(self.path, "\n".join(lines) + "\n")
+
+
+def read_spool(path: Path) -> tuple[dict, list]:
+    """(header, points) of a spool file."""
+    from mlflow.entities import Metric
+
+    from sat_cli.fsio import read_regular_bytes
+
+    header, points = {}, []
+    for i, line in enumerate(read_regular_bytes(path).decode("utf-8", "replace").splitlines()):
+        try:
+            rec = json.loads(line)
+            if i == 0:
+                header = rec
+            else:
+                points.append(Metric(str(rec["k"]), float(rec["v"]), int(rec["t"]), int(rec["s"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # the last line of a run killed while writing it
+    return header, points
+
+
+def send_points(tracker, run_id: str, points) -> int:
+    """Send ``points`` to ``run_id`` in batches; how many the store took before it failed."""
+    sent = 0
+    while sent < len(points):
+        batch = points[sent : sent + METRICS_PER_BATCH]
+        if not tracker._call("metrics", tracker._client.log_batch, run_id, metrics=batch):
+            break
+        sent += len(batch)
+    return sent
+
+
+def send_spools(root: Path, tracker, log_fn=print) -> int:
+    """Send the spooled points of other runs of the tracker's store (see the module
+    docstring); returns how many points went. The tracker's own run is left to itself."""
+    done = 0
+    if not tracker.enabled or tracker.uri is None or not Path(root).is_dir():
+        return 0
+    for path in sorted(Path(root).glob(f"*{SPOOL_SUFFIX}")):
+        try:
+            header, points = read_spool(path)
+            run_id = header.get("run_id")
+            if header.get("uri_key") != uri_key(tracker.uri) or run_id == tracker.run_id:
+                continue
+            sent = send_points(tracker, run_id, points)
+            done += sent
+            if sent < len(points):
+                break  # the store failed again: the rest waits for the next command
+            path.unlink()
+        except Exception as exc:  # noqa: BLE001 - a bad file must not stop the command
+            log_fn(f"WARNING: cannot send the spooled MLflow metrics {path.name}: {exc}")
+    if done:
+        log_fn(f"sent {done} spooled MLflow metric point(s) from {root}")
+    return done
+
+
+class _OutageHandling:
+    """The spool and the outage limit of :class:`sat_cli.tracking.tracker.Tracker`."""
+
+    _spool: MetricSpool | None = None
+    outage_timeout_s: float | None = None
+
+    def keep_on_disk(
+        self, root: str | os.PathLike, outage_timeout_s: float | None, retry_interval_s: float
+    ) -> None:
+        """Spool unsent metrics under ``root`` and stop after ``outage_timeout_s`` of outage
+        (see the module docstring); sends what an earlier process of this run left there."""
+        if not self._active() or self.run_id is None:
+            return
+        self.outage_timeout_s = outage_timeout_s
+        self.retry_interval_s = float(retry_interval_s)
+        self._spool = MetricSpool(root, self.run_id, self.uri)
+        with self._lock:
+            left = self._spool.load()
+            if left:  # a run that stopped in an outage: its missing points go first
+                for m in left:  # and are never logged again by this resume
+                    last = self._resume_last_step.get(m.key, -1)
+                    self._resume_last_step[m.key] = max(last, m.step)
+                self._resume_max_step = max(self._resume_max_step, *(m.step for m in left))
+                self._flush()
+
+    def _send_spool(self) -> bool:
+        """Send the spooled points first; True when none is left."""
+        points = self._spool.load()
+        if not points:
+            return True
+        if self._down_since is not None and not self._retry_due():
+            return False
+        sent = send_points(self, self.run_id, points)
+        if sent:
+            self._spool.rewrite(points[sent:])
+            if sent == len(points):
+                log.warning("sent %d metric points kept on disk during the outage", sent)
+        return sent == len(points)
+
+    def _spill(self) -> None:
+        """Move the points the store did not take from memory to the spool file."""
+        try:
+            self._spool.append(list(self._buffer))
+        except OSError as exc:  # the disk refuses too: keep them in memory (bounded buffer)
+            log.warning("cannot keep metrics on disk in %s: %s", self._spool.path, exc)
+            return
+        self._buffer.clear()
+
+    def outage_s(self) -> float:
+        """Seconds the store has been unreachable (0 when it answers)."""
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
+
+    def outage_expired(self) -> bool:
+        """True once the store has been unreachable for ``outage_timeout_s`` (checked again
+        with one more attempt first)."""
+        if self.outage_timeout_s is None or self.outage_s() < self.outage_timeout_s:
+            return False
+        with self._lock:
+            self._last_attempt = 0.0
+            if self._spool is not None and len(self._spool):
+                self._flush()
+            else:
+                self._call("metrics", self._client.get_run, self.run_id)
+        return self.outage_s() >= self.outage_timeout_s
+
+    def outage_message(self) -> str:
+        where = f" are kept in {self._spool.path} and" if self._spool is not None else ""
+        return (
+            f"the MLflow store {redact_uri(self.uri or '')} has been unreachable for "
+            f"{self.outage_s():.0f} s (tracking.outage_timeout_s={self.outage_timeout_s:g}); "
+            f"the metrics it missed{where} are sent once it is back"
+        )

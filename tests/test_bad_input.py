@@ -260,7 +260,76 @@ def _resume_below_checkpoint(t: Path) -> list[str]:
     return ["train", *RUN_ARGS, "max_steps=1", "resume=auto"]
 
 
+# ---- issue 32: state files of the wrong shape, hostile files, sweeps that collide
+
+
+def _legacy(t: Path) -> Path:
+    """The finished run's checkpoints without manifests (as older runs wrote them): the schema
+    checks must stand on their own."""
+    ck = _with_run(t) / "checkpoints"
+    for p in ck.iterdir():
+        (p / "manifest.json").unlink()
+    return ck
+
+
+def _resume_wrong_shapes(t: Path) -> list[str]:
+    from safetensors.torch import load_file, save_file
+
+    ck = _legacy(t)
+    (ck / "step_2" / "loop_state.json").write_text('{"step": null, "pending": []}')
+    opt = ck / "step_1" / "trainer" / "optimizer.safetensors"
+    sd = load_file(str(opt))
+    key = sorted(k for k in sd if k.endswith("/exp_avg"))[0]
+    sd[key] = sd[key].flatten()[:3].clone()
+    save_file(sd, str(opt))
+    return ["train", *RUN_ARGS, "max_steps=4", "resume=auto"]
+
+
+def _resume_trainer_state_truncated(t: Path) -> list[str]:
+    for p in _legacy(t).iterdir():
+        state = p / "trainer" / "trainer_state.json"
+        state.write_text(state.read_text()[:40])
+    return ["train", *RUN_ARGS, "max_steps=4", "resume=auto"]
+
+
+def _resume_other_trainer(t: Path) -> list[str]:
+    _with_run(t)
+    return ["train", *RUN_ARGS, "trainer=megatron", "max_steps=4", "resume=auto"]
+
+
+def _sweep_state_list(t: Path) -> list[str]:
+    (t / "runs" / "s").mkdir(parents=True)
+    (t / "runs" / "s" / "sweep_state.json").write_text("[1, 2]")
+    return ["sweep", _sweep(t, SWEEP.format(name="s", method="algo=grpo")), "run.dir=runs",
+            "--dry-run"]  # fmt: skip
+
+
+def _fifo_model(t: Path) -> Path:
+    m = _copy_model(t / "m")
+    (m / "model.safetensors").unlink()
+    os.mkfifo(m / "model.safetensors")
+    return m
+
+
+def _nan_model(t: Path) -> Path:
+    import torch
+
+    return _edit_weights(t / "m", lambda sd: sd["lm_head.weight"].fill_(torch.nan))
+
+
+def _fifo_jsonl(t: Path) -> Path:
+    (t / "data").mkdir()
+    os.mkfifo(t / "data" / "rows.jsonl")
+    return t / "data" / "rows.jsonl"
+
+
+AXES = SWEEP.format(name="s", method="algo=grpo")
+
+
 NEEDS_RUN = (
+    "resume-state-files-wrong-shape",
+    "resume-trainer-state-truncated",
+    "resume-checkpoint-of-another-trainer",
     "resume-all-checkpoints-damaged",
     "resume-other-run-dir-damaged",
     "resume-run-locked-by-live-process",
@@ -848,10 +917,126 @@ CASES = {
         2,
         r"max_steps=1 is below the step 2 of the checkpoint",
     ),
+    # ---- issue 32: state files checked against schemas before the run folder is touched
+    "resume-state-files-wrong-shape": (
+        _resume_wrong_shapes,
+        2,
+        r"no usable checkpoint .*step_2: loop_state\.json: step: expected an integer >= 0, got "
+        r"null; step_1: trainer/optimizer\.safetensors: 'state/\d+/exp_avg' has shape \[3\]",
+    ),
+    "resume-trainer-state-truncated": (
+        _resume_trainer_state_truncated,
+        2,
+        r"no usable checkpoint .*step_2: trainer/trainer_state\.json is unreadable \(JSONDecode",
+    ),
+    "resume-checkpoint-of-another-trainer": (
+        _resume_other_trainer,
+        2,
+        r"was written by another trainer than the one configured \(backend: 'local' in the "
+        r"checkpoint, 'megatron' now\)",
+    ),
+    "sweep-state-not-an-object": (
+        _sweep_state_list,
+        2,
+        r"cannot use sweep state runs/s/sweep_state\.json: sweep_state\.json: expected an "
+        r"object, got list",
+    ),
+    # ---- sweeps: colliding runs, grids too large to expand
+    "sweep-axis-collides-with-base": (
+        lambda t: [
+            "sweep",
+            _sweep(
+                t, AXES.replace("{}", '{lag: "1,8"}').replace("cpu_smoke]", "cpu_smoke, lag.n=2]")
+            ),
+            "--dry-run",
+        ],
+        2,
+        r"runs 'a-lag1-s0' and 'a-lag8-s0' are the same config .*base: lag\.n=2 sets the same",
+    ),
+    "sweep-two-methods-one-config": (
+        lambda t: [
+            "sweep",
+            _sweep(t, AXES.replace("  A: [algo=grpo]", "  A: [algo=grpo]\n  B: [clip=sat]")),
+            "--dry-run",
+        ],
+        2,
+        r"runs 'a-s0' and 'b-s0' are the same config",
+    ),
+    "sweep-grid-too-large": (
+        lambda t: [
+            "sweep",
+            _sweep(t, AXES.replace("{}", '{lag.n: "range(0,1000000000)"}')),
+            "--dry-run",
+        ],  # fmt: skip
+        2,
+        r"the grid has 1000000000 runs .*more than max_runs=2000",
+    ),
+    # ---- numbers, settings of another command, combinations
+    "nan-setting": (
+        lambda t: ["plan", "trainer.gpu_memory_gb=nan"],
+        2,
+        r"trainer\.gpu_memory_gb=nan is not a finite number",
+    ),
+    "inf-setting": (
+        lambda t: ["train", "engine.request_timeout_s=inf", "run.dir=runs"],
+        2,
+        r"engine\.request_timeout_s=inf is not a finite number",
+    ),
+    "setting-of-another-command": (
+        lambda t: ["train", "ckpt=runs/x", "run.dir=runs"],
+        2,
+        r"'ckpt=runs/x': ckpt is a setting of `sat eval`; `sat train` does not use it",
+    ),
+    "eval-with-a-training-setting": (
+        lambda t: ["eval", "toy", "resume=auto"],
+        2,
+        r"resume is a setting of `sat train` and `sat plan`; `sat eval` does not use it",
+    ),
+    "megatron-dense-model": (
+        lambda t: ["plan", "trainer=megatron", "model=qwen3_0_6b"],
+        2,
+        r"trainer=megatron cannot train model=qwen3_0_6b .*Mixture-of-Experts models only",
+    ),
+    "tiny-model-other-task": (
+        lambda t: ["config", "task=gsm8k"],
+        2,
+        r"model=tiny_moe is warm-started on the toy task only; task\.kind=gsm8k needs model\.path",
+    ),
+    "group-option-interpolation-climbs-out": (
+        lambda t: ["config", "algo=${oc.env:HOME}"],
+        2,
+        r"'algo=\$\{oc\.env:HOME\}' \(resolves to '/.*conf/algo/ \(no '\.\.', no absolute path\)",
+    ),
+    # ---- hostile files
+    "model-file-is-a-fifo": (
+        lambda t: ["train", "run.dir=runs", "model.path=" + str(_fifo_model(t))],
+        2,
+        r"'model\.safetensors' is not a regular file \(a FIFO",
+    ),
+    "model-weights-nan": (
+        lambda t: ["eval", "toy", "model.path=" + str(_nan_model(t))],
+        2,
+        r"1 tensor\(s\) hold NaN or infinite values \('lm_head\.weight'",
+    ),
+    "data-file-is-a-fifo": (
+        lambda t: ["eval", "jsonl", "eval.path=" + str(_fifo_jsonl(t))],
+        2,
+        r"rows\.jsonl: is a FIFO, not a regular file",
+    ),
+    # ---- resources (exit 1: a limit of the machine, not the input)
+    "address-space-below-2gib": (
+        lambda t: ["train", "run.dir=runs", "max_steps=1"],
+        1,
+        r"the address-space limit of this process is 1\.00 GiB \(ulimit -v 1048576\)",
+    ),
 }
 
 # per case: a memory cap for the child (the alias bomb would exhaust the machine otherwise)
-LIMITS = {"sweep-yaml-alias-bomb": 4 << 30, "data-50mb-prompt": 4 << 30}
+LIMITS = {
+    "sweep-yaml-alias-bomb": 4 << 30,
+    "data-50mb-prompt": 4 << 30,
+    "address-space-below-2gib": 1 << 30,
+}
 
 
 def _truncate(p: Path) -> Path:
@@ -897,6 +1082,24 @@ def _statuses(runs: Path) -> list[str]:
 # runs them; `make test` keeps one of each class (model-missing-head-and-layer,
 # ckpt-missing-head, model-wrong-shapes) within the CI time budget.
 SLOW_CASES = {
+    # issue 32: the same code paths run in process in tests/test_state_and_inputs.py; the
+    # default suite keeps resume-state-files-wrong-shape and sweep-grid-too-large
+    "resume-trainer-state-truncated",
+    "resume-checkpoint-of-another-trainer",
+    "sweep-state-not-an-object",
+    "sweep-axis-collides-with-base",
+    "sweep-two-methods-one-config",
+    "nan-setting",
+    "inf-setting",
+    "setting-of-another-command",
+    "eval-with-a-training-setting",
+    "megatron-dense-model",
+    "tiny-model-other-task",
+    "group-option-interpolation-climbs-out",
+    "model-file-is-a-fifo",
+    "model-weights-nan",
+    "data-file-is-a-fifo",
+    "address-space-below-2gib",
     "eval-ckpt-damaged",
     "eval-model-missing-head",
     "model-missing-one-expert",

@@ -544,7 +544,7 @@ def test_nan_weights_are_refused_before_sampling(tmp_path):
 
 def test_group_options_are_checked_after_interpolation(monkeypatch):
     monkeypatch.setenv("SAT_TEST_OPTION", "../../../../../../../../tmp/x/evil")
-    with pytest.raises(ConfigError, match=r"resolved: '\.\./\.\..*conf/algo/ \(no '\.\.'"):
+    with pytest.raises(ConfigError, match=r"\(resolves to '\.\./\.\..*conf/algo/ \(no '\.\.'"):
         load(["algo=${oc.env:SAT_TEST_OPTION}"])
     with pytest.raises(ConfigError, match=r"interpolation only if it resolves on its own"):
         load(["algo=${oc.env:SAT_TEST_UNSET_VARIABLE}"])

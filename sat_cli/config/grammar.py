@@ -85,8 +85,8 @@ def _resolve(option: str, text: str) -> str:
 
 def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
     resolved = _resolve(option, text)
-    if resolved != option:
-        text, option = f"{text} (resolved: {resolved!r})", resolved
+    shown = repr(text) + (f" (resolves to {resolved!r})" if resolved != option else "")
+    option = resolved
     path = PurePosixPath(option)
     if (
         not option
@@ -96,15 +96,15 @@ def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
         or ".." in path.parts
     ):
         raise ConfigError(
-            f"{text!r}: a {group!r} option is the name of a file in conf/{group}/ "
+            f"{shown}: a {group!r} option is the name of a file in conf/{group}/ "
             "(no '..', no absolute path)"
         )
     folder = (conf_dir / group).resolve()
     target = (folder / f"{option}.yaml").resolve()
     if folder not in target.parents:
-        raise ConfigError(f"{text!r}: the option resolves outside conf/{group}/")
+        raise ConfigError(f"{shown}: the option resolves outside conf/{group}/")
     if target.exists() and not target.is_file():
-        raise ConfigError(f"{text!r}: conf/{group}/{option}.yaml is not a regular file")
+        raise ConfigError(f"{shown}: conf/{group}/{option}.yaml is not a regular file")
 
 
 # Top-level settings that only some commands use (the others would silently ignore them): the

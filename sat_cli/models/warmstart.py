@@ -264,7 +264,11 @@ def _complete(path: Path, key: str) -> bool:
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards
     if not (meta.is_file() and any((path / w).is_file() for w in weights)):
         return False
-    return json.loads(meta.read_text()).get("key") == key
+    try:  # a damaged record (cut short, not an object) means an incomplete cache: rebuilt
+        rec = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("key") == key
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,6 +37,15 @@ def backend_uri(uri: str) -> str:
     return uri
 
 
+def _unspecified(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
 def _redacted(uri: str) -> str:
     from sat_cli.tracking.store import redact_uri
 
@@ -123,7 +132,7 @@ def run_server(
     )
 
     tracking = url
-    if host in ("0.0.0.0", "::"):  # every address: other nodes use this machine's name
+    if _unspecified(host):  # every address: other nodes use this machine's name
         import socket
 
         tracking = f"http://{socket.gethostname()}:{int(port)}"

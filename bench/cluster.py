@@ -90,8 +90,11 @@ def main() -> None:
             "ray": ["--executor", "ray", "--ray-address", cluster.address],
             "slurm (submitit local)": ["--executor", "slurm", "--slurm-cluster", "local"],
         }
+        names = list(executors)
         for r in range(args.repeat):
-            for name, extra in executors.items():
+            order = names[r % len(names) :] + names[: r % len(names)]  # no order advantage
+            for name in order:
+                extra = executors[name]
                 folder = work / f"{name.split()[0]}-{r}"
                 folder.mkdir()
                 wall = timed([*common, *extra, f"run.dir={folder}"], folder, folder / "out.log")

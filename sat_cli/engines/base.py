@@ -60,6 +60,10 @@ class RolloutEngine(Protocol):
     tags later samples with ``version``; it is applied between requests, or, where the engine
     takes in-flight updates (``LocalEngine(inflight_updates=True)``, SGLang paused in place),
     between decode steps, and the samples then carry ``token_versions``.
+
+    Optional (``sat_cli.loop.weightsync``): ``served_checksums()`` and ``checksum_layout``
+    (``engine.verify_weights``); ``sync_weights(sender, version, group)`` and
+    ``distributed_sync_unsupported()`` (``engine.weight_sync=distributed``).
     """
 
     def generate_async(
@@ -75,3 +79,14 @@ class RolloutEngine(Protocol):
     def health(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+class WeightSyncError(EngineError):
+    """A weight sync that did not complete: an HTTP error or ``success: false`` from a server, a
+    collective that did not finish in time, a group that did not form. The training loop sends
+    that version again through the disk path once (``sat_cli.loop.weightsync``)."""
+
+
+class WeightsMismatch(EngineError):
+    """The weights an engine serves differ from what the trainer sent (``engine.verify_weights``):
+    never a warning, the version is sent again from disk once, then the run fails."""

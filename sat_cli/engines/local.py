@@ -120,6 +120,7 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._ctrl_lock = threading.Lock()  # one in-flight update at a time, in call order
         self._ctrl_seq = 0
+        self._sync_group: str | None = None  # the weight-sync group the worker joined
         self._closed = False
         self._dead: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
@@ -288,6 +289,45 @@ class LocalEngine:
                 raise EngineError(f"engine failed during {what}:\n{reply['error']}")
             self.weight_version = int(reply["weight_version"])
             self.model_path = path
+
+    # --- distributed weight sync (engines/local_sync.py) ------------------------------------
+    checksum_layout = "hf"  # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
+
+    def distributed_sync_unsupported(self) -> str | None:
+        """Why this engine cannot take ``engine.weight_sync=distributed`` (None: it can)."""
+        if self.inflight_updates:
+            return "the local engine takes in-flight updates (lag.inflight_updates=true) from disk only"
+        return None
+
+    def sync_weights(self, sender, version: int, spec) -> dict[str, float]:
+        """Receive ``version`` from ``sender``'s broadcast (after the requests already queued);
+        ``WeightSyncError`` if it did not arrive (the worker keeps its weights and version)."""
+        from sat_cli.engines.local_sync import sync_weights
+
+        def job():
+            with self._lock:
+                self._check_usable()
+                return sync_weights(self, sender, int(version), spec)
+
+        self._check_usable()
+        return self._executor.submit(job).result()
+
+    def served_checksums(self) -> dict[str, dict[str, str]]:
+        """``{"the local engine": {tensor: checksum}}`` of the served weights (in HF names, the
+        engine's dtype: ``local_sync.WorkerSync.checksums``), after the queued requests."""
+        self._check_usable()
+        sums = self._executor.submit(self._call, "weight_checksums", None, 600.0).result()
+        return {"the local engine": sums}
+
+    def _send_only(self, cmd: str, payload) -> None:
+        try:
+            self._conn.send((cmd, payload))
+        except (BrokenPipeError, OSError) as e:
+            self._dead = f"engine process {self._proc.pid} is gone"
+            raise EngineError(self._dead) from e
+
+    def _reply(self, what: str, timeout: float):
+        return self._recv(timeout, what=what)
 
     def health(self) -> bool:
         return not self._closed and self._dead is None and self._proc.is_alive()

@@ -19,6 +19,10 @@ import torch
 
 from sat_cli.models.sampling import filtered_logprobs, sample_batch  # noqa: F401
 
+# commands of the distributed weight sync -> WorkerSync methods (engines/local_sync.py)
+SYNC_COMMANDS = {"join_group": "join", "receive_weights": "receive",
+                 "weight_checksums": "checksums", "abort_group": "abort"}  # fmt: skip
+
 
 class _Worker:
     def __init__(self, cfg: dict):
@@ -33,6 +37,7 @@ class _Worker:
         self.requests = 0
         self.tokenizer = None
         self.control = None  # in-flight updates: a ControlChannel (worker_main sets it)
+        self.sync = None  # distributed weight sync: a local_sync.WorkerSync, made when asked
         self._set_special_ids(cfg["model_path"])
 
     def _set_special_ids(self, model_dir: str):
@@ -135,6 +140,14 @@ class _Worker:
         """Apply the updates waiting on the control pipe; True if the weights changed."""
         return self.control is not None and self.control.serve(self.load_version)
 
+    def sync_command(self, cmd: str, payload) -> dict:
+        """Distributed weight sync (``sat_cli.engines.local_sync``)."""
+        if self.sync is None:
+            from sat_cli.engines.local_sync import WorkerSync
+
+            self.sync = WorkerSync(self)
+        return getattr(self.sync, SYNC_COMMANDS[cmd])(*([payload] if payload is not None else []))
+
     def update_weights(self, req: dict) -> dict:
         from sat_cli.models.tiny_moe import load_model
 
@@ -197,6 +210,8 @@ def worker_main(conn, cfg: dict, ctrl=None) -> None:
                 reply = worker.generate(payload)
             elif cmd == "update_weights":
                 reply = worker.update_weights(payload)
+            elif cmd in SYNC_COMMANDS:
+                reply = worker.sync_command(cmd, payload)
             elif cmd == "ping":
                 reply = {"weight_version": worker.version}
             else:

@@ -1,0 +1,182 @@
+"""Distributed weight sync of the local engine: its worker joins a gloo group with the trainer.
+
+The same path as SGLang's (``engine.weight_sync=distributed``), so the mode runs on every
+machine. The client (:func:`sync_weights`, called by ``LocalEngine.sync_weights`` on the
+engine's request thread, so between generation requests like a disk update):
+
+1. once: the sender listens, the worker is told to join as rank 1 (``join_group``) while the
+   sender joins as rank 0 (both wait at most the sync timeout);
+2. per version: the worker is sent every bucket's names, dtypes and shapes (``receive``) and
+   receives the buckets, in order, into buffers it keeps, while the sender broadcasts them;
+   when all arrived it copies each tensor into its model (into the fused experts where
+   transformers holds them so) and takes the version. All or nothing: a failed receive leaves
+   the old weights and version.
+
+A failure closes the group on both sides (the next sync joins a new one) and raises
+``WeightSyncError``. ``checksums`` is the local engine's ``/weights_checker``: the tensor hash of
+every weight in HF checkpoint names (experts split back per expert), in the engine's dtype.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+
+from sat_cli.engines.base import EngineError, WeightSyncError
+from sat_cli.weightsync import buckets as B
+
+_FUSED = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+_names = itertools.count()
+
+
+# --- the worker's side ------------------------------------------------------------------------
+def targets(model) -> dict:
+    """HF checkpoint name → the model's own tensor (a view of its parameter) that holds it:
+    transformers 5 holds a layer's experts fused, ``gate_up_proj`` ``[E, 2I, H]`` (gate rows
+    then up rows per expert) and ``down_proj`` ``[E, H, I]``; other names are the model's."""
+    out = {}
+    for name, t in model.state_dict().items():
+        m = _FUSED.fullmatch(name)
+        if m is None:
+            out[name] = t
+        elif m[2] == "gate_up_proj":
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{m[1]}.{e}.gate_proj.weight"] = t[e, :half]
+                out[f"{m[1]}.{e}.up_proj.weight"] = t[e, half:]
+        else:
+            for e in range(t.shape[0]):
+                out[f"{m[1]}.{e}.down_proj.weight"] = t[e]
+    return out
+
+
+def served_state(model) -> dict:
+    """The model's weights in HF checkpoint names (what ``save_pretrained`` writes)."""
+    return targets(model)
+
+
+class WorkerSync:
+    """The worker's end: the group and the receive (runs inside the engine process). Received
+    buckets land in buffers kept from one version to the next; once all arrived they are copied
+    into the model's parameters (one copy, no new tensor)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.group = None
+        self.buffers: list = []  # receive buffers, one per bucket, reused
+
+    def join(self, req: dict) -> dict:
+        from sat_cli.weightsync.group import open_group
+
+        self.abort()
+        self.group = open_group(
+            master_addr=req["master_addr"], port=req["port"], rank=req["rank"],
+            world_size=req["world_size"], group_name=req["group_name"],
+            backend=req["backend"], timeout_s=req["timeout_s"],
+        )  # fmt: skip
+        return {"group": req["group_name"]}
+
+    def _buffer(self, k: int, bucket: B.Bucket):
+        while len(self.buffers) <= k:
+            self.buffers.append(None)
+        if self.buffers[k] is None or self.buffers[k].numel() != bucket.nbytes:
+            self.buffers[k] = B.empty_bucket(bucket, self.worker.device)
+        return self.buffers[k]
+
+    def receive(self, req: dict) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        if self.group is None:
+            raise WeightSyncError("receive before the weight-sync group was joined")
+        buckets = [B.Bucket(tuple(B.TensorMeta.from_json(r) for r in rows))
+                   for rows in req["buckets"]]  # fmt: skip
+        received: list = []
+        try:
+            for k, bucket in enumerate(buckets):
+                flat = self._buffer(k, bucket)
+                dist.broadcast(flat, src=0, group=self.group.pg)
+                received += B.unflatten(flat, bucket)
+        except (RuntimeError, ValueError) as exc:
+            self.abort()
+            raise WeightSyncError(f"receive failed: {str(exc).splitlines()[0]}") from None
+        dest = targets(self.worker.model)
+        names = [n for n, _ in received]
+        if sorted(names) != sorted(dest):
+            missing, extra = sorted(set(dest) - set(names)), sorted(set(names) - set(dest))
+            raise WeightSyncError(f"received weights do not fit the model: missing {missing[:3]}, "
+                                  f"unexpected {extra[:3]}")  # fmt: skip
+        with torch.no_grad():
+            for name, t in received:
+                dest[name].copy_(t)
+        self.worker.version = int(req["version"])
+        return {"weight_version": self.worker.version}
+
+    def checksums(self) -> dict:
+        return {k: B.tensor_hash(v) for k, v in targets(self.worker.model).items()}
+
+    def abort(self) -> dict:
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+        return {}
+
+
+# --- the client's side (LocalEngine) --------------------------------------------------------------
+def sync_weights(engine, sender, version: int, spec) -> dict[str, float]:
+    """Bring ``version`` from ``sender`` into the engine's worker (module docstring); returns
+    ``{"pause_s", "wire_s", "assemble_s", "bytes"}``. ``spec``: a ``loop.weightsync.GroupSpec``.
+    The caller holds the engine's request lock."""
+    t0 = time.perf_counter()
+    deadline = spec.timeout_s + 30.0  # the worker's own waits end within the group timeout
+    try:
+        if not sender.connected or engine._sync_group is None:
+            port = sender.listen(spec.master_addr, spec.port, 2, spec.timeout_s)
+            name = f"sat_weights_local_{next(_names)}"
+            engine._send_only("join_group", {
+                "master_addr": spec.master_addr, "port": port, "rank": 1, "world_size": 2,
+                "group_name": name, "backend": spec.backend, "timeout_s": spec.timeout_s,
+            })  # fmt: skip
+            _together(
+                engine, sender, "join_group", deadline, lambda: sender.connect(name, spec.backend)
+            )
+            engine._sync_group = name
+        t1 = time.perf_counter()
+        plan = sender.plan(version)
+        rows = [[m.as_json() for m in b.metas] for b in plan]
+        engine._send_only("receive_weights", {"version": int(version), "buckets": rows})
+        sent = {"wire": 0.0, "assemble": 0.0, "bytes": 0}
+
+        def broadcast() -> None:
+            for k in range(len(plan)):
+                sent["bytes"] += sender.send(version, k)
+                sent["wire"] += sender.last_send_s
+                sent["assemble"] += sender.last_flatten_s
+
+        reply = _together(engine, sender, f"receive_weights(v{version})", deadline, broadcast)
+    except (WeightSyncError, EngineError) as exc:
+        sender.abort()
+        engine._sync_group = None
+        if engine._dead:
+            raise
+        raise WeightSyncError(f"distributed sync of weights v{version} failed: {exc}") from None
+    engine.weight_version = int(reply["weight_version"])
+    took = time.perf_counter() - t1
+    return {"pause_s": t1 - t0, "wire_s": took - sent["assemble"], "assemble_s": sent["assemble"],
+            "bytes": float(sent["bytes"])}  # fmt: skip
+
+
+def _together(engine, sender, what: str, deadline: float, act):
+    """Run the sender's half (``act``) while the worker runs its half, then take the worker's
+    reply. A failing sender closes the group first, so the worker's wait ends at once."""
+    try:
+        act()
+    except WeightSyncError:
+        sender.abort()
+        try:
+            engine._reply(what, deadline)
+        except EngineError:
+            pass  # the worker's own failure follows from ours
+        raise
+    return engine._reply(what, deadline)

@@ -1,4 +1,4 @@
-"""Run an SGLang module on the CPU, with three workarounds applied in every process it starts.
+"""Run an SGLang module on the CPU, with four workarounds applied in every process it starts.
 
 Run by SGLang's own interpreter, never imported by ``sat`` (the SGLang environment has no
 ``sat_cli``; this file needs only the standard library, torch and sglang)::
@@ -27,6 +27,12 @@ The patches, for SGLang 0.5.23 with PyPI's torchvision 0.28.0 on torch 2.13.0+cp
   16 output rows (the 8-expert router gate) and stores them transposed, so a later
   ``/update_weights_from_disk`` kills the server with a shape assertion. The patch packs only
   when the output size is a multiple of 16 (the gate then stays a plain matrix).
+- ``checksum_loaded``: on AMX CPUs SGLang re-lays linear and expert weights out for its AMX
+  kernels after every load (``_amx_process_weight_after_loading``), and ``/weights_checker``
+  ``checksum`` then hashes the packed bytes, which no trainer can compute, so
+  ``engine.verify_weights`` could never match. The patch hashes each weight as it was loaded,
+  just before it is packed, and ``checksum`` reports that hash for a packed weight (the packed
+  bytes are a fixed function of it). Without AMX nothing is packed and nothing changes.
 
 ``SAT_SGLANG_CPU_SKIP=name[,name]`` leaves patches out (tests show each one is needed).
 """
@@ -43,7 +49,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import runpy  # noqa: E402
 
-PATCHES = ("torchvision", "state_capturer", "amx_pack")
+PATCHES = ("torchvision", "state_capturer", "amx_pack", "checksum_loaded")
 
 
 def patch_torchvision() -> None:
@@ -111,6 +117,34 @@ def patch_amx_pack() -> None:
     from sglang.srt.layers import amx_utils
 
     amx_utils.dim_is_supported = dim_is_supported
+
+
+def patch_checksum_loaded() -> None:
+    from sglang.srt.layers import amx_utils
+    from sglang.srt.utils import weight_checker
+
+    pack = amx_utils._amx_process_weight_after_loading
+
+    def pack_recording(module, weight_names, *args, **kwargs):
+        before = {name: getattr(module, name) for name in weight_names}
+        hashes = {name: weight_checker._hash_tensor(t.data) for name, t in before.items()}
+        out = pack(module, weight_names, *args, **kwargs)
+        for name in weight_names:
+            after = getattr(module, name)
+            if after is not before[name]:  # packed: a new parameter (it shares the old __dict__)
+                after.__dict__["_sat_loaded_hash"] = hashes[name]
+        return out
+
+    amx_utils._amx_process_weight_after_loading = pack_recording
+    compute = weight_checker.WeightChecker._compute_checksum
+
+    def checksum(self, skip_tensor_list=None, *, role):
+        out = compute(self, skip_tensor_list, role=role)
+        loaded = {n: t.__dict__.get("_sat_loaded_hash") for n, t in self._model_state()}
+        sums = {n: loaded.get(n) or h for n, h in out["checksums"].items()}
+        return {**out, "checksums": sums, "per_gpu_checksum": weight_checker.overall_checksum(sums)}
+
+    weight_checker.WeightChecker._compute_checksum = checksum
 
 
 def apply(skip: set[str] = frozenset()) -> list[str]:

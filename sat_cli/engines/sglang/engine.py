@@ -39,6 +39,7 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
     _WorkerControl,
     inflight_pause_mode,
 )
+from sat_cli.engines.sglang.dist_sync import _DistributedSync
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
@@ -57,7 +58,7 @@ from sat_cli.engines.sglang.wire import (
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine(_WorkerControl):
+class SGLangEngine(_WorkerControl, _DistributedSync):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an
@@ -97,6 +98,7 @@ class SGLangEngine(_WorkerControl):
         watchdog_s: float = 0.5,
         inflight_updates: bool = False,
         inflight_cache: str = "recompute",
+        server_ranks: int = 1,
     ) -> None:
         if bool(servers) == bool(urls):
             raise ValueError("give either servers (launched here) or urls (managed elsewhere)")
@@ -114,6 +116,7 @@ class SGLangEngine(_WorkerControl):
         # in-flight updates: the pause mode around each update (control.py), else None
         self._inflight_pause = inflight_pause_mode(inflight_cache, r3) if inflight_updates else None
         self.deterministic = deterministic
+        self.server_ranks = server_ranks  # ranks per server (tp): the weight-sync group's size
         self.max_batch_size = max_batch_size
         self.weight_sync = weight_sync or DiskWeightSync(timeout_s=request_timeout_s)
 
@@ -364,6 +367,8 @@ class SGLangEngine(_WorkerControl):
         self._closed.set()
         self.client.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if "_sync_pool" in self.__dict__:  # dist_sync.py's calls
+            self._sync_pool.shutdown(wait=False, cancel_futures=True)
         self.supervisor.stop()
 
     def __enter__(self) -> SGLangEngine:

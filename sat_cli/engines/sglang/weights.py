@@ -8,9 +8,9 @@ requests still run (an ``in_place`` pause) fails the call *after* the weights ch
 ``flush_cache=true`` while requests may be running, and it reads the served version back from
 ``GET /model_info`` after a failed update instead of assuming a rollback.
 
-The NCCL path (``/init_weights_update_group`` + ``/update_weights_from_distributed`` between
-``/begin_weight_update`` and ``/end_weight_update``) needs the trainer's GPUs and process group;
-it is not implemented (docs/sglang.md).
+The path without the disk (``/init_weights_update_group`` + ``/update_weights_from_distributed``
+between ``/begin_weight_update`` and ``/end_weight_update``; gloo on CPU, NCCL on GPUs) is
+``dist_sync.py`` (``engine.weight_sync=distributed``, docs/sglang.md "Weight sync").
 """
 
 from __future__ import annotations

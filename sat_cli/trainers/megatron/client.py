@@ -97,6 +97,7 @@ class MegatronTrainer:
         startup_timeout: float = 600.0,
         max_shard_size: int | str = "5GB",
         placer=None,
+        weight_sync: dict | None = None,
         **actor_kwargs,
     ):
         unknown = set(actor_kwargs) - _actor_keys()
@@ -119,6 +120,7 @@ class MegatronTrainer:
         self._msg_id = 0
         self._chan = None  # LocalChannel, or a RemoteChannel on the cluster (launcher=ray)
         self._placer = None
+        self.weight_sender = None  # weight_sync: a RemoteSender of rank 0's WeightSender
         self._worker_pids: list[int] = []
         self._buf = b""
         self.work_dir = Path(work_dir).resolve()
@@ -145,6 +147,8 @@ class MegatronTrainer:
             "max_shard_size": max_shard_size,
             "actor": {**actor_kwargs, "loss": loss.to_dict()},
         }
+        if weight_sync is not None:  # {dtype, device, bucket_bytes}: rank 0, on node 0
+            config["sender"] = {**weight_sync, "host": endpoint.rsplit(":", 1)[0]}
         config_path = self.work_dir / "worker_config.json"
         tmp_config = config_path.with_name(".worker_config.json.tmp")
         tmp_config.write_text(json.dumps(config, indent=1))
@@ -194,6 +198,10 @@ class MegatronTrainer:
                 f"{ready.get('traceback', '')}(log: {self.log_path})"
             )
         self._worker_pids = [int(p) for p in ready.get("pids", [])]  # this node's ranks
+        if ready.get("sender_port"):
+            from sat_cli.weightsync.service import RemoteSender
+
+            self.weight_sender = RemoteSender(config["sender"]["host"], ready["sender_port"])
 
     # --- the channel ---------------------------------------------------------------------------
     def _log_tail(self, n: int = 30) -> str:
@@ -322,6 +330,11 @@ class MegatronTrainer:
         target = Path(dir).resolve() / f"v{int(version)}"
         return Path(self._request("publish", dir=str(target), version=int(version))["path"])
 
+    def capture_weights(self, version: int) -> int:
+        """Hold the current weights as ``version`` in rank 0's sender (distributed sync): every
+        rank gathers, ``megatron_to_hf`` names them as ``publish_weights`` does, no disk."""
+        return int(self._request("capture", version=int(version))["bytes"])
+
     def save(self, dir: str | os.PathLike) -> None:
         self._request("save", dir=str(Path(dir).resolve()))
 
@@ -349,6 +362,8 @@ class MegatronTrainer:
         self._teardown()
 
     def _teardown(self) -> None:
+        if self.weight_sender is not None:
+            self.weight_sender.close()
         chan, self._chan = self._chan, None
         if chan is not None:
             chan.close(self._worker_pids)

@@ -13,7 +13,9 @@ Transport
 
 Messages (one JSON object per line)
 - worker → client, once after start: ``{"event": "ready", "ok": true, "step_count": 0,
-  "pids": [pid of rank 0, …]}`` or ``{"event": "ready", "ok": false, "error": …}``
+  "pids": [pid of rank 0, …], "sender_port": port or null}`` or ``{"event": "ready", "ok":
+  false, "error": …}`` (``sender_port``: rank 0's weight sender, ``sat_cli.weightsync.service``,
+  when the config has ``sender``)
 - client → worker: ``{"id": n, "cmd": c, ...}`` with ``c`` one of
   - ``"step"``, ``"batch": path`` [, ``"diag": path``] → ``{"metrics": {name: float},
     "step_count": n}``; with ``diag``, rank 0 also writes the loss's per-token diagnostics
@@ -22,6 +24,8 @@ Messages (one JSON object per line)
     ``[B, S]`` float32, aligned like ``TrainBatch.rollout_logp``; column 0 is 0, padding
     positions hold values that nothing scores, as in the local trainer)
   - ``"publish"``, ``"dir": path, "version": v`` → ``{"path": path}`` (HF checkpoint)
+  - ``"capture"``, ``"version": v`` → ``{"bytes": n}`` (every rank gathers; rank 0's weight
+    sender holds version ``v`` in memory: the distributed weight sync, no file)
   - ``"save"`` / ``"load"``, ``"dir": path`` → ``{"step_count": n}``
   - ``"set_clip_radii"``, ``"eps_low": x, "eps_high": y`` → ``{}`` (a clip schedule)
   - ``"skip_step"`` → ``{"step_count": n}`` (a loop step without samples)

@@ -95,7 +95,7 @@ class _Commands:
         return bytes(buf.tolist()) if self.rank != 0 else raw
 
 
-def _serve(actor, replies: _Replies | None, commands) -> int:
+def _serve(actor, replies: _Replies | None, commands, sender=None) -> int:
     if replies is None:  # ranks > 0 run the commands but do not answer
         replies = _NoReplies()
     for raw in commands:
@@ -122,6 +122,10 @@ def _serve(actor, replies: _Replies | None, commands) -> int:
                 reply = {"out": msg["out"]}
             elif cmd == "publish":
                 reply = {"path": str(actor.export_hf(msg["dir"]))}
+            elif cmd == "capture":  # distributed weight sync: gathered, held on rank 0
+                state = actor.hf_state()  # a collective: every rank
+                held = sender.capture(msg["version"], state) if sender is not None else 0
+                reply = {"bytes": held}
             elif cmd == "save":
                 actor.save(msg["dir"])
                 reply = {"step_count": actor.step_count}
@@ -197,6 +201,24 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def _sender_service(cfg: dict, actor):
+    """Rank 0's weight sender (the gathered versions) behind a socket for the driver."""
+    from sat_cli.weightsync.sender import WeightSender
+    from sat_cli.weightsync.service import SenderService
+
+    s = cfg["sender"]
+    tied = bool(actor.hf_config.get("tie_word_embeddings", False))
+    sender = WeightSender(
+        dtype=s["dtype"],
+        device=s.get("device", "cpu"),
+        bucket_bytes=int(s.get("bucket_bytes", 512 * 2**20)),
+        tied=tied,
+        source_dir=cfg["model_path"],
+        max_shard_size=actor.max_shard_size,
+    )
+    return sender, SenderService(sender, s.get("host", "127.0.0.1"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="worker_config.json written by the client")
@@ -207,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     replies = _Replies(args.reply_fifo) if rank == 0 else None
+    sender = service = None
     try:
         tp, pp, ep, cp = (int(cfg.get(k, 1)) for k in ("tp", "pp", "ep", "cp"))
         check_layout(world, tp=tp, pp=pp, ep=ep, cp=cp)
@@ -220,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         actor = MegatronActor(cfg["model_path"], **cfg.get("actor", {}))
         actor.max_shard_size = cfg.get("max_shard_size", "5GB")  # export_hf's shard cap
         pids = _all_pids(commands)
+        if rank == 0 and cfg.get("sender"):  # engine.weight_sync=distributed (weightsync/)
+            sender, service = _sender_service(cfg, actor)
         _say(
             f"megatron worker rank {rank}: peak RSS after model load {_peak_rss_mib():.0f} MiB, "
             f"before {before:.0f} MiB "
@@ -240,12 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     if replies is not None:
         # the client watches the processes of its own node (ranks 0 .. local world - 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local]})
+        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local],
+                      "sender_port": service.port if service else None})  # fmt: skip
     from sat_cli.tracking.environment import process_numerics
 
     numerics = " ".join(f"{k}={v}" for k, v in process_numerics().items())
     _say(f"megatron worker rank {rank}/{world} ready (pid {os.getpid()}; {numerics})")
-    code = _serve(actor, replies, commands)
+    code = _serve(actor, replies, commands, sender)
+    if service is not None:
+        service.close()
+        sender.close()
     import torch.distributed as dist
 
     if dist.is_initialized():

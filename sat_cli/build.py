@@ -143,6 +143,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
         concurrency=e.concurrency,
         request_timeout_s=e.request_timeout_s,
         restart_on_failure=e.restart_on_failure,
+        server_ranks=e.tp,  # the weight-sync group's ranks per server
         **moe,
         **inflight,
     )
@@ -199,10 +200,13 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         r3_audit=obj.trainer.r3_audit,
     )
     t = obj.trainer
+    from sat_cli.commands.weight_sync import sender_spec, weight_sender  # weight_sync=distributed
+
     if t.name == "local":
         from sat_cli.trainers.local import LocalTrainer
 
-        return LocalTrainer(path, device=t.device, dtype=t.dtype, **kwargs)
+        sender = weight_sender(obj, path)  # None with engine.weight_sync=disk
+        return LocalTrainer(path, device=t.device, dtype=t.dtype, weight_sender=sender, **kwargs)
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
     rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None
@@ -213,6 +217,7 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         rdzv_endpoint=rdzv,
         export_dtype=obj.engine.dtype,
         placer=placer,  # launcher=ray: the nodes run on the cluster
+        weight_sync=sender_spec(obj),  # engine.weight_sync=distributed: rank 0's sender
         # the layout and precision keys have the schema's names
         **{k: getattr(t, k) for k in ("nproc_per_node", "nnodes", "tp", "pp", "ep", "cp")},
         **{k: getattr(t, k) for k in ("dtype", "max_shard_size", "recompute", "optimizer_offload")},

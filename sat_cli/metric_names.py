@@ -8,9 +8,9 @@ stay where they are written. Torch-free: ``sat report`` imports it.
 
 Groups (``<group>/<name>``): ``loss/`` the policy loss and optimizer step, ``sat/`` SAT's
 interval, ``staleness/`` the mismatch between the trained and the behaviour policy,
-``rollout/`` the batch, ``clip/`` the clip schedule, ``eval/<task>/`` and ``final/<task>/`` the
-held-out evaluation (``avg@k`` / ``pass@k``, stored by MLflow as ``avg_at_k`` / ``pass_at_k``:
-``sat_cli.tracking.mlflow_key``).
+``rollout/`` the batch, ``weights/`` the weight sync, ``clip/`` the clip schedule,
+``eval/<task>/`` and ``final/<task>/`` the held-out evaluation (``avg@k`` / ``pass@k``, stored
+by MLflow as ``avg_at_k`` / ``pass_at_k``: ``sat_cli.tracking.mlflow_key``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 TRUNCATED_FRAC = "rollout/truncated_frac"
 TOKENS_PER_S = "rollout/tokens_per_s"
 STALE_DROPPED = "rollout/stale_dropped"  # bounded mode: groups older than lag.n (running count)
+
+# --- weights/ (loop/weightsync.py: one weight version brought to the engine) --------------------
+SYNC_S = "weights/sync_s"  # pause + wire + assemble
+SYNC_PAUSE_S = "weights/sync_pause_s"  # group set-up, begin/end, pauses
+SYNC_WIRE_S = "weights/sync_wire_s"  # broadcast and load, or the disk load
+SYNC_ASSEMBLE_S = "weights/sync_assemble_s"  # capture and flattening, or the disk write
+SYNC_BYTES = "weights/sync_bytes"
+VERIFY_S = "weights/verify_s"  # checksums compared (engine.verify_weights)
+SYNC_FALLBACK = "weights/sync_fallback"  # running count of versions resent from disk
 
 # --- clip/ (the loop's schedule) --------------------------------------------------------------
 EPS_LOW = "clip/eps_low"

@@ -32,6 +32,7 @@ from sat_cli.build import (
     sat_inert_recompute,
 )
 from sat_cli.commands.common import check_devices, loading, write_pids
+from sat_cli.commands.weight_sync import check_port
 from sat_cli.errors import UserError
 
 
@@ -164,6 +165,7 @@ def _train(cfg, obj) -> dict:
         if s is not None
     }
     preflight.check_trainer_layout(obj, path)
+    check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log, _trainer_kind(obj))
         done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
@@ -190,6 +192,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     import torch
     from omegaconf import OmegaConf
 
+    from sat_cli.commands.weight_sync import check_weight_sync_support, weight_sync_settings
     from sat_cli.engines.base import SamplingParams
     from sat_cli.loop.final_status import PENDING_DIR, end_run, keep_previous_status
     from sat_cli.loop.lag import LagPolicy
@@ -221,6 +224,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
         trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
         engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher))
         write_pids(logs, engine)
+        check_weight_sync_support(obj, engine)  # distributed: can this engine take it (exit 2)
         # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
         tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
         evaluator = (
@@ -266,6 +270,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
             checkpoint_keep=obj.checkpoint.keep,
             histogram_every=obj.tracking.histogram_every,
             inflight_updates=obj.lag.inflight_updates,
+            weight_sync=weight_sync_settings(obj),
         )
         progress = Progress(obj.max_steps, start=state0.get("step", 0))
         t0 = time.perf_counter()

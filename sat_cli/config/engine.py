@@ -10,6 +10,8 @@ from sat_cli.config.checks import ConfigError, _choice, _range
 ENGINES = ("local", "sglang")
 ENGINE_DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16")
+WEIGHT_SYNC = ("disk", "distributed")  # how a weight version reaches the engine (issue 28)
+VERIFY_WEIGHTS = ("first", "every", "off")
 
 
 @dataclass
@@ -42,6 +44,15 @@ class EngineConfig:
     max_batch_size: int = 64  # sglang: prompts x samples per /generate request
     request_timeout_s: float = 600.0
     restart_on_failure: bool = False
+    # weight versions: through the disk (an HF folder per version) or broadcast from the trainer
+    # (gloo on CPU, nccl on GPU); the served weights' checksums are checked against what was
+    # sent after the first load of each path (first), every load (every) or never (off)
+    weight_sync: str = "disk"
+    weight_sync_bucket_mb: int = 512  # bytes per broadcast (SGLang's flattened bucket)
+    weight_sync_timeout_s: float = 120.0  # every collective wait of a sync (then: from disk)
+    weight_sync_port: int = 0  # the group's port on the trainer's side; 0 = a free one
+    weight_sync_master_addr: str = "127.0.0.1"  # the trainer's address as the engine reaches it
+    verify_weights: str = "first"
 
     def __post_init__(self) -> None:
         _choice("engine.name", self.name, ENGINES)
@@ -54,6 +65,11 @@ class EngineConfig:
         if self.max_total_tokens is not None:
             _range("engine.max_total_tokens", self.max_total_tokens, 1)
         _range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
+        _choice("engine.weight_sync", self.weight_sync, WEIGHT_SYNC)
+        _choice("engine.verify_weights", self.verify_weights, VERIFY_WEIGHTS)
+        _range("engine.weight_sync_bucket_mb", self.weight_sync_bucket_mb, 1)
+        _range("engine.weight_sync_timeout_s", self.weight_sync_timeout_s, 0, lo_open=True)
+        _range("engine.weight_sync_port", self.weight_sync_port, 0, 65535)
         if self.name == "sglang":
             self._check_sglang()
 
@@ -79,6 +95,7 @@ class EngineConfig:
                 f"engine.num_servers={self.num_servers} but engine.gpu_groups has "
                 f"{len(self.gpu_groups)} groups (one server per group)"
             )
+        self._check_weight_sync()
         if self.urls:
             if self.num_servers != 1 or self.gpu_groups or self.use_router:
                 raise ConfigError(
@@ -88,6 +105,23 @@ class EngineConfig:
             for url in self.urls:
                 if not re.fullmatch(r"http://[A-Za-z0-9.\-\[\]:]+:\d{1,5}", url):
                     raise ConfigError(f"engine.urls: {url!r} is not http://host:port")
+
+    def _check_weight_sync(self) -> None:
+        """SGLang: ``/init_weights_update_group`` refuses data-parallel servers; checksums are
+        compared per tensor of one-rank servers (a tp/ep server reports its rank shards)."""
+        if self.weight_sync == "distributed" and self.dp > 1:
+            raise ConfigError(
+                f"engine.weight_sync=distributed with engine.dp={self.dp}: SGLang 0.5.23 "
+                "updates weights from a process group only without data-parallel replicas "
+                "(launch one server per replica instead: engine.num_servers)"
+            )
+        if self.verify_weights != "off" and self.tp * self.ep > 1:
+            raise ConfigError(
+                f"engine.verify_weights={self.verify_weights} with engine.tp={self.tp} "
+                f"engine.ep={self.ep}: SGLang reports a checksum per rank shard, and sat "
+                "compares whole tensors of one-rank servers; set engine.verify_weights=off "
+                '(docs/sglang.md "Weight sync")'
+            )
 
     @property
     def servers(self) -> int:
@@ -102,3 +136,21 @@ class EngineConfig:
     def seeded(self) -> bool:
         """Whether SGLang honours sampling seeds (deterministic inference on)."""
         return self.device == "cuda" if self.deterministic is None else bool(self.deterministic)
+
+
+def check_weight_sync(cfg) -> None:
+    """Rules of ``engine.weight_sync`` across sections (``SatConfig`` calls it)."""
+    e, t = cfg.engine, cfg.trainer
+    if e.weight_sync != "distributed":
+        return
+    if e.name == "local" and cfg.lag.inflight_updates:
+        raise ConfigError(
+            "engine.weight_sync=distributed with lag.inflight_updates=true: the local engine "
+            "takes in-flight updates (mid-generation) from disk only; use engine.weight_sync=disk"
+        )
+    if e.device == "cuda" and t.name == "local" and t.device != "cuda":
+        raise ConfigError(
+            "engine.weight_sync=distributed with engine.device=cuda broadcasts over NCCL, which "
+            f"needs the trainer's weights on a GPU: trainer.device={t.device}; set "
+            "trainer.device=cuda or engine.weight_sync=disk"
+        )

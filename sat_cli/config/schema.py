@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sat_cli.config.checks import ConfigError, _choice, _range, _template
 from sat_cli.config.compat import check_compat  # rules across sections
-from sat_cli.config.engine import EngineConfig  # the engine section (its own module)
+from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.trainer import TrainerConfig  # the trainer section
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
@@ -349,6 +349,7 @@ class SatConfig:
 
             check_config(self)
         check_placement(self.launcher, self.trainer.name, self.engine)
+        check_weight_sync(self)  # engine.weight_sync across sections (config/engine.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         if self.run.portable_numerics and (
             self.engine.name != "local" or "cuda" in (self.engine.device, self.trainer.device)

@@ -46,7 +46,7 @@ class WeightPublisher:
     """
 
     def __init__(self, trainer, weights_dir: Path, ckpt_root: Path, lag: LagPolicy,
-                 published: list[int], on_publish=None):  # fmt: skip
+                 published: list[int], on_publish=None, sync=None):  # fmt: skip
         self.trainer, self.weights_dir, self.ckpt_root, self.lag = (
             trainer,
             weights_dir,
@@ -55,11 +55,15 @@ class WeightPublisher:
         )
         self.published = published
         self.on_publish = on_publish  # called with each new version (the rollout thread's hook)
+        self.sync = sync  # a loop.weightsync.WeightSync: captures instead of writing (distributed)
 
     def write(self, version: int) -> None:
         """Write ``v<version>`` whatever ``published`` says (the initial version 0)."""
         try:
-            self.trainer.publish_weights(self.weights_dir, version)
+            if self.sync is not None:
+                self.sync.write(version)
+            else:
+                self.trainer.publish_weights(self.weights_dir, version)
         except Exception as exc:
             os_exc = as_os_error(exc)
             if os_exc is None:
@@ -94,5 +98,7 @@ class WeightPublisher:
     def prune(self, version: int, pending_versions: set[int], since: int) -> list[int]:
         keep = self.keep(version, pending_versions, since)
         prune_weights(self.weights_dir, keep)
+        if self.sync is not None:
+            self.sync.keep(keep)
         self.published = sorted(v for v in self.published if v in keep)
         return self.published

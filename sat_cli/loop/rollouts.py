@@ -38,8 +38,10 @@ def request_seed(seed: int, *key: Any) -> int:
 class RolloutThread:
     """The rollout thread: weight updates and generation requests, in program order."""
 
-    def __init__(self, engine, weights_dir: Path, engine_version: int, inflight: bool = False):
+    def __init__(self, engine, weights_dir: Path, engine_version: int, inflight: bool = False,
+                 sync=None):  # fmt: skip
         self.engine = engine
+        self.sync = sync  # a loop.weightsync.WeightSync (the path, verification, fallback)
         self.weights_dir = weights_dir
         self.engine_version = engine_version  # guarded by _lock (two threads with in-flight)
         self.newest = engine_version  # the newest published version (late binding)
@@ -58,7 +60,10 @@ class RolloutThread:
             if version == self.engine_version or (self.inflight and version < self.engine_version):
                 return 0.0  # in-flight: the engine already took a newer version
             t0 = time.perf_counter()
-            self.engine.update_weights(str(self.weights_dir / f"v{version}"), version)
+            if self.sync is not None:
+                self.sync.load(version)
+            else:
+                self.engine.update_weights(str(self.weights_dir / f"v{version}"), version)
             self.engine_version = version
             return time.perf_counter() - t0
 

@@ -120,6 +120,7 @@ class LoopSettings:
     checkpoint_keep: int = 2
     histogram_every: int = 10
     inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
+    weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
 
 
 def train_loop(
@@ -148,10 +149,16 @@ def train_loop(
         st.update(read_loop_state(resume_from))
         trainer.load(resume_from / "trainer")
     st.update(meta or {})
+    sync = None  # the weight path, its verification and fallback (loop/weightsync.py)
+    if s.weight_sync is not None:
+        from sat_cli.loop.weightsync import WeightSync
+
+        sync = WeightSync(s.weight_sync, engine, trainer, weights_dir)
     # a (re)started engine holds the initial weights: version 0, also kept on disk
-    thread = RolloutThread(engine, weights_dir, engine_version=0, inflight=s.inflight_updates)
+    thread = RolloutThread(engine, weights_dir, engine_version=0, inflight=s.inflight_updates,
+                           sync=sync)  # fmt: skip
     pub = WeightPublisher(trainer, weights_dir, ckpt_root, s.lag, st["published"],
-                          on_publish=thread.published)  # fmt: skip
+                          on_publish=thread.published, sync=sync)  # fmt: skip
     buf = RolloutBuffer(thread, task, tokenizer, per_step=s.prompts_per_step,
                         group_size=s.group_size, sampling=s.sampling, seed=s.seed, lag=s.lag,
                         max_steps=s.max_steps)  # fmt: skip
@@ -198,6 +205,8 @@ def train_loop(
                 pub.publish(new_version)  # a larger evaluation of the final weights: final/*
                 metrics.update(thread.call(new_version, final_evaluator).result())
             _perf(metrics, t_step, timing)
+            if sync is not None:
+                metrics.update(sync.metrics())  # weights/*: the versions loaded since last step
             tracker.log_metrics(metrics, step=new_version)
             if diag:
                 log_histograms(tracker, diag, lags, new_version)
@@ -297,6 +306,11 @@ def _checkpoint(s: LoopSettings, st: dict, step_done: int, trainer, buf: Rollout
     st["engine_version"] = thread.engine_version
     st["min_needed"] = min_needed(s.lag, step_done, st["pending"])
     st["published"] = pub.published
+    if pub.sync is not None:  # distributed: what a resume can ask for goes to disk now
+        for v in pub.published:
+            if v >= st["min_needed"]:
+                pub.sync.to_disk(v)
+        st["published"] = [v for v in pub.published if (pub.weights_dir / f"v{v}").is_dir()]
     save_checkpoint(ckpt_root, step_done, trainer, st)
     prune_checkpoints(ckpt_root, s.checkpoint_keep)
 

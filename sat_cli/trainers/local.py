@@ -53,6 +53,7 @@ class LocalTrainer(PolicyTrainer):
         loss: LossConfig | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        weight_sender=None,
         **options,
     ):
         """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...)
@@ -62,6 +63,7 @@ class LocalTrainer(PolicyTrainer):
             raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")
         self._init_step(loss, options)
         self.model_path = str(model_path)
+        self.weight_sender = weight_sender  # engine.weight_sync=distributed: a WeightSender
         self.device = torch.device(device)
         self.dtype = dtype
         self.model = load_model(model_path, "float32", self.device).train()
@@ -154,6 +156,13 @@ class LocalTrainer(PolicyTrainer):
         """Write the current weights as an HF checkpoint ``dir/v{version}`` (atomically); return it."""
         return save_hf(self.model, self.tokenizer, Path(dir) / f"v{int(version)}")
 
+    def capture_weights(self, version: int) -> int:
+        """Hold the current weights as ``version`` in the weight sender (distributed sync): the
+        HF checkpoint names and tensors ``publish_weights`` would write, without the write."""
+        from sat_cli.trainers.megatron.convert import unfuse_experts
+
+        return self.weight_sender.capture(version, unfuse_experts(dict(self.model.state_dict())))
+
     def save(self, dir: str | os.PathLike) -> None:
         with staged_dir(Path(dir)) as tmp:
             save_hf(self.model, self.tokenizer, tmp / "model")
@@ -174,3 +183,5 @@ class LocalTrainer(PolicyTrainer):
 
     def close(self) -> None:
         self.ref_model = None
+        if self.weight_sender is not None:
+            self.weight_sender.close()

@@ -10,6 +10,11 @@ Run against a server of the tiny model started with R3 on (``make sglang-cpu`` f
     .venv/bin/python scripts/sglang_capture.py --url http://127.0.0.1:31002 \
         --model sat_cli/assets/tiny_moe_warm --out tests/data/sglang_captured
 
+``--weight-sync`` captures only the weight-sync routes instead (``ws_*.json``): the script then
+joins the server's weight-update group as the trainer's sender (``sat_cli.weightsync``, gloo)
+and sends the served model's own weights as version 5, so the checksums it captures are those
+of the model folder in the server's dtype.
+
 Each file holds ``{"request": ..., "status": ..., "body": ..., "elapsed_s": ...}`` (``body`` is
 parsed JSON, or text when the server sent text). Time stamps and ids vary between captures; the
 shapes, keys, status codes and messages are what the tests rely on. The server is left at weight
@@ -71,6 +76,7 @@ def main() -> None:
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", required=True, help="the served model's folder (for updates)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--weight-sync", action="store_true", help="the ws_*.json captures only")
     args = ap.parse_args()
     url, out = args.url, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +88,9 @@ def main() -> None:
         (out / f"{name}.json").write_text(text + "\n")
         print(f"{name}: HTTP {record['status']} in {record['elapsed_s']} s")
 
+    if args.weight_sync:
+        capture_weight_sync(url, model, save)
+        return
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     save("model_info", call(url, "GET", "/model_info"))
     save("get_weight_version", call(url, "GET", "/get_weight_version"))
@@ -172,6 +181,60 @@ def main() -> None:
     save("generate_aborted", results["aborted"])
     call(url, "POST", "/continue_generation", {})
     save("flush_after", call(url, "POST", "/flush_cache"))
+
+
+def capture_weight_sync(url: str, model: str, save) -> None:
+    """The weight-sync routes in SGLang 0.5.23's order, with this script as the sender."""
+    from sat_cli.trainers.megatron.hf_io import read_all
+    from sat_cli.weightsync.sender import WeightSender
+
+    sender = WeightSender(dtype="bfloat16", source_dir=model, bucket_bytes=1 << 40)
+    sender.capture(5, sorted(read_all(model).items()))
+    bucket = sender.plan(5)[0]
+    update = {**bucket.request(), "group_name": "sat_capture", "load_format": "flattened_bucket",
+              "flush_cache": True, "weight_version": "5"}  # fmt: skip
+    save("ws_destroy_missing", call(url, "POST", "/destroy_weights_update_group",
+                                    {"group_name": "sat_probe"}))  # fmt: skip
+    save("ws_update_outside_session", call(url, "POST", "/update_weights_from_distributed", update))
+    save("ws_end_without_session", call(url, "POST", "/end_weight_update", {}))
+    port = sender.listen("127.0.0.1", 0, 2, 60.0)
+    init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+            "world_size": 2, "group_name": "sat_capture", "backend": "gloo"}  # fmt: skip
+    out: dict[str, dict] = {}
+
+    def bg(name: str, path: str, payload: dict) -> threading.Thread:
+        th = threading.Thread(
+            target=lambda: out.__setitem__(name, call(url, "POST", path, payload))
+        )
+        th.start()
+        return th
+
+    th = bg("init", "/init_weights_update_group", init)
+    sender.connect("sat_capture", "gloo")
+    th.join()
+    save("ws_init", out["init"])
+    save("ws_begin", call(url, "POST", "/begin_weight_update", {}))
+    save("ws_begin_twice", call(url, "POST", "/begin_weight_update", {}))
+    th = bg("update", "/update_weights_from_distributed", update)
+    time.sleep(0.5)
+    sender.send(5, 0)
+    th.join()
+    save("ws_update_ok", out["update"])
+    save("ws_end", call(url, "POST", "/end_weight_update", {}))
+    save("ws_model_info_after", call(url, "GET", "/model_info"))
+    save("ws_checksum", call(url, "POST", "/weights_checker", {"action": "checksum"}))
+    save("ws_compare_cpu", call(url, "POST", "/weights_checker", {"action": "compare"}))
+    # the sender closes the group instead of broadcasting: the server's receive fails at once
+    call(url, "POST", "/begin_weight_update", {})
+    th = bg("gone", "/update_weights_from_distributed", {**update, "weight_version": "6"})
+    time.sleep(1.0)
+    sender.abort()
+    th.join()
+    save("ws_update_sender_gone", out["gone"])
+    call(url, "POST", "/end_weight_update", {})
+    save("ws_model_info_after_failure", call(url, "GET", "/model_info"))
+    save("ws_destroy", call(url, "POST", "/destroy_weights_update_group",
+                            {"group_name": "sat_capture"}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ to the waiting queue: from SGLang's source, not captured); while paused, ``/heal
 after ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20 by default); an ``abort`` pause ends running
 requests with ``{"type": "abort", "message": "Aborted", ...}``.
 
+Weight sync (``/init_weights_update_group``, ``/begin_weight_update``,
+``/update_weights_from_distributed``, ``/end_weight_update``, ``/destroy_weights_update_group``,
+``/weights_checker``): ``tests/sglang_standin_sync.py``, with real tensors and a real gloo group.
+
 Test hooks (not SGLang): ``POST /standin/configure`` (switches below), ``GET /standin/calls``.
 
 Two ways to run it:
@@ -54,6 +58,8 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import sglang_standin_sync as sync_routes
 
 DEFAULT_DIMS = {
     "num_hidden_layers": 4,
@@ -90,6 +96,7 @@ DEFAULT_SWITCHES = {
     "update_delay_s": 0.0,
     "report_version": None,  # report this weight_version instead of the real one
     "pause_at_token": 1,  # tokens a request has made when an in_place pause holds it
+    **sync_routes.SWITCHES,  # weight sync faults (tests/sglang_standin_sync.py)
 }
 
 
@@ -145,8 +152,10 @@ class StandinState:
         deterministic: bool = False,
         eos_ids: set[int] = frozenset(),
         model_path: str = "",
+        dtype: str = "bfloat16",
     ) -> None:
         self.dims = dims
+        self.sync = sync_routes.SyncState(model_path, dtype)  # weight-sync routes' state
         self.routed_experts_enabled = routed_experts_enabled
         self.deterministic = deterministic
         self.eos_ids = set(eos_ids)
@@ -312,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/standin/calls":
             with st.lock:
                 self._send(200, st.calls)
+        elif self.path == "/weights_checker":  # GET or POST, as SGLang's api_route
+            sync_routes.handle(self, self.path, {})
         else:
             self._send(404, {"detail": "Not Found"})
 
@@ -355,6 +366,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(
                 400 if busy else 200, raw=b"Flush cache failed.\n" if busy else FLUSH_OK.encode()
             )
+        elif self.path in sync_routes.ROUTES:
+            sync_routes.handle(self, self.path, body)
         elif self.path == "/standin/configure":
             unknown = set(body) - set(DEFAULT_SWITCHES)
             if unknown:
@@ -384,6 +397,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if new is not None:
                 st.version = new
+        if not st.switches["disk_stale"]:  # the weights /weights_checker then reports
+            st.sync.loaded_from(path)
         msg = "Succeeded to update model weights." + (
             f" Weight version updated to {new}." if new is not None else ""
         )
@@ -565,12 +580,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--enable-return-routed-experts", action="store_true")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
     parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--worker-urls", nargs="*")  # as sglang_router.launch_router
     parser.add_argument("--standin-startup-delay", type=float, default=0.0)
     parser.add_argument("--standin-never-healthy", action="store_true")
     parser.add_argument("--standin-exit-code", type=int, default=None)
     parser.add_argument("--standin-spawn-child", action="store_true")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
+    # weight-sync faults (tests/sglang_standin_sync.py): sync_fault, disk_stale, no_sync_routes
+    parser.add_argument("--standin-sync-fault", default=None)
+    parser.add_argument("--standin-skip-receive-s", type=float, default=30.0)
+    parser.add_argument("--standin-disk-stale", action="store_true")
+    parser.add_argument("--standin-no-sync-routes", action="store_true")
     args, unknown = parser.parse_known_args(argv)
     print(f"standin: starting as {args.module} with {vars(args)}; ignoring {unknown}", flush=True)
     print(f"standin: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
@@ -598,8 +619,15 @@ def main(argv: list[str] | None = None) -> None:
         deterministic=args.enable_deterministic_inference,
         eos_ids=model_eos_ids(args.model_path),
         model_path=args.model_path or "",
+        dtype=args.dtype if args.dtype in ("bfloat16", "float16", "float32") else "bfloat16",
     )
     state.switches["healthy"] = not args.standin_never_healthy
+    state.switches.update(
+        sync_fault=args.standin_sync_fault,
+        skip_receive_s=args.standin_skip_receive_s,
+        disk_stale=args.standin_disk_stale,
+        no_sync_routes=args.standin_no_sync_routes,
+    )
     if args.module == "sglang_router.launch_router":
         state.router_workers = list(args.worker_urls or [])
     server = make_server(state, args.host, args.port)

@@ -202,3 +202,49 @@ def test_an_abort_pause_ends_running_requests_as_the_real_server(standin):
     assert mine["meta_info"]["finish_reason"] == real_item["meta_info"]["finish_reason"]
     assert shape(mine) == shape(real_item)
     call(standin.url, "POST", "/continue_generation", {})
+
+
+WS_CAPTURES = (
+    "ws_destroy_missing", "ws_update_outside_session", "ws_end_without_session", "ws_init",
+    "ws_begin", "ws_begin_twice", "ws_update_ok", "ws_end", "ws_model_info_after", "ws_checksum",
+    "ws_compare_cpu", "ws_update_sender_gone", "ws_model_info_after_failure", "ws_destroy",
+)  # fmt: skip
+
+
+@pytest.fixture
+def standin_process(tmp_path):
+    """The stand-in as its own process, as sat launches it (a gloo group cannot have both of its
+    ends, under one name, in one process)."""
+    from sglang_standin_sync import standin_process
+
+    with standin_process(MODEL, tmp_path / "standin.log") as url:
+        yield url
+
+
+def test_weight_sync_routes_answer_as_the_real_server(standin_process):
+    """The capture script's weight-sync sequence (a real gloo group with this process as the
+    sender), run against the stand-in: the same status codes and bodies as the real server's,
+    the checksums to the last digit (the same weights in the same dtype), except the port in
+    the message of a receive whose sender went away."""
+    import importlib.util
+
+    url = standin_process
+
+    spec = importlib.util.spec_from_file_location("capture", REPO / "scripts" / "sglang_capture.py")
+    capture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(capture)
+    got: dict[str, dict] = {}
+    capture.capture_weight_sync(url, str(MODEL), lambda name, rec: got.__setitem__(name, rec))
+    assert sorted(got) == sorted(WS_CAPTURES)
+    for name in WS_CAPTURES:
+        real = load(name)
+        assert got[name]["status"] == real["status"], name
+        if name == "ws_update_sender_gone":
+            prefix = "Failed to receive weights: "
+            assert real["body"]["message"].startswith(prefix)
+            assert got[name]["body"]["message"].startswith(prefix)
+            assert "Connection closed by peer" in got[name]["body"]["message"]
+        elif name.startswith("ws_model_info"):
+            assert got[name]["body"]["weight_version"] == real["body"]["weight_version"] == "5"
+        else:
+            assert got[name]["body"] == real["body"], name

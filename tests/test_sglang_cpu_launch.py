@@ -40,6 +40,24 @@ def amx_pack():
     up = torch.empty(64, 128, dtype=torch.bfloat16)
     return f"packs gate: {amx_utils.dim_is_supported(gate)} up: {amx_utils.dim_is_supported(up)}"
 
+def checksum_loaded():
+    import torch
+    from sglang.srt.layers import amx_utils
+    from sglang.srt.utils import weight_checker as wc
+    # AMX packing, as SGLang does it on AMX CPUs; here a stand-in re-layout (a transpose), since
+    # the kernel's packing op needs AMX
+    amx_utils.amx_process_weight_after_loading = lambda w, is_conv=False: w.t().contiguous()
+    layer = torch.nn.Module()
+    weight = torch.arange(32 * 64, dtype=torch.float32).reshape(32, 64).to(torch.bfloat16)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    loaded = wc._hash_tensor(weight)
+    amx_utils._amx_process_weight_after_loading(layer, ["weight"])
+    checker = wc.WeightChecker.__new__(wc.WeightChecker)
+    checker._get_model = lambda: layer
+    checker._placement = dict(tp_rank=0, tp_size=1, dp_rank=0, dp_size=1, pp_rank=0, pp_size=1)
+    sums = checker._compute_checksum(role="target")["checksums"]
+    return f"packed: {layer.weight.shape[0] == 64} reports the loaded: {sums['weight'] == loaded}"
+
 for check in sys.argv[3].split(","):
     try:
         found = {"returned": globals()[check]()}
@@ -47,7 +65,7 @@ for check in sys.argv[3].split(","):
         found = {"raised": f"{type(exc).__name__}: {exc}"}
     print("RESULT " + json.dumps({check: found}), flush=True)
 """
-ALL = ["torchvision", "state_capturer", "amx_pack"]
+ALL = ["torchvision", "state_capturer", "amx_pack", "checksum_loaded"]
 
 
 def run_checks(patches: list[str], checks: list[str]) -> dict[str, dict[str, str]]:
@@ -95,6 +113,12 @@ def test_the_router_gate_is_not_amx_packed_with_the_patch(bare, patched):
     # packs only on AMX CPUs; the shape test it uses is the same everywhere.
     assert bare["amx_pack"] == {"returned": "packs gate: True up: True"}
     assert patched["amx_pack"] == {"returned": "packs gate: False up: True"}
+
+
+def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare, patched):
+    # engine.verify_weights compares them with what the trainer sent (weightsync/layouts.py)
+    assert bare["checksum_loaded"] == {"returned": "packed: True reports the loaded: False"}
+    assert patched["checksum_loaded"] == {"returned": "packed: True reports the loaded: True"}
 
 
 PARSE = """

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.losses import policy_loss
 
 
@@ -40,7 +41,7 @@ def make_batch(batch: int, seq: int, seed: int = 0):
 def one_run(logp, denom, adv, mask, level: str, adaptive: bool) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) for one forward + backward."""
     t0, c0 = time.perf_counter(), time.process_time()
-    loss, _ = policy_loss(logp, denom, adv, mask, level=level, adaptive=adaptive)
+    loss, _ = policy_loss(logp, denom, adv, mask, LossConfig(adaptive=adaptive), level=level)
     loss.backward()
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     logp.grad = None

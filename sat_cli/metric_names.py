@@ -106,3 +106,8 @@ STEP_NAMES = (
     SAT_Q, SAT_GATE_RATE, SAT_EPS_LOW_EFF, SAT_EPS_HIGH_EFF, SAT_C_MIN, SAT_BAND, SAT_BAND_LOW,
     SAT_BAND_HIGH, SAT_ACTIVE, SAT_ACTIVE_LOW, SAT_ACTIVE_HIGH, DPI, DPI_MU, ESS,
 )  # fmt: skip
+
+# --- a3po/ and vcpo/ (rl/offpolicy.py: the custom algorithms' own metrics) ----------------------
+A3PO_ALPHA_MEAN = "a3po/alpha_mean"
+VCPO_ESS = "vcpo/ess"
+VCPO_BASELINE_SHIFT = "vcpo/baseline_shift_abs_mean"

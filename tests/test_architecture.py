@@ -110,3 +110,22 @@ def test_no_module_over_400_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_loss_functions_stay_small():
+    """No function in ``sat_cli/rl`` takes more than 8 parameters or spans more than 80 lines
+    (settings travel in ``LossConfig``, tensors in ``LossInputs``)."""
+    big = []
+    for path in sorted((PKG / "rl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                n_params = len(a.posonlyargs + a.args + a.kwonlyargs)
+                n_params += (a.vararg is not None) + (a.kwarg is not None)
+                n_lines = node.end_lineno - node.lineno + 1
+                if n_params > 8 or n_lines > 80:
+                    name = getattr(node, "name", "<lambda>")
+                    big.append(
+                        f"rl/{path.name}:{node.lineno} {name}: {n_params} params, {n_lines} lines"
+                    )
+    assert big == []

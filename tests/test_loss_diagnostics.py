@@ -14,6 +14,7 @@ from sat_cli.loop.steps import log_histograms
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.rl import registry
 from sat_cli.rl.config import LossConfig
+from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import policy_loss
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
@@ -40,7 +41,12 @@ def test_token_level_diag_is_the_gate_and_contraction_of_the_paper(quantile, exp
     logp, denom, adv, mask = _inputs()
     diag: dict = {}
     _, metrics = policy_loss(
-        logp, denom, adv, mask, adaptive=True, quantile=quantile, exponent=exponent, diag=diag
+        logp,
+        denom,
+        adv,
+        mask,
+        LossConfig(adaptive=True, quantile=quantile, exponent=exponent),
+        diag=diag,
     )
     d = (logp - denom)[mask]  # row-major active tokens
     q = _kth(d.abs(), quantile)
@@ -60,7 +66,7 @@ def test_sequence_level_diag_gates_whole_responses():
     logp, denom, adv, mask = _inputs(seed=3, B=16, scale=0.5)
     diag: dict = {}
     _, metrics = policy_loss(
-        logp, denom, adv, mask, level="sequence", adaptive=True, quantile=0.6, diag=diag
+        logp, denom, adv, mask, LossConfig(adaptive=True, quantile=0.6), level="sequence", diag=diag
     )
     lens = mask.sum(1)
     seq = torch.where(mask, logp - denom, 0.0).sum(1) / lens  # [B], log s_b
@@ -93,13 +99,20 @@ def test_without_sat_nothing_is_gated():
 def test_recompute_denominator_keeps_both_ratios():
     """TIS: the loss's |d| is against pi_old, ``abs_d_mu`` against the behaviour policy."""
     logp, rollout, adv, mask = _inputs(seed=2)
-    old = logp + 0.01 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(9),
-                                    dtype=torch.float64)  # fmt: skip
-    diag: dict = {}
-    registry.compute(
+    old = logp + 0.01 * torch.randn(
+        logp.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64
+    )
+    diag = registry.compute(
         LossConfig(correction="tis", adaptive=True),
-        logp=logp, rollout_logp=rollout, old_logp=old, advantages=adv, mask=mask, diag=diag,
-    )  # fmt: skip
+        LossInputs(
+            logp=logp,
+            rollout_logp=rollout,
+            old_logp=old,
+            advantages=adv,
+            mask=mask,
+            diagnostics=True,
+        ),
+    ).diag
     torch.testing.assert_close(diag["abs_d"].double(), (logp - old)[mask].abs(), atol=1e-7, rtol=0)
     torch.testing.assert_close(
         diag["abs_d_mu"].double(), (logp - rollout)[mask].abs(), atol=1e-7, rtol=0
@@ -175,11 +188,16 @@ class _Tracker:
 
 def test_log_histograms_uses_the_losss_own_numbers():
     logp, rollout, adv, mask = _inputs(seed=5)
-    diag: dict = {}
-    registry.compute(
-        LossConfig(adaptive=True), logp=logp, rollout_logp=rollout, advantages=adv, mask=mask,
-        diag=diag,
-    )  # fmt: skip
+    diag = registry.compute(
+        LossConfig(adaptive=True),
+        LossInputs(
+            logp=logp,
+            rollout_logp=rollout,
+            advantages=adv,
+            mask=mask,
+            diagnostics=True,
+        ),
+    ).diag
     tr = _Tracker()
     log_histograms(tr, diag, {"sample": [0, 1, 1, 2], "token": [0, 1, 2]}, step=7)
     d = (logp - rollout)[mask].abs()
@@ -193,11 +211,17 @@ def test_log_histograms_uses_the_losss_own_numbers():
             _kth(d, level), abs=1e-7
         )
     # with a recomputed denominator the loss's own |d| gets its own histogram, marked with q
-    diag2: dict = {}
-    registry.compute(
-        LossConfig(correction="tis", adaptive=True), logp=logp, rollout_logp=rollout,
-        old_logp=logp + 0.02, advantages=adv, mask=mask, diag=diag2,
-    )  # fmt: skip
+    diag2 = registry.compute(
+        LossConfig(correction="tis", adaptive=True),
+        LossInputs(
+            logp=logp,
+            rollout_logp=rollout,
+            old_logp=logp + 0.02,
+            advantages=adv,
+            mask=mask,
+            diagnostics=True,
+        ),
+    ).diag
     tr2 = _Tracker()
     log_histograms(tr2, diag2, {"sample": [0], "token": [0]}, step=1)
     assert tr2.hist["staleness/abs_logratio"]["marks"] is None

@@ -36,6 +36,7 @@ from test_megatron_trainer import make_samples  # noqa: E402
 from trainer_checks import check_nonfinite_step_is_skipped, plant_nonfinite  # noqa: E402
 
 from sat_cli.rl import registry  # noqa: E402
+from sat_cli.rl.loss_io import LossInputs  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
@@ -89,14 +90,10 @@ def test_bf16_step_matches_explicit_fp32_main_reference(megatron_dist, tiny_dir)
     batch = _batch()
     mask = batch.loss_mask
     logp, _ = ref._model_forward(ref.model, batch)
-    loss, _ = registry.compute(
-        ref.loss,
-        logp=logp,
-        rollout_logp=batch.rollout_logp,
-        old_logp=None,
-        advantages=batch.advantages,
-        mask=mask,
+    inputs = LossInputs(
+        logp=logp, rollout_logp=batch.rollout_logp, advantages=batch.advantages, mask=mask
     )
+    loss = registry.compute(ref.loss, inputs).loss
     loss.backward()
     main = [torch.nn.Parameter(init[n].clone()) for n in names]
     for m, (_, p) in zip(main, ref.model.named_parameters(), strict=True):

@@ -16,6 +16,7 @@ from sat_cli.build import loss_config
 from sat_cli.config import load, schema
 from sat_cli.rl import names, registry
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.loss_io import LossInputs, LossOutputs
 
 # schema field -> LossConfig field; every other field of algo.* / clip.* is named in LOOP_OWNED
 ALGO_FIELDS = {
@@ -136,23 +137,29 @@ def test_trainer_keyword_form_maps_to_loss_config():
         resolve_loss(got, {"algo": "grpo"})
 
 
-def test_compute_loss_keywords_equal_compute_with_a_config():
+def test_compute_is_the_one_entry_point():
+    """``registry.compute(LossConfig, LossInputs) -> LossOutputs``; the keyword form is gone."""
+    assert not hasattr(registry, "compute_loss")
     g = torch.Generator().manual_seed(0)
     logp = (-2 + 0.3 * torch.randn(4, 7, generator=g)).requires_grad_()
-    inputs = dict(
-        rollout_logp=-2 + 0.3 * torch.randn(4, 7, generator=g),
+    rollout = -2 + 0.3 * torch.randn(4, 7, generator=g)
+    inputs = LossInputs(
+        logp=logp,
+        rollout_logp=rollout,
         advantages=torch.randn(4, generator=g),
         mask=(torch.rand(4, 7, generator=g) > 0.3).float(),
+        old_logp=rollout + 0.01,
     )
-    inputs["old_logp"] = inputs["rollout_logp"] + 0.01
-    settings = dict(eps_low=0.1, eps_high=0.3, adaptive=True, quantile=0.7, tis_cap=1.5, q_rows=2)
-    a, ma = registry.compute_loss("grpo", "tis", logp=logp, **inputs, **settings)
-    cfg = LossConfig(algo="grpo", correction="tis", **settings)
-    b, mb = registry.compute(cfg, logp=logp, **inputs)
-    assert torch.equal(a, b) and ma == mb
-    ga = torch.autograd.grad(a, logp)[0]
-    gb = torch.autograd.grad(b, logp)[0]
+    cfg = LossConfig("grpo", "tis", eps_low=0.1, eps_high=0.3, adaptive=True, quantile=0.7,
+                     tis_cap=1.5, q_rows=2)  # fmt: skip
+    a, b = registry.compute(cfg, inputs), registry.compute(cfg, inputs)
+    assert isinstance(a, LossOutputs) and a.diag is None
+    assert torch.equal(a.loss, b.loss) and a.metrics == b.metrics
+    ga = torch.autograd.grad(a.loss, logp)[0]
+    gb = torch.autograd.grad(b.loss, logp)[0]
     assert torch.equal(ga, gb)
+    d = registry.compute(cfg, dataclasses.replace(inputs, diagnostics=True)).diag
+    assert {"abs_d", "gate", "contraction", "q", "n_active", "abs_d_mu"} <= set(d)
 
 
 def test_names_agree_with_schema_and_registry():

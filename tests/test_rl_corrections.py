@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from loss_helpers import loss_of
 
 from sat_cli.rl import corrections as C
 from sat_cli.rl import registry as R
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.losses import policy_loss
 
 F64 = torch.float64
@@ -170,7 +172,7 @@ def test_valid_names_and_unknown_names():
     )
     assert names["corrections"] == sorted(["none", "tis", "mis", "icepop"])
     with pytest.raises(ValueError, match="valid: a3po, decoupled_ppo, dppo_tv, grpo"):
-        R.compute_loss("sat", "none", **batch())
+        loss_of(LossConfig("sat", "none"), **batch())
     with pytest.raises(ValueError, match="valid: icepop, mis, none, tis"):
         R.needs_old_logp("grpo", "is")
     with pytest.raises(ValueError, match="valid: rollout, recompute"):
@@ -198,12 +200,12 @@ def test_needs_old_logp(algo, corr, den, expected):
 
 def test_grpo_plain_uses_rollout_denominator():
     b = batch()
-    got = loss_and_grad(R.compute_loss("grpo", "none", **b)[0], b["logp"])
+    got = loss_and_grad(loss_of(LossConfig("grpo", "none"), **b)[0], b["logp"])
     ref = loss_and_grad(
         policy_loss(b["logp"], b["rollout_logp"], b["advantages"], b["mask"])[0], b["logp"]
     )
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-    rec = R.compute_loss("grpo", "none", ratio_denominator="recompute", **b)[0]
+    rec = loss_of(LossConfig("grpo", "none", ratio_denominator="recompute"), **b)[0]
     assert torch.equal(rec, policy_loss(b["logp"], b["old_logp"], b["advantages"], b["mask"])[0])
 
 
@@ -217,16 +219,16 @@ def test_corrections_weight_the_old_ratio_term(algo, level, corr):
     w = {"tis": C.tis_weights, "mis": C.mis_weights, "icepop": C.icepop_weights}[corr](
         b["old_logp"], b["rollout_logp"]
     )
-    loss, m = R.compute_loss(algo, corr, adaptive=True, **b)
+    loss, m = loss_of(LossConfig(algo, corr, adaptive=True), **b)
     got = loss_and_grad(loss, b["logp"])
     ref_loss, _ = policy_loss(
         b["logp"],
         b["old_logp"],
         b["advantages"],
         b["mask"],
+        LossConfig(adaptive=True),
         level=level,
         token_weights=w,
-        adaptive=True,
     )
     ref = loss_and_grad(ref_loss, b["logp"])
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
@@ -241,7 +243,7 @@ def test_corrections_weight_the_old_ratio_term(algo, level, corr):
 def test_tis_grpo_against_scalar_formula():
     # token-mean of w * min(r A, clip(r, 0.8, 1.2) A) with r = exp(logp - old), w = min(exp(old - mu), 2)
     b = batch(2)
-    loss, _ = R.compute_loss("grpo", "tis", **b)
+    loss, _ = loss_of(LossConfig("grpo", "tis"), **b)
     tot, n = 0.0, 0
     for i in range(4):
         for t in range(6):
@@ -257,7 +259,7 @@ def test_tis_grpo_against_scalar_formula():
 def test_dppo_tv_composition():
     b = batch(3)
     mask_tv = C.dppo_tv_mask(b["logp"], b["rollout_logp"], b["advantages"], delta=1e-2)
-    loss, m = R.compute_loss("dppo_tv", "none", dppo_delta=1e-2, **b)
+    loss, m = loss_of(LossConfig("dppo_tv", "none", dppo_delta=1e-2), **b)
     ref, _ = policy_loss(
         b["logp"], b["rollout_logp"], b["advantages"], b["mask"], token_weights=mask_tv
     )
@@ -269,7 +271,7 @@ def test_dppo_tv_composition():
 def test_decoupled_ppo_composition():
     # S = sg[pi_old / mu] * min(r_prox A, clip(r_prox) A), r_prox = pi_theta / pi_old
     b = batch(4)
-    loss, _ = R.compute_loss("decoupled_ppo", "none", behav_cap=1.5, behav_mode="mask", **b)
+    loss, _ = loss_of(LossConfig("decoupled_ppo", "none", behav_cap=1.5, behav_mode="mask"), **b)
     w = C.behaviour_weights(b["old_logp"], b["rollout_logp"], cap=1.5, mode="mask")
     ref, _ = policy_loss(b["logp"], b["old_logp"], b["advantages"], b["mask"], token_weights=w)
     assert torch.equal(loss, ref)
@@ -278,7 +280,7 @@ def test_decoupled_ppo_composition():
 def test_m2po_composition_is_unclipped_masked_ratio():
     # J = token-mean of M * (pi_theta / pi_old) * A, no clip
     b = batch(5)
-    loss, m = R.compute_loss("m2po", "none", m2po_tau=0.02, **b)
+    loss, m = loss_of(LossConfig("m2po", "none", m2po_tau=0.02), **b)
     keep = C.m2po_mask(b["old_logp"], b["rollout_logp"], b["mask"], tau=0.02)
     r = torch.exp(b["logp"].detach() - b["old_logp"])
     adv = b["advantages"][:, None].expand_as(r)
@@ -291,11 +293,11 @@ def test_m2po_composition_is_unclipped_masked_ratio():
 def test_invalid_combinations():
     b = batch()
     with pytest.raises(ValueError, match="mismatch treatment"):
-        R.compute_loss("dppo_tv", "tis", **b)
+        loss_of(LossConfig("dppo_tv", "tis"), **b)
     with pytest.raises(ValueError, match="no"):
-        R.compute_loss("m2po", "none", adaptive=True, **b)
+        loss_of(LossConfig("m2po", "none", adaptive=True), **b)
     with pytest.raises(ValueError, match="needs old_logp"):
-        R.compute_loss("grpo", "tis", **(b | {"old_logp": None}))
+        loss_of(LossConfig("grpo", "tis"), **b | {"old_logp": None})
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,10 @@ from fractions import Fraction
 
 import pytest
 import torch
+from loss_helpers import policy_loss_kw
 
+from sat_cli import metric_names as M
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.losses import kl_k3_penalty, policy_loss
 
 F64 = torch.float64
@@ -113,7 +116,7 @@ def make_batch(seed, B=5, T=8, scale=0.08, heavy=True, dtype=F64, adv_per_token=
 
 
 def both(logp, denom, adv, mask, **kw):
-    loss, metrics = policy_loss(logp, denom, adv, mask, **kw)
+    loss, metrics = policy_loss_kw(logp, denom, adv, mask, **kw)
     (grad,) = torch.autograd.grad(loss, logp)
     logp_ref = logp.detach().clone().requires_grad_()
     ref = ref_policy_loss(logp_ref, denom, adv, mask, **kw)
@@ -155,7 +158,11 @@ def test_dual_clip_hand_case():
     # r = 3, A = -1: PPO min(-3, -1.2) = -3; dual clip c = 2: max(-3, -2) = -2 -> loss 2, no grad.
     logp = torch.tensor([[math.log(3.0)]], dtype=F64, requires_grad=True)
     loss, _ = policy_loss(
-        logp, torch.zeros(1, 1, dtype=F64), -torch.ones(1), torch.ones(1, 1), dual_clip_c=2.0
+        logp,
+        torch.zeros(1, 1, dtype=F64),
+        -torch.ones(1),
+        torch.ones(1, 1),
+        LossConfig(dual_clip_c=2.0),
     )
     loss.backward()
     assert loss.item() == pytest.approx(2.0) and float(logp.grad) == 0.0
@@ -178,7 +185,9 @@ def test_gspo_hand_case():
     adv = torch.tensor([1.0, 2.0], dtype=F64)
     for level in ("sequence", "sequence_token"):
         logp = d.clone().requires_grad_()
-        loss, m = policy_loss(logp, torch.zeros_like(d), adv, mask, level=level, agg="token-mean")
+        loss, m = policy_loss(
+            logp, torch.zeros_like(d), adv, mask, LossConfig(agg="token-mean"), level=level
+        )
         loss.backward()
         s0 = math.exp(0.1)
         assert loss.item() == pytest.approx(-(s0 + 2.4) / 2, abs=1e-12)
@@ -223,7 +232,9 @@ def test_sat_hand_case_gate_on():
     out = {}
     for adaptive in (False, True):
         logp = d.clone().requires_grad_()
-        loss, m = policy_loss(logp, torch.zeros_like(d), adv, mask, adaptive=adaptive, quantile=0.5)
+        loss, m = policy_loss(
+            logp, torch.zeros_like(d), adv, mask, LossConfig(adaptive=adaptive, quantile=0.5)
+        )
         loss.backward()
         out[adaptive] = (loss.item(), logp.grad.clone(), m)
     assert out[True][0] == pytest.approx(-(-e[0] - e[1] + 1.02 + e[3]) / 4, abs=1e-12)
@@ -253,7 +264,7 @@ def test_sat_active_is_two_sided_at_q_0_2():
     adv = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0]], dtype=F64)
     logp = d.clone().requires_grad_()
     loss, m = policy_loss(
-        logp, torch.zeros_like(d), adv, torch.ones(1, 5), adaptive=True, quantile=0.8
+        logp, torch.zeros_like(d), adv, torch.ones(1, 5), LossConfig(adaptive=True, quantile=0.8)
     )
     assert m["sat/q"] == pytest.approx(0.2)
     assert m["sat/active"] == 1.0
@@ -268,14 +279,18 @@ def test_sat_active_is_two_sided_at_q_0_2():
     assert float(ppo.grad[0, 4]) == pytest.approx(math.exp(-0.22) / 5)
     # q above both thresholds: inert on both sides
     _, m = policy_loss(
-        (d * 2).requires_grad_(), torch.zeros_like(d), adv, torch.ones(1, 5), adaptive=True
+        (d * 2).requires_grad_(),
+        torch.zeros_like(d),
+        adv,
+        torch.ones(1, 5),
+        LossConfig(adaptive=True),
     )
     assert m["sat/q"] == pytest.approx(0.44)
     assert (m["sat/active"], m["sat/active_low"], m["sat/active_high"]) == (0.0, 0.0, 0.0)
 
 
 def test_sat_can_act_thresholds():
-    from sat_cli.rl.losses import sat_can_act
+    from sat_cli.rl.clip_metrics import sat_can_act
 
     assert sat_can_act(0.18, 0.2, 0.2) == (True, True)
     assert sat_can_act(0.2, 0.2, 0.2) == (True, False)
@@ -303,7 +318,11 @@ def test_sat_gate_off_is_bit_identical_to_ppo():
     for adaptive in (False, True):
         logp = d.clone().requires_grad_()
         loss, m = policy_loss(
-            logp, torch.zeros_like(d), adv, torch.ones(1, 4), adaptive=adaptive, quantile=1.0
+            logp,
+            torch.zeros_like(d),
+            adv,
+            torch.ones(1, 4),
+            LossConfig(adaptive=adaptive, quantile=1.0),
         )
         loss.backward()
         res.append((loss.detach(), logp.grad, m))
@@ -319,7 +338,7 @@ def test_sat_inactive_flag_when_q_large():
         torch.zeros(1, 3),
         torch.ones(1),
         torch.ones(1, 3),
-        adaptive=True,
+        LossConfig(adaptive=True),
     )
     assert m["sat/q"] == 0.5 and m["sat/active"] == 0.0
 
@@ -332,7 +351,7 @@ def test_seq_mean_excludes_all_padding_rows_hand_case():
     mask = torch.tensor([[1, 1], [0, 0], [1, 0]])
     adv = torch.tensor([1.0, 7.0, 3.0])
     vals = {
-        agg: policy_loss(logp, torch.zeros(3, 2), adv, mask, agg=agg)[0].item()
+        agg: policy_loss(logp, torch.zeros(3, 2), adv, mask, LossConfig(agg=agg))[0].item()
         for agg in ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean")
     }
     assert vals == pytest.approx(
@@ -393,7 +412,9 @@ def test_float32_matches_float64_reference():
     logp, denom, adv, mask = make_batch(11, B=16, T=32)
     for level in ("token", "sequence"):
         lp32 = logp.detach().float().requires_grad_()
-        loss, _ = policy_loss(lp32, denom.float(), adv.float(), mask, level=level, adaptive=True)
+        loss, _ = policy_loss(
+            lp32, denom.float(), adv.float(), mask, LossConfig(adaptive=True), level=level
+        )
         (g,) = torch.autograd.grad(loss, lp32)
         ref = ref_policy_loss(logp, denom, adv, mask, level=level, adaptive=True)
         (rg,) = torch.autograd.grad(ref, logp)
@@ -405,9 +426,14 @@ def test_float32_matches_float64_reference():
 def test_per_sequence_and_broadcast_advantages_agree():
     logp, denom, adv, mask = make_batch(5)
     for level in ("token", "sequence", "sequence_token"):
-        a, _ = policy_loss(logp, denom, adv, mask, level=level, adaptive=True)
+        a, _ = policy_loss(logp, denom, adv, mask, LossConfig(adaptive=True), level=level)
         b, _ = policy_loss(
-            logp, denom, adv[:, None].expand(mask.shape), mask, level=level, adaptive=True
+            logp,
+            denom,
+            adv[:, None].expand(mask.shape),
+            mask,
+            LossConfig(adaptive=True),
+            level=level,
         )
         assert torch.equal(a, b)
 
@@ -424,9 +450,8 @@ def test_empty_mask_gives_zero_loss_and_zero_grads(level, adaptive, agg):
         denom,
         torch.tensor([float("nan"), 1.0]),
         torch.zeros(2, 2),
+        LossConfig(adaptive=adaptive, agg=agg),
         level=level,
-        adaptive=adaptive,
-        agg=agg,
     )
     assert loss.grad_fn is not None and loss.item() == 0.0
     loss.backward()
@@ -439,7 +464,9 @@ def test_empty_mask_gives_zero_loss_and_zero_grads(level, adaptive, agg):
 def test_non_finite_padding_does_not_poison(level, adaptive):
     logp, denom, adv, mask = make_batch(3, adv_per_token=True)
     w = torch.rand(mask.shape, dtype=F64)
-    clean = policy_loss(logp, denom, adv, mask, level=level, adaptive=adaptive, token_weights=w)[0]
+    clean = policy_loss(
+        logp, denom, adv, mask, LossConfig(adaptive=adaptive), level=level, token_weights=w
+    )[0]
     (g_clean,) = torch.autograd.grad(clean, logp)
     pad = ~mask
     bad_logp = torch.where(pad, torch.tensor(float("nan"), dtype=F64), logp.detach())
@@ -449,7 +476,13 @@ def test_non_finite_padding_does_not_poison(level, adaptive):
     bad_adv = torch.where(pad, torch.tensor(float("nan"), dtype=F64), adv)
     bad_w = torch.where(pad, torch.tensor(float("nan"), dtype=F64), w)
     loss, m = policy_loss(
-        bad_logp, bad_denom, bad_adv, mask, level=level, adaptive=adaptive, token_weights=bad_w
+        bad_logp,
+        bad_denom,
+        bad_adv,
+        mask,
+        LossConfig(adaptive=adaptive),
+        level=level,
+        token_weights=bad_w,
     )
     (g,) = torch.autograd.grad(loss, bad_logp)
     assert torch.isfinite(loss) and torch.isfinite(g).all()
@@ -476,7 +509,7 @@ def test_all_clipped_gives_zero_grad():
 )
 def test_invalid_arguments(kw):
     with pytest.raises(ValueError):
-        policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), **kw)
+        policy_loss_kw(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), **kw)
 
 
 def test_kl_k3_penalty_hand_case():
@@ -504,16 +537,15 @@ def test_sat_gspo_metrics_against_dense_computation(level):
         torch.zeros_like(d),
         adv,
         mask,
+        LossConfig(adaptive=True, quantile=0.7),
         level=level,
-        adaptive=True,
-        quantile=0.7,
     )
     seq = (torch.where(mask, d, 0.0).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)).expand(
         B, T
     )
     lower, upper, st = sat_clip_bounds(seq, mask, eps_low=0.2, eps_high=0.2, quantile=0.7)
-    for key in ("q", "gate_rate", "c_min", "eps_low_eff_mean", "eps_high_eff_mean"):
-        assert m[f"sat/{key}"] == pytest.approx(st[key], rel=1e-12, abs=1e-15)
+    for key in (M.SAT_Q, M.SAT_GATE_RATE, M.SAT_C_MIN, M.SAT_EPS_LOW_EFF, M.SAT_EPS_HIGH_EFF):
+        assert m[key] == pytest.approx(st[key], rel=1e-12, abs=1e-15)
     r, a = torch.exp(seq), adv[:, None].expand(B, T)
     ppo = mask & (((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8)))
     sat = mask & (((a > 0) & (r > upper)) | ((a < 0) & (r < lower)))
@@ -536,7 +568,11 @@ def test_min_q_eps_bites_where_plain_sat_is_inert():
     ):
         logp = d.clone().requires_grad_()
         loss, m = policy_loss(
-            logp, torch.zeros_like(d), torch.ones(1), torch.ones(1, 4), quantile=0.5, **kw
+            logp,
+            torch.zeros_like(d),
+            torch.ones(1),
+            torch.ones(1, 4),
+            LossConfig(quantile=0.5, **kw),
         )
         loss.backward()
         grads[name] = (logp.grad, loss.item(), m)
@@ -563,7 +599,7 @@ def test_per_micro_batch_scope_equals_blockwise_losses(level, q_rows):
     weighted combination of the losses of the blocks computed alone, value and gradient."""
     logp, denom, adv, mask = make_batch(7, B=7, T=6, scale=0.1)
     kw = dict(level=level, adaptive=True, quantile=0.75)
-    loss, m = policy_loss(logp, denom, adv, mask, q_rows=q_rows, **kw)
+    loss, m = policy_loss_kw(logp, denom, adv, mask, q_rows=q_rows, **kw)
     (grad,) = torch.autograd.grad(loss, logp)
     seq_level = level != "token"
     total = int(mask.any(-1).sum()) if seq_level else int(mask.sum())
@@ -574,7 +610,7 @@ def test_per_micro_batch_scope_equals_blockwise_losses(level, q_rows):
         n_c = int(mask[sl].any(-1).sum()) if seq_level else int(mask[sl].sum())
         if n_c == 0:
             continue
-        lb, mb = policy_loss(logp[sl], denom[sl], adv[sl], mask[sl], **kw)
+        lb, mb = policy_loss_kw(logp[sl], denom[sl], adv[sl], mask[sl], **kw)
         ref = ref + lb * (n_c / total)
         n_tok = int(mask[sl].sum())
         gates += mb["sat/gate_rate"] * n_tok
@@ -586,8 +622,8 @@ def test_per_micro_batch_scope_equals_blockwise_losses(level, q_rows):
     assert m["sat/gate_rate"] == pytest.approx(gates / n_tok)
     assert m["sat/q"] == pytest.approx(sum(q * n for q, n in qs) / n_tok)
     # one block = the default global scope, bit for bit
-    l1, _ = policy_loss(logp, denom, adv, mask, q_rows=7, **kw)
-    l0, _ = policy_loss(logp, denom, adv, mask, **kw)
+    l1, _ = policy_loss_kw(logp, denom, adv, mask, q_rows=7, **kw)
+    l0, _ = policy_loss_kw(logp, denom, adv, mask, **kw)
     assert torch.equal(l0, l1)
 
 
@@ -599,10 +635,9 @@ def test_per_micro_batch_active_fraction_hand_case():
         torch.zeros_like(d),
         torch.ones(2, dtype=F64),
         torch.ones(2, 2),
-        adaptive=True,
-        q_rows=1,
+        LossConfig(adaptive=True, q_rows=1),
     )
     assert m["sat/active"] == 0.5 and m["sat/active_high"] == 0.5
     assert m["sat/q"] == pytest.approx((0.5 + 0.01) / 2)
     with pytest.raises(ValueError, match="q_rows"):
-        policy_loss(d, torch.zeros_like(d), torch.ones(2), torch.ones(2, 2), q_rows=0)
+        policy_loss(d, torch.zeros_like(d), torch.ones(2), torch.ones(2, 2), LossConfig(q_rows=0))

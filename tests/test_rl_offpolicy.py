@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from loss_helpers import loss_of
 
 from sat_cli.rl import offpolicy as off
-from sat_cli.rl import registry as R
+from sat_cli.rl.config import LossConfig
 
 F64 = torch.float64
 
@@ -34,10 +35,13 @@ def test_sequence_ess_uses_the_product_over_response_tokens():
     w = [math.exp(0.4), math.exp(-0.2)]
     expected = sum(w) ** 2 / (2 * sum(x * x for x in w))
     assert off.sequence_ess(logp, torch.zeros_like(logp), mask) == pytest.approx(expected)
-    _, m = R.compute_loss(
-        "grpo", "none", logp=logp.requires_grad_(), rollout_logp=torch.zeros_like(logp),
-        advantages=torch.ones(3, dtype=F64), mask=mask,
-    )  # fmt: skip
+    _, m = loss_of(
+        LossConfig("grpo", "none"),
+        logp=logp.requires_grad_(),
+        rollout_logp=torch.zeros_like(logp),
+        advantages=torch.ones(3, dtype=F64),
+        mask=mask,
+    )
     assert m["staleness/ess"] == pytest.approx(expected)
 
 
@@ -59,8 +63,8 @@ def test_a3po_hand_case():
     mu = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]], dtype=F64)
     d = torch.tensor([[0.25, 0.0], [0.3, -0.15]], dtype=F64)
     logp = (mu + d).requires_grad_()
-    loss, m = R.compute_loss(
-        "a3po",
+    loss, m = loss_of(
+        LossConfig("a3po"),
         logp=logp,
         rollout_logp=mu,
         advantages=torch.tensor([-1.0, 1.0], dtype=F64),
@@ -85,9 +89,10 @@ def test_a3po_at_staleness_one_is_grpo_bit_for_bit():
     logp = (mu + 0.2 * torch.randn(6, 5, generator=g)).requires_grad_()
     adv = torch.randn(6, generator=g)
     mask = torch.rand(6, 5, generator=g) > 0.2
-    kw = dict(logp=logp, rollout_logp=mu, advantages=adv, mask=mask, adaptive=True)
-    la, _ = R.compute_loss("a3po", versions=torch.full((6,), 9), current_version=10, **kw)
-    lg, _ = R.compute_loss("grpo", **kw)
+    kw = dict(logp=logp, rollout_logp=mu, advantages=adv, mask=mask)
+    a3po = LossConfig("a3po", adaptive=True)
+    la, _ = loss_of(a3po, versions=torch.full((6,), 9), current_version=10, **kw)
+    lg, _ = loss_of(LossConfig("grpo", adaptive=True), **kw)
     ga = torch.autograd.grad(la, logp)[0]
     gg = torch.autograd.grad(lg, logp)[0]
     assert torch.equal(la, lg) and torch.equal(ga, gg)
@@ -126,10 +131,15 @@ def test_a3po_against_loop_reference(seed, cap, mode):
     mask = torch.rand(B, T, generator=g) > 0.25
     mask[:, 0] = True
     versions = torch.randint(0, 9, (B, T), generator=g)  # per-token versions (in-flight updates)
-    loss, _ = R.compute_loss(
-        "a3po", logp=logp, rollout_logp=mu, advantages=adv, mask=mask, versions=versions,
-        current_version=8, behav_cap=cap, behav_mode=mode,
-    )  # fmt: skip
+    loss, _ = loss_of(
+        LossConfig("a3po", behav_cap=cap, behav_mode=mode),
+        logp=logp,
+        rollout_logp=mu,
+        advantages=adv,
+        mask=mask,
+        versions=versions,
+        current_version=8,
+    )
     grad = torch.autograd.grad(loss, logp)[0]
     lr = logp.detach().clone().requires_grad_()
     ref = _ref_a3po(lr, mu, adv, mask, versions, 8, cap=cap, mode=mode)
@@ -141,7 +151,7 @@ def test_a3po_against_loop_reference(seed, cap, mode):
 def test_a3po_needs_versions():
     b = dict(logp=torch.zeros(1, 1, requires_grad=True), rollout_logp=torch.zeros(1, 1))
     with pytest.raises(ValueError, match="versions"):
-        R.compute_loss("a3po", advantages=torch.ones(1), mask=torch.ones(1, 1), **b)
+        loss_of(LossConfig("a3po"), advantages=torch.ones(1), mask=torch.ones(1, 1), **b)
 
 
 # ----------------------------------------------------------------------------- VCPO
@@ -167,15 +177,13 @@ def _vcpo_hand_numbers(cap):
 def test_vcpo_hand_case():
     mu = torch.full((4, 2), -1.0, dtype=F64)
     logp = (mu + torch.tensor(VC_D, dtype=F64)).requires_grad_()
-    loss, m = R.compute_loss(
-        "vcpo",
+    loss, m = loss_of(
+        LossConfig("vcpo", group_size=2, vcpo_is_cap=1.5),
         logp=logp,
         rollout_logp=mu,
         advantages=torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=F64),
         mask=torch.ones(4, 2),
         seq_score_sqnorm=torch.tensor([1.0, 4.0, 2.0, 1.0], dtype=F64),
-        group_size=2,
-        vcpo_is_cap=1.5,  # e^0.5 = 1.6487 is truncated to 1.5
     )
     Ap, wt, ess, shifts = _vcpo_hand_numbers(1.5)
     assert shifts[0] == pytest.approx(-0.45672, abs=1e-5)
@@ -195,16 +203,23 @@ def test_vcpo_hand_case():
 def test_vcpo_without_opob_keeps_the_group_advantages():
     mu = torch.zeros(2, 1, dtype=F64)
     logp = torch.tensor([[0.3], [-0.3]], dtype=F64, requires_grad=True)
-    loss, m = R.compute_loss(
-        "vcpo", logp=logp, rollout_logp=mu, advantages=torch.tensor([1.0, -1.0], dtype=F64),
-        mask=torch.ones(2, 1), vcpo_opob=False,
-    )  # fmt: skip
+    loss, m = loss_of(
+        LossConfig("vcpo", vcpo_opob=False),
+        logp=logp,
+        rollout_logp=mu,
+        advantages=torch.tensor([1.0, -1.0], dtype=F64),
+        mask=torch.ones(2, 1),
+    )
     # -(e^0.3 * 1 + e^-0.3 * -1) / 2
     assert loss.item() == pytest.approx(-(math.exp(0.3) - math.exp(-0.3)) / 2)
     assert "vcpo/baseline_shift_abs_mean" not in m
     with pytest.raises(ValueError, match="seq_score_sqnorm"):
-        R.compute_loss(
-            "vcpo", logp=logp, rollout_logp=mu, advantages=torch.ones(2), mask=torch.ones(2, 1)
+        loss_of(
+            LossConfig("vcpo"),
+            logp=logp,
+            rollout_logp=mu,
+            advantages=torch.ones(2),
+            mask=torch.ones(2, 1),
         )
 
 
@@ -247,10 +262,14 @@ def test_vcpo_against_loop_reference(seed):
     mask = torch.rand(B, T, generator=g) > 0.3
     mask[:, 0] = True
     sq = torch.rand(B, generator=g, dtype=F64) * 10
-    loss, m = R.compute_loss(
-        "vcpo", logp=logp, rollout_logp=mu, advantages=adv, mask=mask, seq_score_sqnorm=sq,
-        group_size=G, vcpo_is_cap=1.2,
-    )  # fmt: skip
+    loss, m = loss_of(
+        LossConfig("vcpo", group_size=G, vcpo_is_cap=1.2),
+        logp=logp,
+        rollout_logp=mu,
+        advantages=adv,
+        mask=mask,
+        seq_score_sqnorm=sq,
+    )
     grad = torch.autograd.grad(loss, logp)[0]
     lr = logp.detach().clone().requires_grad_()
     ref = _ref_vcpo(lr, mu, adv, mask, sq, G, 1.2)
@@ -264,13 +283,16 @@ def test_vcpo_against_loop_reference(seed):
 
 def test_vcpo_rejects_sat_and_corrections():
     b = dict(
-        logp=torch.zeros(2, 1, requires_grad=True), rollout_logp=torch.zeros(2, 1),
-        advantages=torch.ones(2), mask=torch.ones(2, 1), seq_score_sqnorm=torch.ones(2),
-    )  # fmt: skip
+        logp=torch.zeros(2, 1, requires_grad=True),
+        rollout_logp=torch.zeros(2, 1),
+        advantages=torch.ones(2),
+        mask=torch.ones(2, 1),
+        seq_score_sqnorm=torch.ones(2),
+    )
     with pytest.raises(ValueError, match="clip interval"):
-        R.compute_loss("vcpo", adaptive=True, **b)
+        loss_of(LossConfig("vcpo", adaptive=True), **b)
     with pytest.raises(ValueError, match="mismatch treatment"):
-        R.compute_loss("vcpo", "tis", old_logp=torch.zeros(2, 1), **b)
+        loss_of(LossConfig("vcpo", "tis"), old_logp=torch.zeros(2, 1), **b)
     # the score-function ratio is 1 in value: exactly -mean(min(w, C) A')
-    loss, _ = R.compute_loss("vcpo", vcpo_opob=False, **b)
+    loss, _ = loss_of(LossConfig("vcpo", vcpo_opob=False), **b)
     assert loss.item() == -1.0

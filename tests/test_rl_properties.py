@@ -9,8 +9,10 @@ from decimal import Decimal
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loss_helpers import policy_loss_kw
 
-from sat_cli.rl.losses import clipped_surrogate, policy_loss
+from sat_cli import metric_names as M
+from sat_cli.rl.losses import clipped_surrogate
 from sat_cli.rl.sat import ANCHORS, sat_clip_bounds
 
 F64 = torch.float64
@@ -63,9 +65,9 @@ def test_containment(batch, p):
     assert torch.equal(upper[d <= 0], ppo_hi[d <= 0]) and torch.equal(lower[d >= 0], ppo_lo[d >= 0])
     assert torch.equal(upper[~mask], ppo_hi[~mask]) and torch.equal(lower[~mask], ppo_lo[~mask])
     if p["anchor"] == "q":  # identical (bit for bit) wherever the gate is off
-        off = ~gate_q(d, mask, st_["q"])
+        off = ~gate_q(d, mask, st_[M.SAT_Q])
         assert torch.equal(upper[off], ppo_hi[off]) and torch.equal(lower[off], ppo_lo[off])
-    assert 0.0 <= st_["c_min"] <= 1.0
+    assert 0.0 <= st_[M.SAT_C_MIN] <= 1.0
 
 
 @SETTINGS
@@ -93,9 +95,9 @@ def test_gradient_changes_only_on_newly_clipped_outward_bands(batch, p):
     kw = dict(eps_low=p["eps_low"], eps_high=p["eps_high"], quantile=p["quantile"])
     kw |= dict(exponent=p["exponent"], anchor=p["anchor"])
     (g_sat,) = torch.autograd.grad(
-        policy_loss(logp, denom, adv, mask, adaptive=True, **kw)[0], logp
+        policy_loss_kw(logp, denom, adv, mask, adaptive=True, **kw)[0], logp
     )
-    (g_ppo,) = torch.autograd.grad(policy_loss(logp, denom, adv, mask, **kw)[0], logp)
+    (g_ppo,) = torch.autograd.grad(policy_loss_kw(logp, denom, adv, mask, **kw)[0], logp)
     d_eff = torch.where(mask, logp.detach() - denom, 0.0)  # what the loss sees
     lower, upper, _ = sat_clip_bounds(d_eff, mask, **p)
     r = torch.exp(d_eff)
@@ -114,15 +116,15 @@ def test_gate_rate_bound_and_order_statistic(batch, p):
     a = d[mask].abs()
     n = a.numel()
     if n == 0:
-        assert st_["q"] == 0.0 and st_["gate_rate"] == 0.0
+        assert st_[M.SAT_Q] == 0.0 and st_[M.SAT_GATE_RATE] == 0.0
         return
     k = max(1, min(n, math.ceil(Decimal(repr(p["quantile"])) * n)))
-    q = st_["q"]
+    q = st_[M.SAT_Q]
     assert q in a.tolist()  # an order statistic, never interpolated
     assert int((a <= q).sum()) >= k and int((a < q).sum()) < k
     assert q == float(torch.sort(a).values[k - 1])
-    assert st_["gate_rate"] <= 1.0 - p["quantile"] + 1e-12
-    assert st_["gate_rate"] == float(gate_q(d, mask, q).sum()) / n
+    assert st_[M.SAT_GATE_RATE] <= 1.0 - p["quantile"] + 1e-12
+    assert st_[M.SAT_GATE_RATE] == float(gate_q(d, mask, q).sum()) / n
 
 
 @SETTINGS
@@ -144,8 +146,8 @@ def test_q_zero_is_bit_identical_to_ppo(batch, p, level):
             covered += int(mask[b].sum())
     logp = torch.where(d == 0, denom, denom + d).requires_grad_()
     kw = dict(level=level, eps_low=p["eps_low"], eps_high=p["eps_high"], quantile=p["quantile"])
-    la, ma = policy_loss(logp, denom, adv, mask, **kw)
-    lb, mb = policy_loss(logp, denom, adv, mask, adaptive=True, anchor=p["anchor"], **kw)
+    la, ma = policy_loss_kw(logp, denom, adv, mask, **kw)
+    lb, mb = policy_loss_kw(logp, denom, adv, mask, adaptive=True, anchor=p["anchor"], **kw)
     (ga,) = torch.autograd.grad(la, logp)
     (gb,) = torch.autograd.grad(lb, logp)
     assert mb["sat/q"] == 0.0 and mb["sat/gate_rate"] == 0.0
@@ -160,7 +162,7 @@ def test_sat_gspo_one_c_per_response(batch, p, level):
     logp = (denom + d).requires_grad_()
     kw = dict(eps_low=p["eps_low"], eps_high=p["eps_high"], quantile=p["quantile"])
     kw |= dict(exponent=p["exponent"], anchor=p["anchor"])
-    loss, _ = policy_loss(logp, denom, adv, mask, level=level, adaptive=True, **kw)
+    loss, _ = policy_loss_kw(logp, denom, adv, mask, level=level, adaptive=True, **kw)
     lens = mask.sum(-1, keepdim=True)
     seq_lr = torch.where(mask, logp.detach() - denom, 0.0).sum(-1, keepdim=True) / lens.clamp(min=1)
     lower, upper, _ = sat_clip_bounds(seq_lr.expand_as(d), mask, **kw)
@@ -184,7 +186,7 @@ def test_no_gradient_through_d_q_or_bounds(batch, p):
     # The SAT gradient equals that of the surrogate with the bounds frozen as constants.
     d, mask, adv, denom = batch
     logp = (denom + d).requires_grad_()
-    loss, _ = policy_loss(logp, denom, adv, mask, adaptive=True, **p)
+    loss, _ = policy_loss_kw(logp, denom, adv, mask, adaptive=True, **p)
     (g,) = torch.autograd.grad(loss, logp)
     logp2 = logp.detach().clone().requires_grad_()
     lr = torch.where(mask, logp2 - denom, 0.0)

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from sat_cli import metric_names as M
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.losses import policy_loss
 from sat_cli.rl.sat import kth_smallest_abs, order_statistic_k, sat_clip_bounds
 from sat_cli.rl.staleness import active_abs_logratio, logratio_stats
@@ -20,7 +22,7 @@ def test_hand_case_gate_on():
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     lower, upper, st = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, quantile=0.5)
     # N = 4, k = ceil(0.5 * 4) = 2; sorted |d| = [0.05, 0.10, 0.30, 0.40] -> q = 0.10.
-    assert st["q"] == pytest.approx(0.10, abs=1e-15)
+    assert st[M.SAT_Q] == pytest.approx(0.10, abs=1e-15)
     # Gate |d| > 0.10: tokens 1 (d = -0.30) and 2 (d = 0.40); token 3 (|d| == q) is NOT gated.
     # token 1: psi = 1 / (1 + (0.30 / 0.10)^2) = 1/10 -> lower = 1 - 0.2 * 0.1 = 0.98
     # token 2: psi = 1 / (1 + (0.40 / 0.10)^2) = 1/17 -> upper = 1 + 0.2 / 17
@@ -28,12 +30,12 @@ def test_hand_case_gate_on():
     exp_upper = torch.tensor([[1.2, 1.2, 1 + 0.2 / 17, 1.2, 1.2]], dtype=F64)
     torch.testing.assert_close(lower, exp_lower, rtol=0, atol=1e-15)
     torch.testing.assert_close(upper, exp_upper, rtol=0, atol=1e-15)
-    assert st["gate_rate"] == 0.5  # 2 of 4 active tokens
+    assert st[M.SAT_GATE_RATE] == 0.5  # 2 of 4 active tokens
     # eps_low * mean c_minus = 0.2 * (1 + 0.1 + 1 + 1) / 4 = 0.155
-    assert st["eps_low_eff_mean"] == pytest.approx(0.155, abs=1e-12)
+    assert st[M.SAT_EPS_LOW_EFF] == pytest.approx(0.155, abs=1e-12)
     # eps_high * mean c_plus = 0.2 * (3 + 1/17) / 4
-    assert st["eps_high_eff_mean"] == pytest.approx(0.2 * (3 + 1 / 17) / 4, abs=1e-12)
-    assert st["c_min"] == pytest.approx(1 / 17, abs=1e-12)
+    assert st[M.SAT_EPS_HIGH_EFF] == pytest.approx(0.2 * (3 + 1 / 17) / 4, abs=1e-12)
+    assert st[M.SAT_C_MIN] == pytest.approx(1 / 17, abs=1e-12)
 
 
 def test_hand_case_exponent_one_and_sign_selection():
@@ -47,7 +49,7 @@ def test_hand_case_exponent_one_and_sign_selection():
     # upper = 1 + 0.3 / 5 = 1.06, lower stays 0.9. Token 1 (d < 0): lower = 1 - 0.1 / 5 = 0.98.
     torch.testing.assert_close(upper, torch.tensor([[1.06, 1.3, 1.3]], dtype=F64))
     torch.testing.assert_close(lower, torch.tensor([[0.9, 0.98, 0.9]], dtype=F64))
-    assert st["gate_rate"] == pytest.approx(2 / 3)
+    assert st[M.SAT_GATE_RATE] == pytest.approx(2 / 3)
 
 
 def test_gate_off_when_q_is_zero_bit_identical_bounds():
@@ -56,7 +58,7 @@ def test_gate_off_when_q_is_zero_bit_identical_bounds():
     lower, upper, st = sat_clip_bounds(
         d, torch.ones(1, 4), eps_low=0.2, eps_high=0.28, quantile=0.75
     )
-    assert st["q"] == 0.0 and st["gate_rate"] == 0.0 and st["c_min"] == 1.0
+    assert st[M.SAT_Q] == 0.0 and st[M.SAT_GATE_RATE] == 0.0 and st[M.SAT_C_MIN] == 1.0
     assert torch.equal(lower, torch.full_like(d, 1.0 - 0.2))
     assert torch.equal(upper, torch.full_like(d, 1.0 + 0.28))
 
@@ -65,11 +67,11 @@ def test_empty_mask():
     d = torch.tensor([[float("nan"), 3.0]])
     lower, upper, st = sat_clip_bounds(d, torch.zeros(1, 2), eps_low=0.2, eps_high=0.2)
     assert st == {
-        "q": 0.0,
-        "gate_rate": 0.0,
-        "eps_low_eff_mean": 0.2,
-        "eps_high_eff_mean": 0.2,
-        "c_min": 1.0,
+        M.SAT_Q: 0.0,
+        M.SAT_GATE_RATE: 0.0,
+        M.SAT_EPS_LOW_EFF: 0.2,
+        M.SAT_EPS_HIGH_EFF: 0.2,
+        M.SAT_C_MIN: 1.0,
     }
     assert torch.equal(upper, torch.full_like(d, 1.2))
 
@@ -79,9 +81,9 @@ def test_q_is_lower_order_statistic_not_interpolated():
     # the interpolated 1 + 0.9 * 3 = 3.7).
     d = torch.tensor([[-3.0, 1.0, 4.0, -2.0]])
     _, _, st = sat_clip_bounds(d, torch.ones(1, 4), eps_low=0.2, eps_high=0.2, quantile=0.9)
-    assert st["q"] == 4.0
+    assert st[M.SAT_Q] == 4.0
     assert float(torch.quantile(d.abs(), 0.9)) == pytest.approx(3.7)
-    assert st["gate_rate"] == 0.0  # strict gate: nothing exceeds the maximum
+    assert st[M.SAT_GATE_RATE] == 0.0  # strict gate: nothing exceeds the maximum
 
 
 def test_k_is_exact_despite_float_noise():
@@ -93,8 +95,8 @@ def test_k_is_exact_despite_float_noise():
     assert order_statistic_k(1.0, 7) == 7
     d = torch.arange(1, 101, dtype=F64).reshape(4, 25) / 100  # |d| = 0.01 .. 1.00
     _, _, st = sat_clip_bounds(d, torch.ones(4, 25), eps_low=0.2, eps_high=0.2, quantile=0.55)
-    assert st["q"] == pytest.approx(0.55, abs=1e-15)  # 55th smallest, not 56th
-    assert st["gate_rate"] == pytest.approx(0.45)
+    assert st[M.SAT_Q] == pytest.approx(0.55, abs=1e-15)  # 55th smallest, not 56th
+    assert st[M.SAT_GATE_RATE] == pytest.approx(0.45)
 
 
 def test_padding_ignored_by_q():
@@ -103,8 +105,8 @@ def test_padding_ignored_by_q():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     _, upper, st = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, quantile=0.5)
     # active |d| = [0.1, 0.2, 0.3], k = ceil(1.5) = 2 -> q = 0.2; gated: 0.3 only.
-    assert st["q"] == pytest.approx(0.2)
-    assert st["gate_rate"] == pytest.approx(1 / 3)
+    assert st[M.SAT_Q] == pytest.approx(0.2)
+    assert st[M.SAT_GATE_RATE] == pytest.approx(1 / 3)
     assert float(upper[1, 0]) == pytest.approx(1 + 0.2 / (1 + 1.5**2))
     assert float(upper[0, 2]) == pytest.approx(1.2)  # padding keeps PPO's bound
 
@@ -121,7 +123,7 @@ def test_min_q_eps_equals_sat_when_q_below_ln1p_eps():
     mask = torch.rand(6, 9) > 0.2
     a = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2)
     b = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, anchor="min_q_eps")
-    assert a[2]["q"] < math.log1p(0.2)
+    assert a[2][M.SAT_Q] < math.log1p(0.2)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
 
 
@@ -132,7 +134,7 @@ def test_min_q_eps_hand_case_whole_batch_stale():
     lo_q, up_q, st_q = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, quantile=0.5)
     # plain SAT: gated 0.6 and -0.7 only; both already outside PPO's interval
     # (e^0.6 = 1.82 > 1.2, e^-0.7 = 0.50 < 0.8), so no gradient can change.
-    assert st_q["gate_rate"] == 0.5
+    assert st_q[M.SAT_GATE_RATE] == 0.5
     lo, up, st = sat_clip_bounds(
         d, mask, eps_low=0.2, eps_high=0.2, quantile=0.5, anchor="min_q_eps"
     )
@@ -144,7 +146,7 @@ def test_min_q_eps_hand_case_whole_batch_stale():
     assert float(up[0, 0]) < math.exp(0.15) < 1.2  # newly clipped: SAT now bites
     assert float(lo[0, 3]) == pytest.approx(1 - 0.2 / (1 + (0.7 / ell_lo) ** 2), abs=1e-12)
     assert float(lo[0, 0]) == 0.8 and float(up[0, 3]) == 1.2  # sign selection
-    assert st["gate_rate"] == 1.0 and st["q"] == st_q["q"]
+    assert st[M.SAT_GATE_RATE] == 1.0 and st[M.SAT_Q] == st_q[M.SAT_Q]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +189,7 @@ def test_logratio_p90_matches_sat_q():
     logp, denom = torch.randn(8, 16), torch.randn(8, 16)
     mask = torch.rand(8, 16) > 0.3
     _, _, st = sat_clip_bounds(logp - denom, mask, eps_low=0.2, eps_high=0.2, quantile=0.9)
-    assert logratio_stats(logp, denom, mask)["staleness/abs_logratio_p90"] == st["q"]
+    assert logratio_stats(logp, denom, mask)["staleness/abs_logratio_p90"] == st[M.SAT_Q]
 
 
 @pytest.mark.parametrize("layout", ["random", "zeros", "ties", "adversarial"])
@@ -231,17 +233,21 @@ def test_large_batch_bounds_and_metrics_against_dense_computation():
     psi = 1 / (1 + (d.abs() / q) ** 2)
     exp_upper = torch.where(gate & (d > 0), 1 + 0.28 * psi, torch.tensor(1.28, dtype=F64))
     exp_lower = torch.where(gate & (d < 0), 1 - 0.2 * psi, torch.tensor(0.8, dtype=F64))
-    assert st["q"] == q and st["gate_rate"] == pytest.approx(float(gate.sum()) / a.numel())
+    assert st[M.SAT_Q] == q and st[M.SAT_GATE_RATE] == pytest.approx(float(gate.sum()) / a.numel())
     torch.testing.assert_close(upper, exp_upper, rtol=0, atol=1e-15)
     torch.testing.assert_close(lower, exp_lower, rtol=0, atol=1e-15)
-    assert st["c_min"] == pytest.approx(float(psi[gate].min()))
+    assert st[M.SAT_C_MIN] == pytest.approx(float(psi[gate].min()))
     c_hi = torch.where(gate & (d > 0), psi, torch.ones_like(psi))[mask]
-    assert st["eps_high_eff_mean"] == pytest.approx(0.28 * float(c_hi.mean()), rel=1e-12)
+    assert st[M.SAT_EPS_HIGH_EFF] == pytest.approx(0.28 * float(c_hi.mean()), rel=1e-12)
     # policy_loss metrics: PPO clip fraction and the SAT-only band, densely
     adv = torch.randn(B, 1, generator=g, dtype=F64).expand(B, T)
     logp = d.clone().requires_grad_()
     _, m = policy_loss(
-        logp, torch.zeros_like(d), adv[:, 0], mask, eps_low=0.2, eps_high=0.28, adaptive=True
+        logp,
+        torch.zeros_like(d),
+        adv[:, 0],
+        mask,
+        LossConfig(eps_low=0.2, eps_high=0.28, adaptive=True),
     )
     r = torch.exp(d)
     ppo = mask & (((adv > 0) & (r > 1.28)) | ((adv < 0) & (r < 0.8)))
@@ -261,14 +267,16 @@ def test_non_contiguous_inputs():
     a = sat_clip_bounds(d, mask, eps_low=0.2, eps_high=0.2, quantile=0.7)
     b = sat_clip_bounds(d.contiguous(), mask.contiguous(), eps_low=0.2, eps_high=0.2, quantile=0.7)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
-    assert a[2]["gate_rate"] > 0
+    assert a[2][M.SAT_GATE_RATE] > 0
     logp = d.clone().t().contiguous().t().requires_grad_()  # non-contiguous leaf
-    la, _ = policy_loss(logp, torch.zeros_like(d), torch.ones(9, dtype=F64), mask, adaptive=True)
+    la, _ = policy_loss(
+        logp, torch.zeros_like(d), torch.ones(9, dtype=F64), mask, LossConfig(adaptive=True)
+    )
     lb, _ = policy_loss(
         d.contiguous(),
         torch.zeros(9, 12, dtype=F64),
         torch.ones(9, dtype=F64),
         mask.contiguous(),
-        adaptive=True,
+        LossConfig(adaptive=True),
     )
     assert torch.equal(la.detach(), lb)

@@ -183,7 +183,7 @@ def train_loop(
             metrics["perf/wait_s"] = wait_s
             # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
             eps_low, eps_high = s.clip.radii(t, s.max_steps)
-            _set_radii(trainer, eps_low, eps_high)
+            trainer.set_clip_radii(eps_low, eps_high)
             metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
             diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
             if samples:
@@ -323,9 +323,7 @@ def _outage_expired(tracker) -> bool:
 def _skip_step(trainer, counters: dict) -> None:
     """No sample survived scoring: no update, but the trainer's version still advances."""
     counters["skipped_steps"] += 1
-    trainer_skip = getattr(trainer, "skip_step", None)
-    if trainer_skip:
-        trainer_skip()
+    trainer.skip_step()
 
 
 def _perf(metrics: dict, t_step: float, timing: dict) -> None:
@@ -335,9 +333,3 @@ def _perf(metrics: dict, t_step: float, timing: dict) -> None:
     metrics["perf/overlap_efficiency"] = min(
         busy / max(step_s - metrics.get("perf/eval_s", 0.0), 1e-9), 1.0
     )
-
-
-def _set_radii(trainer, eps_low: float, eps_high: float) -> None:
-    setter = getattr(trainer, "set_clip_radii", None)
-    if setter is not None:
-        setter(eps_low, eps_high)

@@ -2,8 +2,9 @@
 
 Built once at the edge (``sat_cli.build.loss_config``), passed to the trainer, serialised as
 JSON for the Megatron worker (``to_dict`` / ``from_dict``, exact round trip) and read by
-``sat_cli.rl.registry.loss`` and the shared training step (``sat_cli.trainers.step``). Field
-names are the loss function's keyword names (``agg``, not the config's ``algo.loss_agg``).
+``sat_cli.rl.registry.compute``, ``sat_cli.rl.losses.policy_loss`` and the shared training
+step (``sat_cli.trainers.step``). Field names are the loss's names (``agg``, not the config's
+``algo.loss_agg``).
 
 Settings an algorithm or correction does not use are carried but never read (``tis_cap``
 without ``tis``/``mis``, ``group_size`` without ``vcpo``, ...). ``q_rows`` is SAT's scope:
@@ -55,12 +56,6 @@ class LossConfig:
     def replace(self, **changes) -> LossConfig:
         """A copy with ``changes`` (e.g. new clip radii from a schedule)."""
         return dataclasses.replace(self, **changes)
-
-    def loss_settings(self) -> dict[str, Any]:
-        """The keyword settings of ``registry.compute_loss`` (all fields but the names and
-        ``kl_coef``)."""
-        skip = ("algo", "correction", "kl_coef")
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready ``{field: value}`` (``from_dict`` gives back an equal value)."""

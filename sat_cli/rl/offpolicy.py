@@ -72,7 +72,9 @@ from dataclasses import dataclass
 import torch
 
 from sat_cli import metric_names as M
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.corrections import behaviour_weights
+from sat_cli.rl.loss_io import LossInputs
 
 
 @torch.no_grad()
@@ -164,16 +166,18 @@ class Prep:
     factor: torch.Tensor | None = None  # detached [B, T] weight on the surrogate
 
 
-def a3po_prepare(*, logp, rollout_logp, mask, versions, current_version, p, **_):
+def a3po_prepare(x: LossInputs, cfg: LossConfig) -> Prep:
+    logp, rollout_logp, mask, versions = x.logp, x.rollout_logp, x.mask, x.versions
+    current_version = x.current_version
     if versions is None or current_version is None:
         raise ValueError("algo 'a3po' needs the samples' weight versions and the current version")
     v = versions if versions.dim() == 2 else versions[:, None]  # [B, T] or [B, 1]
     alpha = a3po_alpha(v.to(logp.device), int(current_version))
     prox = a3po_prox_logp(logp, rollout_logp, alpha)  # [B, T], pi_prox
-    w = behaviour_weights(prox, rollout_logp, cap=p["behav_cap"], mode=p["behav_mode"])
+    w = behaviour_weights(prox, rollout_logp, cap=cfg.behav_cap, mode=cfg.behav_mode)
     a_tok = alpha.expand_as(logp)[mask.bool()]
     alpha_mean = float(a_tok.mean()) if a_tok.numel() else 0.0
-    return Prep(prox, metrics={"a3po/alpha_mean": alpha_mean}, factor=w)
+    return Prep(prox, metrics={M.A3PO_ALPHA_MEAN: alpha_mean}, factor=w)
 
 
 def _vcpo_seq_adv(advantages, mask):
@@ -184,21 +188,22 @@ def _vcpo_seq_adv(advantages, mask):
     return a / m.sum(-1).clamp(min=1)  # [B]; the loop gives one value per response
 
 
-def vcpo_prepare(*, logp, rollout_logp, advantages, mask, seq_score_sqnorm, p, **_):
+def vcpo_prepare(x: LossInputs, cfg: LossConfig) -> Prep:
+    logp, rollout_logp, mask, seq_score_sqnorm = x.logp, x.rollout_logp, x.mask, x.seq_score_sqnorm
     log_w = sequence_log_weights(logp, rollout_logp, mask)  # [B], unclipped
     rows = mask.bool().any(-1)
     ess = kish_ess(log_w[rows])
-    adv = _vcpo_seq_adv(advantages, mask)
-    metrics = {"vcpo/ess": ess, M.LR_SCALE: vcpo_lr_scale(ess, p["vcpo_ess_base"])}
-    if p["vcpo_opob"]:
+    adv = _vcpo_seq_adv(x.advantages, mask)
+    metrics = {M.VCPO_ESS: ess, M.LR_SCALE: vcpo_lr_scale(ess, cfg.vcpo_ess_base)}
+    if cfg.vcpo_opob:
         if seq_score_sqnorm is None:
             raise ValueError("algo 'vcpo' with its optimal baseline needs seq_score_sqnorm")
-        G = int(p["group_size"] or adv.numel())
+        G = int(cfg.group_size or adv.numel())
         groups = torch.arange(adv.numel(), device=adv.device) // G
         new = vcpo_opob_advantages(adv, log_w, seq_score_sqnorm.to(adv.device), groups)
-        metrics["vcpo/baseline_shift_abs_mean"] = float((new - adv)[rows].abs().mean())
+        metrics[M.VCPO_BASELINE_SHIFT] = float((new - adv)[rows].abs().mean())
         adv = new
-    w = torch.exp(log_w).clamp(max=p["vcpo_is_cap"])  # [B], truncated sequence weight
+    w = torch.exp(log_w).clamp(max=cfg.vcpo_is_cap)  # [B], truncated sequence weight
     factor = w.to(logp.dtype)[:, None].expand_as(logp)
     # denominator sg[log pi]: r == 1 in value, gradient of log pi (the score function)
     return Prep(logp.detach(), adv.to(logp.dtype), metrics, "seq-mean-token-mean", factor)

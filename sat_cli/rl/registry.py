@@ -1,12 +1,11 @@
 """Registry of policy-loss algorithms and mismatch corrections, composed per ALGORITHMS.md §5.
 
-A trainer calls ``compute(cfg, logp=..., rollout_logp=..., old_logp=..., advantages=...,
-mask=...)`` with its ``LossConfig`` (``sat_cli.rl.config``); ``compute_loss(algo, correction,
-..., <settings as keywords>)`` is the same with the settings spelled out. Each algorithm is
-registered with ``@register_algorithm`` together with its ratio level, its denominator and a
-function returning its extra per-token mask/weight; each correction with
-``@register_correction``. ``valid_names()`` lists both for config validation, and unknown names
-raise ``ValueError`` listing the valid ones.
+The one way into the loss: ``compute(cfg, inputs) -> LossOutputs`` with the trainer's
+``LossConfig`` (``sat_cli.rl.config``: every setting) and a ``LossInputs`` (``rl.loss_io``: the
+tensors of one minibatch). Each algorithm is registered with ``@register_algorithm`` together
+with its ratio level, its denominator and a function ``(inputs, cfg)`` returning its extra
+per-token mask/weight; each correction with ``@register_correction``. ``valid_names()`` lists
+both for config validation, and unknown names raise ``ValueError`` listing the valid ones.
 
 Which denominator each uses (``old`` = the recomputed ``pi_old``, ``rollout`` = ``mu``):
 
@@ -37,7 +36,7 @@ builds advantages. ``dppo_tv`` multiplies the (SAT-able) clipped surrogate with 
 ``M * pi_theta / pi_old * A``), so SAT is rejected for it. ``resolve()`` returns the validated
 combination as a ``LossSpec``.
 
-``compute_loss`` returns ``policy_loss``'s metrics, whose ``staleness/abs_logratio_mean`` uses
+``compute``'s metrics are ``policy_loss``'s, whose ``staleness/abs_logratio_mean`` uses
 the ratio's own denominator, plus ``staleness/abs_logratio_mean_mu`` = mean ``|logp -
 rollout_logp|`` over active tokens (the paper's ``d̄π`` against the behaviour policy, comparable
 across algorithms), ``staleness/ess`` = the normalised Kish ESS of the sequence importance
@@ -57,8 +56,14 @@ from sat_cli import metric_names as M
 from sat_cli.rl import corrections as corr
 from sat_cli.rl import offpolicy as off
 from sat_cli.rl.config import LossConfig
+from sat_cli.rl.loss_io import LossInputs, LossOutputs
 from sat_cli.rl.losses import policy_loss
 from sat_cli.rl.names import DENOMINATORS
+
+__all__ = ["LossInputs", "LossOutputs", "compute", "resolve", "valid_names"]
+
+# (inputs, settings) -> a detached [B, T] factor on the per-token surrogate, or None
+Factor = Callable[[LossInputs, LossConfig], torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,10 @@ class AlgoSpec:
     denominator: str  # "config" (follows ratio_denominator) | "rollout" | "old" | "custom"
     clip: bool  # False: unclipped surrogate r * A
     accepts_correction: bool
-    token_factor: Callable[..., torch.Tensor | None]  # extra detached [B, T] weight or None
-    # "custom" algorithms: fn(**ctx) -> Prep (denominator, advantages, metrics)
-    prepare: Callable[..., off.Prep] | None = None
-    needs: tuple[str, ...] = ()  # extra compute_loss inputs the trainer must pass
+    token_factor: Factor  # extra detached [B, T] weight or None
+    # "custom" algorithms: fn(inputs, cfg) -> Prep (denominator, advantages, metrics)
+    prepare: Callable[[LossInputs, LossConfig], off.Prep] | None = None
+    needs: tuple[str, ...] = ()  # extra LossInputs fields the trainer must fill
 
     @property
     def always_needs_old_logp(self) -> bool:
@@ -82,7 +87,7 @@ class AlgoSpec:
 class CorrectionSpec:
     name: str
     needs_old_logp: bool
-    weights: Callable[..., torch.Tensor | None]  # detached [B, T] weight or None
+    weights: Factor  # detached [B, T] weight or None
 
 
 ALGORITHMS: dict[str, AlgoSpec] = {}
@@ -109,7 +114,7 @@ def register_correction(name, *, needs_old_logp):
     return deco
 
 
-def _none(**_):
+def _none(x: LossInputs, cfg: LossConfig):
     return None
 
 
@@ -123,18 +128,20 @@ for _name, _level in (
 
 
 @register_algorithm("dppo_tv", level="token", denominator="rollout", accepts_correction=False)
-def _dppo_tv(*, logp, rollout_logp, advantages, p, **_):
-    return corr.dppo_tv_mask(logp, rollout_logp, advantages, delta=p["dppo_delta"])
+def _dppo_tv(x: LossInputs, cfg: LossConfig):
+    return corr.dppo_tv_mask(x.logp, x.rollout_logp, x.advantages, delta=cfg.dppo_delta)
 
 
 @register_algorithm("decoupled_ppo", level="token", denominator="old", accepts_correction=False)
-def _decoupled(*, old_logp, rollout_logp, p, **_):
-    return corr.behaviour_weights(old_logp, rollout_logp, cap=p["behav_cap"], mode=p["behav_mode"])
+def _decoupled(x: LossInputs, cfg: LossConfig):
+    return corr.behaviour_weights(
+        x.old_logp, x.rollout_logp, cap=cfg.behav_cap, mode=cfg.behav_mode
+    )
 
 
 @register_algorithm("m2po", level="token", denominator="old", clip=False, accepts_correction=False)
-def _m2po(*, old_logp, rollout_logp, mask, p, **_):
-    return corr.m2po_mask(old_logp, rollout_logp, mask, tau=p["m2po_tau"])
+def _m2po(x: LossInputs, cfg: LossConfig):
+    return corr.m2po_mask(x.old_logp, x.rollout_logp, x.mask, tau=cfg.m2po_tau)
 
 
 register_algorithm(
@@ -162,18 +169,18 @@ register_correction("none", needs_old_logp=False)(_none)
 
 
 @register_correction("tis", needs_old_logp=True)
-def _tis(*, old_logp, rollout_logp, p, **_):
-    return corr.tis_weights(old_logp, rollout_logp, cap=p["tis_cap"])
+def _tis(x: LossInputs, cfg: LossConfig):
+    return corr.tis_weights(x.old_logp, x.rollout_logp, cap=cfg.tis_cap)
 
 
 @register_correction("mis", needs_old_logp=True)
-def _mis(*, old_logp, rollout_logp, p, **_):
-    return corr.mis_weights(old_logp, rollout_logp, cap=p["tis_cap"])
+def _mis(x: LossInputs, cfg: LossConfig):
+    return corr.mis_weights(x.old_logp, x.rollout_logp, cap=cfg.tis_cap)
 
 
 @register_correction("icepop", needs_old_logp=True)
-def _icepop(*, old_logp, rollout_logp, p, **_):
-    return corr.icepop_weights(old_logp, rollout_logp, low=p["icepop_low"], high=p["icepop_high"])
+def _icepop(x: LossInputs, cfg: LossConfig):
+    return corr.icepop_weights(x.old_logp, x.rollout_logp, low=cfg.icepop_low, high=cfg.icepop_high)
 
 
 def valid_names() -> dict[str, list[str]]:
@@ -232,139 +239,69 @@ def needs_old_logp(algo: str, correction: str = "none", ratio_denominator: str =
     return resolve(algo, correction, ratio_denominator).needs_old_logp
 
 
-_INPUTS = (
-    "logp",
-    "rollout_logp",
-    "advantages",
-    "mask",
-    "old_logp",
-    "versions",
-    "current_version",
-    "seq_score_sqnorm",
-)
-
-
-def compute_loss(algo_name: str, correction_name: str = "none", **kwargs):
-    """``compute`` with the settings as keywords beside the tensors (``LossConfig``'s field
-    names and defaults: ``eps_low``, ``eps_high``, ``adaptive``, ``quantile``, ``exponent``,
-    ``anchor``, ``q_rows``, ``agg``, ``dual_clip_c``, ``ratio_denominator``, ``tis_cap``,
-    ``icepop_low``, ``icepop_high``, ``dppo_delta``, ``m2po_tau``, ``behav_cap``,
-    ``behav_mode``, ``group_size``, ``vcpo_is_cap``, ``vcpo_ess_base``, ``vcpo_opob``)."""
-    inputs = {k: kwargs.pop(k) for k in _INPUTS if k in kwargs}
-    try:
-        cfg = LossConfig(algo=algo_name, correction=correction_name, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"compute_loss: {exc}") from None
-    return compute(cfg, **inputs)
-
-
-def compute(
-    cfg: LossConfig,
-    *,
-    logp: torch.Tensor,
-    rollout_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor | None = None,
-    versions: torch.Tensor | None = None,
-    current_version: int | None = None,
-    seq_score_sqnorm: torch.Tensor | None = None,
-    diag: dict | None = None,
-):
-    """Compose ``cfg``'s algorithm and correction into ``policy_loss``; returns ``(loss, metrics)``
-    (extra metrics: module docstring). ``versions`` (``[B]`` or ``[B, T]``), ``current_version``
-    and ``seq_score_sqnorm`` (``[B]``) are read only by the algorithms that need them
-    (``AlgoSpec.needs``). ``cfg.kl_coef`` is the trainer's business (``trainers.step``).
-    ``diag``: a dict to fill with ``policy_loss``'s per-token diagnostics plus ``abs_d_mu``
-    (``[N]`` float32, ``|logp - rollout_logp|`` of the active tokens: the mismatch against the
-    behaviour policy, whatever the denominator)."""
-    algo_name, correction_name = cfg.algo, cfg.correction
-    eps_low, eps_high, agg = cfg.eps_low, cfg.eps_high, cfg.agg
-    ratio_denominator, adaptive = cfg.ratio_denominator, cfg.adaptive
-    spec = resolve(algo_name, correction_name, ratio_denominator)
-    a, c, denom = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction], spec.denominator
-    if spec.needs_old_logp and old_logp is None:
+def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
+    """The one way into the policy loss: ``cfg``'s algorithm and correction composed into
+    ``policy_loss`` on ``inputs`` (extra metrics: module docstring). ``cfg.kl_coef`` is the
+    trainer's business (``trainers.step``)."""
+    x = inputs
+    spec = resolve(cfg.algo, cfg.correction, cfg.ratio_denominator)
+    a, c = ALGORITHMS[spec.algo], CORRECTIONS[spec.correction]
+    if spec.needs_old_logp and x.old_logp is None:
         raise ValueError(
-            f"{algo_name!r} with correction {correction_name!r} needs old_logp (recompute pass)"
+            f"{cfg.algo!r} with correction {cfg.correction!r} needs old_logp (recompute pass)"
         )
-    if adaptive and not a.clip:
-        raise ValueError(f"SAT contracts a clip interval; {algo_name!r} has none")
-    p = {
-        "tis_cap": cfg.tis_cap,
-        "icepop_low": cfg.icepop_low,
-        "icepop_high": cfg.icepop_high,
-        "dppo_delta": cfg.dppo_delta,
-        "m2po_tau": cfg.m2po_tau,
-        "behav_cap": cfg.behav_cap,
-        "behav_mode": cfg.behav_mode,
-        "group_size": cfg.group_size,
-        "vcpo_is_cap": cfg.vcpo_is_cap,
-        "vcpo_ess_base": cfg.vcpo_ess_base,
-        "vcpo_opob": cfg.vcpo_opob,
-    }
-    ctx = dict(
-        logp=logp,
-        rollout_logp=rollout_logp,
-        old_logp=old_logp,
-        advantages=advantages,
-        mask=mask,
-        p=p,
-        versions=versions,
-        current_version=current_version,
-        seq_score_sqnorm=seq_score_sqnorm,
-    )
-    denom_logp = old_logp if denom == "old" else rollout_logp
-    extra: dict[str, float] = {}
-    factors = [a.token_factor(**ctx), c.weights(**ctx)]
+    if cfg.adaptive and not a.clip:
+        raise ValueError(f"SAT contracts a clip interval; {cfg.algo!r} has none")
+    denom_logp = x.old_logp if spec.denominator == "old" else x.rollout_logp
+    advantages, extra = x.advantages, {}
+    factors = [a.token_factor(x, cfg), c.weights(x, cfg)]
+    settings = cfg if a.clip else cfg.replace(eps_low=math.inf, eps_high=math.inf)
     if a.prepare is not None:
-        prep = a.prepare(**ctx)
+        prep = a.prepare(x, cfg)
         denom_logp = prep.denom_logp
         advantages = advantages if prep.advantages is None else prep.advantages
-        agg = prep.agg or agg
+        settings = settings.replace(agg=prep.agg) if prep.agg else settings
         extra.update(prep.metrics or {})
         factors.append(prep.factor)
     weight = None
     for factor in factors:
         if factor is not None:
             weight = factor if weight is None else weight * factor
-    if not a.clip:
-        eps_low = eps_high = math.inf
+    diag = {} if x.diagnostics else None
     loss, metrics = policy_loss(
-        logp,
-        denom_logp,
-        advantages,
-        mask,
-        level=a.level,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        adaptive=adaptive,
-        quantile=cfg.quantile,
-        exponent=cfg.exponent,
-        agg=agg,
-        dual_clip_c=cfg.dual_clip_c,
-        token_weights=weight,
-        anchor=cfg.anchor,
-        q_rows=cfg.q_rows,
+        x.logp, denom_logp, advantages, x.mask, settings, level=a.level, token_weights=weight,
         diag=diag,
-    )
+    )  # fmt: skip
     metrics.update(extra)
-    if denom == "rollout":
+    _mu_metrics(x, spec.denominator, metrics, diag)
+    metrics[M.ESS] = off.sequence_ess(x.logp, x.rollout_logp, x.mask)
+    if weight is not None:
+        metrics.update(_weight_metrics(weight, x.mask))
+    return LossOutputs(loss, metrics, diag)
+
+
+def _mu_metrics(x: LossInputs, denominator: str, metrics: dict, diag: dict | None) -> None:
+    """``staleness/abs_logratio_mean_mu`` (and ``diag["abs_d_mu"]``): the mismatch against the
+    behaviour policy ``mu``, whatever the ratio's denominator."""
+    if denominator == "rollout":
         metrics[M.DPI_MU] = metrics[M.DPI]
         if diag is not None:
             diag["abs_d_mu"] = diag["abs_d"]
-    else:
-        with torch.no_grad():
-            m = mask.bool()
-            d_mu = torch.where(m, logp.detach() - rollout_logp.detach(), 0.0)
-            metrics[M.DPI_MU] = float(d_mu.abs().sum()) / max(int(m.sum()), 1)
-            if diag is not None:
-                diag["abs_d_mu"] = d_mu.abs()[m].float().cpu()
-    metrics[M.ESS] = off.sequence_ess(logp, rollout_logp, mask)
-    if weight is not None:
-        with torch.no_grad():
-            m = mask.bool()
-            w = weight[m].double()
-            n = max(w.numel(), 1)
-            metrics[M.TOKEN_WEIGHT_MEAN] = float(w.sum()) / n
-            metrics[M.TOKEN_WEIGHT_ZERO_FRAC] = float((w == 0).sum()) / n
-    return loss, metrics
+        return
+    with torch.no_grad():
+        m = x.mask.bool()
+        d_mu = torch.where(m, x.logp.detach() - x.rollout_logp.detach(), 0.0)
+        metrics[M.DPI_MU] = float(d_mu.abs().sum()) / max(int(m.sum()), 1)
+        if diag is not None:
+            diag["abs_d_mu"] = d_mu.abs()[m].float().cpu()
+
+
+def _weight_metrics(weight: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean and zero fraction of the per-token factor over active tokens."""
+    with torch.no_grad():
+        w = weight[mask.bool()].double()
+        n = max(w.numel(), 1)
+        return {
+            M.TOKEN_WEIGHT_MEAN: float(w.sum()) / n,
+            M.TOKEN_WEIGHT_ZERO_FRAC: float((w == 0).sum()) / n,
+        }

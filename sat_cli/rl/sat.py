@@ -49,6 +49,7 @@ from fractions import Fraction
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl.names import ANCHORS
 
 
@@ -80,7 +81,8 @@ class SatBounds:
     ``index`` holds flat indices into ``d`` of the gated entries, ``bound`` their contracted
     bound and ``upper_side`` which endpoint it replaces (True: upper, ``d > 0``; False: lower).
     All three are ``None`` when nothing can be gated because ``q == 0``. ``stats`` are 0-dim
-    tensors (converted to floats by the caller in one host sync)."""
+    tensors keyed by their metric names (``metric_names.SAT_Q``, ...), converted to floats by
+    the caller in one host sync."""
 
     q: float
     stats: dict[str, torch.Tensor]
@@ -135,11 +137,11 @@ def kth_smallest_abs(d: torch.Tensor, k: int, abs_d: torch.Tensor | None = None)
 def _noop(q_t, q, eps_low, eps_high) -> SatBounds:
     f64 = dict(dtype=torch.float64, device=q_t.device)
     stats = {
-        "q": q_t,
-        "gate_rate": torch.zeros((), **f64),
-        "eps_low_eff_mean": torch.tensor(eps_low, **f64),
-        "eps_high_eff_mean": torch.tensor(eps_high, **f64),
-        "c_min": torch.ones((), **f64),
+        M.SAT_Q: q_t,
+        M.SAT_GATE_RATE: torch.zeros((), **f64),
+        M.SAT_EPS_LOW_EFF: torch.tensor(eps_low, **f64),
+        M.SAT_EPS_HIGH_EFF: torch.tensor(eps_high, **f64),
+        M.SAT_C_MIN: torch.ones((), **f64),
     }
     return SatBounds(q, stats)
 
@@ -151,12 +153,14 @@ def _psi(u: torch.Tensor, scale: float, exponent: float) -> torch.Tensor:
     return x.add_(1.0).reciprocal_()
 
 
-def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, anchor):
-    """Bounds and stats from ``q``, computed on the gated entries only (at most ``1 - alpha``
+def _contract(d, q_t, n_active, weight, cand, kernel: tuple[float, float, float, str]):
+    """Bounds and stats from ``q`` (``kernel`` = ``(eps_low, eps_high, exponent, anchor)``), computed on the gated entries only (at most ``1 - alpha``
     of the tokens for the paper's anchor). ``d`` is 0 on inactive entries; ``weight`` (``None``
     or the number of active tokens each entry stands for) makes the stats token-weighted;
     ``cand`` (``None`` or ``(idx, d[idx])`` for all entries with ``|d| >= t``, some ``t <= q``)
     saves a pass over ``d``."""
+    eps_low, eps_high, exponent, anchor = kernel
+    q = float(q_t)
     if not q > 0.0:  # also catches a NaN q (non-finite d on active tokens): no contraction
         return _noop(q_t, q, eps_low, eps_high)
     if anchor == "q":
@@ -200,11 +204,11 @@ def _contract(d, q_t, q, n_active, weight, cand, eps_low, eps_high, exponent, an
     n = float(n_active)
     # c == 1 off the gate, so active-token means only need the gated sums of psi.
     stats = {
-        "q": q_t,
-        "gate_rate": w.sum() / n,
-        "eps_low_eff_mean": eps_low * (1.0 - (w_lo.sum() - (w_lo * psi64).sum()) / n),
-        "eps_high_eff_mean": eps_high * (1.0 - (w_hi.sum() - (w_hi * psi64).sum()) / n),
-        "c_min": torch.cat([psi64.new_ones(1), psi64]).min(),
+        M.SAT_Q: q_t,
+        M.SAT_GATE_RATE: w.sum() / n,
+        M.SAT_EPS_LOW_EFF: eps_low * (1.0 - (w_lo.sum() - (w_lo * psi64).sum()) / n),
+        M.SAT_EPS_HIGH_EFF: eps_high * (1.0 - (w_hi.sum() - (w_hi * psi64).sum()) / n),
+        M.SAT_C_MIN: torch.cat([psi64.new_ones(1), psi64]).min(),
     }
     return SatBounds(q, stats, idx, bound, side)
 
@@ -222,11 +226,11 @@ def merge_bounds(parts: list[tuple[SatBounds, int]]) -> SatBounds:
     n = float(max(sum(n_c for _, n_c in parts), 1))
     f64 = torch.float64
     stats = {}
-    for key in ("q", "gate_rate", "eps_low_eff_mean", "eps_high_eff_mean"):
+    for key in (M.SAT_Q, M.SAT_GATE_RATE, M.SAT_EPS_LOW_EFF, M.SAT_EPS_HIGH_EFF):
         stats[key] = sum(b.stats[key].to(f64) * (n_c / n) for b, n_c in parts)
-    stats["c_min"] = torch.stack([b.stats["c_min"].to(f64) for b, _ in parts]).min()
+    stats[M.SAT_C_MIN] = torch.stack([b.stats[M.SAT_C_MIN].to(f64) for b, _ in parts]).min()
     on = [b for b, _ in parts if b.index is not None]
-    q = float(stats["q"])
+    q = float(stats[M.SAT_Q])
     if not on:
         return SatBounds(q, stats)
     return SatBounds(
@@ -265,7 +269,7 @@ def sat_token_bounds(
         abs_flat = None if abs_d is None else abs_d.detach().reshape(-1)
         q_t, idx_c, d_c = kth_smallest_abs(d.reshape(-1), k, abs_flat)
         cand = None if idx_c is None else (idx_c, d_c)
-    return _contract(d, q_t, float(q_t), n_active, None, cand, eps_low, eps_high, exponent, anchor)
+    return _contract(d, q_t, n_active, None, cand, (eps_low, eps_high, exponent, anchor))
 
 
 def sat_sequence_bounds(
@@ -293,9 +297,7 @@ def sat_sequence_bounds(
         vals, order = torch.sort(d_seq.abs().reshape(-1))
         cum = torch.cumsum(lens.reshape(-1)[order], 0)  # [B], active tokens at or below vals
         q_t = vals[torch.searchsorted(cum, cum.new_tensor([k]))[0]]
-    return _contract(
-        d_seq, q_t, float(q_t), n_active, lens, None, eps_low, eps_high, exponent, anchor
-    )
+    return _contract(d_seq, q_t, n_active, lens, None, (eps_low, eps_high, exponent, anchor))
 
 
 def sat_clip_bounds(
@@ -319,8 +321,9 @@ def sat_clip_bounds(
         anchor: ``"q"`` (the paper) or ``"min_q_eps"`` (beyond the paper, module docstring).
 
     Returns:
-        ``(lower, upper, stats)``: bounds ``[B, T]`` (no grad) and Python floats ``q``,
-        ``gate_rate``, ``eps_low_eff_mean``, ``eps_high_eff_mean``, ``c_min`` (means and min
+        ``(lower, upper, stats)``: bounds ``[B, T]`` (no grad) and Python floats keyed
+        ``M.SAT_Q``, ``M.SAT_GATE_RATE``, ``M.SAT_EPS_LOW_EFF``, ``M.SAT_EPS_HIGH_EFF``,
+        ``M.SAT_C_MIN`` (means and min
         over active tokens; fractions of active tokens).
     """
     mask = mask.bool()

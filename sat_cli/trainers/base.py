@@ -8,7 +8,9 @@ which the loop draws its histograms. ``logprobs`` recomputes the per-token
 log-probs of a batch without gradient, aligned like ``TrainBatch.rollout_logp``.
 ``publish_weights`` writes an HF checkpoint the rollout engines can load and returns its path;
 ``save`` / ``load`` checkpoint the full training state (weights, optimizer, RNG, step counter)
-for resume, in safetensors + JSON (no pickles).
+for resume, in safetensors + JSON (no pickles). ``set_clip_radii`` changes the clip radii of
+later steps (the loop's clip schedule); ``skip_step`` counts a step that had no samples, so
+``step_count`` stays the loop's step.
 """
 
 from __future__ import annotations
@@ -34,5 +36,9 @@ class Trainer(Protocol):
     def save(self, dir: str | Path) -> None: ...
 
     def load(self, dir: str | Path) -> None: ...
+
+    def set_clip_radii(self, eps_low: float, eps_high: float) -> None: ...
+
+    def skip_step(self) -> None: ...
 
     def close(self) -> None: ...

@@ -46,6 +46,7 @@ import torch
 from sat_cli import metric_names as M
 from sat_cli.rl import registry
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import kl_k3_penalty
 from sat_cli.trainers.batch import TrainBatch
 
@@ -201,16 +202,19 @@ class PolicyTrainer:
     def _update(self, mb, rows, logp, mask, old_logp, ref_logp, diag=None) -> dict[str, float]:
         """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip)."""
         dev, cfg = self.device, self.loss
-        loss, metrics = registry.compute(
-            cfg,
+        inputs = LossInputs(
             logp=logp,
             rollout_logp=mb.rollout_logp.to(dev),
             old_logp=None if old_logp is None else old_logp[rows].to(dev),
             advantages=mb.advantages.to(dev),
             mask=mask,
-            diag=diag,
+            diagnostics=diag is not None,
             **self._extra_inputs(mb),
         )
+        out = registry.compute(cfg, inputs)
+        loss, metrics = out.loss, out.metrics
+        if diag is not None:
+            diag.update(out.diag)
         total = loss
         if ref_logp is not None:
             kl = kl_k3_penalty(logp, ref_logp[rows].to(dev), mask, cfg.agg)

@@ -107,6 +107,10 @@ STEP_NAMES = (
     SAT_BAND_HIGH, SAT_ACTIVE, SAT_ACTIVE_LOW, SAT_ACTIVE_HIGH, DPI, DPI_MU, ESS,
 )  # fmt: skip
 
+# --- lag profiles (loop/train.py, loop/lag_profile.py) ------------------------------------------
+LAG_PROFILE_TV = "staleness/lag_profile_tv"  # TV(realised lags so far, the profile's target)
+HIST_LAG_PROFILE = "staleness/lag_profile"  # the realised lags so far, one bin per lag
+
 # --- a3po/ and vcpo/ (rl/offpolicy.py: the custom algorithms' own metrics) ----------------------
 A3PO_ALPHA_MEAN = "a3po/alpha_mean"
 VCPO_ESS = "vcpo/ess"

@@ -36,11 +36,23 @@ from sat_cli.commands.weight_sync import check_port
 from sat_cli.errors import UserError
 
 
+def lag_policy(obj):
+    """The loop's LagPolicy: ``lag.n``/``lag.mode``, or a profile drawn with the run's seed."""
+    from sat_cli.loop.lag import LagPolicy
+    from sat_cli.loop.lag_profile import parse_profile
+
+    if obj.lag.profile is None:
+        return LagPolicy(obj.lag.n, obj.lag.mode)
+    profile = parse_profile(obj.lag.profile)  # checked when the config was composed
+    cells = obj.task.prompts_per_step * obj.task.samples_per_prompt
+    return LagPolicy(profile.max_lag, "fixed", profile=profile, seed=obj.seed, cells=cells)
+
+
 def default_run_name(obj) -> str:
     r3 = "-r3" if obj.r3 else ""
+    lag = obj.lag.n if obj.lag.profile is None else obj.lag.profile.split(":")[0]
     return (
-        f"{obj.algo.name}-{obj.clip.name}-lag{obj.lag.n}{r3}-s{obj.seed}-"
-        f"{time.strftime('%Y%m%d-%H%M%S')}"
+        f"{obj.algo.name}-{obj.clip.name}-lag{lag}{r3}-s{obj.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
 
 
@@ -195,7 +207,6 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     from sat_cli.commands.weight_sync import check_weight_sync_support, weight_sync_settings
     from sat_cli.engines.base import SamplingParams
     from sat_cli.loop.final_status import PENDING_DIR, end_run, keep_previous_status
-    from sat_cli.loop.lag import LagPolicy
     from sat_cli.loop.progress import Progress
     from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
@@ -255,7 +266,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
             prompts_per_step=obj.task.prompts_per_step,
             group_size=obj.task.samples_per_prompt,
             sampling=sampling,
-            lag=LagPolicy(obj.lag.n, obj.lag.mode),
+            lag=lag_policy(obj),
             run_dir=run_dir,
             seed=obj.seed,
             adv_std_norm=obj.algo.adv_std_norm,

@@ -49,13 +49,18 @@ def group_options(group: str) -> list[str]:
 
 
 def _preprocess(overrides: list[str]) -> list[str]:
-    """`lag=3` (no such option file) means `lag.n=3` with the default mode."""
+    """`lag=3` (no such option file) means `lag.n=3` with the default mode;
+    `lag.profile=geometric:0.5,max=8` is taken as one string (quoted for Hydra)."""
     out = []
     for ov in overrides:
         m = re.fullmatch(r"lag=(-?\d+)", ov.strip())
         if m:  # an option file (quoted: Hydra wants a string group choice) or any other n
             n = m.group(1)
             out.append(f"lag='{n}'" if n in group_options("lag") else f"lag.n={n}")
+            continue
+        m = re.fullmatch(r"(\+{0,2}lag\.profile)=([^'\"].*)", ov.strip())
+        if m and "," in m.group(2):  # geometric:P,max=M: a comma is a sweep to Hydra; quote it
+            out.append(f"{m.group(1)}='{m.group(2)}'")
             continue
         out.append(ov)
     return out

@@ -198,9 +198,25 @@ class LagConfig:
     # response can span versions (per-token versions); cache after a switch: recompute | keep
     inflight_updates: bool = False
     inflight_cache: str = "recompute"
+    # each sample's lag drawn from a distribution (docs/lag-profiles.md): fixed:K | uniform:A-B |
+    # geometric:P,max=M | empirical:FILE; replaces n and mode (the file is read by sat train)
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         _range("lag.n", self.n, 0)
+        if self.profile is not None and (self.mode == "bounded" or self.inflight_updates):
+            raise ConfigError(
+                f"lag.profile={self.profile!r} draws each sample's version in advance; it cannot "
+                "be combined with lag.mode=bounded or lag.inflight_updates=true (timing decides "
+                "their versions; per-token profiles are not implemented: docs/lag-profiles.md)"
+            )
+        if self.profile is not None:
+            from sat_cli.loop.lag_profile import ProfileError, parse_profile
+
+            try:
+                parse_profile(self.profile)
+            except ProfileError as exc:
+                raise ConfigError(str(exc)) from None
         _choice("lag.mode", self.mode, LAG_MODES)
         _choice("lag.inflight_cache", self.inflight_cache, ("recompute", "keep"))
         if self.inflight_updates and (self.mode != "bounded" or self.n < 1):

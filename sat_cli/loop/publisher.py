@@ -11,7 +11,8 @@ versions nothing can ask for any more; kept are:
 * every version from the last checkpoint's ``min_needed`` on, so that a resume from that
   checkpoint finds the weights its pending batches were requested with;
 * in bounded mode, every version since the oldest pending request (late binding: a batch starts
-  from the newest version published when its generation starts).
+  from the newest version published when its generation starts);
+* with a lag profile, the last ``max_lag + 1`` versions (a later batch may draw any of them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ class WeightsWriteError(RunFailed):
 
 
 def future_versions(lag: LagPolicy, version: int) -> set[int]:
-    """Weight versions the next batches (requested at trainer ``version``) can be generated from."""
+    """Weight versions the next batches (requested at trainer ``version``) can be generated from
+    (a lag profile: any of the last ``max_lag + 1``)."""
+    if lag.profile is not None:
+        return set(range(max(0, version - lag.profile.max_lag), version + 1))
     return {lag.version_for(k, version) for k in (version, version + 1)} | {version}
 
 

@@ -97,6 +97,28 @@ class RolloutThread:
 
         return self.pool.submit(job)
 
+    def submit_mixed(self, versions: list[int], prompts: list[list[int]], n: int,
+                     sampling: SamplingParams, seed_of: Callable[[int], int]):  # fmt: skip
+        """Generate sample ``j`` of prompt ``i`` from ``versions[i * n + j]`` (a lag profile):
+        one request per version, oldest first, seeded by ``seed_of(version)``; the samples go
+        back to their prompt's group in their place."""
+
+        def job():
+            groups: list[list[Any]] = [[None] * n for _ in prompts]
+            timing = {"gen_s": 0.0, "update_s": 0.0}
+            for v in sorted(set(versions)):
+                cells = [c for c, cv in enumerate(versions) if cv == v]
+                timing["update_s"] += self._ensure(v)
+                t0 = time.perf_counter()
+                out = self.engine.generate([prompts[c // n] for c in cells], 1,
+                                           replace(sampling, seed=seed_of(v)))  # fmt: skip
+                timing["gen_s"] += time.perf_counter() - t0
+                for c, group in zip(cells, out, strict=True):
+                    groups[c // n][c % n] = group[0]
+            return groups, timing
+
+        return self.pool.submit(job)
+
     def call(self, version: int, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the rollout thread with the engine at ``version`` (evaluation)."""
 
@@ -140,7 +162,12 @@ class RolloutBuffer:
         ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         sampling = replace(self.sampling, seed=request_seed(self.seed, "rollout", k))
         late = self.lag.mode == "bounded" and self.lag.n > 0
-        fut = self.thread.submit(None if late else version, ids, self.group_size, sampling)
+        mixed = self.lag.sample_versions(k) if self.lag.profile is not None else []
+        if len(set(mixed)) > 1:  # a profile: the samples of batch k come from several versions
+            seed_of = lambda v: request_seed(self.seed, "rollout", k, "v", v)  # noqa: E731
+            fut = self.thread.submit_mixed(mixed, ids, self.group_size, sampling, seed_of)
+        else:  # one version for the whole batch (a profile's single version: min = all)
+            fut = self.thread.submit(None if late else version, ids, self.group_size, sampling)
         self.pending[k] = (version, fut)
 
     def restore(self, snapshot: list) -> None:
@@ -164,7 +191,12 @@ class RolloutBuffer:
         return version, groups, timing, wait_s
 
     def versions(self) -> set[int]:
-        return {v for v, _ in self.pending.values()}
+        """Every version a pending batch is (partly) generated from."""
+        out = {v for v, _ in self.pending.values()}
+        if self.lag.profile is not None:
+            for k in self.pending:
+                out |= self.lag.batch_versions(k, k)
+        return out
 
     def snapshot(self) -> list[list[int]]:
         """``[[batch, version], ...]`` in batch order (what a checkpoint records)."""

@@ -40,13 +40,23 @@ def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, reward_fn) -
     return kept, rewards
 
 
-def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing: dict):
-    """``(samples, advantages, lags, metrics)`` of batch ``t``; ``s`` is the LoopSettings."""
+def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing: dict,
+                scored: dict | None = None):  # fmt: skip
+    """``(samples, advantages, lags, metrics)`` of batch ``t``; ``s`` is the LoopSettings.
+    ``scored``: ``{"rewards": per group a list or None}`` — given (a replay), those rewards are
+    used; an empty dict (a recording) receives them."""
     import torch
 
     from sat_cli.rl.advantages import group_advantages
 
-    kept, rewards = _score(groups, rows, tokenizer, task.reward)
+    if scored and "rewards" in scored:
+        kept = [g for g, r in zip(groups, scored["rewards"], strict=True) if r is not None]
+        rewards = [r for r in scored["rewards"] if r is not None]
+    else:
+        kept, rewards = _score(groups, rows, tokenizer, task.reward)
+        if scored is not None:
+            it = iter(rewards)
+            scored["rewards"] = [next(it) if any(g is k for k in kept) else None for g in groups]
     if s.lag.mode == "bounded":  # admission control on each group's oldest token
         fresh = [i for i, g in enumerate(kept) if t - min(map(_oldest, g)) <= s.lag.n]
         counters["stale_dropped"] += len(kept) - len(fresh)

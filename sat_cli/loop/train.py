@@ -46,6 +46,7 @@ from sat_cli import metric_names as M
 from sat_cli.engines.base import SamplingParams
 from sat_cli.errors import RunFailed
 from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
 from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError, min_needed
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
 from sat_cli.loop.state import (
@@ -137,10 +138,15 @@ def train_loop(
     meta: dict | None = None,
     on_state: Callable[[dict], None] | None = None,
     final_evaluator: Callable[[], dict[str, float]] | None = None,
+    recorder=None,
+    replay=None,
 ) -> dict:
     """Run steps until ``s.max_steps``; return the final loop state (with eval best/last).
     ``final_evaluator`` (optional) runs once on the final weights, after the last step's own
-    evaluation; its metrics are logged at step ``max_steps`` (``final/...``)."""
+    evaluation; its metrics are logged at step ``max_steps`` (``final/...``). ``recorder``
+    (a ``replay.store.StreamWriter``) stores every batch as generated and scored; ``replay``
+    (a ``replay.store.Recording``) replaces the engine's batches by recorded ones (the engine
+    then only evaluates)."""
     from sat_cli.trainers.batch import collate
 
     weights_dir, ckpt_root = s.run_dir / "weights", s.run_dir / "checkpoints"
@@ -170,17 +176,28 @@ def train_loop(
             m0: dict[str, float] = {}
             evals.run(0, 0, m0)
             tracker.log_metrics(m0, step=0)
+        if s.lag.profile is not None and st["step"] == 0 and hasattr(tracker, "log_dict"):
+            tracker.log_dict(s.lag.profile.target_table(), PROFILE_TARGET_FILE)
         guard = {"bad": 0}  # non-finite steps in a row
         for t in range(st["step"], s.max_steps):
             t_step = time.perf_counter()
             # 1. keep the engine busy as far as the lag policy allows; wait for batch t
-            buf.request_ahead(t)
-            _, groups, timing, wait_s = buf.take(t)
+            if replay is None:
+                buf.request_ahead(t)
+                _, groups, timing, wait_s = buf.take(t)
+                rows, scored = buf.prompts_for(t), ({} if recorder is not None else None)
+            else:  # sat replay: the recorded batch, its rewards
+                groups, rows, rewards = replay.batch(t)
+                timing, wait_s, scored = {"gen_s": 0.0, "update_s": 0.0}, 0.0, {"rewards": rewards}
             # 2. score → advantages
             samples, adv, lags, metrics = score_batch(
-                s, t, groups, buf.prompts_for(t), tokenizer, task, st["counters"], timing
+                s, t, groups, rows, tokenizer, task, st["counters"], timing, scored
             )
+            if recorder is not None:  # replay.record=true: the stream, as generated and scored
+                recorder.write(t, groups, rows, scored["rewards"])
             metrics["perf/wait_s"] = wait_s
+            if s.lag.profile is not None:  # realised lags against the profile's target
+                _profile_metrics(s, st, lags["sample"] if samples else [], metrics)
             # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
             eps_low, eps_high = s.clip.radii(t, s.max_steps)
             trainer.set_clip_radii(eps_low, eps_high)
@@ -195,7 +212,7 @@ def train_loop(
             metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
             # 4. publish the new weights when a later batch will be generated from them
             new_version = t + 1
-            if s.lag.publish_after(new_version, s.max_steps):
+            if replay is None and s.lag.publish_after(new_version, s.max_steps):
                 pub.publish(new_version)
             st["step"] = new_version
             # 5. evaluate, metrics, histograms, checkpoint; prune weights nothing needs
@@ -210,6 +227,9 @@ def train_loop(
             tracker.log_metrics(metrics, step=new_version)
             if diag:
                 log_histograms(tracker, diag, lags, new_version)
+                if s.lag.profile is not None:
+                    log_profile_histogram(tracker, s.lag.profile, st["lag_profile_counts"],
+                                          new_version)  # fmt: skip
             if progress:
                 progress.step(t, metrics)
             # the tracking store unreachable for tracking.outage_timeout_s: checkpoint, stop
@@ -313,6 +333,15 @@ def _checkpoint(s: LoopSettings, st: dict, step_done: int, trainer, buf: Rollout
         st["published"] = [v for v in pub.published if (pub.weights_dir / f"v{v}").is_dir()]
     save_checkpoint(ckpt_root, step_done, trainer, st)
     prune_checkpoints(ckpt_root, s.checkpoint_keep)
+
+
+def _profile_metrics(s: LoopSettings, st: dict, lags: list[int], metrics: dict) -> None:
+    """Add this batch's lags to the run's realised histogram; its TV distance to the target."""
+    counts = st.setdefault("lag_profile_counts", [])
+    for lag in lags:
+        counts.extend([0] * (lag + 1 - len(counts)))
+        counts[lag] += 1
+    metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
 
 
 def _outage_expired(tracker) -> bool:

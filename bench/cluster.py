@@ -61,7 +61,7 @@ def main() -> None:
     from postgres_server import PostgresServer
     from ray_cluster import RayTestCluster, new_tmp
 
-    from sat_cli.procs import free_port
+    from sat_cli.util.procs import free_port
 
     work = Path(tempfile.mkdtemp(prefix="sat-bench-cluster-"))
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ import torch
 
 from sat_cli.engines.base import SamplingParams
 from sat_cli.engines.local import LocalEngine
-from sat_cli.engines.local_worker import sample_batch
+from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import RouteCapture
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, load_model, save_hf
 from sat_cli.models.warmstart import SHIPPED

@@ -276,7 +276,7 @@ def ui_cmd(
     """Start the MLflow UI for the local store, bound to 127.0.0.1, and print experiment URLs."""
     import os
 
-    from sat_cli.ui import run_ui
+    from sat_cli.commands.ui import run_ui
 
     env = dict(os.environ)  # before _guard sets sat's own defaults (telemetry off in-process)
     code = 0

@@ -36,9 +36,9 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
-from sat_cli.fsio import atomic_write_text
 from sat_cli.tasks.prompts import render
 from sat_cli.tasks.reward import extract_answer, grade
+from sat_cli.util.fsio import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -174,7 +174,7 @@ def check(schema: _Spec, value: Any, name: str = "") -> str | None:
 def read_json(path: str | os.PathLike, schema: _Spec) -> Any:
     """The JSON value of ``path`` checked against ``schema``; :class:`RecordError` otherwise
     (also for a file that is not a regular file: a FIFO is never opened for reading)."""
-    from sat_cli.fsio import read_regular_bytes
+    from sat_cli.util.fsio import read_regular_bytes
 
     name = os.path.basename(os.fspath(path))
     try:

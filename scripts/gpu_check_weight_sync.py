@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from sat_cli.engines.local_sync import served_state
+from sat_cli.engines.local.sync import served_state
 from sat_cli.engines.sglang import SGLangEngine
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync
 from sat_cli.models.tiny_moe import load_model, save_hf

@@ -35,7 +35,7 @@ def pg_bin() -> Path | None:
 
 class PostgresServer:
     def __init__(self) -> None:
-        from sat_cli.procs import free_port
+        from sat_cli.util.procs import free_port
 
         self.bin = pg_bin()
         if self.bin is None:

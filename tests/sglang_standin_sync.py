@@ -219,7 +219,7 @@ def _checker(handler, sync: SyncState, body: dict) -> None:
 def standin_process(model, log: Path, *extra: str, timeout_s: float = 60.0):
     """The stand-in as its own process (as sat launches it) on a free port; yields its URL,
     healthy, and stops it. ``extra``: more flags (``--standin-sync-fault stale``, ...)."""
-    from sat_cli.procs import free_port
+    from sat_cli.util.procs import free_port
 
     port = free_port()
     script = Path(__file__).with_name("sglang_standin.py")

@@ -32,7 +32,7 @@ def missing() -> list[str]:
 
 class SlurmCluster:
     def __init__(self) -> None:
-        from sat_cli.procs import free_port
+        from sat_cli.util.procs import free_port
 
         self.dir = Path(tempfile.mkdtemp(prefix="sat-slurm-"))
         self.conf = self.dir / "slurm.conf"

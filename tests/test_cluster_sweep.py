@@ -237,7 +237,7 @@ def mlflow_on_postgres(tmp_path):
     pytest.importorskip("psycopg", reason="the [postgres] extra is not installed")
     from postgres_server import PostgresServer, pg_bin
 
-    from sat_cli.procs import free_port
+    from sat_cli.util.procs import free_port
 
     if pg_bin() is None:
         pytest.skip("no PostgreSQL binaries (initdb, postgres) on this machine")

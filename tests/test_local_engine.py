@@ -12,7 +12,7 @@ import torch
 
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
 from sat_cli.engines.local import LocalEngine
-from sat_cli.engines.local_worker import filtered_logprobs
+from sat_cli.engines.local.worker import filtered_logprobs
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from sat_cli.engines.base import Sample
-from sat_cli.engines.local_worker import sample_batch
+from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import R3Error
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.trainers.batch import collate

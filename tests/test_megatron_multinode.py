@@ -20,7 +20,7 @@ import pytest
 import torch
 from cli_helpers import MEGATRON_SMOKE, run_sat
 
-from sat_cli.procs import free_port
+from sat_cli.util.procs import free_port
 
 
 def _config(tmp_path, nnodes=2):

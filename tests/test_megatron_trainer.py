@@ -37,12 +37,12 @@ pytestmark = pytest.mark.filterwarnings(
 from sat_cli.engines.base import Sample  # noqa: E402
 from sat_cli.models.r3 import R3Error  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
-from sat_cli.procs import pid_alive as _pid_alive  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
 from sat_cli.trainers.megatron.client import MegatronTrainer, MegatronWorkerError  # noqa: E402
+from sat_cli.util.procs import pid_alive as _pid_alive  # noqa: E402
 
 SEED = 3
 LAYERS, EXPERTS, TOP_K = 4, 8, 2

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import Sample
-from sat_cli.engines.local_worker import sample_batch
+from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import R3Error, RouteCapture, RouteReplay
 from sat_cli.models.tiny_moe import build_tiny_moe, moe_gates
 from sat_cli.trainers.batch import collate

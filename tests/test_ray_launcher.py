@@ -25,7 +25,7 @@ import time
 import pytest
 from cli_helpers import MEGATRON_SMOKE, run_sat
 
-from sat_cli.procs import free_port
+from sat_cli.util.procs import free_port
 
 pytestmark = pytest.mark.xdist_group("ray")
 

@@ -24,7 +24,7 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 
 from sat_cli.errors import UserError  # noqa: E402
 from sat_cli.report import derive_method, run_report  # noqa: E402
-from sat_cli.report_tables import fmt_ci  # noqa: E402
+from sat_cli.report.tables import fmt_ci  # noqa: E402
 
 SWEEP_ID = "toy-0123456789"
 EVAL = "eval/toy/avg_at_4"  # mlflow_key("eval/toy/avg@4")
@@ -360,7 +360,7 @@ def test_plots_and_parent_artifacts(report, store):
 
 
 def test_seed_band_is_the_t_interval():
-    from sat_cli.plots import seed_band
+    from sat_cli.report.plots import seed_band
 
     steps, mean, lo, hi = seed_band([{0: 1.0, 5: 2.0}, {0: 3.0, 5: 4.0, 9: 1.0}, {0: 2.0, 5: 3.0}])
     assert steps == [0, 5] and mean == [2.0, 3.0]  # step 9 is not shared
@@ -370,7 +370,7 @@ def test_seed_band_is_the_t_interval():
 
 
 def test_histogram_reads_the_last_table(store):
-    from sat_cli.report import _last_hist
+    from sat_cli.report.hist import _last_hist
 
     client = store["client"]
     run = client.search_runs(
@@ -515,8 +515,8 @@ def test_cli_out_that_cannot_be_written_exits_2(store, tmp_path, fsfault, how):
 
 
 def test_row_order_sorts_axis_values_numerically():
-    from sat_cli.report import row_order
-    from sat_cli.report_tables import RunData
+    from sat_cli.report.run import row_order
+    from sat_cli.report.tables import RunData
 
     def rd(row):
         return RunData("id", "n", "FINISHED", 0, row.split(" · ")[0], "1", "0", row=row)

@@ -16,7 +16,7 @@ from sglang_standin import Standin
 
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
 from sat_cli.engines.sglang import SGLangClient, SGLangEngine
-from sat_cli.procs import free_port
+from sat_cli.util.procs import free_port
 
 DIMS = {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 4, "vocab_size": 50}
 

@@ -25,9 +25,9 @@ from sglang_real import MODEL, launch, probe, require_cpu_all_reduce
 
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.models.tiny_moe import load_model, save_hf
-from sat_cli.procs import live_group_members
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer, token_logprobs
+from sat_cli.util.procs import live_group_members
 
 # one xdist worker runs the real-server tier (its module-scoped servers are started once)
 pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
@@ -286,7 +286,7 @@ def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tm
     SGLang 0.5.23's /weights_checker reports exactly the checksums the trainer side computes
     for what it sent, and the log-probs of a fixed sequence equal those after a disk load of
     the same weights (measured: 0.0 on the AVX-512 Xeon, 2026-12-02)."""
-    from sat_cli.engines.local_sync import served_state
+    from sat_cli.engines.local.sync import served_state
     from sat_cli.loop.weightsync import GroupSpec
     from sat_cli.weightsync.layouts import compare
     from sat_cli.weightsync.sender import WeightSender

@@ -21,7 +21,7 @@ import pytest
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.engines.sglang import SGLangEngine
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
-from sat_cli.procs import live_group_members
+from sat_cli.util.procs import live_group_members
 
 STANDIN = Path(__file__).resolve().parent / "sglang_standin.py"
 PREFIX = [sys.executable, str(STANDIN)]

@@ -18,7 +18,7 @@ import torch
 from sglang_standin_sync import standin_process
 
 from sat_cli.engines.base import WeightSyncError
-from sat_cli.engines.local_sync import served_state
+from sat_cli.engines.local.sync import served_state
 from sat_cli.engines.sglang import SGLangEngine
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync, WeightSyncFailed
 from sat_cli.models.tiny_moe import load_model

@@ -1,4 +1,4 @@
-"""Tests of sat_cli.tracking and sat_cli.plots against a real MLflow sqlite store (no mocks).
+"""Tests of sat_cli.tracking and sat_cli.report.plots against a real MLflow sqlite store (no mocks).
 
 One store per module (creating the sqlite schema takes ~1.5 s); each test uses its own
 experiment/run. Values are read back with ``MlflowClient`` and compared with what was logged.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sat_cli.plots import histogram_png, histogram_stats
+from sat_cli.report.plots import histogram_png, histogram_stats
 from sat_cli.tracking import (
     MAX_PARAM_VALUE_LEN,
     NONFINITE_KEY,

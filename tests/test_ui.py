@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from sat_cli.ui import WORKFLOW_QUERY, base_url, check_port, experiment_url, server_env
+from sat_cli.commands.ui import WORKFLOW_QUERY, base_url, check_port, experiment_url, server_env
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -19,7 +19,7 @@ import torch
 
 from sat_cli.engines.base import SamplingParams, WeightSyncError
 from sat_cli.engines.local import LocalEngine
-from sat_cli.engines.local_sync import served_state
+from sat_cli.engines.local.sync import served_state
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync, WeightSyncFailed
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.trainers.megatron.hf_io import read_all

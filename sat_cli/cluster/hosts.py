@@ -63,7 +63,7 @@ class NodeHost:
         }
 
     def free_port(self, host: str) -> int:
-        from sat_cli.procs import free_port
+        from sat_cli.util.procs import free_port
 
         return free_port(host)
 
@@ -101,7 +101,7 @@ class NodeHost:
     # -- an SGLang server -----------------------------------------------------------------------
     def place_server(self, server) -> tuple[str, int]:
         """Keep ``server`` here, bound to this node's address on a port free here."""
-        from sat_cli.procs import free_port
+        from sat_cli.util.procs import free_port
 
         host = self.node()["ip"]
         server.rebind(host, free_port(host))

@@ -74,9 +74,7 @@ def check_database(uri: str, timeout_s: float) -> None:
         raise UserError(f"cannot reach the PostgreSQL store at {where}: {first}") from None
 
 
-def server_command(
-    store: str, artifacts: str, *, host: str, port: int, workers: int
-) -> list[str]:
+def server_command(store: str, artifacts: str, *, host: str, port: int, workers: int) -> list[str]:
     from sat_cli.tracking.store import mlflow_executable
 
     return mlflow_executable() + [
@@ -107,7 +105,7 @@ def run_server(
     env: dict[str, str] | None = None,
 ) -> int:
     """Check, start, print the tracking URI, serve until stopped (the module docstring)."""
-    from sat_cli.ui import base_url, check_port, serve, server_env
+    from sat_cli.commands.ui import base_url, check_port, serve, server_env
 
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from sat_cli.cluster.ray_env import ClusterError
 from sat_cli.engines.base import EngineError
-from sat_cli.procs import LOG_TAIL_LINES, tail_lines
+from sat_cli.util.procs import LOG_TAIL_LINES, tail_lines
 
 LOST_EXIT = -9  # the returncode a RemoteServer reports once its node is lost
 

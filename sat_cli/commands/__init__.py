@@ -1,2 +1,2 @@
-"""The commands behind `sat train`, `sat pretrain` and `sat eval` (the sweep, report and UI
-commands live in ``sat_cli.sweep``, ``sat_cli.report`` and ``sat_cli.ui``)."""
+"""The commands behind `sat train`, `sat pretrain`, `sat eval`, `sat plan` and `sat ui` (the sweep
+and report commands live in ``sat_cli.sweep`` and ``sat_cli.report``)."""

@@ -103,8 +103,8 @@ def run_eval_command(cfg, obj) -> None:
     from sat_cli.evaluation import format_table, write_results
     from sat_cli.loop import preflight
     from sat_cli.loop.final_status import apply_pending, end_run
-    from sat_cli.signals import BY_NAME, orderly_stop
     from sat_cli.tracking import Tracker, flatten_config
+    from sat_cli.util.signals import BY_NAME, orderly_stop
 
     # every input is checked before anything is written or started; the data first (cheap:
     # no torch import, no model read), then the model

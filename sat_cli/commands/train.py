@@ -12,7 +12,7 @@ prompt lengths, the trainer layout) are checked before the run directory is crea
 process starts, so bad input exits 2 and writes nothing. Then the run folder is locked
 (``sat_cli.loop.runlock``) and the checkpoint to resume from is verified
 (``sat_cli.loop.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
-SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.signals``: exit 143 / 129).
+SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.util.signals``: exit 143 / 129).
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def _warn_recompute(obj, log) -> None:
 
 
 def train(cfg, obj, overrides) -> dict:
-    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.signals``)."""
-    from sat_cli.signals import orderly_stop
+    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.util.signals``)."""
+    from sat_cli.util.signals import orderly_stop
 
     with orderly_stop():
         return _train(cfg, obj)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from sat_cli.config.checks import ConfigError, _choice, _range
-from sat_cli.fsio import parse_size
+from sat_cli.util.fsio import parse_size
 
 TRAINERS = ("local", "megatron")
 

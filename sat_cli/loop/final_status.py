@@ -46,7 +46,7 @@ def end_run(tracker, status: str, run_root: Path, log=print) -> None:
     tracker.end(status)
     if not tracker.enabled or tracker.run_id is None or getattr(tracker, "status_recorded", True):
         return
-    from sat_cli.fsio import atomic_write_json
+    from sat_cli.util.fsio import atomic_write_json
 
     rec = {
         "run_id": tracker.run_id,

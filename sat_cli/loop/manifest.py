@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
-from sat_cli.fsio import write_text_fsync
+from sat_cli.util.fsio import write_text_fsync
 
 STATE_FILE = "loop_state.json"  # a checkpoint's loop state (sat_cli.loop.state)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -116,8 +116,8 @@ def trainer_problem(trainer: Path) -> str | None:
     """None if ``trainer/trainer_state.json`` has its schema and the optimizer files hold what
     the trainer's ``load`` needs (the local trainer: one AdamW state per parameter, of the
     parameter's shape), else a one-line reason."""
-    from sat_cli.fsio import NotRegularFile
     from sat_cli.records import TRAINER_STATE, RecordError, read_json
+    from sat_cli.util.fsio import NotRegularFile
 
     try:
         meta = read_json(trainer / "trainer_state.json", TRAINER_STATE)
@@ -167,7 +167,7 @@ def _shapes(f: Path) -> dict[str, tuple[int, ...]]:
     """``{name: shape}`` of one safetensors file, from its header (a regular file only)."""
     from safetensors import safe_open
 
-    from sat_cli.fsio import check_regular
+    from sat_cli.util.fsio import check_regular
 
     check_regular(f)
     with safe_open(str(f), framework="pt") as sf:

@@ -22,12 +22,12 @@ import tempfile
 from pathlib import Path
 
 from sat_cli.errors import RunFailed, as_os_error
-from sat_cli.fsio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported
 from sat_cli.loop.manifest import (  # noqa: F401 - STATE_FILE, list_checkpoints re-exported
     STATE_FILE,
     list_checkpoints,
     write_manifest,
 )
+from sat_cli.util.fsio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported
 
 
 class CheckpointError(Exception):

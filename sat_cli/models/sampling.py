@@ -1,4 +1,4 @@
-"""The sampling loop of the local engine (:mod:`sat_cli.engines.local_worker`) and of the warm
+"""The sampling loop of the local engine (:mod:`sat_cli.engines.local.worker`) and of the warm
 start's held-out accuracy: an HF causal LM, batched, with a KV cache.
 
 Sampling (per step, on fp32 logits of the last position):
@@ -70,7 +70,7 @@ def sample_batch(
     """Sample one response per prompt. Returns dicts ``{response_ids, rollout_logp, finish_reason,
     routed_experts (np.int32 or None)}``. ``capture``: an active ``RouteCapture`` or None.
 
-    ``switch``: in-flight weight updates (``sat_cli.engines.local_inflight.WeightSwitch``) or None.
+    ``switch``: in-flight weight updates (``sat_cli.engines.local.inflight.WeightSwitch``) or None.
     When given, ``switch.poll(k)`` is asked at every token boundary (``k`` tokens sampled, before
     the last one is fed) whether new weights arrived; if so, sampling continues with
     ``switch.model`` / ``switch.capture``, either re-prefilling prompt + tokens so far under the

@@ -88,7 +88,7 @@ def save_hf(model, tokenizer, path: str | os.PathLike) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from sat_cli.fsio import staged_dir
+    from sat_cli.util.fsio import staged_dir
 
     path = Path(path)
     with staged_dir(path) as tmp:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sat_cli.errors import UserError
-from sat_cli.fsio import NotRegularFile, check_regular
+from sat_cli.util.fsio import NotRegularFile, check_regular
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"}

@@ -137,7 +137,7 @@ def _tail(path: Path, n: int = 8) -> str:
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
     exc = SweepInterrupted()
     if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
-        from sat_cli.signals import _detach_terminal
+        from sat_cli.util.signals import _detach_terminal
 
         _detach_terminal()
         exc.hung_up = True

@@ -75,7 +75,7 @@ def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> 
 def start_run(
     plan: Plan, state: dict, run: SweepRun, parent_id: str | None, log, executor=None
 ) -> _Child:
-    from sat_cli.fsio import atomic_write_json
+    from sat_cli.util.fsio import atomic_write_json
 
     run_dir = plan.run_dirs[run.name]
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ def read_state(root: Path) -> dict:
 
 
 def _write_state(root: Path, state: dict) -> None:
-    from sat_cli.fsio import atomic_write_json
+    from sat_cli.util.fsio import atomic_write_json
 
     state["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     atomic_write_json(root / STATE_FILE, state)

@@ -83,7 +83,7 @@ def _checked(rows: list[dict[str, str]], wheres: list[str], empty: str) -> list[
 
 def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dict[str, str]]:
     """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
-    from sat_cli.fsio import NotRegularFile, open_regular
+    from sat_cli.util.fsio import NotRegularFile, open_regular
 
     path = Path(path)
     try:

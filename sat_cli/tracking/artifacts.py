@@ -49,7 +49,7 @@ class _ArtifactLogging:
         """
         if not self._active():
             return None
-        from sat_cli.plots import histogram_image, histogram_stats
+        from sat_cli.report.plots import histogram_image, histogram_stats
 
         step = _check_step(step)
         if step <= self._resume_max_step:  # already logged before the resume

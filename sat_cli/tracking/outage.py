@@ -57,7 +57,7 @@ class MetricSpool:
 
     def append(self, points) -> None:
         """Append ``mlflow.entities.Metric`` points (the file is created with its header)."""
-        from sat_cli.fsio import write_text_fsync
+        from sat_cli.util.fsio import write_text_fsync
 
         if not points:
             return
@@ -79,7 +79,7 @@ class MetricSpool:
         return read_spool(self.path)[1]
 
     def rewrite(self, points) -> None:
-        from sat_cli.fsio import atomic_write_text
+        from sat_cli.util.fsio import atomic_write_text
 
         if not points:
             self.path.unlink(missing_ok=True)
@@ -95,7 +95,7 @@ def read_spool(path: Path) -> tuple[dict, list]:
     """(header, points) of a spool file."""
     from mlflow.entities import Metric
 
-    from sat_cli.fsio import read_regular_bytes
+    from sat_cli.util.fsio import read_regular_bytes
 
     header, points = {}, []
     for i, line in enumerate(read_regular_bytes(path).decode("utf-8", "replace").splitlines()):

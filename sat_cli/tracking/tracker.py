@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from sat_cli.signals import deferred
 from sat_cli.tracking.artifacts import _ArtifactLogging
 from sat_cli.tracking.outage import METRICS_PER_BATCH, _OutageHandling
 from sat_cli.tracking.params import (
@@ -36,6 +35,7 @@ from sat_cli.tracking.store import (
     default_artifact_root,
     sqlite_db_path,
 )
+from sat_cli.util.signals import deferred
 
 log = logging.getLogger("sat_cli.tracking")  # one logger for the package, as before the split
 

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from sat_cli.fsio import staged_dir
 from sat_cli.models.r3 import R3Error as R3Error
 from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
@@ -41,6 +40,7 @@ from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 from sat_cli.trainers.step import token_logprobs as token_logprobs
+from sat_cli.util.fsio import staged_dir
 
 
 class LocalTrainer(PolicyTrainer):

@@ -12,7 +12,7 @@ arrived (``engine.verify_weights``).
   broadcast of their buckets; ``service`` puts one in the Megatron worker's rank 0 behind a
   socket (:class:`RemoteSender` is the driver's proxy)
 
-The engines' halves live with the engines (``engines/local_sync.py``,
+The engines' halves live with the engines (``engines/local/sync.py``,
 ``engines/sglang/dist_sync.py``); the policy (which path, verification, the disk fallback,
 metrics) is ``loop/weightsync.py``. docs/sglang.md "Weight sync" describes the protocol.
 """

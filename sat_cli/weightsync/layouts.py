@@ -5,7 +5,7 @@ what the trainer sent, computed here on the trainer's side from the sent ``(HF n
 list, in the engine's dtype:
 
 - ``"hf"`` (the local engine): HF checkpoint names, unchanged (the worker hashes its model's
-  state in the same names: fused experts are split back, ``local_sync.served_state``).
+  state in the same names: fused experts are split back, ``engines.local.sync.served_state``).
 - ``"sglang"`` (SGLang 0.5.23, one rank per server; read in ``srt/models/qwen3_moe.py``'s
   ``load_weights`` and checked against ``/weights_checker`` of a real server):
   ``q_proj``/``k_proj``/``v_proj`` → ``qkv_proj`` (rows concatenated in that order, weight and

@@ -6,7 +6,7 @@ them (``/health_generate``, ``/model_info``), as a mixin of the engine.
 
 In-flight updates (``SGLangEngine(inflight_updates=True)``) pause the workers around every weight
 update, in the mode that gives the engine's ``inflight_cache`` (the local engine's names,
-``sat_cli.engines.local_inflight``); SGLang 0.5.23's modes, from its scheduler:
+``sat_cli.engines.local.inflight``); SGLang 0.5.23's modes, from its scheduler:
 
 * ``in_place`` (``"keep"``): running requests stay in the batch with their KV cache, computed by
   the old weights, and decode on under the new ones (per-token versions in the

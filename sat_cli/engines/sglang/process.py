@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sat_cli.engines.base import EngineError
-from sat_cli.procs import (
+from sat_cli.util.procs import (
     LOG_TAIL_LINES,
     free_port,
     http_get_status,

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sat_cli.engines.sglang.process import ManagedProcess
-from sat_cli.procs import free_port
+from sat_cli.util.procs import free_port
 
 CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 # SGLang 0.5.23 on an AMX CPU (../shared/sglang-cpu/README.md): the AMX attention kernel of the

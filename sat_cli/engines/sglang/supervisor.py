@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
-from sat_cli.procs import free_port
+from sat_cli.util.procs import free_port
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from sat_cli.procs import pid_alive
+from sat_cli.util.procs import pid_alive
 
 
 class LocalChannel:

@@ -55,10 +55,10 @@ from pathlib import Path
 import torch
 
 from sat_cli.errors import TrainerError
-from sat_cli.procs import free_port
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import TRAINER_KEYS
+from sat_cli.util.procs import free_port
 
 from . import protocol
 from .channel import LocalChannel

@@ -105,7 +105,7 @@ def save_hf_checkpoint(
     The directory appears atomically: everything is written to a temporary sibling which is
     then renamed to ``out_dir`` (an existing ``out_dir`` is replaced).
     """
-    from sat_cli.fsio import staged_dir
+    from sat_cli.util.fsio import staged_dir
 
     out_dir = Path(out_dir)
     with staged_dir(out_dir, prefix=f".{out_dir.name}.") as tmp:

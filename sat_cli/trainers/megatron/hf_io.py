@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from sat_cli.fsio import parse_size
+from sat_cli.util.fsio import parse_size
 
 from .model import _get
 

@@ -1,6 +1,6 @@
 """The local rollout engine: an HF transformers model sampling in its own process.
 
-``LocalEngine`` starts ``sat_cli.engines.local_worker.worker_main`` in a separate process
+``LocalEngine`` starts ``sat_cli.engines.local.worker.worker_main`` in a separate process
 (multiprocessing ``spawn``), so generation overlaps training in the parent. Requests and replies
 travel over a pipe as plain data (lists, numbers, numpy arrays); nothing is written to disk. One
 background thread sends the requests in order, so ``generate_async`` returns a
@@ -23,7 +23,7 @@ the running batch (at once if idle); it returns when they are loaded. ``generate
 updates=[(after_tokens, path, version)])`` schedules updates at a fixed token boundary of that
 request instead (deterministic). Samples then carry ``token_versions`` when their tokens come
 from more than one version; ``weight_version`` is the version of the first token. Cache handling
-(``inflight_cache``), versions and R3 are described in ``sat_cli.engines.local_inflight``.
+(``inflight_cache``), versions and R3 are described in ``sat_cli.engines.local.inflight``.
 
 Example::
 
@@ -43,7 +43,7 @@ from dataclasses import asdict
 import numpy as np
 
 from sat_cli.engines.base import EngineError, EngineStartError, Sample, SamplingParams
-from sat_cli.engines.local_worker import worker_main
+from sat_cli.engines.local.worker import worker_main
 
 _POLL_S = 0.1
 
@@ -82,7 +82,7 @@ class LocalEngine:
         inflight_updates: bool = False,
         inflight_cache: str = "recompute",
     ):
-        from sat_cli.engines.local_inflight import CACHE_MODES
+        from sat_cli.engines.local.inflight import CACHE_MODES
 
         if inflight_cache not in CACHE_MODES:
             raise ValueError(f"inflight_cache={inflight_cache!r}: use one of {CACHE_MODES}")
@@ -290,7 +290,7 @@ class LocalEngine:
             self.weight_version = int(reply["weight_version"])
             self.model_path = path
 
-    # --- distributed weight sync (engines/local_sync.py) ------------------------------------
+    # --- distributed weight sync (engines/local/sync.py) ------------------------------------
     checksum_layout = "hf"  # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
 
     def distributed_sync_unsupported(self) -> str | None:
@@ -302,7 +302,7 @@ class LocalEngine:
     def sync_weights(self, sender, version: int, spec) -> dict[str, float]:
         """Receive ``version`` from ``sender``'s broadcast (after the requests already queued);
         ``WeightSyncError`` if it did not arrive (the worker keeps its weights and version)."""
-        from sat_cli.engines.local_sync import sync_weights
+        from sat_cli.engines.local.sync import sync_weights
 
         def job():
             with self._lock:

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sat_cli.report_regime import lag_key
-from sat_cli.report_tables import RunData
+from sat_cli.report.regime import lag_key
+from sat_cli.report.tables import RunData
 
 HIST_DIR = "tables/staleness/abs_logratio"
 

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sat_cli.report_stats import paired
-from sat_cli.report_tables import DASH, ENDPOINTS, PAIR_ENDPOINTS_MD, Settings, _num
+from sat_cli.report.stats import paired
+from sat_cli.report.tables import DASH, ENDPOINTS, PAIR_ENDPOINTS_MD, Settings, _num
 
 
 @dataclass

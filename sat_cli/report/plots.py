@@ -160,7 +160,7 @@ def _color(i: int):
 def seed_band(series: list[dict[int, float]]):
     """``(steps, mean, lo, hi)`` at the steps every seed logged; ``lo, hi`` = the 95 %
     t-interval of the mean over seeds (equal to the mean for one seed)."""
-    from sat_cli.report_stats import t_interval
+    from sat_cli.report.stats import t_interval
 
     steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
     mean, lo, hi = [], [], []

@@ -1,11 +1,11 @@
 """The local engine's worker process: an HF causal LM and a batched sampling loop with a KV cache.
 
-``worker_main`` runs in a process started by ``sat_cli.engines.local.LocalEngine`` (multiprocessing
+``worker_main`` runs in a process started by ``sat_cli.engines.local.engine.LocalEngine`` (multiprocessing
 ``spawn`` context) and serves commands received on a pipe; every message is plain data (dicts,
 lists, numbers, numpy arrays). ``sample_batch`` is the sampling loop, importable on its own
 (it lives in :mod:`sat_cli.models.sampling`, which describes it, and is re-exported here).
 With ``cfg["inflight"]`` the worker also serves a control pipe and takes weight updates between
-decode steps of a running request (:mod:`sat_cli.engines.local_inflight`).
+decode steps of a running request (:mod:`sat_cli.engines.local.inflight`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from sat_cli.models.sampling import filtered_logprobs, sample_batch  # noqa: F401
 
-# commands of the distributed weight sync -> WorkerSync methods (engines/local_sync.py)
+# commands of the distributed weight sync -> WorkerSync methods (engines/local/sync.py)
 SYNC_COMMANDS = {"join_group": "join", "receive_weights": "receive",
                  "weight_checksums": "checksums", "abort_group": "abort"}  # fmt: skip
 
@@ -74,7 +74,7 @@ class _Worker:
         t0 = time.perf_counter()
         results: list[dict] = []
         if self.cfg.get("inflight"):
-            from sat_cli.engines.local_inflight import WeightSwitch
+            from sat_cli.engines.local.inflight import WeightSwitch
 
             cache_mode = self.cfg.get("inflight_cache", "recompute")
             switch = WeightSwitch(self, req.get("updates") or [], cache_mode, self.cfg["r3"])
@@ -128,7 +128,7 @@ class _Worker:
     def load_version(self, path: str, version: int) -> None:
         """In-flight update: check, load and switch to ``version`` (the model is unchanged if
         anything fails)."""
-        from sat_cli.engines.local_inflight import check_update
+        from sat_cli.engines.local.inflight import check_update
         from sat_cli.models.tiny_moe import load_model
 
         check_update(path, version, self.version)
@@ -141,9 +141,9 @@ class _Worker:
         return self.control is not None and self.control.serve(self.load_version)
 
     def sync_command(self, cmd: str, payload) -> dict:
-        """Distributed weight sync (``sat_cli.engines.local_sync``)."""
+        """Distributed weight sync (``sat_cli.engines.local.sync``)."""
         if self.sync is None:
-            from sat_cli.engines.local_sync import WorkerSync
+            from sat_cli.engines.local.sync import WorkerSync
 
             self.sync = WorkerSync(self)
         return getattr(self.sync, SYNC_COMMANDS[cmd])(*([payload] if payload is not None else []))
@@ -187,7 +187,7 @@ def worker_main(conn, cfg: dict, ctrl=None) -> None:
     ready = {"pid": os.getpid(), "weight_version": worker.version, "numerics": process_numerics()}
     conn.send(("ok", ready))
     if ctrl is not None:
-        from sat_cli.engines.local_inflight import ControlChannel
+        from sat_cli.engines.local.inflight import ControlChannel
 
         worker.control = ControlChannel(ctrl)
     while True:

@@ -16,9 +16,9 @@ follow the sweep's method order (the parent's tag ``sat.sweep_methods``), else t
 Table 1 order followed by the baselines beyond it, then first appearance; columns are the lags
 in increasing order.
 
-Modules: ``report_select`` (which runs), ``report_tables`` (per-run endpoints and cells over
-seeds: ``mean ± 95 % t-interval`` with n, collapse counts), ``report_pairs`` (paired
-differences), ``report_stats`` (t-intervals, paired t and Wilcoxon tests), ``report_regime``
+Modules: ``select`` (which runs), ``tables`` (per-run endpoints and cells over
+seeds: ``mean ± 95 % t-interval`` with n, collapse counts), ``pairs`` (paired
+differences), ``stats`` (t-intervals, paired t and Wilcoxon tests), ``regime``
 (the regime section and the markdown), ``plots`` (the figures); this module loads the runs
 from MLflow and writes the files. Pairs: every
 ``SAT-X`` row against ``X`` at the same lag, every row's higher lags against its lowest, and
@@ -33,7 +33,7 @@ recompute denominator at one optimizer step per batch (SAT inert: ``d == 0``) ar
 
 Outputs under ``--out`` (default ``runs/reports/<target>/``): ``report.md``, ``table.csv``
 (every endpoint: mean, std, CI half-width per cell), ``pairs.csv``, ``regime.csv`` and PNG plots
-(``sat_cli.plots``): ``eval.png``, ``eval_ess.png`` (eval above the ESS), ``reward.png``,
+(``sat_cli.report.plots``): ``eval.png``, ``eval_ess.png`` (eval above the ESS), ``reward.png``,
 ``dpi.png``, ``sat_gate_rate.png``, ``sat_band.png`` (mean over seeds, shaded 95 % t-band; one
 panel per lag) and ``staleness_hist.png`` (the ``|d|`` histogram of each row × lag at its last
 logged step, from the tracker's JSON tables of the first seed). With a parent sweep run, the
@@ -49,11 +49,11 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.errors import UserError
-from sat_cli.report_hist import HIST_DIR, _download_json, _hist_tables, _last_hist  # noqa: F401
-from sat_cli.report_pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
-from sat_cli.report_regime import lag_key, regime_csv, regime_rows, render_markdown
-from sat_cli.report_select import Selection, dedupe, select_runs  # noqa: F401
-from sat_cli.report_tables import (
+from sat_cli.report.hist import HIST_DIR, _download_json, _hist_tables, _last_hist  # noqa: F401
+from sat_cli.report.pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
+from sat_cli.report.regime import lag_key, regime_csv, regime_rows, render_markdown
+from sat_cli.report.select import Selection, dedupe, select_runs  # noqa: F401
+from sat_cli.report.tables import (
     BAND_KEYS,
     CLIP_KEYS,
     DPI_KEY,
@@ -339,7 +339,7 @@ def run_report(
 
 
 def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> None:
-    from sat_cli import plots as P
+    from sat_cli.report import plots as P
 
     out_dir.mkdir(parents=True, exist_ok=True)
     runs, rows, lags, cells = rep["runs"], rep["rows"], rep["lags"], rep["cells"]

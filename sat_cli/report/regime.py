@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from sat_cli.report_pairs import pair_rows, pairs_markdown
-from sat_cli.report_tables import (
+from sat_cli.report.pairs import pair_rows, pairs_markdown
+from sat_cli.report.tables import (
     BAND_KEYS,
     CLIP_KEYS,
     DASH,

@@ -24,8 +24,8 @@ was added; identical to the next for rollout-denominator losses), else
 ``staleness/abs_logratio_mean``.
 
 A cell (one row × one lag) shows ``mean ± h`` over its seeds, ``h`` the half-width of the 95 %
-t-interval (``report_stats.t_interval``); its size ``n`` is printed. Pairs compare two cells
-seed by seed (``report_stats.paired``).
+t-interval (``stats.t_interval``); its size ``n`` is printed. Pairs compare two cells
+seed by seed (``stats.paired``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 
 from sat_cli import metric_names as M
-from sat_cli.report_stats import t_interval
+from sat_cli.report.stats import t_interval
 
 DPI_KEY = M.DPI
 DPI_MU_KEY = M.DPI_MU

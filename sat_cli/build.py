@@ -353,8 +353,8 @@ TAG_NAMES = {
 
 def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
     from sat_cli.commands.common import run_environment
-    from sat_cli.loop.final_status import apply_pending
     from sat_cli.tracking import Tracker, flatten_config
+    from sat_cli.tracking.final_status import apply_pending
 
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     tags = {

@@ -357,10 +357,10 @@ def _guard(fn) -> None:
     trainer or engine, a failed checkpoint write) → message + exit 1; Ctrl-C → exit 130. By
     exception type; the library modules that define them import no heavy library."""
     _quiet_libraries()
+    from sat_cli.checkpoints.state import CheckpointError
     from sat_cli.config import ConfigError
     from sat_cli.engines.base import EngineError
     from sat_cli.errors import RunFailed, UserError, as_failure, without_tracebacks
-    from sat_cli.loop.state import CheckpointError
     from sat_cli.tasks.datafiles import DataError
     from sat_cli.tracking.store import TrackingError
 

@@ -5,9 +5,9 @@ A state file that parses as JSON can still be of the wrong shape: a list instead
 its schema here when it is read, so a damaged one is named (file, field, what was expected, what
 was found) before anything uses a value of it:
 
-* :data:`LOOP_STATE` — ``checkpoints/step_N/loop_state.json`` (``sat_cli.loop.state``);
+* :data:`LOOP_STATE` — ``checkpoints/step_N/loop_state.json`` (``sat_cli.checkpoints.state``);
 * :data:`TRAINER_STATE` — ``checkpoints/step_N/trainer/trainer_state.json`` (both trainers);
-* :data:`MANIFEST` — ``checkpoints/step_N/manifest.json`` (``sat_cli.loop.manifest``);
+* :data:`MANIFEST` — ``checkpoints/step_N/manifest.json`` (``sat_cli.checkpoints.manifest``);
 * :data:`SWEEP_STATE` and :data:`SWEEP_RUN` — ``<sweep>/sweep_state.json`` and
   ``<run>/sweep_run.json`` (``sat_cli.sweep.state``).
 

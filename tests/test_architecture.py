@@ -103,6 +103,24 @@ def test_the_graph_sees_real_edges():
     assert "sat_cli.metric_names" in g["sat_cli.loop.steps"]
 
 
+# `loop/` is only the loop: these commands reach checkpoints, the final run status and the
+# pre-flight checks through checkpoints/, tracking/ and commands/, never through loop/
+LOOP_FREE = ("commands/eval.py", "evaluation", "sweep/", "report/")
+
+
+def test_eval_sweep_and_report_do_not_import_the_loop():
+    mods = _modules()
+    known = set(mods)
+    offenders = {
+        p.relative_to(PKG).as_posix(): sorted(m for m in found if m.startswith("sat_cli.loop"))
+        for n, p in mods.items()
+        if p.relative_to(PKG).as_posix().startswith(LOOP_FREE)
+        and (found := _imports(n, p, known | {"sat_cli.loop"}))
+        and any(m.startswith("sat_cli.loop") for m in found)
+    }
+    assert offenders == {}
+
+
 def test_no_module_over_400_lines():
     long = {
         p.relative_to(PKG).as_posix(): n

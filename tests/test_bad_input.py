@@ -178,7 +178,7 @@ def _file(t: Path, name: str) -> str:
 
 def _held_lock(run_dir: Path) -> None:
     """The run folder owned by a live process: this test process takes its lock."""
-    from sat_cli.loop.runlock import RunLock
+    from sat_cli.commands.runlock import RunLock
 
     _HELD.append(RunLock(run_dir, log=lambda m: None).acquire())
 

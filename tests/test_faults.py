@@ -184,7 +184,7 @@ def assert_checkpoint_loadable(ckpt_root: Path) -> Path:
     temporary folders left behind."""
     from safetensors.torch import load_file
 
-    from sat_cli.loop.state import latest_checkpoint, read_loop_state
+    from sat_cli.checkpoints.state import latest_checkpoint, read_loop_state
 
     assert not list(ckpt_root.glob(".step_*")), list(ckpt_root.glob(".step_*"))
     ck = latest_checkpoint(ckpt_root)
@@ -674,7 +674,7 @@ def test_second_live_run_of_a_folder_is_refused(tmp_path, runs):
     os.kill(r.pid, signal.SIGTERM)
     assert r.wait(60) == 143
     run = mlflow_run(tmp_path, "tw")  # exactly one run of that name
-    from sat_cli.loop.state import list_checkpoints, read_loop_state
+    from sat_cli.checkpoints.state import list_checkpoints, read_loop_state
 
     assert_checkpoint_loadable(run_dir / "checkpoints")
     ids = {
@@ -896,7 +896,7 @@ def test_finished_run_extended_with_a_larger_max_steps(tmp_path):
     step 5 (the weights of its last step were never published, the engine could not load them).
     Now the run goes on to step 5: every step once, checkpoints before the end not marked
     finished, the MLflow run FINISHED."""
-    from sat_cli.loop.state import read_loop_state
+    from sat_cli.checkpoints.state import read_loop_state
 
     args = [*SMALL, "checkpoint.every=1", "checkpoint.keep=5", "run.name=ex"]
     assert sat("train", *args, "max_steps=3", cwd=tmp_path).returncode == 0
@@ -997,7 +997,7 @@ def test_outage_past_the_timeout_stops_with_a_resumable_checkpoint(tmp_path, run
     stop = int(m.group(1))
     ck = assert_checkpoint_loadable(run_dir / "checkpoints")
     assert ck.name == f"step_{stop}" and not (run_dir / ".sat.lock").exists()
-    from sat_cli.loop.manifest import verify_checkpoint
+    from sat_cli.checkpoints.manifest import verify_checkpoint
 
     assert verify_checkpoint(ck) is None
     server = _serve(db, port, tmp_path / "server.log")
@@ -1049,8 +1049,8 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, fsfault)
         r.stderr,
     ), r.stderr[-2000:]
     assert _store_run(tmp_path, "fd").info.status == "FAILED"
-    from sat_cli.loop.manifest import verify_checkpoint
-    from sat_cli.loop.state import list_checkpoints
+    from sat_cli.checkpoints.manifest import verify_checkpoint
+    from sat_cli.checkpoints.state import list_checkpoints
 
     ckpts = list_checkpoints(run_dir / "checkpoints")
     assert ckpts and all(verify_checkpoint(p) is None for _, p in ckpts)
@@ -1081,8 +1081,8 @@ def test_memory_running_out_mid_run_fails_the_run_cleanly(tmp_path, runs):
     err = r.stderr
     assert "Traceback" not in err and re.search(r"sat: error: out of memory", err), err[-2000:]
     assert mlflow_run(tmp_path, "oom").info.status == "FAILED"
-    from sat_cli.loop.manifest import verify_checkpoint
-    from sat_cli.loop.state import list_checkpoints
+    from sat_cli.checkpoints.manifest import verify_checkpoint
+    from sat_cli.checkpoints.state import list_checkpoints
 
     ckpts = list_checkpoints(run_dir / "checkpoints")
     assert ckpts and all(verify_checkpoint(p) is None for _, p in ckpts)

@@ -199,8 +199,8 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
 def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
     """Interval lag 2: staleness 0,1,2,1,2; a run resumed from its step-2 checkpoint ends with the
     same weights and per-step metrics as the uninterrupted run."""
+    from sat_cli.checkpoints.state import latest_checkpoint, list_checkpoints
     from sat_cli.engines.local import LocalEngine
-    from sat_cli.loop.state import latest_checkpoint, list_checkpoints
 
     task = SevensTask()
 

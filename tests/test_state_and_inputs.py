@@ -185,7 +185,7 @@ DAMAGE = {
 @pytest.mark.timeout(60)  # a FIFO opened for reading would block here forever
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_a_damaged_checkpoint_is_named(case, checkpoint, tmp_path):
-    from sat_cli.loop.manifest import verify_checkpoint
+    from sat_cli.checkpoints.manifest import verify_checkpoint
 
     ck = tmp_path / "checkpoints" / "step_2"
     shutil.copytree(checkpoint, ck, symlinks=True)
@@ -197,7 +197,7 @@ def test_a_damaged_checkpoint_is_named(case, checkpoint, tmp_path):
 
 
 def test_resume_refuses_a_checkpoint_of_another_trainer_before_writing(checkpoint, tmp_path):
-    from sat_cli.loop.manifest import resume_checkpoint
+    from sat_cli.checkpoints.manifest import resume_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(checkpoint.parent, run / "checkpoints")
@@ -212,8 +212,8 @@ def test_resume_refuses_a_checkpoint_of_another_trainer_before_writing(checkpoin
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_an_older_one(checkpoint, tmp_path):
-    from sat_cli.loop.manifest import select_checkpoint
-    from sat_cli.loop.state import CheckpointError, read_loop_state
+    from sat_cli.checkpoints.manifest import select_checkpoint
+    from sat_cli.checkpoints.state import CheckpointError, read_loop_state
 
     root = tmp_path / "checkpoints"
     shutil.copytree(checkpoint, root / "step_2")
@@ -592,7 +592,7 @@ def test_memory_error_in_a_command_is_one_line(capsys):
 def test_a_low_address_space_limit_is_refused_up_front(monkeypatch):
     import resource
 
-    from sat_cli.loop import preflight
+    from sat_cli.commands import preflight
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 30, resource.RLIM_INFINITY))
     with pytest.raises(RunFailed, match=r"address-space limit of this process is 1\.00 GiB "

@@ -34,7 +34,7 @@ def write_pids(logs: Path, engine) -> None:
     """``logs/pids.json``: this process and the engine's process (fault tests, soak runs)."""
     import json
 
-    from sat_cli.loop.state import atomic_write_text
+    from sat_cli.util.fsio import atomic_write_text
 
     pids = {"orchestrator": os.getpid(), "engine": getattr(engine, "pid", None)}
     atomic_write_text(logs / "pids.json", json.dumps(pids))

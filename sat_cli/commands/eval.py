@@ -34,7 +34,7 @@ def _model_dir(obj) -> str:
         if not ck.is_dir():
             raise UserError(f"ckpt={obj.ckpt!r} is not a directory")
         if (ck / "manifest.json").is_file():  # a training checkpoint: its files must match
-            from sat_cli.loop.manifest import verify_checkpoint
+            from sat_cli.checkpoints.manifest import verify_checkpoint
 
             reason = verify_checkpoint(ck)
             if reason is not None:
@@ -98,12 +98,12 @@ def run_eval_command(cfg, obj) -> None:
     from omegaconf import OmegaConf
 
     from sat_cli.build import build_engine, build_evaluator, build_task, eval_problems
+    from sat_cli.commands import preflight
     from sat_cli.commands.common import check_devices, loading, run_environment, write_pids
     from sat_cli.errors import os_error
     from sat_cli.evaluation import format_table, write_results
-    from sat_cli.loop import preflight
-    from sat_cli.loop.final_status import apply_pending, end_run
     from sat_cli.tracking import Tracker, flatten_config
+    from sat_cli.tracking.final_status import apply_pending, end_run
     from sat_cli.util.signals import BY_NAME, orderly_stop
 
     # every input is checked before anything is written or started; the data first (cheap:

@@ -10,8 +10,8 @@ Inputs (run name, resume target, the run folder's path, model folder — safeten
 every tensor checked against its config without loading —, tokenizer, task and evaluation data,
 prompt lengths, the trainer layout) are checked before the run directory is created or any
 process starts, so bad input exits 2 and writes nothing. Then the run folder is locked
-(``sat_cli.loop.runlock``) and the checkpoint to resume from is verified
-(``sat_cli.loop.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
+(``sat_cli.commands.runlock``) and the checkpoint to resume from is verified
+(``sat_cli.checkpoints.manifest``) before ``config.yaml``, the MLflow run or anything else is touched.
 SIGTERM and SIGHUP stop the run like Ctrl-C (``sat_cli.util.signals``: exit 143 / 129).
 """
 
@@ -62,8 +62,8 @@ def default_run_name(obj) -> str:
 def resolve_run_dir(obj) -> tuple[Path, bool]:
     """(run dir, whether it is resumed). Refuses to overwrite a run silently. Reads only; the
     checkpoint to resume from is chosen and verified under the run's lock
-    (:func:`sat_cli.loop.manifest.resume_checkpoint`)."""
-    from sat_cli.loop.state import CheckpointError, latest_checkpoint, read_loop_state
+    (:func:`sat_cli.checkpoints.manifest.resume_checkpoint`)."""
+    from sat_cli.checkpoints.state import CheckpointError, latest_checkpoint, read_loop_state
 
     root = Path(obj.run.dir) / obj.run.experiment
     resume = obj.resume
@@ -93,7 +93,7 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     run_dir = root / name
     if latest_checkpoint(run_dir / "checkpoints") is not None:
         if resume != "auto":
-            from sat_cli.loop.runlock import refuse_if_owned
+            from sat_cli.commands.runlock import refuse_if_owned
 
             refuse_if_owned(run_dir)  # a live run of this folder: name it
             raise UserError(
@@ -154,10 +154,10 @@ def train(cfg, obj, overrides) -> dict:
 
 
 def _train(cfg, obj) -> dict:
-    from sat_cli.loop import preflight
-    from sat_cli.loop.manifest import resume_checkpoint
-    from sat_cli.loop.runlock import RunLock
-    from sat_cli.loop.state import read_loop_state
+    from sat_cli.checkpoints.manifest import resume_checkpoint
+    from sat_cli.checkpoints.state import read_loop_state
+    from sat_cli.commands import preflight
+    from sat_cli.commands.runlock import RunLock
 
     # every input is checked before the run folder is created or written, or a process starts
     preflight.check_address_space("train")  # ulimit -v too low: one clear line, nothing written
@@ -170,13 +170,13 @@ def _train(cfg, obj) -> dict:
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
     path = model_path(obj, log=log)
     tokenizer = preflight.load_tokenizer(path)
-    dropped = preflight.check_prompt_lengths(obj, task, tokenizer, path, log)
+    dropped = preflight.check_prompt_lengths(task, tokenizer, path, log)
     overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
         key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
         for key, s in (("eval", spec), ("final", final_spec))
         if s is not None
     }
-    preflight.check_trainer_layout(obj, path)
+    preflight.check_trainer_layout(obj.trainer.name, path)
     check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log, _trainer_kind(obj))
@@ -204,12 +204,13 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
     import torch
     from omegaconf import OmegaConf
 
+    from sat_cli.checkpoints.state import read_loop_state
     from sat_cli.commands.weight_sync import check_weight_sync_support, weight_sync_settings
     from sat_cli.engines.base import SamplingParams
-    from sat_cli.loop.final_status import PENDING_DIR, end_run, keep_previous_status
     from sat_cli.loop.progress import Progress
-    from sat_cli.loop.state import atomic_write_text, read_loop_state
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
+    from sat_cli.tracking.final_status import PENDING_DIR, end_run, keep_previous_status
+    from sat_cli.util.fsio import atomic_write_text
 
     spec, final_spec, overlong = specs  # in-training and final evaluation problems (or None)
     state0 = read_loop_state(ckpt) if ckpt else {}
@@ -344,7 +345,7 @@ def pretrain(obj, use_shipped: bool = False) -> None:
     """Train the warm start from scratch (cached under <run.dir>/cache), even when the shipped
     checkpoint has the same key: this is how the shipped one is reproduced. ``use_shipped``:
     resolve it exactly as `sat train` does (`sat sweep --jobs N` prepares runs this way)."""
-    from sat_cli.loop.preflight import check_output_dir
+    from sat_cli.util.fsio import check_output_dir
 
     check_output_dir(Path(obj.run.dir) / "cache", "warm-start cache")
     path = model_path(obj, use_shipped=use_shipped)

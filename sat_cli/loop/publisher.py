@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sat_cli.checkpoints.state import latest_checkpoint, prune_weights
 from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.loop.lag import LagPolicy
-from sat_cli.loop.state import latest_checkpoint, prune_weights
 
 
 class WeightsWriteError(RunFailed):

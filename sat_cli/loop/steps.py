@@ -17,9 +17,9 @@ import hashlib
 import math
 
 from sat_cli import metric_names as M
+from sat_cli.checkpoints.state import latest_checkpoint
 from sat_cli.engines.base import Sample
 from sat_cli.errors import RunFailed
-from sat_cli.loop.state import latest_checkpoint
 
 MAX_CONSECUTIVE_NONFINITE = 5
 

@@ -43,18 +43,18 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli import metric_names as M
+from sat_cli.checkpoints.state import (
+    CheckpointError,
+    prune_checkpoints,
+    read_loop_state,
+    save_checkpoint,
+)
 from sat_cli.engines.base import SamplingParams
 from sat_cli.errors import RunFailed
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
 from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError, min_needed
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
-from sat_cli.loop.state import (
-    CheckpointError,
-    prune_checkpoints,
-    read_loop_state,
-    save_checkpoint,
-)
 from sat_cli.loop.steps import (
     MAX_CONSECUTIVE_NONFINITE,
     NonFiniteLoss,

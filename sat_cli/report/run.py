@@ -322,7 +322,7 @@ def run_report(
     from mlflow import MlflowClient
 
     from sat_cli.errors import os_error
-    from sat_cli.loop.preflight import check_output_dir
+    from sat_cli.util.fsio import check_output_dir
 
     out_dir = (
         Path(out) if out else Path("runs") / "reports" / re.sub(r"[^A-Za-z0-9_.\-]+", "_", target)

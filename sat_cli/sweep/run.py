@@ -79,7 +79,7 @@ def _open_parent(plan: Plan, state: dict, log):
             raise
         log(f"parent run {prev} is gone from the store; starting a new one")
         tr = Tracker(plan.tracking_uri, s.name, f"sweep-{s.name}", tags=tags, params=params)
-    from sat_cli.loop.final_status import apply_pending
+    from sat_cli.tracking.final_status import apply_pending
 
     apply_pending(Path(plan.run_dir), tr, log)
     tr.log_dict([r.record() for r in s.runs], "sweep/runs.json")
@@ -123,7 +123,7 @@ def run_sweep(
     if opts.name != "local":
         _require_extra(opts.name, settings)
         check_cluster_plan(plan, opts.name, settings)
-    from sat_cli.loop.preflight import check_output_dir
+    from sat_cli.util.fsio import check_output_dir
 
     check_output_dir(plan.root, "sweep folder")
     conflicts = [r for r in sweep.runs if statuses[r.name] == "conflict"]
@@ -261,7 +261,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
         for child in children.values():  # an unexpected error: do not leave orphans behind
             stop_children([child], 5.0, log)
         if parent is not None:
-            from sat_cli.loop.final_status import end_run
+            from sat_cli.tracking.final_status import end_run
 
             end_run(parent, outcome, Path(plan.run_dir), log)
         _write_state(plan.root, state)

@@ -20,7 +20,7 @@ RUN_RECORD = "sweep_run.json"
 
 def checkpoint_status(run_dir: Path) -> tuple[bool, int | None]:
     """(finished, step of the latest complete checkpoint or None)."""
-    from sat_cli.loop.state import CheckpointError, latest_checkpoint, read_loop_state
+    from sat_cli.checkpoints.state import CheckpointError, latest_checkpoint, read_loop_state
 
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:

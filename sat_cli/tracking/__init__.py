@@ -47,7 +47,7 @@ What it does:
   once the store has been unreachable for ``outage_timeout_s`` (the loop then checkpoints and
   stops).
   ``status_recorded`` says whether ``end`` reached the store; when it did not, the caller keeps
-  the final status for later (``sat_cli.loop.final_status``). ``resumed_status`` is the status a
+  the final status for later (``sat_cli.tracking.final_status``). ``resumed_status`` is the status a
   resumed run had before.
   Invalid arguments (MLflow ``INVALID_PARAMETER_VALUE``) are programming errors and are raised
   (at start as :class:`TrackingError`: a bad experiment name or a deleted run is user input).

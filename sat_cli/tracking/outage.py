@@ -6,7 +6,7 @@
 * **the spool** — metric points the store did not take (the server stopped or restarting, its
   database unreachable) are appended to ``<root>/<run id>.metrics.jsonl`` (``root`` is
   ``<run.dir>/.mlflow_pending``, beside the pending final statuses of
-  ``sat_cli.loop.final_status``), one JSON line per point, flushed and fsynced at every step:
+  ``sat_cli.tracking.final_status``), one JSON line per point, flushed and fsynced at every step:
   nothing is held in memory only, nothing is dropped. The first line names the run and a hash
   of the tracking URI (never the URI: it may hold a password). Every ``retry_interval_s`` the
   tracker tries the store again; when it answers, the spooled points are sent first, in order,

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sat_cli.errors import UserError
+
 
 class NotRegularFile(OSError):
     """A path that exists but is not a regular file (a FIFO, a device, a socket, a folder)."""
@@ -147,3 +149,51 @@ def parse_size(size: int | str) -> int:
     if m is None or m.group(2) not in _UNITS:
         raise ValueError(f"{size!r} is not a size such as 5GB, 500MB or 1000000 (bytes)")
     return parse_size(int(float(m.group(1)) * _UNITS[m.group(2)]))
+
+
+def _lexists(p: Path) -> bool:
+    try:
+        os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> None:
+    """A folder a command will create or write into: every existing part of the path is a
+    folder, each name fits the file system (``NAME_MAX``), the whole path fits ``PATH_MAX``, and
+    the nearest existing folder is writable (``os.access``, which also sees read-only mounts);
+    else ``UserError`` naming ``what``."""
+    p = Path(os.path.abspath(path))
+    if len(os.fsencode(p)) >= 4096:
+        raise UserError(f"{what} {str(path)[:80]}…: the path is longer than the system allows")
+    existing = Path(p.anchor)
+    for part in p.parts[1:]:  # walk down while the parts exist (each name checked first)
+        try:
+            name_max = os.pathconf(existing, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(
+                f"{what} {str(path)[:80]}…: the name {part[:40]!r}… has "
+                f"{len(os.fsencode(part))} bytes; this file system allows {name_max}"
+            )
+        if not _lexists(existing / part):
+            if (existing / part).is_symlink():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            break
+        if not (existing / part).is_dir():
+            if (existing / part).is_symlink() and not (existing / part).exists():
+                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
+            raise UserError(f"{what} {path}: {existing / part} is a file, not a folder")
+        existing = existing / part
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only(existing) else "is not writable"
+        raise UserError(f"{what} {path}: {existing} {why}")
+
+
+def _read_only(p: Path) -> bool:
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

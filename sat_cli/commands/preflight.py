@@ -1,9 +1,9 @@
 """Checks made before a command writes anything or starts a process (all raise ``UserError``).
 
-* ``check_output_dir(path, what)`` — a folder the command will create or write into: every
-  existing part of the path is a folder, each name fits the file system (``NAME_MAX``), the
-  whole path fits ``PATH_MAX``, and the nearest existing folder is writable (``os.access``,
-  which also sees read-only mounts).
+* ``check_output_dir(path, what)`` (in ``sat_cli.util.fsio``) — a folder the command will
+  create or write into: every existing part of the path is a folder, each name fits the file
+  system (``NAME_MAX``), the whole path fits ``PATH_MAX``, and the nearest existing folder is
+  writable (``os.access``, which also sees read-only mounts).
 * ``load_tokenizer(path)`` — the model's tokenizer loads (missing or truncated tokenizer files
   are named up front rather than after the engine and trainer started).
 * ``check_prompt_lengths`` — **bounded prompts**. A prompt is *too long* when it fills the
@@ -31,49 +31,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from sat_cli.errors import RunFailed, UserError
+from sat_cli.util.fsio import check_output_dir
 
 MIN_ADDRESS_SPACE = 2 << 30  # bytes of address space one process of a run needs at least
-
-
-def _lexists(p: Path) -> bool:
-    try:
-        os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return True
-
-
-def check_output_dir(path: str | os.PathLike, what: str) -> None:
-    p = Path(os.path.abspath(path))
-    if len(os.fsencode(p)) >= 4096:
-        raise UserError(f"{what} {str(path)[:80]}…: the path is longer than the system allows")
-    existing = Path(p.anchor)
-    for part in p.parts[1:]:  # walk down while the parts exist (each name checked first)
-        try:
-            name_max = os.pathconf(existing, "PC_NAME_MAX")
-        except (OSError, ValueError):
-            name_max = 255
-        if len(os.fsencode(part)) > name_max:
-            raise UserError(
-                f"{what} {str(path)[:80]}…: the name {part[:40]!r}… has "
-                f"{len(os.fsencode(part))} bytes; this file system allows {name_max}"
-            )
-        if not _lexists(existing / part):
-            if (existing / part).is_symlink():
-                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
-            break
-        if not (existing / part).is_dir():
-            if (existing / part).is_symlink() and not (existing / part).exists():
-                raise UserError(f"{what} {path}: {existing / part} is a dangling symbolic link")
-            raise UserError(f"{what} {path}: {existing / part} is a file, not a folder")
-        existing = existing / part
-    if not os.access(existing, os.W_OK | os.X_OK):
-        why = "is on a read-only file system" if _read_only(existing) else "is not writable"
-        raise UserError(f"{what} {path}: {existing} {why}")
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -86,13 +49,6 @@ def check_run_folder(run_dir: Path) -> None:
             raise UserError(f"run folder {run_dir}: {p} is a file, not a folder")
     if (Path(run_dir) / "config.yaml").is_dir():
         raise UserError(f"run folder {run_dir}: {Path(run_dir) / 'config.yaml'} is a folder")
-
-
-def _read_only(p: Path) -> bool:
-    try:
-        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -178,7 +134,7 @@ def _render_all(template: str, problems: list[str], what: str) -> list[str]:
         raise UserError(f"{what}: {exc}") from None
 
 
-def check_prompt_lengths(obj, task, tokenizer, path: str, log=print) -> int:
+def check_prompt_lengths(task, tokenizer, path: str, log=print) -> int:
     """Drop training prompts that cannot fit (returns how many); see the module docstring."""
     limit = context_length(path)
     if limit is None:
@@ -235,11 +191,10 @@ def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print)
     return frozenset(bad)
 
 
-def check_trainer_layout(obj, path: str) -> None:
-    """The model is one the Megatron worker can build (the parallel layout itself is checked at
-    compose time: ``sat_cli.config.layout``)."""
-    t = obj.trainer
-    if t.name != "megatron":
+def check_trainer_layout(trainer: str, path: str) -> None:
+    """With ``trainer`` ``megatron``, the model is one the Megatron worker can build (the parallel
+    layout itself is checked at compose time: ``sat_cli.config.layout``)."""
+    if trainer != "megatron":
         return
     try:
         config = json.loads((Path(path) / "config.json").read_text())

@@ -7,7 +7,7 @@ regenerates exactly the same samples), the engine's weight version, eval best/la
 the MLflow run id. It is written to a temporary folder and renamed into place, so a crash never
 leaves a half checkpoint under a final name; ``latest_checkpoint`` only returns complete ones.
 ``manifest.json`` (sizes and SHA-256 of every file, written last) lets ``resume`` verify a
-checkpoint and fall back to the previous one when it is damaged (``sat_cli.loop.manifest``).
+checkpoint and fall back to the previous one when it is damaged (``sat_cli.checkpoints.manifest``).
 A write that fails (disk full, a file where a folder must go, an I/O error) removes its temporary
 folder and raises :class:`CheckpointWriteError` (a ``RunFailed``: exit code 1) naming the last
 complete checkpoint, which is left untouched.
@@ -21,12 +21,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sat_cli.errors import RunFailed, as_os_error
-from sat_cli.loop.manifest import (  # noqa: F401 - STATE_FILE, list_checkpoints re-exported
+from sat_cli.checkpoints.manifest import (  # noqa: F401 - STATE_FILE, list_checkpoints re-exported
     STATE_FILE,
     list_checkpoints,
     write_manifest,
 )
+from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.util.fsio import atomic_write_json, atomic_write_text  # noqa: F401 - re-exported
 
 

@@ -1,7 +1,7 @@
 """Checkpoint manifests: what a complete checkpoint holds, written last, verified on resume.
 
 ``write_manifest(folder)`` records every file of a checkpoint folder (relative path, size,
-SHA-256) in ``manifest.json``; :func:`sat_cli.loop.state.save_checkpoint` writes it after the
+SHA-256) in ``manifest.json``; :func:`sat_cli.checkpoints.state.save_checkpoint` writes it after the
 trainer state and the loop state, inside the temporary folder, just before the rename, so a
 checkpoint with a manifest is one that was completely written.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from sat_cli.errors import UserError
 from sat_cli.util.fsio import write_text_fsync
 
-STATE_FILE = "loop_state.json"  # a checkpoint's loop state (sat_cli.loop.state)
+STATE_FILE = "loop_state.json"  # a checkpoint's loop state (sat_cli.checkpoints.state)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 

@@ -8,9 +8,16 @@ engine's request thread, so between generation requests like a disk update):
    sender joins as rank 0 (both wait at most the sync timeout);
 2. per version: the worker is sent every bucket's names, dtypes and shapes (``receive``) and
    receives the buckets, in order, into buffers it keeps, while the sender broadcasts them;
-   when all arrived it copies each tensor into its model (into the fused experts where
-   transformers holds them so) and takes the version. All or nothing: a failed receive leaves
-   the old weights and version.
+   when all arrived the model takes them and the version. All or nothing: a failed receive
+   leaves the old weights and version.
+
+Where every weight's bytes arrive in the model's own memory order (one weight within one
+bucket, its parts — the per-expert tensors of a fused expert weight — in the order they lie in
+it, the model's dtype; what the trainer's sender sends to this engine), the model's weights
+become views of the received buffers (:func:`bind_views`): no copy. The buffers come in two
+sets, and a version is received into the set the model does not use, so the old weights stay
+whole until the new ones are complete. Otherwise each tensor is copied into the model (into
+the fused experts where transformers holds them so).
 
 A failure closes the group on both sides (the next sync joins a new one) and raises
 ``WeightSyncError``. ``checksums`` is the local engine's ``/weights_checker``: the tensor hash of
@@ -22,6 +29,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+import weakref
 
 from sat_cli.engines.base import EngineError, WeightSyncError
 from sat_cli.weightsync import buckets as B
@@ -31,24 +39,70 @@ _names = itertools.count()
 
 
 # --- the worker's side ------------------------------------------------------------------------
-def targets(model) -> dict:
-    """HF checkpoint name → the model's own tensor (a view of its parameter) that holds it:
-    transformers 5 holds a layer's experts fused, ``gate_up_proj`` ``[E, 2I, H]`` (gate rows
-    then up rows per expert) and ``down_proj`` ``[E, H, I]``; other names are the model's."""
-    out = {}
+def parts(model):
+    """``(state-dict key, HF checkpoint name, view)`` of every weight: transformers 5 holds a
+    layer's experts fused, ``gate_up_proj`` ``[E, 2I, H]`` (gate rows then up rows per expert)
+    and ``down_proj`` ``[E, H, I]``; other names are the model's. Views of the model's tensors,
+    in their memory order."""
     for name, t in model.state_dict().items():
         m = _FUSED.fullmatch(name)
         if m is None:
-            out[name] = t
+            yield name, name, t
         elif m[2] == "gate_up_proj":
             half = t.shape[1] // 2
             for e in range(t.shape[0]):
-                out[f"{m[1]}.{e}.gate_proj.weight"] = t[e, :half]
-                out[f"{m[1]}.{e}.up_proj.weight"] = t[e, half:]
+                yield name, f"{m[1]}.{e}.gate_proj.weight", t[e, :half]
+                yield name, f"{m[1]}.{e}.up_proj.weight", t[e, half:]
         else:
             for e in range(t.shape[0]):
-                out[f"{m[1]}.{e}.down_proj.weight"] = t[e]
-    return out
+                yield name, f"{m[1]}.{e}.down_proj.weight", t[e]
+
+
+def targets(model) -> dict:
+    """HF checkpoint name → the model's own tensor (a view of its parameter) that holds it."""
+    return {hf: view for _, hf, view in parts(model)}
+
+
+def bind_views(model, flats: list, located: dict, own: set[int]) -> bool:
+    """Make each of ``model``'s weights a view of received bytes, where they lie in the model's
+    own memory order (module docstring): ``flats`` are the received buckets, ``located`` maps an
+    HF name to ``(bucket, byte offset, TensorMeta)``, ``own`` holds the storage addresses of this engine's
+    receive buffers. False, and nothing changed, when any weight does not lie so, or when two
+    weights share memory (tied embeddings: rebinding one would leave the other behind)."""
+
+    state = model.state_dict()
+    views, start, storages = {}, {}, set()
+    for key, hf, part in parts(model):
+        base = state[key]
+        if hf not in located or part.dtype != base.dtype or not base.is_contiguous():
+            return False
+        k, off, meta = located[hf]
+        if meta.shape != tuple(part.shape) or meta.dtype != B.dtype_name(part):
+            return False
+        rel = part.data_ptr() - base.data_ptr()  # where this part lies in its weight
+        first = start.setdefault(key, (k, off - rel))
+        if first != (k, off - rel):
+            return False
+        if key not in views:
+            st = base.untyped_storage().data_ptr()
+            if st in storages and st not in own:
+                return False  # two weights in one storage that is not ours
+            storages.add(st)
+            nbytes = base.numel() * base.element_size()
+            lo = off - rel
+            if lo < 0 or lo + nbytes > flats[k].numel() or lo % base.element_size():
+                return False
+            views[key] = flats[k][lo : lo + nbytes].view(base.dtype).view(base.shape)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    if len({id(p) for p in params.values()}) != len(params) or set(views) != set(state):
+        return False
+    for key, view in views.items():
+        if key in params:
+            params[key].data = view
+        else:  # a persistent buffer
+            owner, _, attr = key.rpartition(".")
+            model.get_submodule(owner)._buffers[attr] = view
+    return True
 
 
 def served_state(model) -> dict:
@@ -58,13 +112,14 @@ def served_state(model) -> dict:
 
 class WorkerSync:
     """The worker's end: the group and the receive (runs inside the engine process). Received
-    buckets land in buffers kept from one version to the next; once all arrived they are copied
-    into the model's parameters (one copy, no new tensor)."""
+    buckets land in buffers kept from one version to the next, in two sets (module docstring):
+    the model's weights become views of one set, or are copied from it."""
 
     def __init__(self, worker):
         self.worker = worker
         self.group = None
-        self.buffers: list = []  # receive buffers, one per bucket, reused
+        self.sets: tuple[list, list] = ([], [])  # receive buffers, one per bucket, reused
+        self.bound: tuple[int, weakref.ref] | None = None  # the set the model's weights view
 
     def join(self, req: dict) -> dict:
         from sat_cli.weightsync.group import open_group
@@ -77,12 +132,19 @@ class WorkerSync:
         )  # fmt: skip
         return {"group": req["group_name"]}
 
-    def _buffer(self, k: int, bucket: B.Bucket):
-        while len(self.buffers) <= k:
-            self.buffers.append(None)
-        if self.buffers[k] is None or self.buffers[k].numel() != bucket.nbytes:
-            self.buffers[k] = B.empty_bucket(bucket, self.worker.device)
-        return self.buffers[k]
+    def _free_set(self) -> int:
+        """The set of buffers the model's weights are not views of."""
+        if self.bound is not None and self.bound[1]() is self.worker.model:
+            return 1 - self.bound[0]
+        return 0
+
+    def _buffer(self, s: int, k: int, bucket: B.Bucket):
+        buffers = self.sets[s]
+        while len(buffers) <= k:
+            buffers.append(None)
+        if buffers[k] is None or buffers[k].numel() != bucket.nbytes:
+            buffers[k] = B.empty_bucket(bucket, self.worker.device)
+        return buffers[k]
 
     def receive(self, req: dict) -> dict:
         import torch
@@ -93,9 +155,10 @@ class WorkerSync:
         buckets = [B.Bucket(tuple(B.TensorMeta.from_json(r) for r in rows))
                    for rows in req["buckets"]]  # fmt: skip
         received: list = []
+        s = self._free_set()
         try:
             for k, bucket in enumerate(buckets):
-                flat = self._buffer(k, bucket)
+                flat = self._buffer(s, k, bucket)
                 dist.broadcast(flat, src=0, group=self.group.pg)
                 received += B.unflatten(flat, bucket)
         except (RuntimeError, ValueError) as exc:
@@ -107,11 +170,18 @@ class WorkerSync:
             missing, extra = sorted(set(dest) - set(names)), sorted(set(names) - set(dest))
             raise WeightSyncError(f"received weights do not fit the model: missing {missing[:3]}, "
                                   f"unexpected {extra[:3]}")  # fmt: skip
+        flats = self.sets[s][: len(buckets)]
+        located = {m.name: (k, off, m) for k, b in enumerate(buckets) for m, off in _offsets(b)}
+        own = {f.untyped_storage().data_ptr() for f in self.sets[0] + self.sets[1] if f is not None}
         with torch.no_grad():
-            for name, t in received:
-                dest[name].copy_(t)
+            zero_copy = bind_views(self.worker.model, flats, located, own)
+            if zero_copy:
+                self.bound = (s, weakref.ref(self.worker.model))
+            else:
+                for name, t in received:
+                    dest[name].copy_(t)
         self.worker.version = int(req["version"])
-        return {"weight_version": self.worker.version}
+        return {"weight_version": self.worker.version, "zero_copy": zero_copy}
 
     def checksums(self) -> dict:
         return {k: B.tensor_hash(v) for k, v in targets(self.worker.model).items()}
@@ -121,6 +191,13 @@ class WorkerSync:
         if group is not None:
             group.close()
         return {}
+
+
+def _offsets(bucket: B.Bucket):
+    off = 0
+    for m in bucket.metas:
+        yield m, off
+        off += m.nbytes
 
 
 # --- the client's side (LocalEngine) --------------------------------------------------------------
@@ -162,6 +239,7 @@ def sync_weights(engine, sender, version: int, spec) -> dict[str, float]:
             raise
         raise WeightSyncError(f"distributed sync of weights v{version} failed: {exc}") from None
     engine.weight_version = int(reply["weight_version"])
+    engine.sync_zero_copy = bool(reply.get("zero_copy"))  # the worker took its buffers as weights
     took = time.perf_counter() - t1
     return {"pause_s": t1 - t0, "wire_s": took - sent["assemble"], "assemble_s": sent["assemble"],
             "bytes": float(sent["bytes"])}  # fmt: skip

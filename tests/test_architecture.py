@@ -5,6 +5,7 @@ functions included), no module over 400 lines."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import sat_cli
@@ -101,6 +102,91 @@ def test_the_graph_sees_real_edges():
     assert "sat_cli.trainers.megatron.convert" in g["sat_cli.trainers.megatron.actor"]  # relative
     assert "sat_cli.rl.registry" in g["sat_cli.trainers.step"]
     assert "sat_cli.metric_names" in g["sat_cli.loop.steps"]
+
+
+# The config object (``SatConfig``, or the DictConfig it is composed into) stops at the edge: the
+# command line (cli.py), composition and checks (config/), the builders (build.py), the commands
+# (commands/) and the sweep runner (sweep/, which composes its runs). Below it (loop, trainers,
+# engines, rl, tasks, models, tracking, report, ...) functions take plain values or small frozen
+# settings dataclasses built at the edge (e.g. loop.train.LoopSettings).
+CONFIG_EDGE = ("cli.py", "build.py", "commands/", "config/", "sweep/")
+CONFIG_NAMES = ("obj", "cfg", "config")  # what the edge calls the config object
+
+
+def _config_schema() -> tuple[set[str], set[str]]:
+    """(the config's top-level fields, the schema's class names plus DictConfig)."""
+    from sat_cli.config import schema
+
+    fields = {f.name for f in dataclasses.fields(schema.SatConfig)}
+    classes = {
+        n for n, v in vars(schema).items() if isinstance(v, type) and dataclasses.is_dataclass(v)
+    }
+    return fields, classes | {"DictConfig"}
+
+
+def _config_uses(path: Path, fields: set[str], classes: set[str]) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+            inner = node.value  # obj.<group>.<x> / cfg.<group>.<x>
+            if (
+                isinstance(inner.value, ast.Name)
+                and inner.value.id in CONFIG_NAMES
+                and inner.attr in fields
+            ):
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "obj" and node.attr in fields:  # obj.seed, obj.max_steps
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                names = (
+                    {
+                        n.id if isinstance(n, ast.Name) else n.attr
+                        for n in ast.walk(arg.annotation)
+                        if isinstance(n, ast.Name | ast.Attribute)
+                    }
+                    if arg.annotation is not None
+                    else set()
+                )
+                if names & classes or (
+                    isinstance(arg.annotation, ast.Constant) and arg.annotation.value in classes
+                ):
+                    out.append(f"{node.lineno}: parameter {arg.arg} typed as the config")
+    return out
+
+
+def test_the_config_object_stops_at_the_edge():
+    fields, classes = _config_schema()
+    offenders = {
+        rel: found
+        for path in _modules().values()
+        if not (rel := path.relative_to(PKG).as_posix()).startswith(CONFIG_EDGE)
+        and (found := _config_uses(path, fields, classes))
+    }
+    assert offenders == {}
+
+
+def test_the_config_rule_sees_real_uses(tmp_path):
+    """The edge rule is not vacuous: it flags chains, bare fields and typed parameters."""
+    fields, classes = _config_schema()
+    assert {"trainer", "seed"} <= fields and "SatConfig" in classes
+    f = tmp_path / "m.py"
+    f.write_text(
+        "def a(obj):\n    return obj.trainer.lr, obj.seed\n"
+        "def b(x: 'SatConfig', y: TrainerConfig): return cfg.engine.dtype\n"
+        "def c(cfg): return cfg.algo, config.lr\n"  # a LossConfig's field: no chain, allowed
+    )
+    found = {u.split(": ", 1)[1] for u in _config_uses(f, fields, classes)}
+    assert found == {
+        "obj.trainer.lr",
+        "obj.trainer",
+        "obj.seed",
+        "parameter x typed as the config",
+        "parameter y typed as the config",
+        "cfg.engine.dtype",
+    }
 
 
 # `loop/` is only the loop: these commands reach checkpoints, the final run status and the

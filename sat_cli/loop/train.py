@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClipSchedule:
     """Nominal PPO radii over steps: constant, or decayed to ``final_scale`` × eps (linear/cosine)."""
 
@@ -102,8 +102,10 @@ class ClipSchedule:
         return self.eps_low * s, self.eps_high * s
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopSettings:
+    """What the loop needs of the run's settings, built at the edge (``commands/train.py``)."""
+
     max_steps: int
     prompts_per_step: int
     group_size: int

@@ -363,6 +363,6 @@ def update_weights_payload(path: str, version: int, *, flush_cache: bool = True)
     }
 
 
-def _excerpt(obj: Any) -> str:
-    text = obj if isinstance(obj, str) else repr(obj)
+def _excerpt(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"

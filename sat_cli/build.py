@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 from sat_cli import __version__
-from sat_cli import metric_names as M
 from sat_cli.errors import UserError
 from sat_cli.models.weights_check import check_hf_dir
 
@@ -289,57 +288,52 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     return problems, grader, template
 
 
-def build_evaluator(
+def eval_runner(
     obj,
     engine,
     tokenizer,
     task,
-    keep: dict | None = None,
     spec=None,
     *,
     final: bool = False,
     overlong: frozenset[int] | None = None,
+    max_new_tokens: int | None = None,
 ):
-    """In-training evaluation on the held-out set (toy) or the configured benchmark.
+    """A call that evaluates the engine's current weights: ``() -> EvalResult``.
 
     ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
     evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
-    problems, default all), with metrics under ``final/<name>/``."""
+    problems, default all). ``max_new_tokens``: instead of ``eval.max_new_tokens`` (`sat eval`
+    caps it at the model's context)."""
     from sat_cli.engines.base import SamplingParams
-    from sat_cli.evaluation import evaluate, metrics
+    from sat_cli.evaluation import evaluate
 
     e = obj.eval
     if spec is None:
         spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
     problems, grader, template = spec
-    n, prefix = (e.final_n if final else e.n), M.eval_prefix(e.name, final)
     sampling = SamplingParams(
         temperature=e.temperature,
         top_p=e.top_p,
         top_k=e.top_k,
-        max_new_tokens=e.max_new_tokens,
+        max_new_tokens=e.max_new_tokens if max_new_tokens is None else max_new_tokens,
         stop_token_ids=(tokenizer.eos_token_id,),
         seed=obj.seed + 7919,
     )
+    n, skip = (e.final_n if final else e.n), overlong or frozenset()
+    return lambda: evaluate(
+        engine, tokenizer, problems, n=n, sampling=sampling, template=template, grader=grader,
+        batch_size=e.batch_size, name=e.name, overlong=skip,
+    )  # fmt: skip
 
-    def run() -> dict[str, float]:
-        res = evaluate(
-            engine,
-            tokenizer,
-            problems,
-            n=n,
-            sampling=sampling,
-            template=template,
-            grader=grader,
-            batch_size=e.batch_size,
-            name=e.name,
-            overlong=overlong or frozenset(),
-        )
-        if keep is not None:
-            keep["result"] = res
-        return metrics(res, prefix=prefix)
 
-    return run
+def build_evaluator(obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None):
+    """In-training evaluation on the held-out set (toy) or the configured benchmark: ``() ->``
+    its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`)."""
+    from sat_cli.evaluation import metrics
+
+    run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
+    return lambda: metrics(run(), final=final)
 
 
 # tracking.tags keys that `sat sweep` sets, and the MLflow tags they become

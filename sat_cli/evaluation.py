@@ -12,13 +12,16 @@ of ``batch_size`` prompts, decodes each response with
 ``tokenizer.decode(response_ids, skip_special_tokens=True)`` and grades it with ``grader``
 (default :func:`sat_cli.tasks.reward.grade`). A problem counts only when all ``n`` samples came
 back and none was aborted by the engine; if the engine fails (``EngineError``) or the run is
-interrupted (``KeyboardInterrupt``) the finished problems are kept and the result says
-``complete=False`` — a partial evaluation is never reported complete.
+interrupted (``KeyboardInterrupt``, also SIGTERM/SIGHUP under ``orderly_stop``) the finished
+problems are kept and the result says ``complete=False`` — a partial evaluation is never
+reported complete. The interrupt itself is kept in ``EvalResult.interrupted`` for the caller to
+raise again once the partial result is written.
 
 :func:`write_results` writes ``per_problem.json``, ``per_problem.csv`` and ``summary.json``
 atomically (temp file + ``os.replace``); :func:`metrics` gives the MLflow names
-``eval/<benchmark>/avg@<n>`` and ``eval/<benchmark>/pass@<k>``; :func:`format_table` renders the
-console summary with rich.
+``eval/<benchmark>/avg@<n>`` and ``eval/<benchmark>/pass@<k>`` (``final/…`` for the final
+evaluation; ``metric_names.avg_key`` / ``pass_key``); :func:`format_table` renders the console
+summary with rich.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class EvalResult:
     problems_per_s: float
     error: str | None = None  # why the evaluation stopped early, when it did
     meta: dict[str, Any] = field(default_factory=dict)
+    # the Ctrl-C / SIGTERM / SIGHUP that stopped it, for the caller to raise again
+    interrupted: KeyboardInterrupt | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_finished(self) -> int:
@@ -278,9 +283,14 @@ def evaluate(
                 on_batch(min(start + batch_size, len(problems)), len(problems))
     except (EngineError, KeyboardInterrupt) as err:
         error = f"{type(err).__name__}: {err}"
+        interrupted = err if isinstance(err, KeyboardInterrupt) else None
         logger.warning("evaluation %s stopped early after %d problems: %s", name, len(rows), error)
+    else:
+        interrupted = None
     wall_s = time.perf_counter() - started
-    return _summarize(name, n, rows, len(problems), wall_s, error, meta)
+    res = _summarize(name, n, rows, len(problems), wall_s, error, meta)
+    res.interrupted = interrupted
+    return res
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,13 +298,14 @@ def evaluate(
 # --------------------------------------------------------------------------------------------
 
 
-def metrics(result: EvalResult, prefix: str | None = None) -> dict[str, float]:
-    """``{eval/<name>/avg@<n>: …, eval/<name>/pass@<k>: …}`` in percent, for the tracker."""
-    prefix = M.eval_prefix(result.name) if prefix is None else prefix
-    out = {f"{prefix}avg@{result.n}": result.avg_at_k}
-    out.update({f"{prefix}pass@{k}": v for k, v in result.pass_at_k.items()})
+def metrics(result: EvalResult, final: bool = False) -> dict[str, float]:
+    """``{eval/<name>/avg@<n>: …, eval/<name>/pass@<k>: …}`` in percent, for the tracker
+    (``final/<name>/…`` for the final evaluation of a training run)."""
+    name = result.name
+    out = {M.avg_key(name, result.n, final): result.avg_at_k}
+    out.update({M.pass_key(name, k, final): v for k, v in result.pass_at_k.items()})
     if result.meta.get("overlong"):
-        out[f"{prefix}overlong"] = float(result.meta["overlong"])
+        out[M.overlong_key(name, final)] = float(result.meta["overlong"])
     return out
 
 

@@ -115,3 +115,40 @@ HIST_LAG_PROFILE = "staleness/lag_profile"  # the realised lags so far, one bin 
 A3PO_ALPHA_MEAN = "a3po/alpha_mean"
 VCPO_ESS = "vcpo/ess"
 VCPO_BASELINE_SHIFT = "vcpo/baseline_shift_abs_mean"
+
+# --- perf/ (trainers/step.py, loop/steps.py, loop/train.py: seconds and counts of one step) -----
+PERF_TRAIN_S = "perf/train_s"  # the trainer's step(), all minibatches
+PERF_OPTIMIZER_STEPS = "perf/optimizer_steps"
+PERF_GEN_S = "perf/gen_s"  # generation of this step's batch
+PERF_WAIT_S = "perf/wait_s"  # the loop waiting for that batch
+PERF_EVAL_S = "perf/eval_s"
+PERF_STEP_S = "perf/step_s"
+PERF_OVERLAP = "perf/overlap_efficiency"  # max(gen, train) / (step - eval), at most 1
+
+# --- r3/ (trainers/step.py with trainer.r3_audit) -----------------------------------------------
+R3_AUDIT_ROWS = "r3/audit_rows"
+R3_AUDIT_MISMATCHED_ROWS = "r3/audit_mismatched_rows"
+
+# --- sweep/ (sweep/run.py: the parent run of a sweep) -------------------------------------------
+SWEEP_RUNS_FINISHED = "sweep/runs_finished"
+SWEEP_RUNS_FAILED = "sweep/runs_failed"
+SWEEP_WALL_S = "sweep/wall_s"
+ARTIFACT_SWEEP_RUNS = "sweep/runs.json"  # the parent run's table of children (an artifact path)
+
+# --- tracking/ (tracking/tracker.py: the tracker's own counts) ----------------------------------
+TRACKING_NONFINITE = "tracking/nonfinite_metrics"  # values dropped because not finite
+TRACKING_DROPPED_METRICS = "tracking/dropped_metrics"
+TRACKING_DROPPED_ARTIFACTS = "tracking/dropped_artifacts"
+
+# --- group prefixes -----------------------------------------------------------------------------
+LOSS_GROUP = "loss/"  # the loop stops on a non-finite value of any loss/ metric
+
+
+def pass_key(task: str, k: int, final: bool = False) -> str:
+    """The logged name of pass@k (MLflow stores it as ``…/pass_at_<k>``)."""
+    return f"{eval_prefix(task, final)}pass@{k}"
+
+
+def overlong_key(task: str, final: bool = False) -> str:
+    """Problems scored wrong because their prompt does not fit the model's context."""
+    return f"{eval_prefix(task, final)}overlong"

@@ -211,12 +211,12 @@ def test_evaluate_arithmetic_and_rows() -> None:
         "eval/toy/pass@3": res.pass_at_k[3],
         "eval/toy/pass@4": res.pass_at_k[4],
     }
-    assert set(metrics(res, prefix="x/")) == {
-        "x/avg@4",
-        "x/pass@1",
-        "x/pass@2",
-        "x/pass@3",
-        "x/pass@4",
+    assert set(metrics(res, final=True)) == {
+        "final/toy/avg@4",
+        "final/toy/pass@1",
+        "final/toy/pass@2",
+        "final/toy/pass@3",
+        "final/toy/pass@4",
     }
 
     table = format_table(res)
@@ -275,6 +275,31 @@ def test_engine_failure_gives_incomplete_result() -> None:
     assert [r.id for r in res.rows] == ["p1", "p2"] and res.num_problems == 3
     assert res.avg_at_k == pytest.approx(100 * (2 / 4 + 3 / 4) / 2)  # over finished problems only
     assert "INCOMPLETE" in format_table(res)
+
+
+def test_an_interrupt_is_kept_to_be_raised_again() -> None:
+    """Ctrl-C (or SIGTERM/SIGHUP as a KeyboardInterrupt subclass) mid-way: the finished
+    problems are kept and the very exception travels in the result, not only as text."""
+    engine, tok = _engine()
+    stop = KeyboardInterrupt()
+    generate = engine.generate
+
+    def interrupted(prompts, n, sampling):
+        if len(engine.calls) == 1:
+            raise stop
+        return generate(prompts, n, sampling)
+
+    engine.generate = interrupted
+    res = evaluate(
+        engine, tok, PROBLEMS, n=4, sampling=SamplingParams(), template=TEMPLATE, batch_size=2
+    )
+    assert not res.complete and res.interrupted is stop
+    assert [r.id for r in res.rows] == ["p1", "p2"]
+    engine, tok = _engine(fail_on_call=2)
+    res = evaluate(
+        engine, tok, PROBLEMS, n=4, sampling=SamplingParams(), template=TEMPLATE, batch_size=2
+    )
+    assert not res.complete and res.interrupted is None
 
 
 def test_aborted_or_short_groups_are_not_complete(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""`sat eval <benchmark>`: avg@k / pass@k of a model or a training checkpoint.
+"""`sat eval <benchmark>`: avg@k / pass@k of a model or a training checkpoint (:class:`Evaluator`).
 
 The model is ``ckpt=<run>/checkpoints/step_N`` (its ``trainer/model`` HF folder), else
 ``model.path`` (an HF directory or hub id), else the warm-started tiny model. Results go to
@@ -6,6 +6,8 @@ The model is ``ckpt=<run>/checkpoints/step_N`` (its ``trainer/model`` HF folder)
 the experiment ``eval`` with the per-problem table as an artifact. An interrupted or failed
 evaluation writes what it finished and says INCOMPLETE; it never reports a partial score as
 complete (exit 1; Ctrl-C exits 130, SIGTERM 143 and SIGHUP 129, the MLflow run marked KILLED).
+The MLflow run is opened before the engine starts, so a crash at any point leaves it FAILED
+(KILLED for a stop signal), never missing or RUNNING.
 Every input (model folder, checkpoint, data file, tokenizer, prompt lengths, the output folder)
 is checked before anything is written or started. Results that cannot be written (a full disk)
 end the command with exit 1 and the MLflow run FAILED.
@@ -13,7 +15,8 @@ end the command with exit 1 and the MLflow run FAILED.
 The benchmark files come from ``data.dir`` / ``$SAT_DATA_DIR`` when they hold a copy, else from
 the evaluation sets shipped in the package (:func:`sat_cli.tasks.data.benchmark_file`); the file
 used is printed and logged as the param ``eval.data_file``. ``eval.max_new_tokens`` is capped at
-the model's context (``max_position_embeddings``): the benchmark configs ask 32768 tokens for
+the model's context (``max_position_embeddings``; the config itself is left as it is, the cap is
+the param ``eval.max_new_tokens_capped``): the benchmark configs ask 32768 tokens for
 real reasoning models, which would be meaningless (and hours of CPU) for the 512-position tiny
 default model if it ever failed to stop.
 """
@@ -22,8 +25,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sat_cli.errors import RunFailed, UserError
+
+if TYPE_CHECKING:
+    from sat_cli.evaluation import EvalResult
 
 
 def _model_dir(obj) -> str:
@@ -75,122 +82,156 @@ def _data_file(obj) -> str | None:
     return None
 
 
-def _cap_to_context(e, path: str) -> int | None:
-    """Lower ``eval.max_new_tokens`` to the model's ``max_position_embeddings``; the cap or None."""
+def _max_new_tokens(e, path: str, log=print) -> int:
+    """``eval.max_new_tokens``, capped at the model's ``max_position_embeddings`` (said once)."""
     from sat_cli.build import _hf_config
 
     try:
         ctx = int(_hf_config(path).get("max_position_embeddings") or 0)
     except (OSError, ValueError):
-        return None
+        return e.max_new_tokens
     if ctx <= 0 or e.max_new_tokens <= ctx:
-        return None
-    print(
+        return e.max_new_tokens
+    log(
         f"eval.max_new_tokens={e.max_new_tokens} exceeds the model's context "
-        f"(max_position_embeddings={ctx}): capped at {ctx}",
-        flush=True,
+        f"(max_position_embeddings={ctx}): capped at {ctx}"
     )
-    e.max_new_tokens = ctx
     return ctx
 
 
-def run_eval_command(cfg, obj) -> None:
-    from omegaconf import OmegaConf
+class Evaluator:
+    """`sat eval` as an object.
 
-    from sat_cli.build import build_engine, build_evaluator, build_task, eval_problems
-    from sat_cli.commands import preflight
-    from sat_cli.commands.common import check_devices, loading, run_environment, write_pids
-    from sat_cli.errors import os_error
-    from sat_cli.evaluation import format_table, write_results
-    from sat_cli.tracking import Tracker, flatten_config
-    from sat_cli.tracking.final_status import apply_pending, end_run
-    from sat_cli.util.signals import BY_NAME, orderly_stop
+    Construction checks every input (the data first: cheap, no torch import; then the model,
+    its tokenizer, the prompt lengths and the output folder) and writes nothing. ``run()``
+    creates the evaluation folder, opens the MLflow run (RUNNING, params recorded) before the
+    engine starts, evaluates, writes the results and ends the run: FINISHED when complete,
+    KILLED on Ctrl-C / SIGTERM / SIGHUP (the finished problems written, the exception raised
+    again), FAILED on anything else (an engine crash, an incomplete evaluation, results that
+    cannot be written). Returns the ``EvalResult`` of a complete evaluation.
+    """
 
-    # every input is checked before anything is written or started; the data first (cheap:
-    # no torch import, no model read), then the model
-    e = obj.eval
-    preflight.check_address_space("eval")  # ulimit -v too low: one clear line, nothing written
-    check_devices(obj, trainer=False)
-    task = build_task(obj) if e.benchmark == "toy" else None
-    spec = eval_problems(obj, task)
-    data_file = _data_file(obj)
-    path = _model_dir(obj)
-    tokenizer = preflight.load_tokenizer(path)
-    overlong = preflight.check_eval_lengths(spec[0], spec[2], tokenizer, path)
-    out = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    preflight.check_output_dir(out, "evaluation folder")
-    out = _own_folder(out)
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
-    params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
-    params.update(run_environment(obj))
-    params["eval.model_path"] = path
-    if data_file is not None:
-        params["eval.data_file"] = data_file
-    cap = _cap_to_context(e, path)
-    if cap is not None:
-        params["eval.max_new_tokens_capped"] = str(cap)
-    with orderly_stop():
+    def __init__(self, cfg, obj, log=print):
+        from omegaconf import OmegaConf
+
+        from sat_cli.build import build_task, eval_problems
+        from sat_cli.commands import preflight
+        from sat_cli.commands.common import check_devices, run_environment
+        from sat_cli.tracking import flatten_config
+
+        self.obj, self.log, e = obj, log, obj.eval
+        preflight.check_address_space("eval")  # ulimit -v too low: one clear line, nothing written
+        check_devices(obj, trainer=False)
+        self.task = build_task(obj) if e.benchmark == "toy" else None
+        self.spec = eval_problems(obj, self.task)
+        self.data_file = _data_file(obj)
+        self.path = _model_dir(obj)
+        self.tokenizer = preflight.load_tokenizer(self.path)
+        self.overlong = preflight.check_eval_lengths(
+            self.spec[0], self.spec[2], self.tokenizer, self.path
+        )
+        self.base = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        preflight.check_output_dir(self.base, "evaluation folder")
+        self.max_new_tokens = _max_new_tokens(e, self.path, log)
+        params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
+        params.update(run_environment(obj))
+        params["eval.model_path"] = self.path
+        if self.data_file is not None:
+            params["eval.data_file"] = self.data_file
+        if self.max_new_tokens != e.max_new_tokens:
+            params["eval.max_new_tokens_capped"] = str(self.max_new_tokens)
+        self.params = params
+        self.out: Path | None = None  # the evaluation folder, once run() made it
+        self.write_error: Exception | None = None
+
+    def run(self) -> EvalResult:
+        from sat_cli.tracking import Tracker
+        from sat_cli.tracking.final_status import apply_pending, end_run
+        from sat_cli.util.signals import orderly_stop
+
+        obj, run_root = self.obj, Path(self.obj.run.dir)
+        self.out = out = _own_folder(self.base)
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
+        tags = {"benchmark": obj.eval.benchmark, "complete": False}
+        with orderly_stop():  # SIGTERM / SIGHUP raise like Ctrl-C: the run ends KILLED
+            tracker = Tracker(uri, "eval", out.name, params=self.params, tags=tags)
+            status = "FAILED"  # unless the evaluation gets to say otherwise
+            try:
+                apply_pending(run_root, tracker)
+                res = self._evaluate(tracker)
+                status = self._record(tracker, res)
+            except KeyboardInterrupt:
+                status = "KILLED"
+                raise
+            finally:
+                end_run(tracker, status, run_root)
+        return self._outcome(res)
+
+    def _evaluate(self, tracker) -> EvalResult:
+        """Start the engine, evaluate, stop the engine."""
+        from sat_cli.build import build_engine, eval_runner
+        from sat_cli.commands.common import loading, write_pids
         from sat_cli.commands.launch import build_launcher
 
-        placer = build_launcher(obj, print, logs, trainer_nodes=False)  # servers on Ray
+        obj, path, e = self.obj, self.path, self.obj.eval
+        logs = self.out / "logs"
+        placer = build_launcher(obj, self.log, logs, trainer_nodes=False)  # servers on Ray
         try:
             engine = loading(path, lambda: build_engine(obj, path, logs, r3=False, placer=placer))
         except BaseException:
             if placer is not None:
                 placer.close()
             raise
-        write_pids(logs, engine)
-        params.update({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
-        holder: dict = {}
         try:
-            run = build_evaluator(
-                obj, engine, tokenizer, task, keep=holder, spec=spec, overlong=overlong
-            )
-            data = f", data {data_file}" if data_file else ""
-            print(f"eval {e.name}: {e.n} samples per problem, model {path}{data}", flush=True)
-            m = run()
+            write_pids(logs, engine)
+            numerics = getattr(engine, "numerics", {})  # the engine worker's view (local engine)
+            tracker.log_params({f"env.engine.{k}": v for k, v in numerics.items()})
+            run = eval_runner(
+                obj, engine, self.tokenizer, self.task, spec=self.spec, overlong=self.overlong,
+                max_new_tokens=self.max_new_tokens,
+            )  # fmt: skip
+            data = f", data {self.data_file}" if self.data_file else ""
+            self.log(f"eval {e.name}: {e.n} samples per problem, model {path}{data}")
+            return run()
         finally:
             engine.close()
             if placer is not None:
                 placer.close()
-    res = holder["result"]
-    # evaluate() turns Ctrl-C / SIGTERM / SIGHUP into an incomplete result: keep it, then exit
-    # 130 / 143 / 129
-    stop = BY_NAME.get((res.error or "").split(":", 1)[0])
-    interrupted: KeyboardInterrupt | None = stop() if stop is not None else None
-    try:
-        paths = write_results(res, out)
-    except OSError as exc:
-        paths, write_error = {}, os_error(exc, f"cannot write the evaluation results to {out}")
-    else:
-        write_error = None
-    print(format_table(res))
-    print(f"results: {out}")
-    tr = Tracker(
-        uri,
-        "eval",
-        out.name,
-        params=params,
-        tags={"benchmark": e.benchmark, "complete": res.complete},
-    )
-    apply_pending(Path(obj.run.dir), tr)
-    status = "FAILED"
-    try:
-        tr.log_metrics(m if res.complete else {}, step=0)
+
+    def _record(self, tracker, res: EvalResult) -> str:
+        """Write the results (also partial ones), log them; the run's final status."""
+        from sat_cli.errors import os_error
+        from sat_cli.evaluation import format_table, metrics, write_results
+
+        out = self.out
+        try:
+            paths = write_results(res, out)
+        except OSError as exc:
+            paths = {}
+            self.write_error = os_error(exc, f"cannot write the evaluation results to {out}")
+        self.log(format_table(res))
+        self.log(f"results: {out}")
+        tracker.set_tags({"complete": res.complete})
+        tracker.log_metrics(metrics(res) if res.complete else {}, step=0)
         for p in paths.values():
-            tr.log_artifact(str(p))
-        if interrupted:
-            status = "KILLED"
-        elif res.complete and write_error is None:
-            status = "FINISHED"
-    finally:
-        end_run(tr, status, Path(obj.run.dir))
-    if write_error is not None:
-        raise write_error
-    if interrupted is not None:
-        print(f"evaluation INCOMPLETE (interrupted); partial results in {out}", flush=True)
-        raise interrupted
-    if not res.complete:
-        raise RunFailed(f"evaluation INCOMPLETE ({res.error}); partial results in {out}")
+            tracker.log_artifact(str(p))
+        if res.interrupted is not None:
+            return "KILLED"
+        return "FINISHED" if res.complete and self.write_error is None else "FAILED"
+
+    def _outcome(self, res: EvalResult) -> EvalResult:
+        """``res`` when complete; else the reason it is not, raised (the run has ended)."""
+        if self.write_error is not None:
+            raise self.write_error
+        if res.interrupted is not None:
+            self.log(f"evaluation INCOMPLETE (interrupted); partial results in {self.out}")
+            raise res.interrupted
+        if not res.complete:
+            raise RunFailed(f"evaluation INCOMPLETE ({res.error}); partial results in {self.out}")
+        return res
+
+
+def run_eval_command(cfg, obj) -> None:
+    """`sat eval`: :class:`Evaluator` (inputs checked, then run)."""
+    Evaluator(cfg, obj, log=lambda s: print(s, flush=True)).run()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.tracking.params import (
+    MAX_PARAM_VALUE_LEN,
     MAX_TAG_VALUE_LEN,
     PARAMS_PER_BATCH,
     REDACTED,
@@ -108,6 +109,20 @@ class _ArtifactLogging:
         """Set run tags (values stringified, URI passwords masked, secret keys redacted)."""
         if self._active():
             self._log_tags(dict(tags), soft=True)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Add params after the start (what is known only later, e.g. the engine worker's
+        numeric paths); values stringified like the start's params."""
+        if not self._active():
+            return
+        from mlflow.entities import Param
+
+        items = [
+            Param(mlflow_key(str(k)), _truncate(str(v), MAX_PARAM_VALUE_LEN))
+            for k, v in params.items()
+        ]
+        for chunk in _chunks(items, PARAMS_PER_BATCH):
+            self._artifact_call("params", self._client.log_batch, self.run_id, params=list(chunk))
 
     def _log_tags(self, tags: Mapping[str, Any], soft: bool = False) -> None:
         from mlflow.entities import RunTag

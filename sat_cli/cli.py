@@ -238,6 +238,18 @@ def report_cmd(
     )
 
 
+@app.command("replay", context_settings=_EXTRA)
+def replay_cmd(
+    run: str = typer.Argument(..., help="a run folder recorded with replay.record=true"),
+    overrides: list[str] = typer.Argument(None, help="algo=… clip=… (docs/replay.md)"),
+) -> None:
+    """Train a fresh copy of RUN's start checkpoint on RUN's recorded rollout stream, in the same
+    order, with another algorithm or clip (docs/replay.md)."""
+    from sat_cli.commands.replay import replay
+
+    _guard(lambda: replay(run, overrides or []))
+
+
 @app.command("worker")
 def worker_cmd(
     join: str = typer.Option(..., "--join", help="HOST:PORT of the job's rendezvous (node 0)"),
@@ -274,19 +286,9 @@ def ui_cmd(
     ),
 ) -> None:
     """Start the MLflow UI for the local store, bound to 127.0.0.1, and print experiment URLs."""
-    import os
-
     from sat_cli.commands.ui import run_ui
 
-    env = dict(os.environ)  # before _guard sets sat's own defaults (telemetry off in-process)
-    code = 0
-
-    def body() -> None:
-        nonlocal code
-        code = run_ui(run_dir, host=host, port=port, telemetry=telemetry, env=env)
-
-    _guard(body)
-    raise typer.Exit(code)
+    _exit_with(lambda env: run_ui(run_dir, host=host, port=port, telemetry=telemetry, env=env))
 
 
 @app.command("mlflow-server")
@@ -307,28 +309,21 @@ def mlflow_server_cmd(
 ) -> None:
     """One MLflow tracking server for every node (PostgreSQL store, shared artifacts); prints
     the tracking URI for `tracking=mlflow_server tracking.uri=…` (docs/cluster.md)."""
-    import os
-
     from sat_cli.cluster.mlflow_server import run_server
 
-    env = dict(os.environ)
-    code = 0
+    _exit_with(lambda env: run_server(backend_store_uri, artifacts_destination, host=host,
+                                      port=port, workers=workers, telemetry=telemetry,
+                                      db_timeout_s=db_timeout, env=env))  # fmt: skip
 
-    def body() -> None:
-        nonlocal code
-        code = run_server(
-            backend_store_uri,
-            artifacts_destination,
-            host=host,
-            port=port,
-            workers=workers,
-            telemetry=telemetry,
-            db_timeout_s=db_timeout,
-            env=env,
-        )
 
-    _guard(body)
-    raise typer.Exit(code)
+def _exit_with(fn) -> NoReturn:
+    """``_guard(fn(env))``, then exit with its code; ``env``: the environment before ``_guard``
+    sets sat's own defaults (MLflow telemetry off in-process), for a server's subprocess."""
+    import os
+
+    env, code = dict(os.environ), [0]
+    _guard(lambda: code.__setitem__(0, fn(env)))
+    raise typer.Exit(code[0])
 
 
 @app.command("version")

@@ -145,15 +145,16 @@ def _warn_recompute(obj, log) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
-def train(cfg, obj, overrides) -> dict:
-    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.util.signals``)."""
+def train(cfg, obj, overrides, replay=None) -> dict:
+    """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.util.signals``).
+    ``replay``: a verified ``replay.store.Recording`` (`sat replay`) replaces generation."""
     from sat_cli.util.signals import orderly_stop
 
     with orderly_stop():
-        return _train(cfg, obj)
+        return _train(cfg, obj, {"overrides": list(overrides), "replay": replay})
 
 
-def _train(cfg, obj) -> dict:
+def _train(cfg, obj, stream: dict) -> dict:
     from sat_cli.checkpoints.manifest import resume_checkpoint
     from sat_cli.checkpoints.state import read_loop_state
     from sat_cli.commands import preflight
@@ -197,10 +198,11 @@ def _train(cfg, obj) -> dict:
             (spec, final_spec, overlong),
             dropped,
             log,
+            stream,
         )
 
 
-def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) -> dict:
+def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, stream) -> dict:
     import torch
     from omegaconf import OmegaConf
 
@@ -234,11 +236,22 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
         tracker.keep_on_disk(pending, tr.outage_timeout_s, tr.retry_interval_s)
         tracker.log_artifact(str(run_dir / "config.yaml"))
         trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
-        engine = loading(path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher))
+        replay, recorder = stream["replay"], None
+        if replay is None or spec is not None or final_spec is not None:  # replay: evals only
+            engine = loading(
+                path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher)
+            )
+            check_weight_sync_support(obj, engine)  # distributed: can this engine take it (exit 2)
         write_pids(logs, engine)
-        check_weight_sync_support(obj, engine)  # distributed: can this engine take it (exit 2)
         # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
         tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
+        if obj.replay.record:  # the stream for `sat replay` (sat_cli/replay/store.py)
+            from sat_cli.replay.store import StreamWriter
+
+            header = {"overrides": stream["overrides"], "config": cfg_container,
+                      "mlflow_run_id": tracker.run_id, "run": run_dir.name}  # fmt: skip
+            recorder = StreamWriter(run_dir / "replay", header, obj.task.prompts_per_step,
+                                    obj.task.samples_per_prompt)  # fmt: skip
         evaluator = (
             build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
             if spec is not None
@@ -300,6 +313,8 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log) ->
                 meta={"mlflow_run_id": tracker.run_id},
                 on_state=lambda _: steps_done.append(1),
                 final_evaluator=final_evaluator,
+                recorder=recorder,
+                replay=replay,
             )
         finally:
             progress.close()

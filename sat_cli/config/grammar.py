@@ -119,6 +119,7 @@ COMMAND_KEYS = {
     "clip": ("train", "plan", "pretrain"),
     "lag": ("train", "plan", "pretrain"),
     "r3": ("train", "plan", "pretrain"),
+    "replay": ("train", "plan", "pretrain"),
 }
 
 

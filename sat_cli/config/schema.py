@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, _choice, _range, _template
+from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
 from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
@@ -50,12 +50,12 @@ class WarmStartConfig:
     eval_size: int = 200  # held-out problems for the sampled accuracy
 
     def __post_init__(self) -> None:
-        _range("model.warm_start.max_steps", self.max_steps, 1)
-        _range("model.warm_start.batch_size", self.batch_size, 1)
-        _range("model.warm_start.lr", self.lr, 0, lo_open=True)
-        _range("model.warm_start.eval_every", self.eval_every, 1)
-        _range("model.warm_start.target_accuracy", self.target_accuracy, 0, 1)
-        _range("model.warm_start.eval_size", self.eval_size, 1)
+        check_range("model.warm_start.max_steps", self.max_steps, 1)
+        check_range("model.warm_start.batch_size", self.batch_size, 1)
+        check_range("model.warm_start.lr", self.lr, 0, lo_open=True)
+        check_range("model.warm_start.eval_every", self.eval_every, 1)
+        check_range("model.warm_start.target_accuracy", self.target_accuracy, 0, 1)
+        check_range("model.warm_start.eval_size", self.eval_size, 1)
 
 
 @dataclass
@@ -70,11 +70,11 @@ class ModelConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def __post_init__(self) -> None:
-        _choice("model.kind", self.kind, ("tiny", "hf"))
+        check_choice("model.kind", self.kind, ("tiny", "hf"))
         if self.kind == "hf" and not self.path:
             raise ConfigError(f"model.path must be set for model={self.name} (an HF dir or hub id)")
         for k in ("num_layers", "hidden_size", "num_experts", "top_k"):
-            _range(f"model.{k}", getattr(self, k), 1)
+            check_range(f"model.{k}", getattr(self, k), 1)
         if self.top_k > self.num_experts:
             raise ConfigError("model.top_k must be <= model.num_experts")
 
@@ -97,17 +97,17 @@ class TaskConfig:
     heldout_size: int = 256
 
     def __post_init__(self) -> None:
-        _choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
-        _template("task.template", self.template)
-        _range("task.digits", self.digits, 1, 9)
-        _range("task.prompts_per_step", self.prompts_per_step, 1)
-        _range("task.samples_per_prompt", self.samples_per_prompt, 1)
-        _range("task.max_new_tokens", self.max_new_tokens, 1)
-        _range("task.temperature", self.temperature, 0, lo_open=True)
-        _range("task.top_p", self.top_p, 0, 1, lo_open=True)
+        check_choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
+        check_template("task.template", self.template)
+        check_range("task.digits", self.digits, 1, 9)
+        check_range("task.prompts_per_step", self.prompts_per_step, 1)
+        check_range("task.samples_per_prompt", self.samples_per_prompt, 1)
+        check_range("task.max_new_tokens", self.max_new_tokens, 1)
+        check_range("task.temperature", self.temperature, 0, lo_open=True)
+        check_range("task.top_p", self.top_p, 0, 1, lo_open=True)
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError("task.top_k must be -1 (off) or >= 1")
-        _range("task.heldout_size", self.heldout_size, 1)
+        check_range("task.heldout_size", self.heldout_size, 1)
         if self.kind == "jsonl" and not self.path:
             raise ConfigError("task.kind=jsonl needs task.path=<file.jsonl> (the training prompts)")
 
@@ -137,26 +137,26 @@ class AlgoConfig:
     vcpo_opob: bool = True  # vcpo: the off-policy optimal baseline (false: GRPO's group mean)
 
     def __post_init__(self) -> None:
-        _choice("algo.name", self.name, ALGOS)
-        _choice("algo.correction", self.correction, CORRECTIONS)
-        _range("algo.eps_low", self.eps_low, 0, 1, lo_open=True, hi_open=True)
-        _range("algo.eps_high", self.eps_high, 0, 1, lo_open=True, hi_open=True)
+        check_choice("algo.name", self.name, ALGOS)
+        check_choice("algo.correction", self.correction, CORRECTIONS)
+        check_range("algo.eps_low", self.eps_low, 0, 1, lo_open=True, hi_open=True)
+        check_range("algo.eps_high", self.eps_high, 0, 1, lo_open=True, hi_open=True)
         if self.dual_clip_c is not None:
-            _range("algo.dual_clip_c", self.dual_clip_c, 1, lo_open=True)
-        _choice("algo.loss_agg", self.loss_agg, LOSS_AGGS)
-        _choice("algo.ratio_denominator", self.ratio_denominator, DENOMINATORS)
-        _range("algo.num_minibatches", self.num_minibatches, 1)
-        _range("algo.kl_coef", self.kl_coef, 0)
-        _range("algo.tis_cap", self.tis_cap, 0, lo_open=True)
+            check_range("algo.dual_clip_c", self.dual_clip_c, 1, lo_open=True)
+        check_choice("algo.loss_agg", self.loss_agg, LOSS_AGGS)
+        check_choice("algo.ratio_denominator", self.ratio_denominator, DENOMINATORS)
+        check_range("algo.num_minibatches", self.num_minibatches, 1)
+        check_range("algo.kl_coef", self.kl_coef, 0)
+        check_range("algo.tis_cap", self.tis_cap, 0, lo_open=True)
         if not 0 < self.icepop_low < self.icepop_high:
             raise ConfigError("need 0 < algo.icepop_low < algo.icepop_high")
-        _range("algo.dppo_delta", self.dppo_delta, 0, lo_open=True)
-        _range("algo.m2po_tau", self.m2po_tau, 0, lo_open=True)
+        check_range("algo.dppo_delta", self.dppo_delta, 0, lo_open=True)
+        check_range("algo.m2po_tau", self.m2po_tau, 0, lo_open=True)
         if self.behav_cap is not None:
-            _range("algo.behav_cap", self.behav_cap, 0, lo_open=True)
-        _choice("algo.behav_mode", self.behav_mode, BEHAV_MODES)
-        _range("algo.vcpo_is_cap", self.vcpo_is_cap, 0, lo_open=True)
-        _range("algo.vcpo_ess_base", self.vcpo_ess_base, 0, 1, lo_open=True)
+            check_range("algo.behav_cap", self.behav_cap, 0, lo_open=True)
+        check_choice("algo.behav_mode", self.behav_mode, BEHAV_MODES)
+        check_range("algo.vcpo_is_cap", self.vcpo_is_cap, 0, lo_open=True)
+        check_range("algo.vcpo_ess_base", self.vcpo_ess_base, 0, 1, lo_open=True)
         if self.name == "vcpo" and self.loss_agg != "seq-mean-token-mean":
             raise ConfigError(
                 "algo=vcpo aggregates seq-mean-token-mean (its optimal baseline is per response); "
@@ -181,13 +181,13 @@ class ClipConfig:
     micro_batch_size: int = 1  # rows (responses) per micro-batch on one rank, for q_scope
 
     def __post_init__(self) -> None:
-        _range("clip.quantile", self.quantile, 0, 1, lo_open=True, hi_open=True)
-        _choice("clip.q_scope", self.q_scope, Q_SCOPES)
-        _range("clip.micro_batch_size", self.micro_batch_size, 1)
-        _range("clip.exponent", self.exponent, 0, lo_open=True)
-        _choice("clip.anchor", self.anchor, ANCHORS)
-        _choice("clip.schedule", self.schedule, SCHEDULES)
-        _range("clip.final_scale", self.final_scale, 0, 1, lo_open=True)
+        check_range("clip.quantile", self.quantile, 0, 1, lo_open=True, hi_open=True)
+        check_choice("clip.q_scope", self.q_scope, Q_SCOPES)
+        check_range("clip.micro_batch_size", self.micro_batch_size, 1)
+        check_range("clip.exponent", self.exponent, 0, lo_open=True)
+        check_choice("clip.anchor", self.anchor, ANCHORS)
+        check_choice("clip.schedule", self.schedule, SCHEDULES)
+        check_range("clip.final_scale", self.final_scale, 0, 1, lo_open=True)
 
 
 @dataclass
@@ -203,7 +203,7 @@ class LagConfig:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        _range("lag.n", self.n, 0)
+        check_range("lag.n", self.n, 0)
         if self.profile is not None and (self.mode == "bounded" or self.inflight_updates):
             raise ConfigError(
                 f"lag.profile={self.profile!r} draws each sample's version in advance; it cannot "
@@ -217,8 +217,8 @@ class LagConfig:
                 parse_profile(self.profile)
             except ProfileError as exc:
                 raise ConfigError(str(exc)) from None
-        _choice("lag.mode", self.mode, LAG_MODES)
-        _choice("lag.inflight_cache", self.inflight_cache, ("recompute", "keep"))
+        check_choice("lag.mode", self.mode, LAG_MODES)
+        check_choice("lag.inflight_cache", self.inflight_cache, ("recompute", "keep"))
         if self.inflight_updates and (self.mode != "bounded" or self.n < 1):
             raise ConfigError(
                 "lag.inflight_updates=true needs lag.mode=bounded and lag.n >= 1 (the other "
@@ -248,20 +248,20 @@ class EvalConfig:
     final_limit: int | None = None  # problems (None: the whole held-out set / benchmark)
 
     def __post_init__(self) -> None:
-        _range("eval.every", self.every, 0)
-        _template("eval.template", self.template)
+        check_range("eval.every", self.every, 0)
+        check_template("eval.template", self.template)
         if self.final_n is not None:
-            _range("eval.final_n", self.final_n, 1)
+            check_range("eval.final_n", self.final_n, 1)
         if self.final_limit is not None:
-            _range("eval.final_limit", self.final_limit, 1)
-        _range("eval.n", self.n, 1)
-        _range("eval.temperature", self.temperature, 0, lo_open=True)
-        _range("eval.top_p", self.top_p, 0, 1, lo_open=True)
-        _range("eval.max_new_tokens", self.max_new_tokens, 1)
+            check_range("eval.final_limit", self.final_limit, 1)
+        check_range("eval.n", self.n, 1)
+        check_range("eval.temperature", self.temperature, 0, lo_open=True)
+        check_range("eval.top_p", self.top_p, 0, 1, lo_open=True)
+        check_range("eval.max_new_tokens", self.max_new_tokens, 1)
         if self.limit is not None:
-            _range("eval.limit", self.limit, 1)
-        _range("eval.batch_size", self.batch_size, 1)
-        _range("eval.grader_timeout_s", self.grader_timeout_s, 0, lo_open=True)
+            check_range("eval.limit", self.limit, 1)
+        check_range("eval.batch_size", self.batch_size, 1)
+        check_range("eval.grader_timeout_s", self.grader_timeout_s, 0, lo_open=True)
         if self.benchmark == "jsonl" and not self.path:
             raise ConfigError("eval=jsonl needs eval.path=<file.jsonl>")
 
@@ -281,10 +281,10 @@ class TrackingConfig:
     retry_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _choice("tracking.backend", self.backend, TRACKING_BACKENDS)
-        _range("tracking.histogram_every", self.histogram_every, 1)
-        _range("tracking.outage_timeout_s", self.outage_timeout_s, 0, lo_open=True)
-        _range("tracking.retry_interval_s", self.retry_interval_s, 0, lo_open=True)
+        check_choice("tracking.backend", self.backend, TRACKING_BACKENDS)
+        check_range("tracking.histogram_every", self.histogram_every, 1)
+        check_range("tracking.outage_timeout_s", self.outage_timeout_s, 0, lo_open=True)
+        check_range("tracking.retry_interval_s", self.retry_interval_s, 0, lo_open=True)
         for key in self.tags:
             if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,100}", str(key)):
                 raise ConfigError(
@@ -320,13 +320,18 @@ class RunConfig:
 
 
 @dataclass
+class ReplayConfig:
+    record: bool = False  # store the rollout stream in <run>/replay for `sat replay` (docs/replay.md)
+
+
+@dataclass
 class CheckpointConfig:
     every: int = 25  # steps between checkpoints (0 = only at the end)
     keep: int = 2  # most recent checkpoints kept
 
     def __post_init__(self) -> None:
-        _range("checkpoint.every", self.every, 0)
-        _range("checkpoint.keep", self.keep, 1)
+        check_range("checkpoint.every", self.every, 0)
+        check_range("checkpoint.keep", self.keep, 1)
 
 
 @dataclass
@@ -349,6 +354,7 @@ class SatConfig:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     r3: bool = False  # rollout routing replay (MoE): record routes at rollout, replay in training
     seed: int = 0
     max_steps: int = 250
@@ -356,8 +362,8 @@ class SatConfig:
     ckpt: str | None = None  # sat eval: a training checkpoint dir to evaluate
 
     def __post_init__(self) -> None:
-        _range("max_steps", self.max_steps, 1)
-        _range("seed", self.seed, 0, MAX_SEED)
+        check_range("max_steps", self.max_steps, 1)
+        check_range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
         if self.trainer.name == "megatron":  # layout rules and memory estimate (`sat plan`)

@@ -88,13 +88,13 @@ def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing
         M.TRUNCATED_FRAC: (
             sum(smp.finish_reason == "length" for smp in samples) / max(len(samples), 1)
         ),
-        M.TOKENS_PER_S: n_tokens / max(timing["gen_s"], 1e-9),
+        M.TOKENS_PER_S: n_tokens / timing["gen_s"] if timing["gen_s"] > 0 else 0.0,  # replay: 0
         M.VERSION_LAG_MEAN: sum(lags) / len(lags),
         M.VERSION_LAG_MAX: float(max(lags)),
         M.TOKEN_LAG_MEAN: sum(tok_lags) / len(tok_lags),
         M.MIXED_VERSION_FRAC: mixed / max(len(samples), 1),
         M.STALE_DROPPED: float(counters["stale_dropped"]),
-        "perf/gen_s": timing["gen_s"],
+        M.PERF_GEN_S: timing["gen_s"],
     }
     return samples, adv, {"sample": lags, "token": tok_lags}, metrics
 
@@ -114,7 +114,7 @@ def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: d
     docstring). ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in
     checkpoints); ``diag``: see ``log_histograms``."""
     tm = trainer.step(batch) if diag is None else trainer.step(batch, diag)
-    bad = sorted(k for k, v in tm.items() if k.startswith("loss/") and not math.isfinite(v))
+    bad = sorted(k for k, v in tm.items() if k.startswith(M.LOSS_GROUP) and not math.isfinite(v))
     guard["bad"] = guard["bad"] + 1 if bad else 0
     if bad:
         counters["nonfinite_steps"] += 1

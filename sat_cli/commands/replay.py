@@ -1,0 +1,120 @@
+"""`sat replay RUN [overrides]`: train a fresh copy of RUN's start checkpoint on RUN's recorded
+rollout stream (``sat train … replay.record=true``; :mod:`sat_cli.replay.store`), in the same
+order, with the same evaluation schedule, and another algorithm or clip (docs/replay.md).
+
+The config is RUN's own: the overrides its recording names, then the replay's, which may only
+change what does not change the data (``algo``, ``clip``, their fields, ``run.name``,
+``tracking.*``, a smaller ``max_steps``). The composed config must then agree with the recorded
+one on everything that makes the data (model, task, lag, engine, seed, r3, trainer kind); the
+recording is checked whole (manifest, sizes, SHA-256, arrays). All of it happens before a
+run folder is created: bad input exits 2 and writes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sat_cli.errors import UserError
+
+# what a replay may override: it changes the loss, not the stream
+ALLOWED = ("algo", "clip", "run.name", "tracking", "max_steps", "trainer.num_threads")
+# sections of the recorded config a replay must match: they make the data
+DATA_KEYS = ("model", "task", "lag", "engine", "seed", "r3", "data", "eval")
+DROPPED = ("run.name", "resume", "replay.record")  # taken from the recording, then replaced
+REPLAY_OF, REPLAY_OF_ID = "replay_of", "replay_of_run_id"  # MLflow tags of a replay's run
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def replay_overrides(recorded: list[str], given: list[str], name: str, tags=()) -> list[str]:
+    """The overrides of the replay: the recording's (less its run name), then the given ones,
+    then ``tags`` (the MLflow tags naming the recorded run)."""
+    for ov in given:
+        key = _key(ov)
+        if "=" not in ov or not any(key == a or key.startswith(a + ".") for a in ALLOWED):
+            raise UserError(
+                f"sat replay: {ov!r} would change the recorded data; a replay takes only "
+                f"{', '.join(a + '…' for a in ALLOWED)} (the rest comes from the recording)"
+            )
+    kept = [ov for ov in recorded if not any(_key(ov) == d for d in DROPPED)]
+    named = [] if any(_key(ov) == "run.name" for ov in given) else [f"run.name={name}"]
+    return [*kept, *given, "replay.record=false", *named, *tags]
+
+
+def _differences(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _differences(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [] if a == b else [prefix]
+
+
+def check_match(recorded: dict, composed: dict, steps: int, recorded_steps: int) -> None:
+    """Refuse a replay whose data-making settings differ from the recording's."""
+    diff = [d for k in DATA_KEYS for d in _differences(recorded.get(k), composed.get(k), k)]
+    rt, ct = recorded.get("trainer", {}), composed.get("trainer", {})
+    diff += [f"trainer.{k}" for k in ("name", "lr", "dtype") if rt.get(k) != ct.get(k)]
+    if diff:
+        raise UserError(
+            f"sat replay: this config cannot match the recording: {', '.join(diff[:6])}"
+            f"{' …' if len(diff) > 6 else ''} differ from the recorded run's (a recording "
+            "replays only on the model, task, lag, engine and seed it was made with)"
+        )
+    if steps > recorded_steps:
+        raise UserError(
+            f"sat replay: max_steps={steps} is above the recording's {recorded_steps} steps"
+        )
+
+
+def prepare(run: str, given: list[str]):
+    """``(cfg, obj, recording)`` for ``sat replay RUN given…``; reads only."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from sat_cli.config import ConfigError, load
+    from sat_cli.replay.store import RecordingError, open_recording
+
+    run_dir = Path(run)
+    if not run_dir.is_dir():
+        raise UserError(f"sat replay: {run} is not a run folder")
+    mpath = run_dir / "replay" / "manifest.json"
+    if not mpath.is_file():
+        raise RecordingError(
+            f"{run_dir} has no recording ({mpath} is missing): record a run with "
+            "`sat train … replay.record=true`"
+        )
+    try:
+        header = json.loads(mpath.read_text())["header"]
+        recorded, overrides = header["config"], list(header["overrides"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
+    # the default name, filled in once algo and clip are known
+    name = f"{run_dir.name}-replay-{{algo}}-{{clip}}-{time.strftime('%Y%m%d-%H%M%S')}"
+    tags = [f"++tracking.tags.{REPLAY_OF}='{run_dir.name}'",
+            f"++tracking.tags.{REPLAY_OF_ID}='{header.get('mlflow_run_id') or ''}'"]  # fmt: skip
+    try:
+        cfg, obj = load(replay_overrides(overrides, given, "replay-tmp", tags), "train")
+        if not any(_key(ov) == "run.name" for ov in given):
+            name = name.format(algo=obj.algo.name, clip=obj.clip.name)
+            cfg, obj = load(replay_overrides(overrides, given, name, tags), "train")
+    except ConfigError as exc:
+        raise UserError(f"sat replay: {exc}") from None
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    manifest = json.loads(mpath.read_text())
+    check_match(recorded, composed, obj.max_steps, int(manifest.get("steps", 0)))
+    recording = open_recording(run_dir, obj.max_steps)  # every file the replay reads, checked
+    return cfg, obj, recording
+
+
+def replay(run: str, given: list[str]) -> dict:
+    """`sat replay`: check, then run the training command's path with the recorded stream."""
+    from sat_cli.commands.train import train
+
+    cfg, obj, recording = prepare(run, given)
+    print(f"replaying {recording.steps} recorded steps of {run} (max_steps={obj.max_steps})")
+    return train(cfg, obj, given, replay=recording)

@@ -1,0 +1,5 @@
+"""Frozen stale-data replay (issue 33): a run's rollout stream recorded as it trains
+(``sat train … replay.record=true``, :mod:`sat_cli.replay.store`) and trained on again by a
+fresh copy of its start checkpoint with another algorithm or clip (``sat replay RUN …``,
+``sat_cli.commands.replay``), so that corrections compare on identical data (docs/replay.md).
+"""

@@ -1,0 +1,248 @@
+"""The recorded rollout stream of a run: ``<run>/replay/`` (format ``sat-replay``, version 1).
+
+``manifest.json``: ``format``, ``version``, ``steps`` (batches ``0..steps-1`` recorded),
+``prompts_per_step``, ``group_size``, ``header`` (what a replay must match: the run's resolved
+config and overrides, written by the command) and ``files``: ``{name: {"sha256", "bytes"}}``.
+One ``step_NNNNNN.safetensors`` per batch (numpy arrays, no pickle), the samples in the order
+the engine returned them (prompt-major, then the group), ``S`` samples:
+
+* ``prompt_ids``/``response_ids`` (int64, concatenated) with ``prompt_off``/``response_off``
+  (int64 ``[S+1]``); ``rollout_logp`` (float64, per response token: the behaviour log-probs as
+  sampled); ``token_versions`` (int64, per response token) with ``has_token_versions``
+  (uint8 ``[S]``: the engine reported per-token versions); ``weight_version`` (int64 ``[S]``);
+  ``finish`` (uint8 ``[S]``: stop 0, length 1, abort 2);
+* ``routes`` (int32 ``[rows, layers, top_k]``, R3's routed experts, concatenated) with
+  ``route_off`` and ``has_routes`` when any sample carries them;
+* ``rewards`` (float64 ``[S]``; NaN for a group dropped before scoring);
+* metadata ``step`` and ``rows`` (the prompt rows, JSON: the data order).
+
+Sampling masks are not kept: neither engine returns them (the behaviour log-probs already
+have temperature and filters applied). Every file is written atomically (temp file, fsync,
+rename) before the manifest names it; :func:`open_recording` checks the manifest, every
+file's size and SHA-256 and its arrays before anything else happens
+(:class:`RecordingError`, exit 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sat_cli.errors import UserError
+
+FORMAT, VERSION = "sat-replay", 1
+FINISH = ("stop", "length", "abort")
+_INT_KEYS = ("prompt_ids", "response_ids", "token_versions")
+
+
+class RecordingError(UserError):
+    """A recording that is missing, damaged or does not fit the replay (exit 2)."""
+
+
+def step_name(t: int) -> str:
+    return f"step_{t:06d}.safetensors"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_step(t: int, groups: list[list[Any]], rows: list[dict], rewards: list) -> bytes:
+    """One batch as safetensors bytes; ``rewards``: per group a list, or None (not scored)."""
+    from safetensors.numpy import save
+
+    samples = [smp for g in groups for smp in g]
+    flat_r = [
+        float(r) for g, rs in zip(groups, rewards, strict=True) for r in (rs or [math.nan] * len(g))
+    ]
+
+    def offsets(lens: list[int]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(np.int64)
+
+    def ints(seqs) -> np.ndarray:
+        return np.array([x for s in seqs for x in s], dtype=np.int64)
+
+    arrays = {
+        "prompt_ids": ints(s.prompt_ids for s in samples),
+        "prompt_off": offsets([len(s.prompt_ids) for s in samples]),
+        "response_ids": ints(s.response_ids for s in samples),
+        "response_off": offsets([s.response_len for s in samples]),
+        "rollout_logp": np.array([x for s in samples for x in s.rollout_logp], dtype=np.float64),
+        "token_versions": ints(
+            s.token_versions or [s.weight_version] * s.response_len for s in samples
+        ),
+        "has_token_versions": np.array([s.token_versions is not None for s in samples], np.uint8),
+        "weight_version": np.array([s.weight_version for s in samples], dtype=np.int64),
+        "finish": np.array([FINISH.index(s.finish_reason) for s in samples], dtype=np.uint8),
+        "rewards": np.array(flat_r, dtype=np.float64),
+    }
+    routed = [s.routed_experts for s in samples]
+    if any(r is not None for r in routed):
+        shape = next(r for r in routed if r is not None).shape[1:]
+        parts = [np.asarray(r, np.int32) if r is not None else np.zeros((0, *shape), np.int32)
+                 for r in routed]  # fmt: skip
+        arrays["routes"] = np.concatenate(parts).astype(np.int32)
+        arrays["route_off"] = offsets([len(p) for p in parts])
+        arrays["has_routes"] = np.array([r is not None for r in routed], np.uint8)
+    meta = {
+        "step": str(t),
+        "rows": json.dumps(rows),
+        "group_size": str(len(groups[0]) if groups else 0),
+    }
+    return save(arrays, metadata=meta)
+
+
+def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], list]:
+    """``(groups, rows, rewards per group or None)`` from :func:`encode_step`'s bytes."""
+    from safetensors.numpy import load
+
+    from sat_cli.engines.base import Sample
+
+    try:
+        (hlen,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(data[8 : 8 + hlen]).get("__metadata__") or {}
+        a = load(data)
+        rows, g = json.loads(meta["rows"]), int(meta["group_size"])
+        po, ro = a["prompt_off"], a["response_off"]
+        n = len(a["weight_version"])
+        if len(po) != n + 1 or len(ro) != n + 1 or (g and n % g) or n != len(rows) * g:
+            raise ValueError(f"{n} samples do not make {len(rows)} groups of {g}")
+        if ro[-1] != len(a["response_ids"]) or ro[-1] != len(a["rollout_logp"]):
+            raise ValueError("the response arrays do not match their offsets")
+        samples = []
+        for i in range(n):
+            rs, re_ = int(ro[i]), int(ro[i + 1])
+            routes = None
+            if "routes" in a and a["has_routes"][i]:
+                routes = a["routes"][int(a["route_off"][i]) : int(a["route_off"][i + 1])]
+            tv = (
+                [int(x) for x in a["token_versions"][rs:re_]]
+                if a["has_token_versions"][i]
+                else None
+            )
+            samples.append(Sample(
+                prompt_ids=[int(x) for x in a["prompt_ids"][int(po[i]) : int(po[i + 1])]],
+                response_ids=[int(x) for x in a["response_ids"][rs:re_]],
+                rollout_logp=[float(x) for x in a["rollout_logp"][rs:re_]],
+                finish_reason=FINISH[int(a["finish"][i])],
+                weight_version=int(a["weight_version"][i]),
+                routed_experts=routes,
+                token_versions=tv,
+            ))  # fmt: skip
+    except (KeyError, ValueError, IndexError, TypeError, struct.error) as exc:
+        raise RecordingError(f"{where} is damaged: {exc}") from None
+    groups = [samples[i * g : (i + 1) * g] for i in range(len(rows))]
+    flat = [float(x) for x in a["rewards"]]
+    rewards = [
+        None if all(math.isnan(r) for r in flat[i * g : (i + 1) * g]) else flat[i * g : (i + 1) * g]
+        for i in range(len(rows))
+    ]
+    return groups, rows, rewards
+
+
+class StreamWriter:
+    """Writes a run's stream as it trains (``replay.record=true``): one file per step, then
+    the manifest naming it (both atomic)."""
+
+    def __init__(self, folder: Path, header: dict, prompts_per_step: int, group_size: int):
+        from sat_cli.util.fsio import atomic_write_json
+
+        self.folder, self._write_json = Path(folder), atomic_write_json
+        self.manifest = {"format": FORMAT, "version": VERSION, "steps": 0,
+                         "prompts_per_step": prompts_per_step, "group_size": group_size,
+                         "header": header, "files": {}}  # fmt: skip
+        old = self.folder / "manifest.json"
+        if old.is_file():  # a resumed run: keep what was recorded before the interruption
+            try:
+                prev = json.loads(old.read_text())
+                self.manifest["files"] = dict(prev.get("files", {}))
+            except ValueError:
+                pass
+        self.bytes_written = 0
+
+    def write(self, t: int, groups, rows, rewards) -> None:
+        from sat_cli.util.fsio import atomic_write_bytes
+
+        data = encode_step(t, groups, rows, rewards)
+        name = step_name(t)
+        atomic_write_bytes(self.folder / name, data)
+        self.bytes_written += len(data)
+        files = {k: v for k, v in self.manifest["files"].items() if k < name}
+        files[name] = {"sha256": _sha256(data), "bytes": len(data)}
+        self.manifest.update(files=files, steps=t + 1)
+        self._write_json(self.folder / "manifest.json", self.manifest)
+
+
+class Recording:
+    """A verified recording: :meth:`batch` reads step ``t`` (its hash checked again)."""
+
+    def __init__(self, folder: Path, manifest: dict):
+        self.folder, self.manifest = folder, manifest
+        self.steps = int(manifest["steps"])
+        self.header = manifest.get("header") or {}
+
+    def batch(self, t: int) -> tuple[list[list[Any]], list[dict], list]:
+        from sat_cli.util.fsio import read_regular_bytes
+
+        name = step_name(t)
+        path = self.folder / name
+        data = read_regular_bytes(path)
+        if _sha256(data) != self.manifest["files"][name]["sha256"]:
+            raise RecordingError(f"{path} changed since it was checked (SHA-256 differs)")
+        return decode_step(data, str(path))
+
+
+def open_recording(run_dir: Path, steps_needed: int) -> Recording:
+    """Check ``<run_dir>/replay`` completely (manifest, sizes, SHA-256, arrays of every step
+    the replay needs) and return it; :class:`RecordingError` naming the file otherwise."""
+    from sat_cli.util.fsio import read_regular_bytes
+
+    folder = Path(run_dir) / "replay"
+    mpath = folder / "manifest.json"
+    if not mpath.is_file():
+        raise RecordingError(
+            f"{run_dir} has no recording ({mpath} is missing): record a run with "
+            "`sat train … replay.record=true`"
+        )
+    try:
+        manifest = json.loads(read_regular_bytes(mpath))
+        ok = manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict)
+        steps = int(manifest["steps"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
+    if not ok:
+        raise RecordingError(f"{mpath} is not a sat-replay manifest (format {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise RecordingError(
+            f"{mpath}: recording format version {manifest.get('version')!r}; this sat reads "
+            f"version {VERSION}"
+        )
+    if steps < steps_needed:
+        raise RecordingError(
+            f"{folder} holds {steps} recorded steps; the replay needs {steps_needed} "
+            f"(replay fewer with max_steps={steps})"
+        )
+    for t in range(steps_needed):
+        name = step_name(t)
+        path, entry = folder / name, manifest["files"].get(name)
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            raise RecordingError(f"{mpath} does not list {name}: the recording is incomplete")
+        try:
+            data = read_regular_bytes(path)
+        except FileNotFoundError:
+            raise RecordingError(f"{path} is missing: the recording is incomplete") from None
+        if len(data) != entry.get("bytes"):
+            raise RecordingError(
+                f"{path} has {len(data)} bytes, the manifest says {entry.get('bytes')}: "
+                "truncated or damaged"
+            )
+        if _sha256(data) != entry["sha256"]:
+            raise RecordingError(f"{path}: SHA-256 differs from the manifest's: damaged")
+        decode_step(data, str(path))
+    return Recording(folder, manifest)

@@ -1,0 +1,256 @@
+"""Frozen stale-data replay (issue 33): the recording format (round trip, damage refused), a
+replay with the same algorithm reproduces the recorded run's losses bit for bit, another
+algorithm trains on exactly the same inputs, and `sat replay` refuses bad input with exit 2
+before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sat_cli.engines.base import Sample, SamplingParams
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.train import LoopSettings, train_loop
+from sat_cli.replay.store import (
+    RecordingError,
+    StreamWriter,
+    decode_step,
+    encode_step,
+    open_recording,
+)
+from tests.test_loop import Recorder, SevensTask
+
+
+def _sample(v: int, n: int, routes: bool = False, tv=None, finish="stop") -> Sample:
+    return Sample(
+        prompt_ids=[1, 2, 3],
+        response_ids=list(range(4, 4 + n)),
+        rollout_logp=[-0.1 * (i + 1) / 3 for i in range(n)],
+        finish_reason=finish,
+        weight_version=v,
+        routed_experts=np.arange((2 + n) * 4 * 2, dtype=np.int32).reshape(2 + n, 4, 2)
+        if routes
+        else None,
+        token_versions=tv,
+    )
+
+
+def test_step_round_trip_is_exact():
+    groups = [
+        [_sample(3, 2, routes=True), _sample(3, 0, routes=True)],
+        [_sample(2, 3, tv=[2, 3, 3]), _sample(1, 1, finish="abort")],
+    ]
+    rows = [{"id": "a", "prompt": "1+", "answer": "7"}, {"id": "b", "prompt": "2+", "answer": "7"}]
+    rewards = [[0.5, 1.0 / 3.0], None]
+    g2, r2, w2 = decode_step(encode_step(4, groups, rows, rewards), "x")
+    assert r2 == rows and w2[0] == rewards[0] and w2[1] is None
+    for a, b in zip([s for g in groups for s in g], [s for g in g2 for s in g], strict=True):
+        assert (a.prompt_ids, a.response_ids, a.finish_reason) == (
+            b.prompt_ids, b.response_ids, b.finish_reason)  # fmt: skip
+        assert a.rollout_logp == b.rollout_logp  # float64: the same Python floats
+        assert (a.weight_version, a.token_versions) == (b.weight_version, b.token_versions)
+        if a.routed_experts is None:
+            assert b.routed_experts is None
+        else:
+            assert np.array_equal(a.routed_experts, b.routed_experts)
+
+
+def _record_dir(tmp_path: Path, steps: int = 2) -> Path:
+    run = tmp_path / "run"
+    w = StreamWriter(run / "replay", {"config": {}}, prompts_per_step=1, group_size=2)
+    for t in range(steps):
+        w.write(t, [[_sample(t, 2), _sample(t, 3)]], [{"id": str(t), "prompt": "p"}],
+                [[0.0, 1.0]])  # fmt: skip
+    return run
+
+
+def test_damaged_truncated_or_missing_recordings_are_refused(tmp_path):
+    run = _record_dir(tmp_path)
+    rec = open_recording(run, 2)
+    assert rec.steps == 2 and rec.batch(1)[1] == [{"id": "1", "prompt": "p"}]
+    f = run / "replay" / "step_000001.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:-5])  # truncated
+    with pytest.raises(RecordingError, match="truncated or damaged"):
+        open_recording(run, 2)
+    f.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit flipped
+    with pytest.raises(RecordingError, match="SHA-256 differs"):
+        open_recording(run, 2)
+    f.unlink()
+    with pytest.raises(RecordingError, match="is missing"):
+        open_recording(run, 2)
+    assert open_recording(run, 1).steps == 2  # what the replay does not need is not read
+    with pytest.raises(RecordingError, match="holds 2 recorded steps; the replay needs 3"):
+        open_recording(run, 3)
+    m = run / "replay" / "manifest.json"
+    m.write_text(json.dumps({**json.loads(m.read_text()), "version": 9}))
+    with pytest.raises(RecordingError, match="format version 9"):
+        open_recording(run, 1)
+    m.write_text("{")
+    with pytest.raises(RecordingError, match="not a sat-replay manifest"):
+        open_recording(run, 1)
+    with pytest.raises(RecordingError, match="has no recording"):
+        open_recording(tmp_path / "other", 1)
+
+
+class SpyTrainer:
+    """Wraps a trainer and keeps every batch it is given (the data order and inputs)."""
+
+    def __init__(self, trainer):
+        self.inner, self.batches = trainer, []
+
+    def step(self, batch, *args):
+        self.batches.append({k: v.clone() for k, v in vars(batch).items()
+                             if isinstance(v, torch.Tensor)})  # fmt: skip
+        return self.inner.step(batch, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed")):
+    from sat_cli.engines.local import LocalEngine
+    from sat_cli.trainers.local import LocalTrainer
+
+    trainer = SpyTrainer(LocalTrainer(str(tiny_dir), lr=1e-2, algo=algo, adaptive=True, seed=0))
+    rec = Recorder()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=4,
+                              stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+    s = LoopSettings(max_steps=4, prompts_per_step=2, group_size=4, sampling=sampling, lag=lag,
+                     run_dir=run_dir, seed=3, histogram_every=0)  # fmt: skip
+    engine = LocalEngine(str(tiny_dir), seed=0) if replay is None else None  # replay: no engine
+    try:
+        train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
+                   trainer=trainer, tracker=rec, recorder=recorder, replay=replay)  # fmt: skip
+    finally:
+        if engine is not None:
+            engine.close()
+    return rec, trainer
+
+
+def test_replay_reproduces_losses_bit_for_bit_and_feeds_every_algorithm_the_same_data(
+    tiny_dir, tmp_path
+):
+    """Record 4 steps at fixed lag 2 (GRPO); replaying with GRPO gives the same losses, rewards
+    and weights bit for bit; replaying with GSPO trains on the same batches (ids, masks,
+    behaviour log-probs, versions, advantages), in the same order, and differs only in the
+    loss."""
+    run = tmp_path / "orig"
+    writer = StreamWriter(run / "replay", {}, prompts_per_step=2, group_size=4)
+    orig, t_orig = _loop(tiny_dir, run, "grpo", recorder=writer)
+    assert writer.manifest["steps"] == 4 and writer.bytes_written > 0
+    same, t_same = _loop(tiny_dir, tmp_path / "same", "grpo", replay=open_recording(run, 4))
+    other, t_other = _loop(tiny_dir, tmp_path / "gspo", "gspo", replay=open_recording(run, 4))
+    for t in range(1, 5):
+        for key in ("loss/policy", "loss/grad_norm", "rollout/reward_mean",
+                    "rollout/prompt_digest", "staleness/version_lag_mean"):  # fmt: skip
+            assert same.metrics[t][key] == orig.metrics[t][key], (t, key)
+    assert [orig.metrics[t]["staleness/version_lag_max"] for t in range(1, 5)] == [0, 1, 2, 2]
+    for k, v in t_orig.model.state_dict().items():
+        assert torch.equal(v, t_same.model.state_dict()[k]), k
+    # the other algorithm: identical inputs, step by step, in the same order
+    assert len(t_other.batches) == len(t_orig.batches) == 4
+    for a, b in zip(t_orig.batches, t_other.batches, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    for t in range(1, 5):
+        assert other.metrics[t]["rollout/prompt_digest"] == orig.metrics[t]["rollout/prompt_digest"]
+    assert any(other.metrics[t]["loss/policy"] != orig.metrics[t]["loss/policy"]
+               for t in range(1, 5))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- sat replay (CLI)
+
+SMOKE = ["experiment=cpu_smoke", "run.dir=runs"]
+
+
+def _fake_run(tmp_path: Path, steps: int = 3) -> Path:
+    """A run folder with a valid recording of `sat train experiment=cpu_smoke` (synthetic
+    samples: the checks before training read only the manifest, the config and the files)."""
+    from omegaconf import OmegaConf
+
+    from sat_cli.config import load
+
+    cfg, _ = load([*SMOKE, "run.name=rec", "replay.record=true"], "train")
+    run = tmp_path / "runs" / "sat" / "rec"
+    header = {"overrides": [*SMOKE, "replay.record=true"], "run": "rec", "mlflow_run_id": None,
+              "config": OmegaConf.to_container(cfg, resolve=True)}  # fmt: skip
+    w = StreamWriter(run / "replay", header, prompts_per_step=8, group_size=4)
+    for t in range(steps):
+        rows = [{"id": str(i), "prompt": "1+1=", "answer": "2"} for i in range(8)]
+        w.write(t, [[_sample(t, 2) for _ in range(4)] for _ in range(8)], rows, [[1.0] * 4] * 8)
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    return run
+
+
+def _refused(tmp_path: Path, *args: str, says: str) -> None:
+    from tests.cli_helpers import run_sat
+
+    before = sorted(p.name for p in (tmp_path / "runs" / "sat").iterdir())
+    r = run_sat("replay", *args, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sat: error: ") and says in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    # nothing written: no new run folder, no MLflow store
+    assert sorted(p.name for p in (tmp_path / "runs" / "sat").iterdir()) == before
+    assert not (tmp_path / "runs" / "mlflow.db").exists()
+
+
+def test_sat_replay_refuses_bad_input_before_anything_is_written(tmp_path):
+    run = _fake_run(tmp_path)
+    (tmp_path / "runs" / "sat" / "plain").mkdir()
+    _refused(tmp_path, "runs/sat/plain", says="has no recording")
+    _refused(tmp_path, "runs/sat/nothere", says="is not a run folder")
+    _refused(tmp_path, str(run), "model.path=/x", says="'model.path=/x' would change the recorded")
+    _refused(tmp_path, str(run), "lag=4", says="would change the recorded data")
+    _refused(tmp_path, str(run), "max_steps=5", says="max_steps=5 is above the recording's 3")
+    _refused(tmp_path, str(run), "algo=nope", says="algo='nope' is not a known option")
+    # the recorded config no longer matches what its overrides compose to (another model)
+    m = run / "replay" / "manifest.json"
+    good = m.read_text()
+    doc = json.loads(good)
+    doc["header"]["config"]["model"]["num_layers"] = 99
+    m.write_text(json.dumps(doc))
+    _refused(tmp_path, str(run), says="cannot match the recording: model.num_layers")
+    m.write_text(good)
+    f = run / "replay" / "step_000002.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    _refused(tmp_path, str(run), "algo=gspo", says="truncated or damaged")
+    f.write_bytes(data[:-1] + bytes([data[-1] ^ 0x20]))
+    _refused(tmp_path, str(run), "algo=gspo", says="SHA-256 differs")
+
+
+@pytest.mark.slow
+def test_sat_replay_of_a_recorded_run_reproduces_its_losses(tmp_path):
+    """`sat train … replay.record=true`, then `sat replay RUN`: the same loss/policy and eval
+    at every step, read back from MLflow; `sat replay RUN algo=gspo` runs on the same prompts."""
+    from mlflow import MlflowClient
+
+    from tests.cli_helpers import run_sat
+
+    r = run_sat("train", *SMOKE, "run.name=rec", "replay.record=true", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for extra in (["run.name=same"], ["run.name=gspo", "algo=gspo"]):
+        r = run_sat("replay", "runs/sat/rec", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    c = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("sat").experiment_id
+    runs = {x.info.run_name: x for x in c.search_runs([exp])}
+
+    def hist(name, key):
+        return [(m.step, m.value) for m in sorted(
+            c.get_metric_history(runs[name].info.run_id, key), key=lambda m: m.step)]  # fmt: skip
+
+    for key in ("loss/policy", "loss/grad_norm", "eval/toy/avg_at_2", "rollout/prompt_digest"):
+        assert hist("same", key) == hist("rec", key) and hist("rec", key), key
+    assert hist("gspo", "rollout/prompt_digest") == hist("rec", "rollout/prompt_digest")
+    assert hist("gspo", "loss/policy") != hist("rec", "loss/policy")
+    assert runs["same"].data.tags["replay_of"] == "rec"
+    assert runs["same"].data.tags["replay_of_run_id"] == runs["rec"].info.run_id

@@ -158,27 +158,20 @@ def _ratios(logp, denom_logp, mask, level) -> Ratios:
 def _sat_bounds(r: Ratios, cfg: LossConfig, blocks, n_active: int):
     """SAT's bounds on ``d = sg[log r]`` of the level (token: sparse; GSPO: per response),
     one ``q`` per block of rows (``_row_blocks``)."""
-    sat_kw = dict(
-        eps_low=cfg.eps_low,
-        eps_high=cfg.eps_high,
-        quantile=cfg.quantile,
-        exponent=cfg.exponent,
-        anchor=cfg.anchor,
-    )
     if r.level == "token":
         d = r.token_lr.detach()
 
         def part(r0, r1, n_c):
-            return sat_token_bounds(d[r0:r1], n_c, abs_d=r.abs_lr[r0:r1], **sat_kw)
+            return sat_token_bounds(d[r0:r1], n_c, cfg, abs_d=r.abs_lr[r0:r1])
 
         if len(blocks) == 1:
-            return sat_token_bounds(d, n_active, abs_d=r.abs_lr, **sat_kw)
+            return sat_token_bounds(d, n_active, cfg, abs_d=r.abs_lr)
         return _merge_blocks(blocks, part, r.token_lr.shape[-1])
     seq = r.seq_lr.detach()
     if len(blocks) == 1:
-        return sat_sequence_bounds(seq, r.lens, n_active, **sat_kw)
+        return sat_sequence_bounds(seq, r.lens, n_active, cfg)
     return _merge_blocks(
-        blocks, lambda r0, r1, n_c: sat_sequence_bounds(seq[r0:r1], r.lens[r0:r1], n_c, **sat_kw), 1
+        blocks, lambda r0, r1, n_c: sat_sequence_bounds(seq[r0:r1], r.lens[r0:r1], n_c, cfg), 1
     )
 
 

@@ -50,6 +50,7 @@ from fractions import Fraction
 import torch
 
 from sat_cli import metric_names as M
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.names import ANCHORS
 
 
@@ -153,13 +154,13 @@ def _psi(u: torch.Tensor, scale: float, exponent: float) -> torch.Tensor:
     return x.add_(1.0).reciprocal_()
 
 
-def _contract(d, q_t, n_active, weight, cand, kernel: tuple[float, float, float, str]):
-    """Bounds and stats from ``q`` (``kernel`` = ``(eps_low, eps_high, exponent, anchor)``), computed on the gated entries only (at most ``1 - alpha``
+def _contract(d, q_t, n_active, weight, cand, cfg: LossConfig):
+    """Bounds and stats from ``q`` (``cfg``: ``eps_low``, ``eps_high``, ``exponent``, ``anchor``), computed on the gated entries only (at most ``1 - alpha``
     of the tokens for the paper's anchor). ``d`` is 0 on inactive entries; ``weight`` (``None``
     or the number of active tokens each entry stands for) makes the stats token-weighted;
     ``cand`` (``None`` or ``(idx, d[idx])`` for all entries with ``|d| >= t``, some ``t <= q``)
     saves a pass over ``d``."""
-    eps_low, eps_high, exponent, anchor = kernel
+    eps_low, eps_high, exponent, anchor = cfg.eps_low, cfg.eps_high, cfg.exponent, cfg.anchor
     q = float(q_t)
     if not q > 0.0:  # also catches a NaN q (non-finite d on active tokens): no contraction
         return _noop(q_t, q, eps_low, eps_high)
@@ -243,61 +244,46 @@ def merge_bounds(parts: list[tuple[SatBounds, int]]) -> SatBounds:
 
 
 def sat_token_bounds(
-    d: torch.Tensor,
-    n_active: int,
-    *,
-    eps_low: float,
-    eps_high: float,
-    quantile: float = 0.9,
-    exponent: float = 2.0,
-    anchor: str = "q",
-    abs_d: torch.Tensor | None = None,
+    d: torch.Tensor, n_active: int, cfg: LossConfig, abs_d: torch.Tensor | None = None
 ) -> SatBounds:
     """SAT on token-level ``d`` ``[B, T]`` that is already 0 on every inactive slot
-    (``abs_d = d.abs()`` may be passed in when the caller has it).
+    (``abs_d = d.abs()`` may be passed in when the caller has it); ``cfg``'s ``eps_low``,
+    ``eps_high``, ``quantile``, ``exponent`` and ``anchor``.
 
     ``q`` = k-th smallest active ``|d|``: the inactive zeros sort below or tie with every
     active value, so it is the ``(k + n_inactive)``-th smallest of the whole tensor.
     """
-    _validate(eps_low, eps_high, quantile, exponent, anchor)
+    _validate(cfg.eps_low, cfg.eps_high, cfg.quantile, cfg.exponent, cfg.anchor)
     d = d.detach()
     cand = None
     if n_active == 0:
         q_t = d.new_zeros(())
     else:
-        k = order_statistic_k(quantile, n_active) + (d.numel() - n_active)
+        k = order_statistic_k(cfg.quantile, n_active) + (d.numel() - n_active)
         abs_flat = None if abs_d is None else abs_d.detach().reshape(-1)
         q_t, idx_c, d_c = kth_smallest_abs(d.reshape(-1), k, abs_flat)
         cand = None if idx_c is None else (idx_c, d_c)
-    return _contract(d, q_t, n_active, None, cand, (eps_low, eps_high, exponent, anchor))
+    return _contract(d, q_t, n_active, None, cand, cfg)
 
 
 def sat_sequence_bounds(
-    d_seq: torch.Tensor,
-    lens: torch.Tensor,
-    n_active: int,
-    *,
-    eps_low: float,
-    eps_high: float,
-    quantile: float = 0.9,
-    exponent: float = 2.0,
-    anchor: str = "q",
+    d_seq: torch.Tensor, lens: torch.Tensor, n_active: int, cfg: LossConfig
 ) -> SatBounds:
     """SAT-GSPO: ``d_seq`` ``[B, 1]`` sequence log-ratios (0 for empty rows), ``lens`` ``[B, 1]``
     active tokens per row. ``q`` is the same token-level order statistic as for the broadcast
     ``d`` (each ``|d_b|`` counted ``lens_b`` times), found by sorting the ``B`` values; bounds
     come back (via ``SatBounds.dense``) as ``[B, 1]``: one ``c`` per response; ``index``
     holds row numbers."""
-    _validate(eps_low, eps_high, quantile, exponent, anchor)
+    _validate(cfg.eps_low, cfg.eps_high, cfg.quantile, cfg.exponent, cfg.anchor)
     d_seq = d_seq.detach()
     if n_active == 0:
         q_t = d_seq.new_zeros(())
     else:
-        k = order_statistic_k(quantile, n_active)
+        k = order_statistic_k(cfg.quantile, n_active)
         vals, order = torch.sort(d_seq.abs().reshape(-1))
         cum = torch.cumsum(lens.reshape(-1)[order], 0)  # [B], active tokens at or below vals
         q_t = vals[torch.searchsorted(cum, cum.new_tensor([k]))[0]]
-    return _contract(d_seq, q_t, n_active, lens, None, (eps_low, eps_high, exponent, anchor))
+    return _contract(d_seq, q_t, n_active, lens, None, cfg)
 
 
 def sat_clip_bounds(
@@ -327,15 +313,10 @@ def sat_clip_bounds(
         over active tokens; fractions of active tokens).
     """
     mask = mask.bool()
-    res = sat_token_bounds(
-        torch.where(mask, d.detach(), 0.0),
-        int(mask.sum()),
-        eps_low=eps_low,
-        eps_high=eps_high,
-        quantile=quantile,
-        exponent=exponent,
-        anchor=anchor,
+    cfg = LossConfig(
+        eps_low=eps_low, eps_high=eps_high, quantile=quantile, exponent=exponent, anchor=anchor
     )
+    res = sat_token_bounds(torch.where(mask, d.detach(), 0.0), int(mask.sum()), cfg)
     lower, upper = res.dense(d.detach(), eps_low, eps_high)
     keys = list(res.stats)
     values = torch.stack([res.stats[k].to(torch.float64) for k in keys]).tolist()

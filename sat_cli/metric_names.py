@@ -1,14 +1,17 @@
-"""The metric and histogram names that one module writes and another reads, defined once.
+"""Every metric and histogram name `sat` logs, defined once.
 
-Producers (the loss library, the shared trainer step, the loop) and consumers (``sat report``,
-the progress line, the tests) import these constants instead of spelling the names, so a
-rename is one edit and a typo is a NameError, not a silently empty plot. Names that only one
-module writes and nothing in the code reads (``perf/*`` timings, ``vcpo/*``, ``r3/audit_*``)
-stay where they are written. Torch-free: ``sat report`` imports it.
+Producers (the loss library, the shared trainer step, the loop, the tracker, `sat sweep`) and
+consumers (``sat report``, the progress line, the tests) import these constants instead of
+spelling the names, so a rename is one edit and a typo is a NameError, not a silently empty
+plot. No other module spells a ``<group>/…`` string, f-strings included
+(``tests/test_metric_names.py``); evaluation keys come from ``avg_key`` / ``pass_key`` /
+``overlong_key``. Torch-free: ``sat report`` imports it.
 
 Groups (``<group>/<name>``): ``loss/`` the policy loss and optimizer step, ``sat/`` SAT's
 interval, ``staleness/`` the mismatch between the trained and the behaviour policy,
-``rollout/`` the batch, ``weights/`` the weight sync, ``clip/`` the clip schedule,
+``rollout/`` the batch, ``weights/`` the weight sync, ``clip/`` the clip schedule, ``perf/``
+timings, ``r3/`` the routing-replay audit, ``a3po/`` and ``vcpo/`` those algorithms' own,
+``sweep/`` a sweep's parent run, ``tracking/`` the tracker's own counts,
 ``eval/<task>/`` and ``final/<task>/`` the held-out evaluation (``avg@k`` / ``pass@k``, stored
 by MLflow as ``avg_at_k`` / ``pass_at_k``: ``sat_cli.tracking.mlflow_key``).
 """

@@ -197,7 +197,7 @@ def train_loop(
             )
             if recorder is not None:  # replay.record=true: the stream, as generated and scored
                 recorder.write(t, groups, rows, scored["rewards"])
-            metrics["perf/wait_s"] = wait_s
+            metrics[M.PERF_WAIT_S] = wait_s
             if s.lag.profile is not None:  # realised lags against the profile's target
                 _profile_metrics(s, st, lags["sample"] if samples else [], metrics)
             # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
@@ -310,7 +310,7 @@ class _Evals:
         t0 = time.perf_counter()
         res = self.thread.call(version, self.evaluator).result()
         metrics.update(res)
-        metrics["perf/eval_s"] = time.perf_counter() - t0
+        metrics[M.PERF_EVAL_S] = time.perf_counter() - t0
         head = next((k for k in res if "avg@" in k), None)
         if head is not None:
             ev = self.ev
@@ -359,8 +359,6 @@ def _skip_step(trainer, counters: dict) -> None:
 
 def _perf(metrics: dict, t_step: float, timing: dict) -> None:
     step_s = time.perf_counter() - t_step
-    metrics["perf/step_s"] = step_s
-    busy = max(timing["gen_s"], metrics.get("perf/train_s", 0.0))
-    metrics["perf/overlap_efficiency"] = min(
-        busy / max(step_s - metrics.get("perf/eval_s", 0.0), 1e-9), 1.0
-    )
+    metrics[M.PERF_STEP_S] = step_s
+    busy = max(timing["gen_s"], metrics.get(M.PERF_TRAIN_S, 0.0))
+    metrics[M.PERF_OVERLAP] = min(busy / max(step_s - metrics.get(M.PERF_EVAL_S, 0.0), 1e-9), 1.0)

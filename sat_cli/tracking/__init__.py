@@ -4,9 +4,9 @@
 global "active run" would clash between several trackers or threads) and takes plain values:
 
     with Tracker("sqlite:///runs/mlflow.db", "toy", "grpo-lag8", artifact_root=None,
-                 tags={"algo": "grpo"}, params=flatten_config(cfg)) as tr:
-        tr.log_metrics({"loss/policy": 0.1, "sat/q": 0.02}, step=0)
-        tr.log_histogram("staleness/abs_logratio", absd, step=0, marks={"q": q})
+                 tags={"algo": "grpo"}, params=flatten_config(cfg)) as tr:  # M: metric_names
+        tr.log_metrics({M.LOSS_POLICY: 0.1, M.SAT_Q: 0.02}, step=0)
+        tr.log_histogram(M.HIST_ABS_LOGRATIO, absd, step=0, marks={"q": q})
 
 What it does:
 

@@ -28,7 +28,7 @@ actor first sums gradients over its data-parallel ranks), ``_audit_totals`` and 
 Metrics are the loss library's (``loss/*``, ``sat/*``, ``staleness/*``) averaged over
 minibatches, plus ``loss/grad_norm`` (before clipping), ``loss/entropy``, ``loss/total``,
 ``loss/kl_ref`` (with a reference), ``r3/audit_*`` (with the R3 audit), ``perf/train_s`` and
-``perf/optimizer_steps``.
+``perf/optimizer_steps`` (names: ``sat_cli.metric_names``).
 
 Also here: ``token_logprobs`` (the log-prob definition both backends use) and the optimizer
 state <-> safetensors helpers of their checkpoints.
@@ -192,9 +192,10 @@ class PolicyTrainer:
         out = {k: v / n_steps for k, v in sums.items()} if n_steps else {}
         out.update(extra)
         if self.r3_audit:
-            out["r3/audit_rows"], out["r3/audit_mismatched_rows"] = map(float, self._audit_totals())
-        out["perf/train_s"] = time.perf_counter() - t0
-        out["perf/optimizer_steps"] = float(n_steps)
+            n_rows, n_bad = map(float, self._audit_totals())
+            out[M.R3_AUDIT_ROWS], out[M.R3_AUDIT_MISMATCHED_ROWS] = n_rows, n_bad
+        out[M.PERF_TRAIN_S] = time.perf_counter() - t0
+        out[M.PERF_OPTIMIZER_STEPS] = float(n_steps)
         if diag is not None and parts:
             diag.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return out

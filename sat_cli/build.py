@@ -54,7 +54,7 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
         raise UserError(
             "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
         )
-    from sat_cli.models.warmstart import ensure_warm_start
+    from sat_cli.models.warmstart import WarmStartSettings, ensure_warm_start
 
     ws = obj.model.warm_start
     overrides = {}
@@ -69,13 +69,15 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
     return str(
         ensure_warm_start(
             Path(obj.run.dir) / "cache",
-            digits=obj.task.digits,
-            task_seed=0,
-            heldout_size=ws.eval_size,
-            seed=0,
-            model_overrides=overrides,
-            **{k: getattr(ws, k) for k in ("batch_size", "lr", "eval_every", "target_accuracy")},
-            max_steps=ws.max_steps,
+            WarmStartSettings(
+                digits=obj.task.digits,
+                task_seed=0,
+                heldout_size=ws.eval_size,
+                seed=0,
+                model_overrides=overrides,
+                **{k: getattr(ws, k) for k in ("batch_size", "lr", "eval_every", "max_steps")},
+                target_accuracy=ws.target_accuracy,
+            ),
             use_shipped=use_shipped,
             log=log,
         )
@@ -129,7 +131,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
 
     moe = {}
     if r3:
-        cfg = _hf_config(path)
+        cfg = read_hf_config(path)
         moe = {
             "num_layers": cfg.get("num_hidden_layers"),
             "top_k": cfg.get("num_experts_per_tok"),
@@ -174,7 +176,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
     )
 
 
-def _hf_config(path: str) -> dict:
+def read_hf_config(path: str) -> dict:
     import json
 
     p = Path(path) / "config.json"

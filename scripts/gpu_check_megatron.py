@@ -59,7 +59,7 @@ from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
-from sat_cli.trainers.megatron.model import build_gpt_model  # noqa: E402
+from sat_cli.trainers.megatron.model import ModelSettings, build_gpt_model  # noqa: E402
 
 MEDIUM = dict(
     vocab_size=4096,
@@ -128,7 +128,7 @@ def check_logits(name, ckpt, dev, bf16: bool):
     ids = torch.randint(3, cfg["vocab_size"], (4, 256), generator=g).to(dev)
     for dtype in [torch.float32] + ([torch.bfloat16] if bf16 else []):
         hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(dev).eval()
-        mg = build_gpt_model(cfg, dtype=dtype, routing_replay=True).to(dev)
+        mg = build_gpt_model(cfg, ModelSettings(dtype=dtype, routing_replay=True)).to(dev)
         convert.load_hf_into_megatron(mg, ckpt)
         mg.eval()
         with torch.no_grad(), RouteCapture(hf) as cap:

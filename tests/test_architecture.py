@@ -189,6 +189,40 @@ def test_the_config_rule_sees_real_uses(tmp_path):
     }
 
 
+# A name with a leading underscore is private to its module: no other module imports it (make it
+# public, or move the code to where it is used). Tests may still reach into a module.
+PRIVATE_IMPORTS_ALLOWED = {  # (importing module, "module.name")
+    # the Tracker's two mixins, until the tracker is composed of parts
+    ("sat_cli.tracking.tracker", "sat_cli.tracking.artifacts._ArtifactLogging"),
+    ("sat_cli.tracking.tracker", "sat_cli.tracking.outage._OutageHandling"),
+}
+
+
+def _private_imports() -> set[tuple[str, str]]:
+    mods = _modules()
+    found = set()
+    for name, path in mods.items():
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if not base.startswith("sat_cli"):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.add((name, f"{base}.{a.name}"))
+    return found
+
+
+def test_no_private_name_is_imported_across_modules():
+    assert _private_imports() == PRIVATE_IMPORTS_ALLOWED
+
+
 # `loop/` is only the loop: these commands reach checkpoints, the final run status and the
 # pre-flight checks through checkpoints/, tracking/ and commands/, never through loop/
 LOOP_FREE = ("commands/eval.py", "evaluation", "sweep/", "report/")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings(
 from sat_cli.models.r3 import RouteReplay  # noqa: E402
 from sat_cli.models.tiny_moe import build_tiny_moe, save_hf  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
-from sat_cli.trainers.megatron.model import build_gpt_model  # noqa: E402
+from sat_cli.trainers.megatron.model import ModelSettings, build_gpt_model  # noqa: E402
 
 B, S = 3, 24
 
@@ -46,7 +46,7 @@ def _batch(seed=0):
 
 def _mg_model(tiny_dir, replay=False):
     cfg = convert.read_hf_config(tiny_dir)
-    model = build_gpt_model(cfg, routing_replay=replay)
+    model = build_gpt_model(cfg, ModelSettings(routing_replay=replay))
     convert.load_hf_into_megatron(model, tiny_dir)
     return model
 

@@ -370,14 +370,14 @@ def test_seed_band_is_the_t_interval():
 
 
 def test_histogram_reads_the_last_table(store):
-    from sat_cli.report.hist import _last_hist
+    from sat_cli.report.hist import last_hist
 
     client = store["client"]
     run = client.search_runs(
         [client.get_experiment_by_name("toy").experiment_id],
         "attributes.run_name = 'grpo-lag1-s0'",
     )[0]
-    t = _last_hist(client, run.info.run_id)
+    t = last_hist(client, run.info.run_id)
     assert t["step"] == 10 and t["counts"] == [5, 3, 1] and t["marks"] == {"q": 0.05}
 
 

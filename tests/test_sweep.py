@@ -22,7 +22,7 @@ import pytest
 
 from sat_cli.errors import UserError
 from sat_cli.sweep import (
-    _Child,
+    Child,
     load_sweep,
     override_hash,
     run_status,
@@ -415,7 +415,7 @@ def test_stop_children_sigint_then_sigkill(tmp_path):
             [sys.executable, str(script), mode, str(marker)], start_new_session=True
         )
         run = SweepRun(mode, mode, {}, 0, [], "")
-        children.append((_Child(run, proc, None, time.perf_counter()), marker))
+        children.append((Child(run, proc, None, time.perf_counter()), marker))
     for _, marker in children:
         deadline = time.monotonic() + 60
         while not Path(str(marker) + ".ready").exists():

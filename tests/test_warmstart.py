@@ -8,35 +8,50 @@ import pytest
 import torch
 
 from sat_cli.models.tiny_moe import load_model
-from sat_cli.models.warmstart import ensure_warm_start, sampled_accuracy, train_warm_start
+from sat_cli.models.warmstart import (
+    WarmStartSettings,
+    ensure_warm_start,
+    sampled_accuracy,
+    train_warm_start,
+)
 from sat_cli.tasks.toy import ToyTask
 
-SHORT = dict(batch_size=32, eval_every=3, max_steps=3, heldout_size=40, log=None)
+SHORT = dict(batch_size=32, eval_every=3, max_steps=3, heldout_size=40)
 
 
 def test_short_warm_start_is_deterministic_for_a_seed():
-    a, _, info_a = train_warm_start(seed=1, target_accuracy=2.0, **SHORT)
-    b, _, info_b = train_warm_start(seed=1, target_accuracy=2.0, **SHORT)
-    c, _, _ = train_warm_start(seed=2, target_accuracy=2.0, **SHORT)
+    a, _, info_a = train_warm_start(
+        WarmStartSettings(seed=1, target_accuracy=2.0, **SHORT), log=None
+    )
+    b, _, info_b = train_warm_start(
+        WarmStartSettings(seed=1, target_accuracy=2.0, **SHORT), log=None
+    )
+    c, _, _ = train_warm_start(WarmStartSettings(seed=2, target_accuracy=2.0, **SHORT), log=None)
     for (n, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q), n
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
     assert info_a["steps"] == info_b["steps"] == 3 and info_a["loss"] == info_b["loss"]
     assert not info_a["reached"]
     # 3 steps at lr 3e-3 move the weights away from the seed's initialisation
-    fresh, _, _ = train_warm_start(seed=1, target_accuracy=2.0, **{**SHORT, "max_steps": 0})
+    fresh, _, _ = train_warm_start(
+        WarmStartSettings(seed=1, target_accuracy=2.0, **{**SHORT, "max_steps": 0}), log=None
+    )
     assert not torch.equal(a.lm_head.weight, fresh.lm_head.weight)
 
 
 def test_ensure_warm_start_caches_by_config_hash(tmp_path):
     logs: list[str] = []
     kw = dict(batch_size=16, eval_every=2, max_steps=2, heldout_size=20, target_accuracy=0.0)
-    p1 = ensure_warm_start(tmp_path, seed=0, use_shipped=False, log=logs.append, **kw)
+    p1 = ensure_warm_start(
+        tmp_path, WarmStartSettings(seed=0, **kw), use_shipped=False, log=logs.append
+    )
     meta = json.loads((p1 / "warmstart.json").read_text())
     assert meta["steps"] == 2 and meta["reached"] and p1.name == f"tiny_moe_warm-{meta['key'][:12]}"
-    p2 = ensure_warm_start(tmp_path, seed=0, use_shipped=False, log=logs.append, **kw)
+    p2 = ensure_warm_start(
+        tmp_path, WarmStartSettings(seed=0, **kw), use_shipped=False, log=logs.append
+    )
     assert p2 == p1 and logs[-1].startswith("warm start: cached")
-    p3 = ensure_warm_start(tmp_path, seed=1, use_shipped=False, log=None, **kw)
+    p3 = ensure_warm_start(tmp_path, WarmStartSettings(seed=1, **kw), use_shipped=False, log=None)
     assert p3 != p1  # another seed is another cache entry
     # the cached folder is a plain HF checkpoint
     assert load_model(p1).config.num_experts == 8

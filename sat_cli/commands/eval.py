@@ -84,10 +84,10 @@ def _data_file(obj) -> str | None:
 
 def _max_new_tokens(e, path: str, log=print) -> int:
     """``eval.max_new_tokens``, capped at the model's ``max_position_embeddings`` (said once)."""
-    from sat_cli.build import _hf_config
+    from sat_cli.build import read_hf_config
 
     try:
-        ctx = int(_hf_config(path).get("max_position_embeddings") or 0)
+        ctx = int(read_hf_config(path).get("max_position_embeddings") or 0)
     except (OSError, ValueError):
         return e.max_new_tokens
     if ctx <= 0 or e.max_new_tokens <= ctx:

@@ -12,12 +12,12 @@ class ConfigError(ValueError):
     """A config value is out of range or not one of the allowed choices."""
 
 
-def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
+def check_choice(key: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
 
 
-def _template(key: str, value: str) -> None:
+def check_template(key: str, value: str) -> None:
     from sat_cli.tasks.prompts import TEMPLATES
 
     if value not in TEMPLATES and "{problem}" not in value:
@@ -27,7 +27,7 @@ def _template(key: str, value: str) -> None:
         )
 
 
-def _range(
+def check_range(
     key: str,
     value: float,
     lo: float | None = None,

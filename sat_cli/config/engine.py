@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, _choice, _range
+from sat_cli.config.checks import ConfigError, check_choice, check_range
 
 ENGINES = ("local", "sglang")
 ENGINE_DEVICES = ("cpu", "cuda")
@@ -55,21 +55,21 @@ class EngineConfig:
     verify_weights: str = "first"
 
     def __post_init__(self) -> None:
-        _choice("engine.name", self.name, ENGINES)
-        _choice("engine.dtype", self.dtype, DTYPES)
-        _choice("engine.device", self.device, ENGINE_DEVICES)
+        check_choice("engine.name", self.name, ENGINES)
+        check_choice("engine.dtype", self.dtype, DTYPES)
+        check_choice("engine.device", self.device, ENGINE_DEVICES)
         for k in ("num_threads", "tp", "dp", "ep", "num_servers", "concurrency", "max_batch_size"):
-            _range(f"engine.{k}", getattr(self, k), 1)
+            check_range(f"engine.{k}", getattr(self, k), 1)
         if self.mem_fraction_static is not None:
-            _range("engine.mem_fraction_static", self.mem_fraction_static, 0, 1, lo_open=True)
+            check_range("engine.mem_fraction_static", self.mem_fraction_static, 0, 1, lo_open=True)
         if self.max_total_tokens is not None:
-            _range("engine.max_total_tokens", self.max_total_tokens, 1)
-        _range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
-        _choice("engine.weight_sync", self.weight_sync, WEIGHT_SYNC)
-        _choice("engine.verify_weights", self.verify_weights, VERIFY_WEIGHTS)
-        _range("engine.weight_sync_bucket_mb", self.weight_sync_bucket_mb, 1)
-        _range("engine.weight_sync_timeout_s", self.weight_sync_timeout_s, 0, lo_open=True)
-        _range("engine.weight_sync_port", self.weight_sync_port, 0, 65535)
+            check_range("engine.max_total_tokens", self.max_total_tokens, 1)
+        check_range("engine.startup_timeout_s", self.startup_timeout_s, 0, lo_open=True)
+        check_choice("engine.weight_sync", self.weight_sync, WEIGHT_SYNC)
+        check_choice("engine.verify_weights", self.verify_weights, VERIFY_WEIGHTS)
+        check_range("engine.weight_sync_bucket_mb", self.weight_sync_bucket_mb, 1)
+        check_range("engine.weight_sync_timeout_s", self.weight_sync_timeout_s, 0, lo_open=True)
+        check_range("engine.weight_sync_port", self.weight_sync_port, 0, 65535)
         if self.name == "sglang":
             self._check_sglang()
 

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, _choice, _range
+from sat_cli.config.checks import ConfigError, check_choice, check_range
 
 LAUNCHERS = ("local", "ray")
 STRATEGIES = ("STRICT_SPREAD", "SPREAD", "PACK", "STRICT_PACK")
@@ -55,8 +55,8 @@ class LauncherConfig:
     server_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("launcher.name", self.name, LAUNCHERS)
-        _choice("launcher.strategy", self.strategy, STRATEGIES)
+        check_choice("launcher.name", self.name, LAUNCHERS)
+        check_choice("launcher.strategy", self.strategy, STRATEGIES)
         for key in (
             "connect_timeout_s",
             "placement_timeout_s",
@@ -67,7 +67,7 @@ class LauncherConfig:
             value = getattr(self, key)
             if not math.isfinite(value):
                 raise ConfigError(f"launcher.{key}={value} is not a finite number")
-            _range(f"launcher.{key}", value, 0, lo_open=True)
+            check_range(f"launcher.{key}", value, 0, lo_open=True)
         if self.health_timeout_s < self.health_interval_s:
             raise ConfigError(
                 f"launcher.health_timeout_s={self.health_timeout_s} is below "
@@ -80,7 +80,7 @@ class LauncherConfig:
                 continue
             if not math.isfinite(value):
                 raise ConfigError(f"launcher.{key}={value} is not a finite number")
-            _range(f"launcher.{key}", value, 0)
+            check_range(f"launcher.{key}", value, 0)
         for key in ("trainer_resources", "server_resources"):
             for name, amount in getattr(self, key).items():
                 if not _RESOURCE.match(str(name)) or str(name) in ("CPU", "GPU", "memory"):

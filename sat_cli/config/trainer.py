@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, _choice, _range
+from sat_cli.config.checks import ConfigError, check_choice, check_range
 from sat_cli.util.fsio import parse_size
 
 TRAINERS = ("local", "megatron")
@@ -47,23 +47,23 @@ class TrainerConfig:
     max_shard_size: str = "5GB"
 
     def __post_init__(self) -> None:
-        _choice("trainer.name", self.name, TRAINERS)
-        _range("trainer.lr", self.lr, 0, lo_open=True)
+        check_choice("trainer.name", self.name, TRAINERS)
+        check_range("trainer.lr", self.lr, 0, lo_open=True)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError("trainer.betas must be two numbers in [0, 1)")
-        _range("trainer.weight_decay", self.weight_decay, 0)
-        _range("trainer.grad_clip", self.grad_clip, 0)
+        check_range("trainer.weight_decay", self.weight_decay, 0)
+        check_range("trainer.grad_clip", self.grad_clip, 0)
         for k in ("num_threads", "nnodes", "tp", "ep", "pp", "cp"):
-            _range(f"trainer.{k}", getattr(self, k), 1)
+            check_range(f"trainer.{k}", getattr(self, k), 1)
         if self.etp is not None:
-            _range("trainer.etp", self.etp, 1)
+            check_range("trainer.etp", self.etp, 1)
         if self.nproc_per_node is not None:
-            _range("trainer.nproc_per_node", self.nproc_per_node, 1)
+            check_range("trainer.nproc_per_node", self.nproc_per_node, 1)
         else:  # the fewest ranks the layout rules accept (sat_cli/config/layout.py), per node
             least = math.lcm(self.tp * self.pp * self.cp, (self.etp or 1) * self.ep * self.pp)
             self.nproc_per_node = math.lcm(least, self.nnodes) // self.nnodes
-        _choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
-        _choice("trainer.device", self.device, ("cpu", "cuda"))
+        check_choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        check_choice("trainer.device", self.device, ("cpu", "cuda"))
         if self.name == "megatron" and self.device != "cpu":
             raise ConfigError(
                 "trainer.device is the local trainer's; trainer=megatron takes CUDA when present"
@@ -72,7 +72,7 @@ class TrainerConfig:
             parse_size(self.max_shard_size)
         except ValueError as exc:
             raise ConfigError(f"trainer.max_shard_size: {exc}") from None
-        _range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
+        check_range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
         for key in ("optimizer_offload", "recompute"):
             if self.name == "local" and getattr(self, key):
                 raise ConfigError(f"trainer.{key}=true needs trainer=megatron")

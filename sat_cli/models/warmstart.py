@@ -29,6 +29,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -114,35 +115,46 @@ def sampled_accuracy(model, tokenizer, task: ToyTask, seed: int, temperature: fl
     return sum(hits) / len(hits)
 
 
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """What a warm start trains (the cache key is made of these): the toy task (``digits``,
+    ``task_seed``, ``heldout_size``), the supervised run (``seed``, ``batch_size``, ``lr``,
+    ``eval_every``, ``target_accuracy``, ``max_steps``) and the model's ``model_overrides`` of
+    ``TINY_MOE_CONFIG``."""
+
+    digits: int = 3
+    task_seed: int = 0
+    heldout_size: int = 200
+    seed: int = 0
+    batch_size: int = 128
+    lr: float = 3e-3
+    eval_every: int = 25
+    target_accuracy: float = 0.2
+    max_steps: int = 3000
+    model_overrides: dict = field(default_factory=dict)
+
+
 def train_warm_start(
+    ws: WarmStartSettings | None = None,
     *,
-    digits: int = 3,
-    task_seed: int = 0,
-    heldout_size: int = 200,
-    seed: int = 0,
-    batch_size: int = 128,
-    lr: float = 3e-3,
-    eval_every: int = 25,
-    target_accuracy: float = 0.2,
-    max_steps: int = 3000,
-    model_overrides: dict | None = None,
     num_threads: int | None = None,
     log: Callable[[str], None] | None = _print,
 ):
     """Train from scratch; returns ``(model, tokenizer, info)`` with info ``{steps, accuracy,
     seconds, reached}``. ``target_accuracy > 1`` trains exactly ``max_steps`` steps."""
+    ws = ws or WarmStartSettings()
     if num_threads:
         torch.set_num_threads(num_threads)
     t0 = time.perf_counter()
-    task = ToyTask(digits=digits, seed=task_seed, heldout_size=heldout_size)
+    task = ToyTask(digits=ws.digits, seed=ws.task_seed, heldout_size=ws.heldout_size)
     tokenizer = build_char_tokenizer()
-    model = build_tiny_moe(seed, **(model_overrides or {})).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    model = build_tiny_moe(ws.seed, **ws.model_overrides).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, betas=(0.9, 0.98), weight_decay=0.0)
     acc, step, reached = 0.0, 0, False
     loss_v = float("nan")
-    for step in range(1, max_steps + 1):
+    for step in range(1, ws.max_steps + 1):
         ids, att, labels = _sft_batch(
-            task, tokenizer, SFT_CURSOR0 + (step - 1) * batch_size, batch_size
+            task, tokenizer, SFT_CURSOR0 + (step - 1) * ws.batch_size, ws.batch_size
         )
         pos = (att.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
@@ -155,14 +167,14 @@ def train_warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_v = float(loss.detach())
-        if step % eval_every == 0 or step == max_steps:
-            acc = sampled_accuracy(model, tokenizer, task, seed=seed * 7919 + step)
+        if step % ws.eval_every == 0 or step == ws.max_steps:
+            acc = sampled_accuracy(model, tokenizer, task, seed=ws.seed * 7919 + step)
             if log:
                 log(
                     f"warm start step {step:4d}  loss {loss_v:.4f}  held-out sampled acc {acc:.3f}"
                     f"  ({time.perf_counter() - t0:.1f} s)"
                 )
-            if acc >= target_accuracy:
+            if acc >= ws.target_accuracy:
                 reached = True
                 break
     info = {
@@ -177,36 +189,28 @@ def train_warm_start(
 
 def ensure_warm_start(
     cache_dir: str | Path,
+    ws: WarmStartSettings | None = None,
     *,
-    digits: int = 3,
-    task_seed: int = 0,
-    heldout_size: int = 200,
-    seed: int = 0,
-    batch_size: int = 128,
-    lr: float = 3e-3,
-    eval_every: int = 25,
-    target_accuracy: float = 0.2,
-    max_steps: int = 3000,
-    model_overrides: dict | None = None,
     use_shipped: bool = True,
     num_threads: int | None = None,
     log: Callable[[str], None] | None = _print,
 ) -> Path:
     """The warm-start checkpoint folder for these settings, trained and cached when absent."""
-    overrides = dict(model_overrides or {})
+    ws = ws or WarmStartSettings()
+    overrides = dict(ws.model_overrides)
     task_cfg = {
         "name": "toy_add",
-        "digits": digits,
-        "seed": task_seed,
-        "heldout_size": heldout_size,
+        "digits": ws.digits,
+        "seed": ws.task_seed,
+        "heldout_size": ws.heldout_size,
     }
     sft_cfg = {
-        "seed": seed,
-        "batch_size": batch_size,
-        "lr": lr,
-        "eval_every": eval_every,
-        "target_accuracy": target_accuracy,
-        "max_steps": max_steps,
+        "seed": ws.seed,
+        "batch_size": ws.batch_size,
+        "lr": ws.lr,
+        "eval_every": ws.eval_every,
+        "target_accuracy": ws.target_accuracy,
+        "max_steps": ws.max_steps,
         "torch": torch.__version__.split("+")[0],
     }
     key = warm_start_key(overrides, task_cfg, sft_cfg)
@@ -221,25 +225,13 @@ def ensure_warm_start(
         return SHIPPED
     if log:
         log(
-            f"warm start: training the tiny model on {digits}-digit addition (target acc {target_accuracy})"
+            f"warm start: training the tiny model on {ws.digits}-digit addition (target acc "
+            f"{ws.target_accuracy})"
         )
-    model, tokenizer, info = train_warm_start(
-        digits=digits,
-        task_seed=task_seed,
-        heldout_size=heldout_size,
-        seed=seed,
-        batch_size=batch_size,
-        lr=lr,
-        eval_every=eval_every,
-        target_accuracy=target_accuracy,
-        max_steps=max_steps,
-        model_overrides=overrides,
-        num_threads=num_threads,
-        log=log,
-    )
+    model, tokenizer, info = train_warm_start(ws, num_threads=num_threads, log=log)
     if not info["reached"]:
         raise RuntimeError(
-            f"warm start did not reach held-out accuracy {target_accuracy} in {max_steps} steps "
+            f"warm start did not reach held-out accuracy {ws.target_accuracy} in {ws.max_steps} steps "
             f"(last {info['accuracy']:.3f}); raise max_steps or lower target_accuracy"
         )
     tmp = target.with_name(target.name + ".building")
@@ -284,9 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     path = ensure_warm_start(
         args.cache_dir,
-        seed=args.seed,
-        digits=args.digits,
-        target_accuracy=args.target_accuracy,
+        WarmStartSettings(seed=args.seed, digits=args.digits, target_accuracy=args.target_accuracy),
         use_shipped=not args.no_shipped,
         num_threads=args.threads,
     )

@@ -16,13 +16,13 @@ from sat_cli.report.tables import RunData
 HIST_DIR = "tables/staleness/abs_logratio"
 
 
-def _download_json(client, run_id: str, path: str) -> Any:
+def download_json(client, run_id: str, path: str) -> Any:
     with tempfile.TemporaryDirectory() as tmp:
         local = client.download_artifacts(run_id, path, tmp)
         return json.loads(Path(local).read_text())
 
 
-def _last_hist(client, run_id: str) -> dict | None:
+def last_hist(client, run_id: str) -> dict | None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -36,10 +36,10 @@ def _last_hist(client, run_id: str) -> dict | None:
             steps.append((int(m.group(1)), f.path))
     if not steps:
         return None
-    return _download_json(client, run_id, max(steps)[1])
+    return download_json(client, run_id, max(steps)[1])
 
 
-def _hist_tables(client, runs: list[RunData], rows: list[str], lags: list[str]) -> dict:
+def hist_tables(client, runs: list[RunData], rows: list[str], lags: list[str]) -> dict:
     """``(row, lag) -> the last |d| histogram table`` of the first seed that logged one."""
     tables: dict[tuple[str, str], dict] = {}
     for row in rows:
@@ -48,7 +48,7 @@ def _hist_tables(client, runs: list[RunData], rows: list[str], lags: list[str]) 
                 (r for r in runs if r.row == row and r.lag == lag), key=lambda r: lag_key(r.seed)
             )
             for r in group:
-                t = _last_hist(client, r.run_id)
+                t = last_hist(client, r.run_id)
                 if t is not None:
                     tables[(row, lag)] = {**t, "_seed": r.seed}
                     break

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sat_cli.report.stats import paired
-from sat_cli.report.tables import DASH, ENDPOINTS, PAIR_ENDPOINTS_MD, Settings, _num
+from sat_cli.report.tables import DASH, ENDPOINTS, PAIR_ENDPOINTS_MD, Settings, fmt_num
 
 
 @dataclass
@@ -100,7 +100,7 @@ def pairs_csv(table: list[list[Any]]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(PAIR_COLS)
     for r in table:
-        w.writerow([_num(x) if isinstance(x, float) else x for x in r])
+        w.writerow([fmt_num(x) if isinstance(x, float) else x for x in r])
     return buf.getvalue()
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.errors import UserError
-from sat_cli.report.hist import HIST_DIR, _download_json, _hist_tables, _last_hist  # noqa: F401
+from sat_cli.report.hist import HIST_DIR, download_json, hist_tables, last_hist  # noqa: F401
 from sat_cli.report.pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
 from sat_cli.report.regime import lag_key, regime_csv, regime_rows, render_markdown
 from sat_cli.report.select import Selection, dedupe, select_runs  # noqa: F401
@@ -222,7 +222,7 @@ def _sweep_records(client, parent) -> dict[str, dict]:
     from mlflow.exceptions import MlflowException
 
     try:
-        rows = _download_json(client, parent.info.run_id, "sweep/runs.json")
+        rows = download_json(client, parent.info.run_id, "sweep/runs.json")
     except (MlflowException, OSError, ValueError):  # absent or unreadable: fall back to params
         return {}
     return {r["override_hash"]: r for r in rows if isinstance(r, dict) and "override_hash" in r}
@@ -358,7 +358,7 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
             plots.append(name)
     if P.eval_ess_plot(out_dir / "eval_ess.png", runs, rows, lags, eval_title, ESS_KEY):
         plots.insert(1, "eval_ess.png")
-    tables = _hist_tables(client, runs, rows, lags)
+    tables = hist_tables(client, runs, rows, lags)
     if P.hist_grid_plot(out_dir / "staleness_hist.png", tables, rows, lags):
         plots.append("staleness_hist.png")
 

@@ -241,7 +241,7 @@ def endpoint_table(rows: list[str], lag: str, cells: dict, st: Settings, names) 
     return "\n".join(lines)
 
 
-def _num(x: float | None) -> str:
+def fmt_num(x: float | None) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, ".10g")
 
 
@@ -254,7 +254,7 @@ def _stats_cols(values: list[float]) -> list[str]:
         import statistics
 
         std = statistics.stdev(values)
-    return [_num(mean), _num(std), _num(h)]
+    return [fmt_num(mean), fmt_num(std), fmt_num(h)]
 
 
 CSV_ENDPOINTS = ("best", "last", "lastk", "final", "reward2", "dpi_run", "dpi_epoch", "ess")
@@ -279,10 +279,10 @@ def table_csv(rows: list[str], lags: list[str], cells: dict, st: Settings) -> st
                 row,
                 lag,
                 len(c.runs),
-                _num(min(b) if b else None),
-                _num(max(b) if b else None),
+                fmt_num(min(b) if b else None),
+                fmt_num(max(b) if b else None),
                 "/".join(str(s) for _, s in c.bests),
-                _num(sum(dpi_last) / len(dpi_last) if dpi_last else None),
+                fmt_num(sum(dpi_last) / len(dpi_last) if dpi_last else None),
             ]
             for k in CSV_ENDPOINTS:
                 line += _stats_cols(list(c.by_seed(k, st).values()))

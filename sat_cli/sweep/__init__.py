@@ -47,8 +47,8 @@ others are done.
 """
 
 from sat_cli.sweep.children import (
+    Child,
     SweepInterrupted,
-    _Child,
     hydra_quote,
     stop_children,
     tag_overrides,
@@ -79,7 +79,7 @@ __all__ = [
     "Sweep",
     "SweepInterrupted",
     "SweepRun",
-    "_Child",
+    "Child",
     "checkpoint_status",
     "format_plan",
     "hydra_quote",

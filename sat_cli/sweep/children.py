@@ -28,7 +28,7 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 @dataclass
-class _Child:
+class Child:
     """One run in flight: a local ``sat train`` subprocess (``proc``), or a cluster job
     (``job``, ``sat_cli.cluster.executors``: ``poll()``, ``stop(grace_s)``, ``job_id``)."""
 
@@ -45,7 +45,7 @@ class _Child:
         return self.returncode
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -64,7 +64,7 @@ def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> li
     return [f"++tracking.tags.{k}={hydra_quote(v)}" for k, v in tags.items()]
 
 
-def _launch(cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> tuple:
+def launch_child(cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> tuple:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     f = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed when the child ends
     f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n$ {' '.join(cmd)}\n")
@@ -80,12 +80,12 @@ def _launch(cmd: list[str], log_path: Path, env: dict[str, str], header: str) ->
     return proc, f
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-def _stop_jobs(children: list[_Child], grace_s: float, log) -> None:
+def _stop_jobs(children: list[Child], grace_s: float, log) -> None:
     """Cluster jobs: each job's own orderly stop (scancel, the actor's SIGINT), in parallel."""
     import threading
 
@@ -99,7 +99,7 @@ def _stop_jobs(children: list[_Child], grace_s: float, log) -> None:
         c.poll()
 
 
-def stop_children(children: list[_Child], grace_s: float, log) -> None:
+def stop_children(children: list[Child], grace_s: float, log) -> None:
     """SIGINT to each child's process group, wait up to ``grace_s``, then SIGKILL the rest."""
     jobs = [c for c in children if c.job is not None and c.poll() is None]
     if jobs:
@@ -109,7 +109,7 @@ def stop_children(children: list[_Child], grace_s: float, log) -> None:
         return
     log(f"stopping {len(alive)} run(s): SIGINT, then SIGKILL after {grace_s:.0f} s")
     for c in alive:
-        _signal_group(c.proc, signal.SIGINT)
+        signal_group(c.proc, signal.SIGINT)
     deadline = time.monotonic() + grace_s
     try:
         while any(c.proc.poll() is None for c in alive) and time.monotonic() < deadline:
@@ -118,15 +118,15 @@ def stop_children(children: list[_Child], grace_s: float, log) -> None:
         log("second interrupt: killing now")
     for c in alive:
         if c.proc.poll() is None:
-            _signal_group(c.proc, signal.SIGKILL)
+            signal_group(c.proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             c.proc.wait(timeout=10)
         # the group may hold grandchildren (engine process) that outlived the child
-        _signal_group(c.proc, signal.SIGKILL)
+        signal_group(c.proc, signal.SIGKILL)
         c.returncode = c.proc.returncode
 
 
-def _tail(path: Path, n: int = 8) -> str:
+def tail_text(path: Path, n: int = 8) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -134,11 +134,11 @@ def _tail(path: Path, n: int = 8) -> str:
     return "\n".join("    | " + line for line in lines[-n:])
 
 
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+def on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
     exc = SweepInterrupted()
     if signum == signal.SIGHUP:  # the terminal is gone: do not let a write to it fail the stop
-        from sat_cli.util.signals import _detach_terminal
+        from sat_cli.util.signals import detach_terminal
 
-        _detach_terminal()
+        detach_terminal()
         exc.hung_up = True
     raise exc

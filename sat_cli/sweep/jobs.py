@@ -14,16 +14,16 @@ import time
 
 from sat_cli.errors import RunFailed
 from sat_cli.sweep.children import (
-    _Child,
-    _child_env,
-    _launch,
-    _signal_group,
-    _tail,
+    Child,
+    child_env,
+    launch_child,
+    signal_group,
     tag_overrides,
+    tail_text,
 )
 from sat_cli.sweep.plan import Plan
 from sat_cli.sweep.spec import SweepRun
-from sat_cli.sweep.state import RUN_RECORD, _write_state, checkpoint_status
+from sat_cli.sweep.state import RUN_RECORD, checkpoint_status, write_state
 
 CHILD_LOG = "sweep_child.log"
 
@@ -37,24 +37,24 @@ def warm_start(plan: Plan, log) -> None:
         cmd = [sys.executable, "-m", "sat_cli.cli", "pretrain", "--use-shipped", *train_only]
         log_path = plan.root / "logs" / "pretrain.log"
         log(f"warm start (once, before parallel runs): log {log_path}")
-        proc, f = _launch(cmd, log_path, dict(os.environ), "sat pretrain")
+        proc, f = launch_child(cmd, log_path, dict(os.environ), "sat pretrain")
         try:
             rc = proc.wait()
         except KeyboardInterrupt:
-            _signal_group(proc, signal.SIGINT)
+            signal_group(proc, signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
-            _signal_group(proc, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             raise
         finally:
             f.close()
         if rc != 0:
-            raise RunFailed(f"warm start failed (exit {rc}); see {log_path}\n{_tail(log_path)}")
+            raise RunFailed(f"warm start failed (exit {rc}); see {log_path}\n{tail_text(log_path)}")
 
 
-def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> dict[str, _Child]:
+def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> dict[str, Child]:
     """Jobs of an earlier sweep (this executor) that still run: waited for, not resubmitted."""
-    adopted: dict[str, _Child] = {}
+    adopted: dict[str, Child] = {}
     if executor is None:
         return adopted
     for run in todo:
@@ -68,13 +68,13 @@ def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> 
             )
             continue
         log(f"adopt  {run.name}  (job {job.job_id} of an earlier sweep still runs)")
-        adopted[run.name] = _Child(run, None, None, time.perf_counter(), job=job)
+        adopted[run.name] = Child(run, None, None, time.perf_counter(), job=job)
     return adopted
 
 
 def start_run(
     plan: Plan, state: dict, run: SweepRun, parent_id: str | None, log, executor=None
-) -> _Child:
+) -> Child:
     from sat_cli.util.fsio import atomic_write_json
 
     run_dir = plan.run_dirs[run.name]
@@ -98,18 +98,18 @@ def start_run(
         )
         rec.update(executor=executor.name, job_id=job.job_id)
         rec.pop("pid", None)
-        _write_state(plan.root, state)
+        write_state(plan.root, state)
         log(f"submit {run.name}  ({run.method}; {executor.name} job {job.job_id}; log {log_path})")
-        return _Child(run, None, None, time.perf_counter(), job=job)
-    proc, f = _launch(cmd, log_path, _child_env(), header)
+        return Child(run, None, None, time.perf_counter(), job=job)
+    proc, f = launch_child(cmd, log_path, child_env(), header)
     rec.update(pid=proc.pid, executor="local", job_id=str(proc.pid))
-    _write_state(plan.root, state)
+    write_state(plan.root, state)
     log(f"start  {run.name}  ({run.method}; pid {proc.pid}; log {log_path})")
-    return _Child(run, proc, f, time.perf_counter())
+    return Child(run, proc, f, time.perf_counter())
 
 
 def finish_run(
-    plan: Plan, state: dict, child: _Child, rc, done: int, total: int, log, *, interrupted=False
+    plan: Plan, state: dict, child: Child, rc, done: int, total: int, log, *, interrupted=False
 ) -> str:
     if child.log is not None:
         child.log.close()
@@ -130,7 +130,7 @@ def finish_run(
         checkpoint_step=step,
     )
     rec.pop("pid", None)
-    _write_state(plan.root, state)
+    write_state(plan.root, state)
     where = f"[{done}/{total}] " if total else ""
     if status == "finished":
         log(f"{where}done   {child.run.name}  in {wall:.0f} s")
@@ -141,5 +141,5 @@ def finish_run(
             f"{plan.run_dirs[child.run.name] / 'logs' / CHILD_LOG}"
         )
         if status == "failed":
-            log(_tail(plan.run_dirs[child.run.name] / "logs" / CHILD_LOG))
+            log(tail_text(plan.run_dirs[child.run.name] / "logs" / CHILD_LOG))
     return status

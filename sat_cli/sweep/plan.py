@@ -100,19 +100,19 @@ def _sources(sweep: Sweep, run: SweepRun) -> list[tuple[str, str]]:
 def _collision_message(sweep: Sweep, a: SweepRun, b: SweepRun) -> str:
     """Two runs of the grid compose to one config: name what differs between them and what
     makes the difference void (a later or more specific override of the same setting)."""
-    from sat_cli.sweep.spec import _override_key, _parser
+    from sat_cli.sweep.spec import override_key, override_parser
 
-    parser = _parser()
+    parser = override_parser()
     src_a, src_b = _sources(sweep, a), _sources(sweep, b)
     texts_a, texts_b = {o for _, o in src_a}, {o for _, o in src_b}
     differ = [(w, o) for w, o in src_a if o not in texts_b]
     differ += [(w, o) for w, o in src_b if o not in texts_a]
-    keys = {_override_key(parser, o, w).split("@")[0] for w, o in differ}
+    keys = {override_key(parser, o, w).split("@")[0] for w, o in differ}
     void = [
         f"{w}: {o}"
         for w, o in src_a
         if (w, o) in src_b
-        for k in [_override_key(parser, o, w).split("@")[0]]
+        for k in [override_key(parser, o, w).split("@")[0]]
         if any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for d in keys)
     ]
     what = ", ".join(f"{w}: {o}" for w, o in differ) or "nothing"
@@ -175,7 +175,7 @@ def format_plan(plan: Plan, statuses: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _conflict_message(plan: Plan, run: SweepRun) -> str:
+def conflict_message(plan: Plan, run: SweepRun) -> str:
     d = plan.run_dirs[run.name]
     try:
         old = json.loads((d / RUN_RECORD).read_text()).get("overrides", [])

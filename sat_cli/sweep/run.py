@@ -13,10 +13,10 @@ from pathlib import Path
 
 from sat_cli.errors import RunFailed, UserError
 from sat_cli.sweep.children import (
+    Child,
     SweepInterrupted,
-    _Child,
-    _on_sigterm,
-    _signal_group,
+    on_sigterm,
+    signal_group,
     stop_children,
 )
 from sat_cli.sweep.executor import (
@@ -28,15 +28,15 @@ from sat_cli.sweep.executor import (
     slurm_settings,
 )
 from sat_cli.sweep.jobs import CHILD_LOG, adopt_jobs, finish_run, start_run, warm_start
-from sat_cli.sweep.plan import Plan, _conflict_message, format_plan, validate
+from sat_cli.sweep.plan import Plan, conflict_message, format_plan, validate
 from sat_cli.sweep.spec import load_sweep
 from sat_cli.sweep.state import (
-    _lock,
-    _still_running,
-    _write_state,
     checkpoint_status,
     read_state,
     run_status,
+    state_lock,
+    still_running,
+    write_state,
 )
 
 DEFAULT_GRACE_S = 30.0
@@ -128,8 +128,8 @@ def run_sweep(
     check_output_dir(plan.root, "sweep folder")
     conflicts = [r for r in sweep.runs if statuses[r.name] == "conflict"]
     if conflicts:
-        raise UserError(_conflict_message(plan, conflicts[0]))
-    with _lock(plan.root):
+        raise UserError(conflict_message(plan, conflicts[0]))
+    with state_lock(plan.root):
         ex = open_executor(opts.name, settings, plan) if opts.name != "local" else None
         try:
             _run_locked(plan, read_state(plan.root), jobs, log, ex)
@@ -172,7 +172,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
             f"and may still run; re-run with --executor {rec['executor']}, which waits for it "
             "(or resumes it if it is gone)"
         )
-    orphans = {n: pid for n, rec in state["runs"].items() if (pid := _still_running(n, rec))}
+    orphans = {n: pid for n, rec in state["runs"].items() if (pid := still_running(n, rec))}
     if orphans:
         raise UserError(
             "runs of an earlier `sat sweep` of this name are still running: "
@@ -186,9 +186,9 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
     log(format_plan(plan, statuses))
     grace = float(os.environ.get("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S))
 
-    previous = {sig: signal.signal(sig, _on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     parent = None
-    children: dict[str, _Child] = {}
+    children: dict[str, Child] = {}
     outcome = "KILLED"
     t0 = time.perf_counter()
     results: dict[str, str] = {}
@@ -197,7 +197,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
         parent_id = parent.run_id if parent is not None else None
         if parent_id:
             state["parents"][sweep.id] = parent_id
-        _write_state(plan.root, state)
+        write_state(plan.root, state)
         # jobs of an earlier sweep that still run are waited for, not started again
         children.update(adopt_jobs(plan, state, todo, executor, log))
         todo = [
@@ -220,7 +220,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
                     continue
                 del children[name]
                 if rc != 0 and child.job is None:  # its engine may be left in its group
-                    _signal_group(child.proc, signal.SIGKILL)
+                    signal_group(child.proc, signal.SIGKILL)
                 done += 1
                 results[name] = finish_run(plan, state, child, rc, done, len(todo), log)
         failed = [n for n, v in results.items() if v != "finished"]
@@ -264,7 +264,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
             from sat_cli.tracking.final_status import end_run
 
             end_run(parent, outcome, Path(plan.run_dir), log)
-        _write_state(plan.root, state)
+        write_state(plan.root, state)
 
 
 def _summary(plan: Plan, results: dict[str, str], wall: float, log) -> None:

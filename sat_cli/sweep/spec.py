@@ -84,13 +84,13 @@ def slug(text: str) -> str:
 # ----------------------------------------------------------------------------- parse / expand
 
 
-def _parser():
+def override_parser():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
 
 
-def _override_key(parser, text: str, where: str) -> str:
+def override_key(parser, text: str, where: str) -> str:
     """The key an override sets (``algo``, ``trainer.lr``, ``algo@pkg``); UserError if unparsable."""
     from hydra.errors import HydraException
 
@@ -186,7 +186,7 @@ def _merge(parser, layers: list[tuple[str, list[str]]]) -> tuple[list[str], dict
     source: dict[str, str] = {}
     for where, overrides in layers:
         for ov in overrides:
-            key = _override_key(parser, ov, where)
+            key = override_key(parser, ov, where)
             merged.pop(key, None)  # keep the order in which the final values were given
             merged[key] = ov
             source[key] = where
@@ -220,7 +220,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     name = doc["name"]
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise UserError(f"{p}: name must be a folder-safe word ([A-Za-z0-9_.-]), got {name!r}")
-    parser = _parser()
+    parser = override_parser()
     base = _override_list(doc.get("base"), f"{p}: base")
     cli = _override_list(list(cli_overrides or []), "command-line overrides")
 
@@ -231,7 +231,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         raise UserError(f'{p}: axes must be a mapping key -> sweep string, e.g. {{lag: "1,8"}}')
     for k in axes_doc:
         try:  # the key an axis sets (`+seed`, `++seed` and `seed@pkg` set seed too)
-            key = _override_key(parser, f"{k}=0", f"{p}: axes.{k}")
+            key = override_key(parser, f"{k}=0", f"{p}: axes.{k}")
         except UserError:
             continue  # _expand_axis names the parse error
         if key.split("@")[0] in RESERVED:
@@ -287,7 +287,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     # keys the sweep owns, and axis keys that would be silently overridden
     axis_keys: dict[str, str] = {}
     for k, v in axes.items():
-        key = _override_key(parser, f"{k}={v[0]}", f"{p}: axes.{k}")
+        key = override_key(parser, f"{k}={v[0]}", f"{p}: axes.{k}")
         if key in axis_keys:
             raise UserError(
                 f"{p}: axes.{axis_keys[key]} and axes.{k} both set {key!r}; the later one would "
@@ -298,7 +298,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     for where, overrides in layers:
         label = "command-line overrides" if where == "cli" else f"{p}: {where}"
         for ov in overrides:
-            key = _override_key(parser, ov, label)
+            key = override_key(parser, ov, label)
             if key in RESERVED:
                 raise UserError(
                     f"{label}: {ov!r} sets {key!r}, which the sweep sets for each run "

@@ -66,7 +66,7 @@ def run_status(run: SweepRun, run_dir: Path, state: dict) -> str:
     return "pending"
 
 
-def _still_running(name: str, rec: dict) -> int | None:
+def still_running(name: str, rec: dict) -> int | None:
     """The pid of a child left running by an earlier sweep that died (its command names the run)."""
     pid = rec.get("pid")
     if rec.get("status") != "running" or not isinstance(pid, int):
@@ -102,7 +102,7 @@ def read_state(root: Path) -> dict:
     return state
 
 
-def _write_state(root: Path, state: dict) -> None:
+def write_state(root: Path, state: dict) -> None:
     from sat_cli.util.fsio import atomic_write_json
 
     state["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -110,7 +110,7 @@ def _write_state(root: Path, state: dict) -> None:
 
 
 @contextlib.contextmanager
-def _lock(root: Path):
+def state_lock(root: Path):
     import fcntl
 
     root.mkdir(parents=True, exist_ok=True)

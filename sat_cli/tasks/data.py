@@ -42,7 +42,7 @@ from sat_cli.tasks.datafiles import (
     dapo_missing,
     data_dir_from,
 )
-from sat_cli.tasks.rows import MAX_DEPTH, _check_unique, normalize_row, parse_row  # noqa: F401
+from sat_cli.tasks.rows import MAX_DEPTH, check_unique, normalize_row, parse_row  # noqa: F401
 
 # Hub copies used when the name is given as `hf:` without a repo, or for DAPO training prompts.
 HF_DATASETS: dict[str, tuple[str, str | None, str]] = {
@@ -77,7 +77,7 @@ def _checked(rows: list[dict[str, str]], wheres: list[str], empty: str) -> list[
     """``rows`` if there are any and their ids are unique; else :class:`DataError`."""
     if not rows:
         raise DataError(empty)
-    _check_unique(rows, wheres)
+    check_unique(rows, wheres)
     return rows
 
 

@@ -154,7 +154,7 @@ def normalize_row(raw: Any, *, where: str, default_id: str) -> dict[str, str]:
     }
 
 
-def _check_unique(rows: list[dict[str, str]], wheres: list[str]) -> None:
+def check_unique(rows: list[dict[str, str]], wheres: list[str]) -> None:
     seen: dict[str, str] = {}
     for row, where in zip(rows, wheres, strict=True):
         if row["id"] in seen:

@@ -14,14 +14,14 @@ from sat_cli.tracking.params import (
     MAX_TAG_VALUE_LEN,
     PARAMS_PER_BATCH,
     REDACTED,
-    _chunks,
-    _scalar_str,
-    _truncate,
+    chunked,
     is_secret_key,
     mlflow_key,
     redact_uri,
+    scalar_str,
+    truncate,
 )
-from sat_cli.tracking.store import _check_step
+from sat_cli.tracking.store import check_step
 
 
 class _ArtifactLogging:
@@ -52,7 +52,7 @@ class _ArtifactLogging:
             return None
         from sat_cli.report.plots import histogram_image, histogram_stats
 
-        step = _check_step(step)
+        step = check_step(step)
         if step <= self._resume_max_step:  # already logged before the resume
             self.skipped_relogged += 1
             return None
@@ -118,10 +118,10 @@ class _ArtifactLogging:
         from mlflow.entities import Param
 
         items = [
-            Param(mlflow_key(str(k)), _truncate(str(v), MAX_PARAM_VALUE_LEN))
+            Param(mlflow_key(str(k)), truncate(str(v), MAX_PARAM_VALUE_LEN))
             for k, v in params.items()
         ]
-        for chunk in _chunks(items, PARAMS_PER_BATCH):
+        for chunk in chunked(items, PARAMS_PER_BATCH):
             self._artifact_call("params", self._client.log_batch, self.run_id, params=list(chunk))
 
     def _log_tags(self, tags: Mapping[str, Any], soft: bool = False) -> None:
@@ -132,11 +132,11 @@ class _ArtifactLogging:
                 mlflow_key(str(k)),
                 REDACTED
                 if is_secret_key(str(k))
-                else _truncate(redact_uri(_scalar_str(v)), MAX_TAG_VALUE_LEN),
+                else truncate(redact_uri(scalar_str(v)), MAX_TAG_VALUE_LEN),
             )
             for k, v in tags.items()
         ]
-        for chunk in _chunks(items, PARAMS_PER_BATCH):
+        for chunk in chunked(items, PARAMS_PER_BATCH):
             if soft:
                 self._artifact_call("tags", self._client.log_batch, self.run_id, tags=list(chunk))
             else:

@@ -65,13 +65,13 @@ def redact_uri(text: str) -> str:
     return _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
 
 
-def _truncate(value: str, limit: int) -> str:
+def truncate(value: str, limit: int) -> str:
     if len(value) <= limit:
         return value
     return value[: limit - len(_TRUNCATED)] + _TRUNCATED
 
 
-def _scalar_str(value: Any) -> str:
+def scalar_str(value: Any) -> str:
     if isinstance(value, str):
         return value
     if value is None or isinstance(value, bool | int | float):
@@ -137,13 +137,13 @@ def flatten_config(d: Mapping[str, Any], sep: str = ".") -> dict[str, str]:
                 elif isinstance(v, list | tuple):
                     text = json.dumps(_redact_nested(list(v)), default=str)
                 else:
-                    text = redact_uri(_scalar_str(v))
-                out[mlflow_key(key)] = _truncate(text, MAX_PARAM_VALUE_LEN)
+                    text = redact_uri(scalar_str(v))
+                out[mlflow_key(key)] = truncate(text, MAX_PARAM_VALUE_LEN)
 
     walk(d, "")
     return out
 
 
-def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
+def chunked(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), n):
         yield items[i : i + n]

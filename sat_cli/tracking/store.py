@@ -24,11 +24,11 @@ class TrackingError(RuntimeError):
 # --------------------------------------------------------------------------- store URIs
 
 
-def _is_disabled_uri(uri: str | None) -> bool:
+def is_disabled_uri(uri: str | None) -> bool:
     return uri is None or str(uri).strip().lower() in ("", "none", "off", "disabled")
 
 
-def _is_http(uri: str) -> bool:
+def is_http(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
@@ -90,7 +90,7 @@ _ENV_USERS = 0
 _ENV_SET_BY_US: list[str] = []
 
 
-def _acquire_http_env(timeout_s: float, max_retries: int) -> None:
+def acquire_http_env(timeout_s: float, max_retries: int) -> None:
     global _ENV_USERS
     wanted = {
         "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, int(math.ceil(timeout_s)))),
@@ -106,7 +106,7 @@ def _acquire_http_env(timeout_s: float, max_retries: int) -> None:
         _ENV_USERS += 1
 
 
-def _release_http_env() -> None:
+def release_http_env() -> None:
     global _ENV_USERS
     with _ENV_LOCK:
         _ENV_USERS -= 1
@@ -116,7 +116,7 @@ def _release_http_env() -> None:
             _ENV_SET_BY_US.clear()
 
 
-def _store_errors() -> tuple[type[BaseException], ...]:
+def store_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the store failed", as opposed to a bug in the caller."""
     from mlflow.exceptions import MlflowException
 
@@ -130,7 +130,7 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return errors
 
 
-def _check_step(step: Any) -> int:
+def check_step(step: Any) -> int:
     """MLflow steps are int64; a bad one would be rejected by the store at every retry."""
     value = int(step)
     if not -(2**63) <= value < 2**63:
@@ -138,11 +138,11 @@ def _check_step(step: Any) -> int:
     return value
 
 
-def _is_caller_error(exc: BaseException) -> bool:
+def is_caller_error(exc: BaseException) -> bool:
     return getattr(exc, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
 
-class _store_lock:
+class store_lock:
     """An exclusive ``flock`` on ``<db>.lock`` beside a sqlite store (no-op for other stores)."""
 
     def __init__(self, db: Path | None):

@@ -17,23 +17,23 @@ from sat_cli.tracking.outage import METRICS_PER_BATCH, _OutageHandling
 from sat_cli.tracking.params import (
     MAX_PARAM_VALUE_LEN,
     PARAMS_PER_BATCH,
-    _chunks,
-    _truncate,
+    chunked,
     mlflow_key,
     redact_uri,
+    truncate,
 )
 from sat_cli.tracking.store import (
     TrackingError,
-    _acquire_http_env,
-    _check_step,
-    _is_caller_error,
-    _is_disabled_uri,
-    _is_http,
-    _release_http_env,
-    _store_errors,
-    _store_lock,
+    acquire_http_env,
+    check_step,
     default_artifact_root,
+    is_caller_error,
+    is_disabled_uri,
+    is_http,
+    release_http_env,
     sqlite_db_path,
+    store_errors,
+    store_lock,
 )
 from sat_cli.util.signals import deferred
 
@@ -68,7 +68,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
         retry_interval_s: float = 30.0,
         max_buffered_metrics: int = 100_000,
     ) -> None:
-        self.uri = None if _is_disabled_uri(uri) else str(uri)
+        self.uri = None if is_disabled_uri(uri) else str(uri)
         self.enabled = bool(enabled) and self.uri is not None
         self.experiment = experiment
         self.run_name = run_name
@@ -99,9 +99,9 @@ class Tracker(_ArtifactLogging, _OutageHandling):
 
         from mlflow import MlflowClient
 
-        self._errors = _store_errors()
-        if _is_http(self.uri):
-            _acquire_http_env(http_timeout_s, http_max_retries)
+        self._errors = store_errors()
+        if is_http(self.uri):
+            acquire_http_env(http_timeout_s, http_max_retries)
             self._uses_http_env = True
         self.artifact_root = artifact_root or default_artifact_root(self.uri)
         try:
@@ -110,7 +110,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
                 db.parent.mkdir(parents=True, exist_ok=True)
             # Two processes creating a fresh sqlite store at once race in MLflow's schema
             # migration ("expected to match one row"): serialise start-up on a lock file.
-            with _store_lock(db), deferred():
+            with store_lock(db), deferred():
                 self._client = MlflowClient(tracking_uri=self.uri)
                 self._start(run_id, dict(tags or {}), dict(params or {}))
         except TrackingError:
@@ -123,7 +123,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             raise
         except self._errors as exc:
             self._release()
-            if _is_caller_error(exc):  # e.g. a bad experiment name, a deleted run: user input
+            if is_caller_error(exc):  # e.g. a bad experiment name, a deleted run: user input
                 raise TrackingError(
                     f"MLflow rejected the run setup at {redact_uri(self.uri)}: {exc}"
                 ) from exc
@@ -197,13 +197,13 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             self.run_id = run.info.run_id
         self.artifact_uri = run.info.artifact_uri
 
-        params = {mlflow_key(k): _truncate(str(v), MAX_PARAM_VALUE_LEN) for k, v in params.items()}
+        params = {mlflow_key(k): truncate(str(v), MAX_PARAM_VALUE_LEN) for k, v in params.items()}
         changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v)
         if changed:
             log.warning("resumed run %s: params changed since it started: %s", run_id, changed)
             tags["sat.resume.changed_params"] = ",".join(changed)
         new = [Param(k, v) for k, v in params.items() if k not in existing]
-        for chunk in _chunks(new, PARAMS_PER_BATCH):
+        for chunk in chunked(new, PARAMS_PER_BATCH):
             client.log_batch(self.run_id, params=list(chunk), synchronous=True)
         self._log_tags(tags)
 
@@ -212,7 +212,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
     def _release(self) -> None:
         if self._uses_http_env:
             self._uses_http_env = False
-            _release_http_env()
+            release_http_env()
 
     def _mark_down(self, what: str, exc: BaseException) -> None:
         if self._down_since is None:
@@ -245,7 +245,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
                 with deferred():  # a signal must not cut a store transaction in half
                     fn(*args, **kwargs)
             except self._errors as exc:
-                if _is_caller_error(exc):
+                if is_caller_error(exc):
                     raise
                 self._mark_down(what, exc)
                 return False
@@ -272,7 +272,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             return
         from mlflow.entities import Metric
 
-        step = _check_step(step)
+        step = check_step(step)
         self._last_step = max(self._last_step, step)
         ts = int(time.time() * 1000)
         points: dict[str, float] = {}

@@ -42,7 +42,7 @@ class HungUp(Terminated):
 BY_NAME = {"Terminated": Terminated, "HungUp": HungUp, "KeyboardInterrupt": KeyboardInterrupt}
 
 
-def _detach_terminal() -> None:
+def detach_terminal() -> None:
     try:
         null = os.open(os.devnull, os.O_WRONLY)
     except OSError:
@@ -73,7 +73,7 @@ def on_sigterm(signum, frame):  # pragma: no cover - exercised by the fault test
 
 
 def on_sighup(signum, frame):  # pragma: no cover - exercised by the fault tests
-    _detach_terminal()
+    detach_terminal()
     _raise(HungUp())
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sat_cli.engines.base import EngineError
-from sat_cli.engines.sglang.wire import _excerpt
+from sat_cli.engines.sglang.wire import wire_excerpt
 
 # Errors before any response byte arrives: safe to retry on this or another server.
 _RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
@@ -163,11 +163,11 @@ class SGLangClient:
         text = body.decode("utf-8", errors="replace")
         where = f"{method} {url}{path}"
         if status != 200:
-            raise EngineError(f"{where} answered HTTP {status}: {_excerpt(text)}")
+            raise EngineError(f"{where} answered HTTP {status}: {wire_excerpt(text)}")
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise EngineError(f"{where} answered malformed JSON ({e}): {_excerpt(text)}") from e
+            raise EngineError(f"{where} answered malformed JSON ({e}): {wire_excerpt(text)}") from e
 
     def map_post(self, path: str, payloads: Sequence[Any]) -> list[Future]:
         """Submit one POST per payload on the pool (round-robin URLs); futures in order."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 
 from sat_cli.engines.base import EngineError
-from sat_cli.engines.sglang.wire import _excerpt
+from sat_cli.engines.sglang.wire import wire_excerpt
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 INFLIGHT_PAUSE = {"keep": "in_place", "recompute": "retract"}  # inflight_cache -> pause mode
@@ -49,7 +49,7 @@ def inflight_pause_mode(inflight_cache: str, r3: bool) -> str:
     return INFLIGHT_PAUSE[inflight_cache]
 
 
-class _WorkerControl:
+class WorkerControl:
     """Worker control of :class:`sat_cli.engines.sglang.engine.SGLangEngine` (a mixin)."""
 
     def pause(self, mode: str = "in_place") -> None:
@@ -98,7 +98,7 @@ class _WorkerControl:
         for url in self.worker_urls:
             status, body = self.client.request("POST", "/flush_cache", None, url=url)
             if status != 200:
-                raise EngineError(f"{url}/flush_cache answered HTTP {status}: {_excerpt(body)}")
+                raise EngineError(f"{url}/flush_cache answered HTTP {status}: {wire_excerpt(body)}")
 
     def health(self) -> bool:
         """All processes alive and every worker healthy: ``GET /health_generate`` answers 200.

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sat_cli.engines.base import EngineError, WeightSyncError
-from sat_cli.engines.sglang.wire import _excerpt
+from sat_cli.engines.sglang.wire import wire_excerpt
 
 _names = itertools.count()
 GRACE_S = 3.0  # after a server failed: how long the sender's half may take to notice
@@ -45,7 +45,7 @@ def _failed(answer) -> bool:
     )
 
 
-class _DistributedSync:
+class DistributedSync:
     """The weight-sync calls of :class:`sat_cli.engines.sglang.engine.SGLangEngine`."""
 
     checksum_layout = "sglang"  # served_checksums() names (weightsync/layouts.py)
@@ -64,7 +64,7 @@ class _DistributedSync:
             if status == 404:
                 return (
                     f"the server at {url} has no /destroy_weights_update_group (HTTP 404: "
-                    f"{_excerpt(body)}): it cannot update weights from a process group "
+                    f"{wire_excerpt(body)}): it cannot update weights from a process group "
                     "(SGLang 0.5.23's /init_weights_update_group)"
                 )
         return None
@@ -92,7 +92,7 @@ class _DistributedSync:
             if isinstance(answer, Exception):
                 errors.append(f"{url}{path}: {answer}")
             elif _failed(answer):
-                errors.append(f"{url}{path}: {_excerpt(answer)}")
+                errors.append(f"{url}{path}: {wire_excerpt(answer)}")
         if errors:
             raise WeightSyncError("; ".join(errors))
 
@@ -219,7 +219,7 @@ class _DistributedSync:
             answer = self.client.post_json("/weights_checker", {"action": "checksum"}, url=url)
             ranks = answer.get("ranks") if isinstance(answer, dict) else None
             if answer.get("success") is not True or not ranks:
-                raise EngineError(f"{url}/weights_checker: {_excerpt(answer)}")
+                raise EngineError(f"{url}/weights_checker: {wire_excerpt(answer)}")
             if len(ranks) != 1:
                 raise EngineError(
                     f"{url}/weights_checker reports {len(ranks)} ranks; checksums are compared "

@@ -36,16 +36,15 @@ from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.control import (  # noqa: F401
     PAUSE_MODES,
-    _WorkerControl,
+    WorkerControl,
     inflight_pause_mode,
 )
-from sat_cli.engines.sglang.dist_sync import _DistributedSync
+from sat_cli.engines.sglang.dist_sync import DistributedSync
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
 from sat_cli.engines.sglang.wire import (
     MoEDims,
-    _excerpt,
     build_generate_payload,
     entry_seeds,
     filtering_active,
@@ -53,12 +52,13 @@ from sat_cli.engines.sglang.wire import (
     parse_weight_version,
     read_moe_dims,
     sampling_params_to_wire,
+    wire_excerpt,
 )
 
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine(_WorkerControl, _DistributedSync):
+class SGLangEngine(WorkerControl, DistributedSync):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an
@@ -290,7 +290,7 @@ class SGLangEngine(_WorkerControl, _DistributedSync):
                     got = len(answer) if isinstance(answer, list) else type(answer).__name__
                     raise EngineError(
                         f"/generate answered {got} items for a batch of {len(chunk)}: "
-                        f"{_excerpt(answer)}"
+                        f"{wire_excerpt(answer)}"
                     )
                 for k, item in zip(chunk, answer, strict=True):
                     prompt_index, prompt_ids = entries[k]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.client import SGLangClient
-from sat_cli.engines.sglang.wire import _excerpt, update_weights_payload
+from sat_cli.engines.sglang.wire import update_weights_payload, wire_excerpt
 
 
 class DiskWeightSync:
@@ -52,5 +52,5 @@ class DiskWeightSync:
             )
             if not isinstance(answer, dict) or answer.get("success") is not True:
                 raise EngineError(
-                    f"{url}/update_weights_from_disk({path}, v{version}) failed: {_excerpt(answer)}"
+                    f"{url}/update_weights_from_disk({path}, v{version}) failed: {wire_excerpt(answer)}"
                 )

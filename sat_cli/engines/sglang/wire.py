@@ -215,7 +215,7 @@ def parse_weight_version_spans(spans: Any, num_tokens: int) -> tuple[int, list[i
     ``[0, num_tokens)``; per-token versions are returned only when they actually mix.
     """
     if not isinstance(spans, list) or not spans:
-        raise EngineError(f"weight_versions must be a non-empty list, got {_excerpt(spans)}")
+        raise EngineError(f"weight_versions must be a non-empty list, got {wire_excerpt(spans)}")
     token_versions: list[int] = []
     try:
         for span in spans:
@@ -224,7 +224,7 @@ def parse_weight_version_spans(spans: Any, num_tokens: int) -> tuple[int, list[i
                 raise EngineError(f"weight_versions spans do not tile the output: {spans}")
             token_versions += [parse_weight_version(span["version"])] * (end - start)
     except (KeyError, TypeError, ValueError) as e:
-        raise EngineError(f"malformed weight_versions {_excerpt(spans)}: {e}") from e
+        raise EngineError(f"malformed weight_versions {wire_excerpt(spans)}: {e}") from e
     if len(token_versions) != num_tokens:
         raise EngineError(
             f"weight_versions cover {len(token_versions)} tokens, the output has {num_tokens}"
@@ -252,7 +252,7 @@ def parse_generate_item(
     (the loop drops them) and keep SGLang's reason in ``meta["abort_message"]``.
     """
     if not isinstance(item, dict) or not isinstance(item.get("meta_info"), dict):
-        raise EngineError(f"malformed /generate item (no meta_info): {_excerpt(item)}")
+        raise EngineError(f"malformed /generate item (no meta_info): {wire_excerpt(item)}")
     meta = item["meta_info"]
     finish = parse_finish_reason(meta.get("finish_reason"))
     logprobs = meta.get("output_token_logprobs")
@@ -363,6 +363,6 @@ def update_weights_payload(path: str, version: int, *, flush_cache: bool = True)
     }
 
 
-def _excerpt(value: Any) -> str:
+def wire_excerpt(value: Any) -> str:
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"

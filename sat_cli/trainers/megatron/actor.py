@@ -51,6 +51,7 @@ import contextlib
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
 
 from . import convert, precision, runtime
-from .model import build_gpt_model
+from .model import ModelSettings, build_gpt_model
 from .parallel import ParallelMixin
 
 
@@ -138,16 +139,9 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         return f"{str(self.dtype).removeprefix('torch.')}, recompute={granularity}, optimizer on {where}"
 
     def _build(self, *, routing_replay: bool, clear_registry: bool, recompute: bool = False):
-        model = build_gpt_model(
-            self.hf_config,
-            dtype=self.dtype,
-            tp=self.tp,
-            pp=self.pp,
-            ep=self.ep,
-            routing_replay=routing_replay,
-            clear_replay_registry=clear_registry,
-            recompute=recompute,
-        )
+        st = ModelSettings(self.dtype, self.tp, self.pp, self.ep)  # dtype and parallel sizes
+        st = replace(st, routing_replay=routing_replay, recompute=recompute)
+        model = build_gpt_model(self.hf_config, st, clear_replay_registry=clear_registry)
         self._load_weights(model, self.model_path)
         return model.to(self.device)
 

@@ -51,8 +51,8 @@ from typing import Any
 import torch
 
 from . import hf_io
-from .hf_io import SAME_TENSORS, _dims
-from .model import _get
+from .hf_io import SAME_TENSORS, hf_dims
+from .model import hf_get
 
 # Files copied next to exported weights so that transformers / SGLang can load the directory.
 HF_SIDE_FILES = (
@@ -134,7 +134,7 @@ def hf_to_megatron(
     ep_size: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Megatron state dict (local spec, TP=PP=1) for the experts owned by ``ep_rank``."""
-    nh, ng, hd, n_layers, n_experts = _dims(hf_config)
+    nh, ng, hd, n_layers, n_experts = hf_dims(hf_config)
     if n_experts % ep_size:
         raise ValueError(f"num_experts={n_experts} is not divisible by ep_size={ep_size}")
     per_rank = n_experts // ep_size
@@ -151,7 +151,7 @@ def hf_to_megatron(
         "embedding.word_embeddings.weight": take("model.embed_tokens.weight"),
         "decoder.final_layernorm.weight": take("model.norm.weight"),
     }
-    if not _get(hf_config, "tie_word_embeddings", False):
+    if not hf_get(hf_config, "tie_word_embeddings", False):
         mg["output_layer.weight"] = take("lm_head.weight")
     for layer in range(n_layers):
         h, m = f"model.layers.{layer}.", f"decoder.layers.{layer}."
@@ -228,7 +228,7 @@ def megatron_to_hf(
     ``expert_offset`` is the global index of local expert 0 (``ep_rank * E / ep_size``); for a
     full (world size 1 or gathered) state it is 0.
     """
-    nh, ng, hd, n_layers, _ = _dims(hf_config)
+    nh, ng, hd, n_layers, _ = hf_dims(hf_config)
     mg = {k: v for k, v in mg_state.items() if not k.endswith("_extra_state")}
     used: set[str] = set()
 
@@ -240,7 +240,7 @@ def megatron_to_hf(
         "model.embed_tokens.weight": take("embedding.word_embeddings.weight"),
         "model.norm.weight": take("decoder.final_layernorm.weight"),
     }
-    if "output_layer.weight" in mg and not _get(hf_config, "tie_word_embeddings", False):
+    if "output_layer.weight" in mg and not hf_get(hf_config, "tie_word_embeddings", False):
         hf["lm_head.weight"] = take("output_layer.weight")
     expert_re = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.")
     for layer in range(n_layers):

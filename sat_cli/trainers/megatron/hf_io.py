@@ -32,7 +32,7 @@ import torch
 
 from sat_cli.util.fsio import parse_size
 
-from .model import _get
+from .model import hf_get
 
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # transformers' default "5GB"
@@ -50,11 +50,11 @@ SAME_TENSORS = (
 )
 
 
-def _dims(hf_config: Any) -> tuple[int, int, int, int, int]:
-    nh = _get(hf_config, "num_attention_heads")
-    ng = _get(hf_config, "num_key_value_heads")
-    hd = _get(hf_config, "head_dim")
-    return nh, ng, hd, _get(hf_config, "num_hidden_layers"), _get(hf_config, "num_experts")
+def hf_dims(hf_config: Any) -> tuple[int, int, int, int, int]:
+    nh = hf_get(hf_config, "num_attention_heads")
+    ng = hf_get(hf_config, "num_key_value_heads")
+    hd = hf_get(hf_config, "head_dim")
+    return nh, ng, hd, hf_get(hf_config, "num_hidden_layers"), hf_get(hf_config, "num_experts")
 
 
 _DTYPES = {
@@ -184,7 +184,7 @@ def rank_plan(
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """``{megatron name: thunk}`` of this (ep, tp) rank's tensors (module doc); unknown
     checkpoint tensors raise ``KeyError`` as ``convert.hf_to_megatron`` does."""
-    nh, ng, hd, n_layers, n_experts = _dims(cfg)
+    nh, ng, hd, n_layers, n_experts = hf_dims(cfg)
     if n_experts % ep_size:
         raise ValueError(f"num_experts={n_experts} is not divisible by ep_size={ep_size}")
     if ng % tp_size:
@@ -203,7 +203,7 @@ def rank_plan(
         "embedding.word_embeddings.weight": rows("model.embed_tokens.weight"),
         "decoder.final_layernorm.weight": lambda: get("model.norm.weight"),
     }
-    if not _get(cfg, "tie_word_embeddings", False):
+    if not hf_get(cfg, "tie_word_embeddings", False):
         known.add("lm_head.weight")
         plan["output_layer.weight"] = rows("lm_head.weight")
     g = ng // tp_size  # KV groups of this TP rank

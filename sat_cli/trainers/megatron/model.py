@@ -13,7 +13,7 @@ normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU al
   (``moe_router_pre_softmax=True``) and not renormalised, as in HF;
 - no auxiliary load-balancing loss in the training objective (``moe_router_load_balancing_type
   ="none"``, the RL setting), no token dropping, ``moe_token_dispatcher_type="allgather"``;
-- dropouts 0, fp32 by default (``dtype=torch.bfloat16`` for GPU runs);
+- dropouts 0, fp32 by default (``ModelSettings(dtype=torch.bfloat16)`` for GPU runs);
 - every norm is ``RMSNorm`` below (``torch.nn.RMSNorm``'s computation; unlike the local spec's
   ``WrappedTorchNorm`` it accepts sequence parallelism, which megatron-core requires for MoE
   with tp > 1: ``sequence_parallel = tp > 1``); experts are not tensor-parallel
@@ -28,13 +28,14 @@ actor with it, because RouterReplay registers every router instance in a global 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
-def _get(hf_config: Any, key: str, default: Any = None) -> Any:
+def hf_get(hf_config: Any, key: str, default: Any = None) -> Any:
     if isinstance(hf_config, dict):
         return hf_config.get(key, default)
     return getattr(hf_config, key, default)
@@ -42,54 +43,61 @@ def _get(hf_config: Any, key: str, default: Any = None) -> Any:
 
 def rope_theta(hf_config: Any) -> float:
     """RoPE base: ``rope_parameters["rope_theta"]`` in transformers 5, ``rope_theta`` before."""
-    params = _get(hf_config, "rope_parameters") or {}
+    params = hf_get(hf_config, "rope_parameters") or {}
     if isinstance(params, dict) and "rope_theta" in params:
         rope_type = params.get("rope_type", "default")
         if rope_type not in (None, "default"):
             raise NotImplementedError(f"RoPE scaling {rope_type!r} is not supported")
         return float(params["rope_theta"])
-    theta = _get(hf_config, "rope_theta")
+    theta = hf_get(hf_config, "rope_theta")
     if theta is None:
         raise ValueError("HF config has neither rope_parameters.rope_theta nor rope_theta")
     return float(theta)
 
 
 def check_supported(hf_config: Any) -> None:
-    model_type = _get(hf_config, "model_type")
+    model_type = hf_get(hf_config, "model_type")
     if model_type != "qwen3_moe":
         raise NotImplementedError(f"megatron trainer supports qwen3_moe only, got {model_type!r}")
-    if _get(hf_config, "decoder_sparse_step", 1) != 1 or _get(hf_config, "mlp_only_layers"):
+    if hf_get(hf_config, "decoder_sparse_step", 1) != 1 or hf_get(hf_config, "mlp_only_layers"):
         raise NotImplementedError("dense (non-MoE) layers in a Qwen3-MoE model are not supported")
-    if _get(hf_config, "attention_bias", False):
+    if hf_get(hf_config, "attention_bias", False):
         raise NotImplementedError("attention_bias=True is not supported")
-    if _get(hf_config, "use_sliding_window", False):
+    if hf_get(hf_config, "use_sliding_window", False):
         raise NotImplementedError("sliding-window attention is not supported")
 
 
-def transformer_config(
-    hf_config: Any,
-    *,
-    dtype: torch.dtype = torch.float32,
-    tp: int = 1,
-    pp: int = 1,
-    ep: int = 1,
-    cp: int = 1,
-    routing_replay: bool = False,
-    recompute: bool = False,
-):
-    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config; ``recompute``: full
-    activation recompute, one layer at a time (only each layer's input is kept)."""
+@dataclass(frozen=True)
+class ModelSettings:
+    """How a megatron model is built from its HF config: parameter ``dtype``, the parallel
+    sizes (``tp``, ``pp``, ``ep``, ``cp``), R3 ``routing_replay`` and ``recompute`` (full
+    activation recompute, one layer at a time: only each layer's input is kept)."""
+
+    dtype: torch.dtype = torch.float32
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    routing_replay: bool = False
+    recompute: bool = False
+
+
+def transformer_config(hf_config: Any, settings: ModelSettings | None = None):
+    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config built with ``settings``."""
+    st = settings or ModelSettings()
+    dtype, tp, pp, ep, cp = st.dtype, st.tp, st.pp, st.ep, st.cp
+    routing_replay, recompute = st.routing_replay, st.recompute
     from megatron.core.transformer import TransformerConfig
 
     check_supported(hf_config)
     return TransformerConfig(
-        num_layers=_get(hf_config, "num_hidden_layers"),
-        hidden_size=_get(hf_config, "hidden_size"),
-        num_attention_heads=_get(hf_config, "num_attention_heads"),
-        num_query_groups=_get(hf_config, "num_key_value_heads"),
-        kv_channels=_get(hf_config, "head_dim"),
-        ffn_hidden_size=_get(hf_config, "intermediate_size"),
-        layernorm_epsilon=_get(hf_config, "rms_norm_eps"),
+        num_layers=hf_get(hf_config, "num_hidden_layers"),
+        hidden_size=hf_get(hf_config, "hidden_size"),
+        num_attention_heads=hf_get(hf_config, "num_attention_heads"),
+        num_query_groups=hf_get(hf_config, "num_key_value_heads"),
+        kv_channels=hf_get(hf_config, "head_dim"),
+        ffn_hidden_size=hf_get(hf_config, "intermediate_size"),
+        layernorm_epsilon=hf_get(hf_config, "rms_norm_eps"),
         normalization="RMSNorm",
         qk_layernorm=True,
         gated_linear_unit=True,
@@ -99,11 +107,11 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         # MoE
-        num_moe_experts=_get(hf_config, "num_experts"),
-        moe_ffn_hidden_size=_get(hf_config, "moe_intermediate_size"),
-        moe_router_topk=_get(hf_config, "num_experts_per_tok"),
+        num_moe_experts=hf_get(hf_config, "num_experts"),
+        moe_ffn_hidden_size=hf_get(hf_config, "moe_intermediate_size"),
+        moe_router_topk=hf_get(hf_config, "num_experts_per_tok"),
         moe_router_score_function="softmax",
-        moe_router_pre_softmax=not _get(hf_config, "norm_topk_prob", True),
+        moe_router_pre_softmax=not hf_get(hf_config, "norm_topk_prob", True),
         moe_router_load_balancing_type="none",
         moe_aux_loss_coeff=0.0,
         moe_grouped_gemm=False,
@@ -138,21 +146,12 @@ def transformer_config(
 
 
 def build_gpt_model(
-    hf_config: Any,
-    *,
-    dtype: torch.dtype = torch.float32,
-    tp: int = 1,
-    pp: int = 1,
-    ep: int = 1,
-    cp: int = 1,
-    routing_replay: bool = False,
-    clear_replay_registry: bool = True,
-    recompute: bool = False,
+    hf_config: Any, settings: ModelSettings | None = None, *, clear_replay_registry: bool = True
 ):
     """A megatron-core ``GPTModel`` (uninitialised weights) shaped like the HF model.
 
     ``parallel_state.initialize_model_parallel`` must have been called with the same sizes, and
-    on CPU ``cpu_shims.apply_cpu_shims()`` before this. With ``routing_replay`` the global
+    on CPU ``cpu_shims.apply_cpu_shims()`` before this. With ``settings.routing_replay`` the global
     RouterReplay registry is emptied first unless ``clear_replay_registry=False`` (used for a
     second replay-enabled model, the KL reference, whose routers then follow the actor's).
     """
@@ -160,17 +159,9 @@ def build_gpt_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    config = transformer_config(
-        hf_config,
-        dtype=dtype,
-        tp=tp,
-        pp=pp,
-        ep=ep,
-        cp=cp,
-        routing_replay=routing_replay,
-        recompute=recompute,
-    )
-    if routing_replay and clear_replay_registry:
+    st = settings or ModelSettings()
+    config = transformer_config(hf_config, st)
+    if st.routing_replay and clear_replay_registry:
         from megatron.core.transformer.moe.router_replay import RouterReplay
 
         # RouterReplay keeps every router it ever saw in a class-level list; a model built
@@ -186,18 +177,18 @@ def build_gpt_model(
     model = GPTModel(
         config=config,
         transformer_layer_spec=block,
-        vocab_size=_get(hf_config, "vocab_size"),
-        max_sequence_length=_get(hf_config, "max_position_embeddings"),
+        vocab_size=hf_get(hf_config, "vocab_size"),
+        max_sequence_length=hf_get(hf_config, "max_position_embeddings"),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=bool(_get(hf_config, "tie_word_embeddings", False)),
+        share_embeddings_and_output_weights=bool(hf_get(hf_config, "tie_word_embeddings", False)),
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=rope_theta(hf_config),
         # full-vocabulary logits on every tensor-parallel rank (the loss is computed there)
         parallel_output=False,
     )
-    return model.to(dtype)
+    return model.to(st.dtype)
 
 
 class RMSNorm(torch.nn.Module):

@@ -254,3 +254,81 @@ def test_sat_replay_of_a_recorded_run_reproduces_its_losses(tmp_path):
     assert hist("gspo", "loss/policy") != hist("rec", "loss/policy")
     assert runs["same"].data.tags["replay_of"] == "rec"
     assert runs["same"].data.tags["replay_of_run_id"] == runs["rec"].info.run_id
+
+
+# ----------------------------------------------------------------------------- sweep and report
+
+
+def test_sweep_with_a_replay_source_runs_sat_replay_on_the_recording(tmp_path, monkeypatch):
+    """A sweep file's `replay:` key: every run composes through `sat replay`'s checks and starts
+    as `sat replay <run> <its overrides>`; a seed other than the recorded one is refused."""
+    from sat_cli.errors import UserError
+    from sat_cli.sweep import jobs
+    from sat_cli.sweep.plan import validate
+    from sat_cli.sweep.spec import load_sweep
+
+    monkeypatch.chdir(tmp_path)
+    run = _fake_run(tmp_path)
+    doc = (
+        f"name: rp\nreplay: {run}\naxes: {{}}\nseeds: [0]\n"
+        "methods:\n  GRPO: [algo=grpo]\n  GRPO+TIS: [algo=grpo, algo.correction=tis]\n"
+    )
+    (tmp_path / "rp.yaml").write_text(doc)
+    plan = validate(load_sweep(tmp_path / "rp.yaml"))
+    assert sorted(plan.run_dirs) == ["grpo+tis-s0", "grpo-s0"]
+    assert plan.needs_warm_start == []  # the recorded run's start checkpoint is used
+    cmds = []
+    monkeypatch.setattr(jobs, "launch_child", lambda cmd, *a: (cmds.append(cmd) or _Proc(), None))
+    tis = next(r for r in plan.sweep.runs if r.method == "GRPO+TIS")
+    jobs.start_run(plan, {"runs": {}}, tis, None, log=lambda *_: None)
+    assert cmds[0][3:5] == ["replay", str(run)] and "algo.correction=tis" in cmds[0]
+    (tmp_path / "rp1.yaml").write_text(doc.replace("seeds: [0]", "seeds: [1]"))
+    with pytest.raises(UserError, match="cannot match the recording: seed"):
+        validate(load_sweep(tmp_path / "rp1.yaml"))
+    (tmp_path / "rp2.yaml").write_text(doc.replace("algo=grpo]", "algo=grpo, lag=4]", 1))
+    with pytest.raises(UserError, match="'lag=4' would change the recorded data"):
+        validate(load_sweep(tmp_path / "rp2.yaml"))
+
+
+class _Proc:
+    pid = 1
+
+
+def test_report_pairs_each_replay_with_its_recorded_run(tmp_path):
+    """`sat report`'s replay rows: final values of the replay and of the run it replays (found
+    by the replay_of_run_id tag), and their difference, from a real MLflow store."""
+    from mlflow import MlflowClient
+
+    from sat_cli.report.replays import replay_csv, replay_markdown, replay_rows
+    from sat_cli.report.tables import RunData
+
+    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.create_experiment("x", artifact_location=str(tmp_path / "art"))
+    orig = c.create_run(exp, run_name="rec").info.run_id
+    rep = c.create_run(exp, run_name="rec-replay", tags={"replay_of": "rec",
+                                                         "replay_of_run_id": orig}).info.run_id  # fmt: skip
+    plain = c.create_run(exp, run_name="other").info.run_id
+    for rid, vals in ((orig, (0.5, 0.25, 40.0)), (rep, (0.75, 0.125, 42.5)), (plain, (1, 1, 1))):
+        for step, scale in ((1, 2.0), (3, 1.0)):  # the last step counts
+            c.log_metric(rid, "loss/policy", vals[0] * scale, step=step)
+            c.log_metric(rid, "rollout/reward_mean", vals[1] * scale, step=step)
+            c.log_metric(rid, "eval/toy/avg_at_8", vals[2] * scale, step=step)
+
+    def data(rid, name):
+        return RunData(run_id=rid, name=name, status="FINISHED", start_time=0, method="GSPO",
+                       lag="1", seed="0", row="GSPO", eval_key="eval/toy/avg_at_8")  # fmt: skip
+
+    rows = replay_rows(c, [data(rep, "rec-replay"), data(plain, "other")])
+    got = {r["metric"]: (r["replay_value"], r["recorded"], r["difference"]) for r in rows}
+    assert got == {
+        "eval/toy/avg_at_8": (42.5, 40.0, 2.5),
+        "loss/policy": (0.75, 0.5, 0.25),
+        "rollout/reward_mean": (0.125, 0.25, -0.125),
+    }
+    assert {r["replay"] for r in rows} == {"rec-replay"} and rows[0]["replay_of"] == "rec"
+    md = replay_markdown(rows)
+    assert "| rec-replay | GSPO | rec | loss/policy | 0.75 | 0.5 | 0.25 |" in md
+    assert replay_csv(rows).splitlines()[0] == (
+        "replay,method,replay_of,metric,replay_value,recorded,difference"
+    )
+    assert replay_markdown([]) == ""

@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.replay import REPLAY_OF, REPLAY_OF_ID
 
 # what a replay may override: it changes the loss, not the stream
-ALLOWED = ("algo", "clip", "run.name", "tracking", "max_steps", "trainer.num_threads")
+# (seed, run.experiment and resume are what a sweep sets; the seed must be the recorded one)
+ALLOWED = ("algo", "clip", "run.name", "tracking", "max_steps", "trainer.num_threads",
+           "seed", "run.experiment", "resume")  # fmt: skip
 # sections of the recorded config a replay must match: they make the data
 DATA_KEYS = ("model", "task", "lag", "engine", "seed", "r3", "data", "eval")
 DROPPED = ("run.name", "resume", "replay.record")  # taken from the recording, then replaced
-REPLAY_OF, REPLAY_OF_ID = "replay_of", "replay_of_run_id"  # MLflow tags of a replay's run
 
 
 def _key(override: str) -> str:
@@ -95,8 +97,10 @@ def prepare(run: str, given: list[str]):
         raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
     # the default name, filled in once algo and clip are known
     name = f"{run_dir.name}-replay-{{algo}}-{{clip}}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tags = [f"++tracking.tags.{REPLAY_OF}='{run_dir.name}'",
-            f"++tracking.tags.{REPLAY_OF_ID}='{header.get('mlflow_run_id') or ''}'"]  # fmt: skip
+    from sat_cli.sweep.children import hydra_quote
+
+    tags = [f"++tracking.tags.{REPLAY_OF}={hydra_quote(run_dir.name)}",
+            f"++tracking.tags.{REPLAY_OF_ID}={hydra_quote(header.get('mlflow_run_id') or '')}"]  # fmt: skip
     try:
         cfg, obj = load(replay_overrides(overrides, given, "replay-tmp", tags), "train")
         if not any(_key(ov) == "run.name" for ov in given):

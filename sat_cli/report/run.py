@@ -363,12 +363,20 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
         plots.append("staleness_hist.png")
 
     md = render_markdown(rep, uri, plots, st)
+    from sat_cli.report.replays import replay_csv, replay_markdown, replay_rows
+
+    replays = replay_rows(client, runs)  # `sat replay` runs next to their recorded runs
+    if replays:
+        md = md.rstrip("\n") + "\n\n" + replay_markdown(replays)
+        (out_dir / "replays.csv").write_text(replay_csv(replays))
     (out_dir / "report.md").write_text(md)
     (out_dir / "table.csv").write_text(table_csv(rows, lags, cells, st))
     names = [k for k in ENDPOINTS if any(c.by_seed(k, st) for c in cells.values())]
     (out_dir / "pairs.csv").write_text(pairs_csv(pair_rows(rep["pairs"], cells, st, names)))
     (out_dir / "regime.csv").write_text(regime_csv(regime_rows(runs, rows)))
     print(md.split("## Plots")[0].split("Per run:")[0].rstrip())
+    if replays:
+        print("\n" + replay_markdown(replays).rstrip())
     print(
         f"\nwritten: {out_dir}/ (report.md, table.csv, pairs.csv, regime.csv, {len(plots)} plots)"
     )

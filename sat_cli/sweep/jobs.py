@@ -81,7 +81,8 @@ def start_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(run_dir / RUN_RECORD, {**run.record(), "sweep_id": plan.sweep.id})
     tags = tag_overrides(plan.sweep.id, run, parent_id)
-    cmd = [sys.executable, "-m", "sat_cli.cli", "train", *run.overrides, *tags]
+    what = ["replay", plan.sweep.replay] if plan.sweep.replay else ["train"]
+    cmd = [sys.executable, "-m", "sat_cli.cli", *what, *run.overrides, *tags]
     log_path = run_dir / "logs" / CHILD_LOG
     rec = state["runs"].setdefault(run.name, {})
     rec.update(

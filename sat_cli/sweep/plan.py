@@ -40,7 +40,12 @@ def validate(sweep: Sweep, log=None) -> Plan:
         if log and len(sweep.runs) > 20 and i and i % 20 == 0:
             log(f"  composed {i}/{len(sweep.runs)} runs")
         try:
-            cfg, obj = load(run.overrides, "train")
+            if sweep.replay:  # `sat replay`'s own composition and checks (docs/replay.md)
+                from sat_cli.commands.replay import prepare
+
+                cfg, obj, _ = prepare(sweep.replay, run.overrides)
+            else:
+                cfg, obj = load(run.overrides, "train")
         except ConfigError as exc:
             raise UserError(
                 f"{sweep.file}: run {run.name!r} (method {run.method!r}) does not compose: {exc}"
@@ -55,7 +60,7 @@ def validate(sweep: Sweep, log=None) -> Plan:
         uris.setdefault(uri, run.name)
         run_dirs[run.name] = Path(obj.run.dir) / obj.run.experiment / obj.run.name
         _check_model_path(sweep, run, obj)
-        if obj.model.kind == "tiny" and not obj.model.path:
+        if obj.model.kind == "tiny" and not obj.model.path and not sweep.replay:
             key = json.dumps([obj.run.dir, repr(obj.model), obj.task.digits])
             warm.setdefault(key, run)
     if len(dirs) > 1:

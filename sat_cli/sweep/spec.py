@@ -15,7 +15,7 @@ from typing import Any
 
 from sat_cli.errors import UserError
 
-SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "max_runs", "slurm", "ray")
+SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "max_runs", "slurm", "ray", "replay")
 REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
 RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
 # runs a grid may have unless its file says more (`max_runs:`): each is composed before the
@@ -63,10 +63,12 @@ class Sweep:
     runs: list[SweepRun] = field(default_factory=list)
     # executor settings of `--executor slurm|ray` (sat_cli/sweep/executor.py); not in the id
     executors: dict[str, dict] = field(default_factory=dict)
+    replay: str | None = None  # a recorded run: every run is `sat replay <it> …` (docs/replay.md)
 
     @property
     def id(self) -> str:
-        blob = json.dumps([r.overrides for r in self.runs], separators=(",", ":"))
+        runs = [r.overrides for r in self.runs] + ([self.replay] if self.replay else [])
+        blob = json.dumps(runs, separators=(",", ":"))
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
@@ -322,6 +324,10 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         cli_overrides=cli,
         executors={k: check_section(str(p), k, doc.get(k)) for k in ("slurm", "ray")},
     )
+    replay = doc.get("replay")
+    if replay is not None and (not isinstance(replay, str) or not replay.strip()):
+        raise UserError(f"{p}: replay must be the folder of a recorded run, got {replay!r}")
+    sweep.replay = replay
     sweep.runs = _expand(parser, sweep)
     return sweep
 

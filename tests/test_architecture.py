@@ -191,11 +191,7 @@ def test_the_config_rule_sees_real_uses(tmp_path):
 
 # A name with a leading underscore is private to its module: no other module imports it (make it
 # public, or move the code to where it is used). Tests may still reach into a module.
-PRIVATE_IMPORTS_ALLOWED = {  # (importing module, "module.name")
-    # the Tracker's two mixins, until the tracker is composed of parts
-    ("sat_cli.tracking.tracker", "sat_cli.tracking.artifacts._ArtifactLogging"),
-    ("sat_cli.tracking.tracker", "sat_cli.tracking.outage._OutageHandling"),
-}
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = set()  # (importing module, "module.name")
 
 
 def _private_imports() -> set[tuple[str, str]]:

@@ -25,10 +25,10 @@ class _Outage:
 
     def __init__(self, tracker: Tracker):
         self.down = False
-        self.real = tracker._client.log_batch
-        self.real_get = tracker._client.get_run
-        tracker._client.log_batch = self.log_batch
-        tracker._client.get_run = self.get_run
+        self.real = tracker.client.log_batch
+        self.real_get = tracker.client.get_run
+        tracker.client.log_batch = self.log_batch
+        tracker.client.get_run = self.get_run
 
     def log_batch(self, *a, **kw):
         if self.down:

@@ -1,5 +1,5 @@
-"""Images, artifacts, dicts, text and tags of a tracker run: the methods of
-:class:`sat_cli.tracking.Tracker` from its "images and artifacts" section, as a mixin.
+"""Images, artifacts, dicts, text, params and tags of a tracker run: :class:`ArtifactLog`, the
+part of :class:`sat_cli.tracking.Tracker` that logs them (the tracker delegates to it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ from sat_cli.tracking.params import (
 from sat_cli.tracking.store import check_step
 
 
-class _ArtifactLogging:
-    """Histograms, artifacts and tags of :class:`sat_cli.tracking.tracker.Tracker`."""
+class ArtifactLog:
+    """Histograms, artifacts, params and tags of one :class:`sat_cli.tracking.tracker.Tracker`'s
+    run, through the tracker's ``call`` (a store failure drops the artifact and counts it in
+    ``dropped``)."""
 
-    # ----------------------------------------------------------------- images and artifacts
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+        self.dropped = 0  # artifacts the store did not take
 
     def log_histogram(
         self,
@@ -48,13 +52,12 @@ class _ArtifactLogging:
         ``nonfinite``, mean/std/min/max/p50/p90/p99, ``marks``, ``key`` and ``step``.
         Returns that table (None when disabled).
         """
-        if not self._active():
+        if not self.tracker.active():
             return None
         from sat_cli.report.plots import histogram_image, histogram_stats
 
         step = check_step(step)
-        if step <= self._resume_max_step:  # already logged before the resume
-            self.skipped_relogged += 1
+        if self.tracker.relogged(step):  # already logged before the resume
             return None
         key = mlflow_key(key)
         table = histogram_stats(values, bins)
@@ -68,52 +71,60 @@ class _ArtifactLogging:
             logy=logy,
             stats=table,
         )
-        log_image = self._client.log_image
+        log_image = self.tracker.client.log_image
         self._artifact_call(
-            "image", log_image, self.run_id, image, key=key, step=step, synchronous=True
+            "image", log_image, self.tracker.run_id, image, key=key, step=step, synchronous=True
         )
         self._artifact_call(
-            "table", self._client.log_dict, self.run_id, table, f"tables/{key}/step_{step}.json"
+            "table",
+            self.tracker.client.log_dict,
+            self.tracker.run_id,
+            table,
+            f"tables/{key}/step_{step}.json",
         )
         return table
 
     def _artifact_call(self, what: str, fn, *args, **kwargs) -> bool:
-        if not self._active():
+        if not self.tracker.active():
             return False
-        ok = self._call(what, fn, *args, **kwargs)
+        ok = self.tracker.call(what, fn, *args, **kwargs)
         if not ok:
-            self.dropped_artifacts += 1
+            self.dropped += 1
         return ok
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Copy a local file (or directory) into the run's artifacts under ``artifact_path``."""
-        if not self._active():
+        if not self.tracker.active():
             return
         p = Path(path)
         if not p.exists():  # a caller bug, not a store failure: do not count it as an outage
             raise FileNotFoundError(f"artifact to log does not exist: {p}")
-        fn = self._client.log_artifacts if p.is_dir() else self._client.log_artifact
-        self._artifact_call("artifact", fn, self.run_id, str(p), artifact_path)
+        fn = self.tracker.client.log_artifacts if p.is_dir() else self.tracker.client.log_artifact
+        self._artifact_call("artifact", fn, self.tracker.run_id, str(p), artifact_path)
 
     def log_dict(self, obj: Mapping[str, Any] | list, artifact_file: str) -> None:
         """Store ``obj`` as JSON (``.json``) or YAML (``.yaml``/``.yml``) at ``artifact_file``."""
-        if self._active():
-            self._artifact_call("dict", self._client.log_dict, self.run_id, obj, artifact_file)
+        if self.tracker.active():
+            self._artifact_call(
+                "dict", self.tracker.client.log_dict, self.tracker.run_id, obj, artifact_file
+            )
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Store ``text`` at ``artifact_file`` (e.g. ``config.yaml``)."""
-        if self._active():
-            self._artifact_call("text", self._client.log_text, self.run_id, text, artifact_file)
+        if self.tracker.active():
+            self._artifact_call(
+                "text", self.tracker.client.log_text, self.tracker.run_id, text, artifact_file
+            )
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set run tags (values stringified, URI passwords masked, secret keys redacted)."""
-        if self._active():
-            self._log_tags(dict(tags), soft=True)
+        if self.tracker.active():
+            self.log_tags(dict(tags), soft=True)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Add params after the start (what is known only later, e.g. the engine worker's
         numeric paths); values stringified like the start's params."""
-        if not self._active():
+        if not self.tracker.active():
             return
         from mlflow.entities import Param
 
@@ -122,9 +133,11 @@ class _ArtifactLogging:
             for k, v in params.items()
         ]
         for chunk in chunked(items, PARAMS_PER_BATCH):
-            self._artifact_call("params", self._client.log_batch, self.run_id, params=list(chunk))
+            self._artifact_call(
+                "params", self.tracker.client.log_batch, self.tracker.run_id, params=list(chunk)
+            )
 
-    def _log_tags(self, tags: Mapping[str, Any], soft: bool = False) -> None:
+    def log_tags(self, tags: Mapping[str, Any], soft: bool = False) -> None:
         from mlflow.entities import RunTag
 
         items = [
@@ -138,6 +151,10 @@ class _ArtifactLogging:
         ]
         for chunk in chunked(items, PARAMS_PER_BATCH):
             if soft:
-                self._artifact_call("tags", self._client.log_batch, self.run_id, tags=list(chunk))
+                self._artifact_call(
+                    "tags", self.tracker.client.log_batch, self.tracker.run_id, tags=list(chunk)
+                )
             else:
-                self._client.log_batch(self.run_id, tags=list(chunk), synchronous=True)
+                self.tracker.client.log_batch(
+                    self.tracker.run_id, tags=list(chunk), synchronous=True
+                )

@@ -83,9 +83,9 @@ def apply_pending(run_root: Path, tracker, log=print) -> int:
             if rec["run_id"] == tracker.run_id:  # resumed now: it ends with this command
                 path.unlink()
                 continue
-            run = tracker._client.get_run(rec["run_id"])
+            run = tracker.client.get_run(rec["run_id"])
             if run.info.status == "RUNNING":
-                tracker._client.set_terminated(
+                tracker.client.set_terminated(
                     rec["run_id"], rec["status"], end_time=rec.get("end_time")
                 )
             path.unlink()

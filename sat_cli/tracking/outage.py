@@ -1,7 +1,7 @@
 """A tracking store that goes away mid-run: metrics wait on disk, the run waits a bounded time.
 
-``Tracker.keep_on_disk(root, outage_timeout_s, retry_interval_s)`` (a method of
-:class:`sat_cli.tracking.Tracker`, from the mixin here) turns on, for one run:
+``Tracker.keep_on_disk(root, outage_timeout_s, retry_interval_s)`` (:class:`OutageGuard`, the part
+of :class:`sat_cli.tracking.Tracker` kept here) turns on, for one run:
 
 * **the spool** — metric points the store did not take (the server stopped or restarting, its
   database unreachable) are appended to ``<root>/<run id>.metrics.jsonl`` (``root`` is
@@ -14,9 +14,9 @@
   stay in the file; the next `sat` command that reaches the same store from the same ``run.dir``
   sends them (:func:`send_spools`, called with the pending statuses), and a resumed run sends
   its own before it logs anything (so a step is never logged twice).
-* **the outage limit** — :meth:`_OutageHandling.outage_expired` is true once the store has been
+* **the outage limit** — :meth:`OutageGuard.expired` is true once the store has been
   unreachable for ``outage_timeout_s`` (one more attempt is made first); the training loop then
-  writes a checkpoint and stops with :meth:`_OutageHandling.outage_message`, which says where
+  writes a checkpoint and stops with :meth:`OutageGuard.message`, which says where
   the metrics wait and how to continue (``resume=auto``).
 """
 
@@ -115,7 +115,7 @@ def send_points(tracker, run_id: str, points) -> int:
     sent = 0
     while sent < len(points):
         batch = points[sent : sent + METRICS_PER_BATCH]
-        if not tracker._call("metrics", tracker._client.log_batch, run_id, metrics=batch):
+        if not tracker.call("metrics", tracker.client.log_batch, run_id, metrics=batch):
             break
         sent += len(batch)
     return sent
@@ -145,75 +145,111 @@ def send_spools(root: Path, tracker, log_fn=print) -> int:
     return done
 
 
-class _OutageHandling:
-    """The spool and the outage limit of :class:`sat_cli.tracking.tracker.Tracker`."""
+class OutageGuard:
+    """The spool and the outage limit of one :class:`sat_cli.tracking.tracker.Tracker` (the
+    module docstring); the tracker asks it where unsent points go and whether to stop."""
 
-    _spool: MetricSpool | None = None
-    outage_timeout_s: float | None = None
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+        self.spool: MetricSpool | None = None
+        self.timeout_s: float | None = None
+        self.down_since: float | None = None  # monotonic time of the first failed call
+        self._warned = False
+
+    def mark_down(self, what: str, exc: BaseException) -> None:
+        """A call failed: the store is down (since the first failure; warned once)."""
+        t = self.tracker
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        if not self._warned:
+            self._warned = True
+            kept = (
+                f"kept on disk in {self.spool.path}"
+                if self.spool is not None
+                else f"buffered (up to {t.buffer_limit} points)"
+            )
+            log.warning(
+                "MLflow store %s unreachable while logging %s (%s: %s); training continues, "
+                "metrics are %s and retried every %.0f s, images/artifacts are dropped and counted",
+                redact_uri(t.uri or ""),
+                what,
+                type(exc).__name__,
+                redact_uri(str(exc))[:300],
+                kept,
+                t.retry_interval_s,
+            )
+
+    def mark_up(self) -> None:
+        """A call went through: the store is back (said once)."""
+        if self.down_since is not None:
+            log.warning("MLflow store %s reachable again", redact_uri(self.tracker.uri or ""))
+            self.down_since = None
+            self._warned = False
+
+    def outage_s(self) -> float:
+        """Seconds the store has been unreachable (0 when it answers)."""
+        return 0.0 if self.down_since is None else time.monotonic() - self.down_since
 
     def keep_on_disk(
         self, root: str | os.PathLike, outage_timeout_s: float | None, retry_interval_s: float
     ) -> None:
         """Spool unsent metrics under ``root`` and stop after ``outage_timeout_s`` of outage
         (see the module docstring); sends what an earlier process of this run left there."""
-        if not self._active() or self.run_id is None:
+        t = self.tracker
+        if not t.active() or t.run_id is None:
             return
-        self.outage_timeout_s = outage_timeout_s
-        self.retry_interval_s = float(retry_interval_s)
-        self._spool = MetricSpool(root, self.run_id, self.uri)
-        with self._lock:
-            left = self._spool.load()
+        self.timeout_s = outage_timeout_s
+        t.retry_interval_s = float(retry_interval_s)
+        self.spool = MetricSpool(root, t.run_id, t.uri)
+        with t.lock:
+            left = self.spool.load()
             if left:  # a run that stopped in an outage: its missing points go first
-                for m in left:  # and are never logged again by this resume
-                    last = self._resume_last_step.get(m.key, -1)
-                    self._resume_last_step[m.key] = max(last, m.step)
-                self._resume_max_step = max(self._resume_max_step, *(m.step for m in left))
-                self._flush()
+                t.skip_on_resume(left)  # and are never logged again by this resume
+                t.flush()
 
-    def _send_spool(self) -> bool:
+    def send_spool(self) -> bool:
         """Send the spooled points first; True when none is left."""
-        points = self._spool.load()
+        t = self.tracker
+        points = self.spool.load()
         if not points:
             return True
-        if self._down_since is not None and not self._retry_due():
+        if not t.store_answers():
             return False
-        sent = send_points(self, self.run_id, points)
+        sent = send_points(t, t.run_id, points)
         if sent:
-            self._spool.rewrite(points[sent:])
+            self.spool.rewrite(points[sent:])
             if sent == len(points):
                 log.warning("sent %d metric points kept on disk during the outage", sent)
         return sent == len(points)
 
-    def _spill(self) -> None:
-        """Move the points the store did not take from memory to the spool file."""
+    def spill(self, buffer) -> None:
+        """Move the points the store did not take from ``buffer`` (memory) to the spool file."""
         try:
-            self._spool.append(list(self._buffer))
+            self.spool.append(list(buffer))
         except OSError as exc:  # the disk refuses too: keep them in memory (bounded buffer)
-            log.warning("cannot keep metrics on disk in %s: %s", self._spool.path, exc)
+            log.warning("cannot keep metrics on disk in %s: %s", self.spool.path, exc)
             return
-        self._buffer.clear()
+        buffer.clear()
 
-    def outage_s(self) -> float:
-        """Seconds the store has been unreachable (0 when it answers)."""
-        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
-
-    def outage_expired(self) -> bool:
-        """True once the store has been unreachable for ``outage_timeout_s`` (checked again
-        with one more attempt first)."""
-        if self.outage_timeout_s is None or self.outage_s() < self.outage_timeout_s:
+    def expired(self) -> bool:
+        """True once the store has been unreachable for ``timeout_s`` (checked again with one
+        more attempt first)."""
+        t = self.tracker
+        if self.timeout_s is None or self.outage_s() < self.timeout_s:
             return False
-        with self._lock:
-            self._last_attempt = 0.0
-            if self._spool is not None and len(self._spool):
-                self._flush()
+        with t.lock:
+            t.retry_now()
+            if self.spool is not None and len(self.spool):
+                t.flush()
             else:
-                self._call("metrics", self._client.get_run, self.run_id)
-        return self.outage_s() >= self.outage_timeout_s
+                t.call("metrics", t.client.get_run, t.run_id)
+        return self.outage_s() >= self.timeout_s
 
-    def outage_message(self) -> str:
-        where = f" are kept in {self._spool.path} and" if self._spool is not None else ""
+    def message(self) -> str:
+        t = self.tracker
+        where = f" are kept in {self.spool.path} and" if self.spool is not None else ""
         return (
-            f"the MLflow store {redact_uri(self.uri or '')} has been unreachable for "
-            f"{self.outage_s():.0f} s (tracking.outage_timeout_s={self.outage_timeout_s:g}); "
+            f"the MLflow store {redact_uri(t.uri or '')} has been unreachable for "
+            f"{self.outage_s():.0f} s (tracking.outage_timeout_s={self.timeout_s:g}); "
             f"the metrics it missed{where} are sent once it is back"
         )

@@ -5,6 +5,7 @@ failed", and the start-up lock of a sqlite store.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.tracking.params import redact_uri
+
+log = logging.getLogger("sat_cli.tracking")
 
 
 class TrackingError(RuntimeError):
@@ -164,3 +167,40 @@ class store_lock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+# MLflow 3's experiment kind: the UI opens such experiments in the model-training view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def experiment_id(client, name: str, artifact_root: str | None, errors) -> str:
+    """The id of the experiment ``name``, created (at ``artifact_root``, as model training) when
+    absent; a deleted one is a ``TrackingError``; one without a kind is tagged as model training.
+    ``errors``: the store's exception types (:func:`store_errors`)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(
+                name,
+                artifact_location=artifact_root,
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
+        except errors as exc:
+            # another process (e.g. a parallel sweep job) created it in the meantime
+            if getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = client.get_experiment_by_name(name)
+    if exp.lifecycle_stage == "deleted":
+        raise TrackingError(
+            f"MLflow experiment {name!r} (id {exp.experiment_id}) is deleted; "
+            f"restore it (`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
+            "or choose another experiment name."
+        )
+    kind = exp.tags.get(EXPERIMENT_KIND_TAG)
+    if kind is None or kind.endswith("_inferred") or kind == "no_inferred_type":
+        try:
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except errors as exc:  # e.g. a server that lets this user log runs only
+            log.warning("could not tag MLflow experiment %r as model training: %s", exp.name, exc)
+    return exp.experiment_id

@@ -1,9 +1,13 @@
-"""The :class:`Tracker` (one MLflow run): start and resume, failure handling, metrics, end;
-its histogram/artifact/tag methods come from :mod:`sat_cli.tracking.artifacts`.
+"""The :class:`Tracker` (one MLflow run): start and resume, failure handling, metrics, end. It is
+composed of two parts it delegates to: :class:`~sat_cli.tracking.artifacts.ArtifactLog`
+(histograms, artifacts, params, tags) and :class:`~sat_cli.tracking.outage.OutageGuard` (the
+metrics spool and the outage limit); ``call``, ``client``, ``lock`` and ``flush`` are what the
+parts use of it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -12,8 +16,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from sat_cli.tracking.artifacts import _ArtifactLogging
-from sat_cli.tracking.outage import METRICS_PER_BATCH, _OutageHandling
+from sat_cli.tracking.artifacts import ArtifactLog
+from sat_cli.tracking.outage import METRICS_PER_BATCH, OutageGuard
 from sat_cli.tracking.params import (
     MAX_PARAM_VALUE_LEN,
     PARAMS_PER_BATCH,
@@ -22,11 +26,14 @@ from sat_cli.tracking.params import (
     redact_uri,
     truncate,
 )
-from sat_cli.tracking.store import (
+from sat_cli.tracking.store import (  # noqa: F401 - EXPERIMENT_KIND* re-exported
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     TrackingError,
     acquire_http_env,
     check_step,
     default_artifact_root,
+    experiment_id,
     is_caller_error,
     is_disabled_uri,
     is_http,
@@ -41,15 +48,22 @@ log = logging.getLogger("sat_cli.tracking")  # one logger for the package, as be
 
 NONFINITE_KEY = "tracking/nonfinite_metrics"
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
-# MLflow 3's experiment kind: the UI opens such experiments in the model-training view.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
 
 
 # --------------------------------------------------------------------------- the tracker
 
 
-class Tracker(_ArtifactLogging, _OutageHandling):
+def _part(part: str, cls: type, name: str):
+    """A Tracker method that is the method ``name`` of its part ``part`` (an instance of ``cls``)."""
+
+    @functools.wraps(getattr(cls, name))
+    def method(self, *args, **kwargs):
+        return getattr(getattr(self, part), name)(*args, **kwargs)
+
+    return method
+
+
+class Tracker:
     """One MLflow run; see the docstring of :mod:`sat_cli.tracking`. Use as a context manager or call ``end``."""
 
     def __init__(
@@ -78,22 +92,22 @@ class Tracker(_ArtifactLogging, _OutageHandling):
         self.retry_interval_s = float(retry_interval_s)
         self.nonfinite_total = 0
         self.dropped_metrics = 0
-        self.dropped_artifacts = 0
         self.skipped_relogged = 0
         self._buffer: deque = deque(maxlen=max(1, int(max_buffered_metrics)))
-        self._down_since: float | None = None
+        self.buffer_limit = self._buffer.maxlen  # metric points kept in memory at most
         self._last_attempt = 0.0
-        self._warned_down = False
         self._warned_nonfinite: set[str] = set()
         self._resume_last_step: dict[str, int] = {}
         self._resume_max_step = -1
         self._last_step = -1
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._ended = False
         self.resumed_status: str | None = None  # the run's status before this resume
         self.status_recorded = False  # end() reached the store
         self._uses_http_env = False
-        self._client = None
+        self.client = None
+        self.artifacts = ArtifactLog(self)
+        self.guard = OutageGuard(self)
         if not self.enabled:
             return
 
@@ -111,7 +125,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             # Two processes creating a fresh sqlite store at once race in MLflow's schema
             # migration ("expected to match one row"): serialise start-up on a lock file.
             with store_lock(db), deferred():
-                self._client = MlflowClient(tracking_uri=self.uri)
+                self.client = MlflowClient(tracking_uri=self.uri)
                 self._start(run_id, dict(tags or {}), dict(params or {}))
         except TrackingError:
             self._release()
@@ -136,41 +150,10 @@ class Tracker(_ArtifactLogging, _OutageHandling):
 
     # ----------------------------------------------------------------- start / resume
 
-    def _experiment_id(self) -> str:
-        client = self._client
-        exp = client.get_experiment_by_name(self.experiment)
-        if exp is None:
-            try:
-                return client.create_experiment(
-                    self.experiment,
-                    artifact_location=self.artifact_root,
-                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-                )
-            except self._errors as exc:
-                # another process (e.g. a parallel sweep job) created it in the meantime
-                if getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                exp = client.get_experiment_by_name(self.experiment)
-        if exp.lifecycle_stage == "deleted":
-            raise TrackingError(
-                f"MLflow experiment {self.experiment!r} (id {exp.experiment_id}) is deleted; "
-                f"restore it (`mlflow experiments restore --experiment-id {exp.experiment_id}`) "
-                "or choose another experiment name."
-            )
-        kind = exp.tags.get(EXPERIMENT_KIND_TAG)
-        if kind is None or kind.endswith("_inferred") or kind == "no_inferred_type":
-            try:
-                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-            except self._errors as exc:  # e.g. a server that lets this user log runs only
-                log.warning(
-                    "could not tag MLflow experiment %r as model training: %s", exp.name, exc
-                )
-        return exp.experiment_id
-
     def _start(self, run_id: str | None, tags: dict[str, Any], params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        client = self._client
+        client = self.client
         existing: dict[str, str] = {}
         if run_id:
             try:
@@ -192,7 +175,9 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             self._resume_max_step = max(self._resume_last_step.values(), default=-1)
             client.update_run(self.run_id, status="RUNNING")
         else:
-            self.experiment_id = self._experiment_id()
+            self.experiment_id = experiment_id(
+                client, self.experiment, self.artifact_root, self._errors
+            )
             run = client.create_run(self.experiment_id, run_name=self.run_name)
             self.run_id = run.info.run_id
         self.artifact_uri = run.info.artifact_uri
@@ -205,7 +190,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
         new = [Param(k, v) for k, v in params.items() if k not in existing]
         for chunk in chunked(new, PARAMS_PER_BATCH):
             client.log_batch(self.run_id, params=list(chunk), synchronous=True)
-        self._log_tags(tags)
+        self.artifacts.log_tags(tags)
 
     # ----------------------------------------------------------------- failure handling
 
@@ -214,31 +199,10 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             self._uses_http_env = False
             release_http_env()
 
-    def _mark_down(self, what: str, exc: BaseException) -> None:
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-        if not self._warned_down:
-            self._warned_down = True
-            kept = (
-                f"kept on disk in {self._spool.path}"
-                if self._spool is not None
-                else f"buffered (up to {self._buffer.maxlen} points)"
-            )
-            log.warning(
-                "MLflow store %s unreachable while logging %s (%s: %s); training continues, "
-                "metrics are %s and retried every %.0f s, images/artifacts are dropped and counted",
-                redact_uri(self.uri or ""),
-                what,
-                type(exc).__name__,
-                redact_uri(str(exc))[:300],
-                kept,
-                self.retry_interval_s,
-            )
-
-    def _call(self, what: str, fn, *args, **kwargs) -> bool:
+    def call(self, what: str, fn, *args, **kwargs) -> bool:
         """Run one client call; on a store failure mark the store down and return False."""
-        with self._lock:
-            if self._down_since is not None and not self._retry_due():
+        with self.lock:
+            if not self.store_answers():
                 return False
             self._last_attempt = time.monotonic()
             try:
@@ -247,19 +211,54 @@ class Tracker(_ArtifactLogging, _OutageHandling):
             except self._errors as exc:
                 if is_caller_error(exc):
                     raise
-                self._mark_down(what, exc)
+                self.guard.mark_down(what, exc)
                 return False
-            if self._down_since is not None:
-                log.warning("MLflow store %s reachable again", redact_uri(self.uri or ""))
-                self._down_since = None
-                self._warned_down = False
+            self.guard.mark_up()
             return True
 
     def _retry_due(self) -> bool:
         return time.monotonic() - self._last_attempt >= self.retry_interval_s
 
-    def _active(self) -> bool:
-        return self.enabled and not self._ended and self._client is not None
+    def store_answers(self) -> bool:
+        """False while the store is down and its next retry is not due yet."""
+        return self.guard.down_since is None or self._retry_due()
+
+    def retry_now(self) -> None:
+        """Let the next call try the store even inside the retry interval."""
+        self._last_attempt = 0.0
+
+    def relogged(self, step: int) -> bool:
+        """True (and counted) for a step logged before the resume (histograms, images)."""
+        if step <= self._resume_max_step:
+            self.skipped_relogged += 1
+            return True
+        return False
+
+    def skip_on_resume(self, points) -> None:
+        """Never log again the steps of ``points`` (metrics sent from a spool at a resume)."""
+        for m in points:
+            self._resume_last_step[m.key] = max(self._resume_last_step.get(m.key, -1), m.step)
+        self._resume_max_step = max(self._resume_max_step, *(m.step for m in points))
+
+    def active(self) -> bool:
+        return self.enabled and not self._ended and self.client is not None
+
+    # ----------------------------------------------------------------- its parts
+
+    log_histogram = _part("artifacts", ArtifactLog, "log_histogram")
+    log_artifact = _part("artifacts", ArtifactLog, "log_artifact")
+    log_dict = _part("artifacts", ArtifactLog, "log_dict")
+    log_text = _part("artifacts", ArtifactLog, "log_text")
+    log_params = _part("artifacts", ArtifactLog, "log_params")
+    set_tags = _part("artifacts", ArtifactLog, "set_tags")
+    keep_on_disk = _part("guard", OutageGuard, "keep_on_disk")
+    outage_expired = _part("guard", OutageGuard, "expired")
+    outage_message = _part("guard", OutageGuard, "message")
+    outage_s = _part("guard", OutageGuard, "outage_s")
+
+    @property
+    def dropped_artifacts(self) -> int:
+        return self.artifacts.dropped
 
     # ----------------------------------------------------------------- metrics
 
@@ -268,7 +267,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
 
         Non-finite values are skipped and counted in ``tracking/nonfinite_metrics``.
         """
-        if not self._active():
+        if not self.active():
             return
         from mlflow.entities import Metric
 
@@ -289,7 +288,7 @@ class Tracker(_ArtifactLogging, _OutageHandling):
         if nonfinite:
             self.nonfinite_total += nonfinite
             points[NONFINITE_KEY] = float(nonfinite)
-        with self._lock:
+        with self.lock:
             for key, v in points.items():
                 if step <= self._resume_last_step.get(key, -(2**62)):
                     self.skipped_relogged += 1
@@ -297,19 +296,19 @@ class Tracker(_ArtifactLogging, _OutageHandling):
                 if len(self._buffer) == self._buffer.maxlen:
                     self.dropped_metrics += 1
                 self._buffer.append(Metric(key, v, ts, step))
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
-        with self._lock:
-            if self._spool is not None and not self._send_spool():  # points on disk go first
-                self._spill()
+    def flush(self) -> None:
+        with self.lock:
+            if self.guard.spool is not None and not self.guard.send_spool():  # disk ones first
+                self.guard.spill(self._buffer)
                 return
             while self._buffer:
                 n = min(METRICS_PER_BATCH, len(self._buffer))
                 batch = [self._buffer[i] for i in range(n)]
                 sent = None
                 try:
-                    sent = self._call("metrics", self._client.log_batch, self.run_id, metrics=batch)
+                    sent = self.call("metrics", self.client.log_batch, self.run_id, metrics=batch)
                 finally:
                     if sent is None:  # rejected as invalid (raised): drop it, or it blocks the rest
                         self.dropped_metrics += n
@@ -319,8 +318,8 @@ class Tracker(_ArtifactLogging, _OutageHandling):
                     break
                 for _ in range(n):
                     self._buffer.popleft()
-            if self._buffer and self._spool is not None:  # the store is down: keep them on disk
-                self._spill()
+            if self._buffer and self.guard.spool is not None:  # the store is down: keep on disk
+                self.guard.spill(self._buffer)
 
     @property
     def buffered_metrics(self) -> int:
@@ -334,17 +333,18 @@ class Tracker(_ArtifactLogging, _OutageHandling):
         status = status.upper()
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {_STATUSES}, got {status!r}")
-        if not self._active():
+        if not self.active():
             self._ended = True
             return
         from mlflow.entities import Metric
 
-        with self._lock:
-            self._last_attempt = 0.0  # one last try even inside the retry interval
-            self._flush()
-            if self._spool is not None and len(self._spool):
+        with self.lock:
+            self.retry_now()  # one last try even inside the retry interval
+            self.flush()
+            spool = self.guard.spool
+            if spool is not None and len(spool):
                 log.warning("%d metric points wait in %s for the next sat command that reaches "
-                            "the store", len(self._spool), self._spool.path)  # fmt: skip
+                            "the store", len(spool), spool.path)  # fmt: skip
             if self._buffer:
                 self.dropped_metrics += len(self._buffer)
                 log.warning(
@@ -358,16 +358,15 @@ class Tracker(_ArtifactLogging, _OutageHandling):
                 "tracking/dropped_artifacts": self.dropped_artifacts,
             }
             counters = {k: float(v) for k, v in counters.items() if v}
-            if counters and self._down_since is None:
+            if counters and self.guard.down_since is None:
                 ts = int(time.time() * 1000)
                 step = max(self._last_step, 0)
                 batch = [Metric(k, v, ts, step) for k, v in counters.items()]
-                self._call("metrics", self._client.log_batch, self.run_id, metrics=batch)
-            if self.skipped_relogged and self._down_since is None:
-                self._log_tags({"sat.resume.skipped_relogged_points": self.skipped_relogged}, True)
-            self.status_recorded = self._call(
-                "end", self._client.set_terminated, self.run_id, status
-            )
+                self.call("metrics", self.client.log_batch, self.run_id, metrics=batch)
+            if self.skipped_relogged and self.guard.down_since is None:
+                tags = {"sat.resume.skipped_relogged_points": self.skipped_relogged}
+                self.artifacts.log_tags(tags, soft=True)
+            self.status_recorded = self.call("end", self.client.set_terminated, self.run_id, status)
             self._ended = True
             self._release()
 

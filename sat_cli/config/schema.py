@@ -321,7 +321,8 @@ class RunConfig:
 
 @dataclass
 class ReplayConfig:
-    record: bool = False  # store the rollout stream in <run>/replay for `sat replay` (docs/replay.md)
+    # store the rollout stream in <run>/replay for `sat replay` (docs/replay.md)
+    record: bool = False
 
 
 @dataclass

@@ -139,7 +139,7 @@ def _eval_key(run, prefix: str = M.EVAL) -> str | None:
     p = run.data.params
     n = p.get("eval.final_n") if prefix == M.FINAL else p.get("eval.n")
     if p.get("eval.name") and n not in (None, "None"):
-        key = mlflow_key(f"{prefix}/{p['eval.name']}/avg@{n}")
+        key = mlflow_key(M.avg_key(p["eval.name"], n, final=prefix == M.FINAL))
         if key in run.data.metrics:
             return key
     keys = sorted(k for k in run.data.metrics if re.fullmatch(rf"{prefix}/.+/avg_at_\d+", k))
@@ -222,7 +222,7 @@ def _sweep_records(client, parent) -> dict[str, dict]:
     from mlflow.exceptions import MlflowException
 
     try:
-        rows = download_json(client, parent.info.run_id, "sweep/runs.json")
+        rows = download_json(client, parent.info.run_id, M.ARTIFACT_SWEEP_RUNS)
     except (MlflowException, OSError, ValueError):  # absent or unreadable: fall back to params
         return {}
     return {r["override_hash"]: r for r in rows if isinstance(r, dict) and "override_hash" in r}

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from sat_cli import metric_names as M
 from sat_cli.errors import RunFailed, UserError
 from sat_cli.sweep.children import (
     Child,
@@ -82,7 +83,7 @@ def _open_parent(plan: Plan, state: dict, log):
     from sat_cli.tracking.final_status import apply_pending
 
     apply_pending(Path(plan.run_dir), tr, log)
-    tr.log_dict([r.record() for r in s.runs], "sweep/runs.json")
+    tr.log_dict([r.record() for r in s.runs], M.ARTIFACT_SWEEP_RUNS)
     tr.log_artifact(s.file, "sweep")
     return tr
 
@@ -229,9 +230,9 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
             finished_all = sum(checkpoint_status(plan.run_dirs[r.name])[0] for r in sweep.runs)
             parent.log_metrics(
                 {
-                    "sweep/runs_finished": finished_all,
-                    "sweep/runs_failed": len(failed),
-                    "sweep/wall_s": time.perf_counter() - t0,
+                    M.SWEEP_RUNS_FINISHED: finished_all,
+                    M.SWEEP_RUNS_FAILED: len(failed),
+                    M.SWEEP_WALL_S: time.perf_counter() - t0,
                 },
                 step=state["invocations"],
             )

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from sat_cli import metric_names as M
 from sat_cli.tracking.artifacts import ArtifactLog
 from sat_cli.tracking.outage import METRICS_PER_BATCH, OutageGuard
 from sat_cli.tracking.params import (
@@ -46,7 +47,7 @@ from sat_cli.util.signals import deferred
 
 log = logging.getLogger("sat_cli.tracking")  # one logger for the package, as before the split
 
-NONFINITE_KEY = "tracking/nonfinite_metrics"
+NONFINITE_KEY = M.TRACKING_NONFINITE
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
@@ -354,8 +355,8 @@ class Tracker:
                 )
                 self._buffer.clear()
             counters = {
-                "tracking/dropped_metrics": self.dropped_metrics,
-                "tracking/dropped_artifacts": self.dropped_artifacts,
+                M.TRACKING_DROPPED_METRICS: self.dropped_metrics,
+                M.TRACKING_DROPPED_ARTIFACTS: self.dropped_artifacts,
             }
             counters = {k: float(v) for k, v in counters.items() if v}
             if counters and self.guard.down_since is None:

@@ -133,21 +133,21 @@ def _expected_counts(lag: LagPolicy, steps: int) -> list[int]:
 
 
 def test_geometric_profile_short_run(tiny_dir, tmp_path):
-    """20 steps x 8 samples of geometric:0.5,max=3: every sample's realised lag is its draw
+    """12 steps x 8 samples of geometric:0.5,max=3: every sample's realised lag is its draw
     (the loop's own bookkeeping), staleness/lag_profile_tv is their TV distance to the target,
     the histogram holds one bin per lag and only the profile's version window stays on disk."""
     prof = parse_profile("geometric:0.5,max=3")
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
     rec = Recorder()
-    st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 20, rec, hist_every=10)
+    st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6)
     counts = st["lag_profile_counts"]
-    assert counts == _expected_counts(lag, 20) and sum(counts) == 160
-    assert rec.metrics[20]["staleness/lag_profile_tv"] == tv_distance(prof.pmf, counts)
-    assert rec.metrics[20]["staleness/version_lag_max"] <= 3
-    hist = rec.values[("staleness/lag_profile", 11)]  # the lags of steps 0..10
-    assert len(hist) == 11 * 8 and sorted(set(hist)) <= [0.0, 1.0, 2.0, 3.0]
+    assert counts == _expected_counts(lag, 12) and sum(counts) == 96
+    assert rec.metrics[12]["staleness/lag_profile_tv"] == tv_distance(prof.pmf, counts)
+    assert rec.metrics[12]["staleness/version_lag_max"] <= 3
+    hist = rec.values[("staleness/lag_profile", 7)]  # the lags of steps 0..6
+    assert len(hist) == 7 * 8 and sorted(set(hist)) <= [0.0, 1.0, 2.0, 3.0]
     kept = sorted(int(p.name[1:]) for p in (tmp_path / "run" / "weights").iterdir())
-    assert kept == [0, 17, 18, 19]  # v20 is never needed (no batch 20): not published
+    assert kept == [0, 9, 10, 11]  # v12 is never needed (no batch 12): not published
 
 
 @pytest.mark.slow

@@ -222,3 +222,43 @@ def test_cli_refuses_bad_profiles_before_writing(tmp_path):
                 cwd=tmp_path, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "per-token profiles are not implemented" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
+    """uniform:1-3 over 5 steps, checkpoints every 2: a run cut after step 3 and resumed from
+    its step-2 checkpoint finds every version its batches draw (the window kept with the
+    checkpoint) and ends with the uninterrupted run's losses, realised lags and weights."""
+    import shutil
+
+    from sat_cli.checkpoints.state import latest_checkpoint
+    from sat_cli.engines.local import LocalEngine
+
+    lag = LagPolicy(3, "fixed", profile=parse_profile("uniform:1-3"), seed=3, cells=8)
+
+    def run(run_dir, steps, resume=None):
+        trainer, rec = _trainer(tiny_dir), Recorder()
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
+                                  stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+        s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
+                         lag=lag, run_dir=run_dir, seed=3, histogram_every=0,
+                         checkpoint_every=2, checkpoint_keep=5)  # fmt: skip
+        with LocalEngine(str(tiny_dir), seed=0) as engine:
+            st = train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
+                            trainer=trainer, tracker=rec, resume_from=resume)  # fmt: skip
+        return rec, st, trainer.model.state_dict()
+
+    full, st_full, w_full = run(tmp_path / "full", 5)
+    run(tmp_path / "cut", 3)
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_3")
+    ck = latest_checkpoint(tmp_path / "cut" / "checkpoints")
+    assert ck.name == "step_2"
+    resumed, st_res, w_res = run(tmp_path / "cut", 5, resume=ck)
+    assert sorted(resumed.metrics) == [3, 4, 5]
+    for t in (3, 4, 5):
+        for key in ("loss/policy", "staleness/version_lag_mean", "staleness/lag_profile_tv"):
+            assert resumed.metrics[t][key] == full.metrics[t][key], (t, key)
+    assert st_res["lag_profile_counts"] == st_full["lag_profile_counts"]
+    assert st_full["lag_profile_counts"] == _expected_counts(lag, 5)
+    for k, v in w_full.items():
+        assert torch.equal(v, w_res[k]), k

@@ -1078,40 +1078,42 @@ def _statuses(runs: Path) -> list[str]:
     return [r.info.status for r in c.search_runs([e.experiment_id for e in c.search_experiments()])]
 
 
-# Cases that load a whole model or checkpoint before refusing (5-30 s each): `make test-full`
-# runs them; `make test` keeps one of each class (model-missing-head-and-layer,
-# ckpt-missing-head, model-wrong-shapes) within the CI time budget.
-SLOW_CASES = {
-    # issue 32: the same code paths run in process in tests/test_state_and_inputs.py; the
-    # default suite keeps resume-state-files-wrong-shape and sweep-grid-too-large
-    "resume-trainer-state-truncated",
-    "resume-checkpoint-of-another-trainer",
-    "sweep-state-not-an-object",
-    "sweep-axis-collides-with-base",
-    "sweep-two-methods-one-config",
-    "nan-setting",
-    "inf-setting",
-    "setting-of-another-command",
-    "eval-with-a-training-setting",
-    "megatron-dense-model",
-    "tiny-model-other-task",
-    "group-option-interpolation-climbs-out",
-    "model-file-is-a-fifo",
-    "model-weights-nan",
-    "data-file-is-a-fifo",
-    "address-space-below-2gib",
-    "eval-ckpt-damaged",
-    "eval-model-missing-head",
-    "model-missing-one-expert",
-    "model-unexpected-tensor",
-    "model-integer-tensor",
-    "ckpt-wrong-shapes",
+# The default suite (`make test`) runs one or two cases of each class of bad input, each a real
+# `sat` subprocess (2-30 s); `make test-full` runs every case. A class: the override grammar and
+# types, ranges, combinations `sat train` cannot run, data files, model folders, checkpoints,
+# resume targets (a damaged real checkpoint among them), run folders and names, a run folder a
+# live run holds, sweep files, `sat eval`'s inputs. The in-process checks behind most cases run
+# per case in tests/test_config.py, test_data.py, test_state_and_inputs.py and test_cli.py.
+DEFAULT_CASES = {
+    "bad-type",  # the override grammar and types
+    "unknown-key",
+    "group-option-climbs-out",
+    "negative-lag",  # ranges
+    "inflight-updates",  # combinations
+    "megatron-tp-not-dividing-ranks",
+    "train-template-longer-than-context",
+    "data-malformed-json",  # data files
+    "data-lone-surrogate",
+    "model-pickle-only",  # model folders
+    "model-missing-head-and-layer",
+    "ckpt-pickle-weights",  # checkpoints
+    "ckpt-missing-head",
+    "resume-nonexistent",  # resume targets
+    "resume-state-files-wrong-shape",
+    "run-name-traversal",  # run folders and names
+    "run-dir-is-a-file",
+    "new-run-locked-by-live-process",  # a live run's folder
+    "sweep-bad-yaml",  # sweep files
+    "sweep-yaml-alias-bomb",
+    "sweep-grid-too-large",
+    "eval-unknown-benchmark",  # sat eval
+    "eval-run-dir-is-a-file",
 }
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in sorted(CASES)],
+    [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)],
 )
 def test_bad_input_is_refused_cleanly(case, tmp_path, request):
     build, code, pattern = CASES[case]
@@ -1138,6 +1140,10 @@ def test_bad_input_is_refused_cleanly(case, tmp_path, request):
     assert not (tmp_path / MARKER).exists()  # no pickle was ever loaded
     if case in NEEDS_RUN:
         assert _statuses(tmp_path / "runs") == ["FINISHED"]
+
+
+def test_every_default_case_is_in_the_catalogue():
+    assert DEFAULT_CASES <= set(CASES), sorted(DEFAULT_CASES - set(CASES))
 
 
 def test_every_catalogue_case_is_documented():
@@ -1311,7 +1317,14 @@ def test_pickle_payload_would_fire_if_loaded(tmp_path):
     assert (tmp_path / MARKER).is_dir()
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "sweep"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "train",
+        pytest.param("eval", marks=pytest.mark.slow),
+        pytest.param("sweep", marks=pytest.mark.slow),
+    ],
+)
 def test_read_only_run_dir_is_refused(command, tmp_path, fsfault):
     """run.dir on a read-only file system (which stops root too) or, for a non-root user, a
     folder without write permission: exit 2 naming it, nothing written, no traceback."""

@@ -137,6 +137,7 @@ def _check_rerun(root: Path, out: str, victim: str, other: str, done_before: lis
     assert all(_finished(root / n) for n in _state(root)["runs"])
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: the default suite keeps the class in the Ray sweep below
 @pytest.mark.xdist_group("sweep_slurm")
 def test_slurm_sweep_through_submitit_survives_a_kill(tmp_path):
     pytest.importorskip("submitit", reason="the [slurm] extra is not installed")

@@ -45,6 +45,7 @@ def _series(client, run, key) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in sorted(hist, key=lambda m: m.step)]
 
 
+@pytest.mark.slow  # ~24 s; in process: tests/test_loop.py bounded in-flight
 def test_bounded_inflight_run_logs_per_token_staleness(tmp_path):
     out = run_sat("train", *BOUNDED, "max_steps=4", "run.name=inflight", cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

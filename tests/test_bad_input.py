@@ -1081,8 +1081,8 @@ def _statuses(runs: Path) -> list[str]:
 # The default suite (`make test`) runs one or two cases of each class of bad input, each a real
 # `sat` subprocess (2-30 s); `make test-full` runs every case. A class: the override grammar and
 # types, ranges, combinations `sat train` cannot run, data files, model folders, checkpoints,
-# resume targets (a damaged real checkpoint among them), run folders and names, a run folder a
-# live run holds, sweep files, `sat eval`'s inputs. The in-process checks behind most cases run
+# resume targets (the damaged files of a real finished run: make test-full), run folders and
+# names, a run folder a live run holds, sweep files, `sat eval`'s inputs. The in-process checks behind most cases run
 # per case in tests/test_config.py, test_data.py, test_state_and_inputs.py and test_cli.py.
 DEFAULT_CASES = {
     "bad-type",  # the override grammar and types
@@ -1099,7 +1099,7 @@ DEFAULT_CASES = {
     "ckpt-pickle-weights",  # checkpoints
     "ckpt-missing-head",
     "resume-nonexistent",  # resume targets
-    "resume-state-files-wrong-shape",
+    "resume-corrupt-state",
     "run-name-traversal",  # run folders and names
     "run-dir-is-a-file",
     "new-run-locked-by-live-process",  # a live run's folder

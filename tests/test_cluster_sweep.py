@@ -270,6 +270,7 @@ def mlflow_on_postgres(tmp_path):
         pg.stop()
 
 
+@pytest.mark.slow  # ~2 min; the default suite keeps the refusals and the Ray launcher on the cluster
 @pytest.mark.xdist_group("ray")
 def test_ray_sweep_into_postgres_mlflow_server_survives_a_kill(
     ray_cluster, mlflow_on_postgres, tmp_path

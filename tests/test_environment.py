@@ -173,6 +173,7 @@ def test_sglang_version_is_asked_from_its_interpreter(tmp_path, repo):
 # ----------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow  # ~30 s; the in-process env tests stay
 def test_sat_train_records_this_machines_environment(tmp_path):
     out = run_sat("train", *SMOKE, "run.name=env", cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -205,6 +206,7 @@ def test_sat_train_records_this_machines_environment(tmp_path):
     assert t["env.engine.cpu_capability"] == native and t["env.engine.num_threads"] == "1"
 
 
+@pytest.mark.slow  # ~25 s; the in-process env tests stay
 def test_sat_eval_records_the_environment(tmp_path):
     out = run_sat("eval", "toy", "eval.n=1", "eval.limit=4", "run.dir=runs", cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -216,6 +218,7 @@ def test_sat_eval_records_the_environment(tmp_path):
     assert p["env.engine.cpu_capability"] == native and p["env.engine.num_threads"] == "1"
 
 
+@pytest.mark.slow  # ~37 s; the pins are checked in process in this file
 @pytest.mark.skipif("avx2" not in _proc_cpuinfo()[1], reason="portable mode pins AVX2")
 def test_portable_pins_reach_the_cli_the_engine_worker_and_the_megatron_rank(tmp_path):
     """One run with portable numerics: the orchestrator (params), the local engine's worker

@@ -145,6 +145,7 @@ def test_scheduled_update_switches_at_the_requested_token(engine, plain, weights
         assert (s.routed_experts[cut:] == new_routes[cut:]).all()
 
 
+@pytest.mark.slow  # ~9 s
 def test_update_before_the_first_token_and_after_the_end(engine, weights):
     base = to_version(engine, weights["v0"])
     sp = SamplingParams(temperature=TEMPERATURE, max_new_tokens=6, seed=4)
@@ -245,6 +246,7 @@ def test_bad_weights_mid_request_are_engine_errors_and_the_request_goes_on(
     assert engine.weight_version == base + 1
 
 
+@pytest.mark.slow  # ~9 s
 def test_keep_cache_mode(weights, engine):
     """``inflight_cache="keep"``: no re-prefill. Tokens before the switch are those of the
     recompute mode; after it the log-prob is the distribution sampled from (new weights over the

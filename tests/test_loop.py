@@ -196,6 +196,7 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     assert any(not torch.equal(init[k], loop_params[k]) for k in init)
 
 
+@pytest.mark.slow  # ~18 s; the other lag modes stay
 def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
     """Interval lag 2: staleness 0,1,2,1,2; a run resumed from its step-2 checkpoint ends with the
     same weights and per-step metrics as the uninterrupted run."""

@@ -205,6 +205,7 @@ def test_bf16_nonfinite_batch_is_skipped(megatron_dist, tiny_dir):
     check_nonfinite_step_is_skipped(actor, clean, plant_nonfinite(clean, "rollout_logp"))
 
 
+@pytest.mark.slow  # ~15 s; tp2 in fp32: tests/test_megatron_tp.py
 def test_bf16_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path):
     """tp = 2 through torchrun: fp32 gradient sums over the TP group (norms, router) and the
     clip norm over the shards, against one rank in bf16. The TP split changes bf16 rounding

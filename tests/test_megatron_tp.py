@@ -145,13 +145,13 @@ SLOW = pytest.mark.slow
     "name",
     [
         "tp2_sat_r3",
-        "pp2_sat_r3",
+        pytest.param("pp2_sat_r3", marks=SLOW),
         pytest.param("tp2_gspo_kl", marks=SLOW),
         pytest.param("pp2_gspo_kl", marks=SLOW),
         pytest.param("tp2_ep2_dp2_sat_r3", marks=SLOW),
         pytest.param("tp2_pp2_sat_r3", marks=SLOW),
         pytest.param("pp2_ep2_dp2_sat_r3", marks=SLOW),
-        "tp2_recompute_sat_r3",
+        pytest.param("tp2_recompute_sat_r3", marks=SLOW),
         pytest.param("pp2_recompute_gspo_kl", marks=SLOW),
     ],
 )

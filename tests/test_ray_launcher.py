@@ -76,6 +76,7 @@ def _wait_for(path, proc, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # ~60 s; the default suite keeps the SGLang servers on two nodes
 def test_two_ray_nodes_match_one_node_and_stay_on_loopback(ray_cluster, tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core not installed")
     from netcheck import descendants, off_loopback, sockets
@@ -214,6 +215,7 @@ def _serves_run(pid: int, tmp_path) -> bool:
     return any(f"--port {port} " in cmd for port in ports)
 
 
+@pytest.mark.slow  # ~16 s; the unreachable-address test stays
 def test_placement_the_cluster_cannot_give_exits_1(ray_cluster, tmp_path):
     t0 = time.monotonic()
     res = run_sat(
@@ -425,6 +427,7 @@ def test_the_documented_ray_start_head_and_a_run_on_it(tmp_path):
     assert left == []
 
 
+@pytest.mark.slow  # ~12 s; the SGLang servers on two nodes stay
 def test_sat_eval_places_its_server_on_the_cluster(ray_cluster, tmp_path):
     """`sat eval toy launcher=ray engine=sglang …`: one server bundle (no trainer is placed for
     an evaluation), the evaluation runs against it, the actor is gone afterwards."""

@@ -89,7 +89,9 @@ def test_the_protocol_delivers_every_bucket_and_the_version(sender, tmp_path):
     assert {u["load_format"] for u in updates} == {"flattened_bucket"}
 
 
-@pytest.mark.parametrize("fault", ["stale", "wrong_bytes", "fail", "skip_receive"])
+@pytest.mark.parametrize(
+    "fault", ["stale", "wrong_bytes", "fail", pytest.param("skip_receive", marks=pytest.mark.slow)]
+)
 def test_a_faulty_server_gets_the_version_from_disk(sender, tmp_path, fault):
     """Success reported with the old weights kept, damaged weights, a refusal, or a receive
     that never happens (the broadcast times out): one fallback to the disk, which the stand-in

@@ -123,7 +123,16 @@ def test_axes_use_hydra_sweep_syntax(tmp_path):
     assert "trainer.lr=2" in sw.runs[3].overrides and "algo.eps_high=0.3" in sw.runs[3].overrides
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=[p.name for p in SWEEPS])
+# the largest grids compose hundreds of configs (8-25 s each on 2 cores): make test-full
+BIG_SWEEPS = {"sat_power_cpu.yaml", "paper_table1_cpu.yaml", "paper_table1.yaml",
+              "sat_power_lr_check_cpu.yaml"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in BIG_SWEEPS else p for p in SWEEPS],
+    ids=[p.name for p in SWEEPS],
+)
 def test_every_sweep_file_expands_and_composes(path):
     head = path.read_text().splitlines()[0]
     assert head.startswith(f"# sat sweep sweeps/{path.name}"), head  # the command that uses it

@@ -100,6 +100,7 @@ def test_short_run_lands_in_mlflow(tmp_path):
     assert (tmp_path / "runs/sat/smoke/config.yaml").read_text().startswith("model:")
 
 
+@pytest.mark.slow  # ~18 s; the run-folder cases of tests/test_bad_input.py stay
 def test_existing_run_is_not_overwritten(tmp_path):
     args = [
         *SMOKE,

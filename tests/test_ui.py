@@ -392,6 +392,7 @@ def check_run_page(page: Page, run_url: str, run_id: str, shot: Path) -> None:
     assert page.d.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
 
 
+@pytest.mark.slow  # ~80 s; test_sat_ui_prints_training_view_urls_and_disables_telemetry stays
 def test_run_page_in_headless_chromium(ui, trained, tmp_path):
     chrome, driver = _browser()
     base = f"http://127.0.0.1:{ui.port}"
@@ -424,6 +425,7 @@ def _group(pgid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow  # ~60 s; the urls test stays in the default suite
 def test_sat_ui_stops_its_server_on_sigterm(ui):
     (server,) = ui.server_pids()
     assert _group(server)  # the mlflow server and its uvicorn process, in their own group

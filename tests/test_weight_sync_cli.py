@@ -90,6 +90,7 @@ def disk_run(tmp_path_factory):
     return hist
 
 
+@pytest.mark.slow  # ~40 s; in process: test_weight_sync.py and test_weight_sync_views.py, to the bit
 def test_distributed_gives_the_disk_paths_numbers_bit_for_bit(disk_run, tmp_path):
     out = train(*SMALL, "run.name=dist", "engine.weight_sync=distributed", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -104,6 +105,7 @@ def test_distributed_gives_the_disk_paths_numbers_bit_for_bit(disk_run, tmp_path
     assert max(v for _, v in disk_run["weights/verify_s"]) > 0
 
 
+@pytest.mark.slow  # ~40 s; in process: test_weight_sync.py::test_wrong_bytes_on_both_paths_fail_the_run
 def test_a_sender_whose_bytes_are_wrong_everywhere_fails_the_run(tmp_path):
     """Damaged on the wire and in what it writes to disk: the broadcast's checksums differ, the
     disk fallback's too, the run ends FAILED (exit 1) after its last checkpoint, which a
@@ -173,6 +175,7 @@ SGLANG = [
 ]
 
 
+@pytest.mark.slow  # ~15 s; the stand-in protocol: tests/test_sglang_weight_sync.py
 def test_sglang_servers_take_the_broadcast_and_are_verified(tmp_path):
     """engine=sglang (the stand-in process, in a real gloo group with the trainer): every
     version by broadcast, the first one verified against /weights_checker, no fallback."""
@@ -185,6 +188,7 @@ def test_sglang_servers_take_the_broadcast_and_are_verified(tmp_path):
     assert sent and all(v > 0 and v % 2042624 == 0 for v in sent)  # the tiny model in bf16
 
 
+@pytest.mark.slow  # ~11 s; test_bad_input_exits_2_naming_why_and_writes_nothing stays
 def test_a_server_that_cannot_take_a_broadcast_exits_2_naming_it(tmp_path):
     out = train(*SMALL, "run.name=no", *SGLANG, "engine.weight_sync=distributed",
                 "engine.extra_args=[--standin-no-sync-routes]", cwd=tmp_path)  # fmt: skip

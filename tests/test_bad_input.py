@@ -1091,13 +1091,11 @@ DEFAULT_CASES = {
     "negative-lag",  # ranges
     "inflight-updates",  # combinations
     "megatron-tp-not-dividing-ranks",
-    "train-template-longer-than-context",
     "data-malformed-json",  # data files
     "data-lone-surrogate",
     "model-pickle-only",  # model folders
     "model-missing-head-and-layer",
     "ckpt-pickle-weights",  # checkpoints
-    "ckpt-missing-head",
     "resume-nonexistent",  # resume targets
     "resume-corrupt-state",
     "run-name-traversal",  # run folders and names
@@ -1107,7 +1105,6 @@ DEFAULT_CASES = {
     "sweep-yaml-alias-bomb",
     "sweep-grid-too-large",
     "eval-unknown-benchmark",  # sat eval
-    "eval-run-dir-is-a-file",
 }
 
 

@@ -93,6 +93,7 @@ def to_version(engine, path: str) -> int:
     return version
 
 
+@pytest.mark.slow  # ~15 s; the scheduled switch keeps the class
 def test_no_update_is_the_default_engine_bit_for_bit(engine, plain, weights):
     to_version(engine, weights["v0"])
     to_version(plain, weights["v0"])

@@ -97,16 +97,30 @@ def patched():
     return run_checks(ALL, ALL)
 
 
+def test_every_patch_takes_effect(patched):
+    """The default suite's half: each patch does what it is for (the tests below also show each
+    failure without its patch)."""
+    assert patched == {
+        "torchvision": {"returned": "imported"},
+        "state_capturer": {"returned": "buffer (4, 2, 2) False"},
+        "amx_pack": {"returned": "packs gate: False up: True"},
+        "checksum_loaded": {"returned": "packed: True reports the loaded: True"},
+    }
+
+
+@pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
 def test_torchvision_imports_only_with_the_patch(bare, patched):
     assert "operator torchvision::nms does not exist" in bare["torchvision"]["raised"]
     assert patched["torchvision"] == {"returned": "imported"}
 
 
+@pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
 def test_routed_experts_buffer_allocates_on_cpu_only_with_the_patch(bare, patched):
     assert "Torch not compiled with CUDA enabled" in bare["state_capturer"]["raised"]
     assert patched["state_capturer"] == {"returned": "buffer (4, 2, 2) False"}
 
 
+@pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
 def test_the_router_gate_is_not_amx_packed_with_the_patch(bare, patched):
     # Packed, the 8-row gate is stored transposed and /update_weights_from_disk then kills the
     # server (its end-to-end check: test_sglang_real.py::test_weight_update_changes_...). SGLang
@@ -115,6 +129,7 @@ def test_the_router_gate_is_not_amx_packed_with_the_patch(bare, patched):
     assert patched["amx_pack"] == {"returned": "packs gate: False up: True"}
 
 
+@pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
 def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare, patched):
     # engine.verify_weights compares them with what the trainer sent (weightsync/layouts.py)
     assert bare["checksum_loaded"] == {"returned": "packed: True reports the loaded: False"}

@@ -173,6 +173,7 @@ def _filtered_logp(logits: torch.Tensor, token: int, top_k: int, top_p: float) -
     return float(torch.log(kept[pos] / kept.sum()))
 
 
+@pytest.mark.slow  # ~40 s; the log-probs test above keeps the class
 def test_top_k_top_p_logprobs_are_the_behaviour_policy(engine, prompts, tokenizer):
     # SGLang's output_token_logprobs are unfiltered; the engine asks for the sampling mask and
     # reports the log-prob under the renormalised top-k/top-p distribution actually sampled.

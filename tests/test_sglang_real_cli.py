@@ -52,7 +52,7 @@ def test_train_r3_on_sglang_logs_the_real_mismatch_and_replays_its_routes(tmp_pa
     assert sorted(metrics(runs, "eval/toy/avg_at_2")) == [0, 3]
 
 
-@pytest.mark.slow  # 40-70 s; `make test-full` (CI keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
 def test_eval_toy_on_sglang(tmp_path):
     sglang_python()
     out = sat(
@@ -65,7 +65,7 @@ def test_eval_toy_on_sglang(tmp_path):
     assert re.search(r"32/32\s*│\s*2\s*│\s*\d+\.\d+\s*│", out.stdout), out.stdout[-2000:]
 
 
-@pytest.mark.slow  # 40-70 s; `make test-full` (CI keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
 def test_two_servers_behind_the_router_serve_one_run(tmp_path):
     sglang_python()
     out = sat("train", *SMALL, "max_steps=3", "engine.num_servers=2", "eval.every=0",
@@ -81,7 +81,7 @@ def test_two_servers_behind_the_router_serve_one_run(tmp_path):
     assert sorted(metrics(tmp_path / "runs", "rollout/reward_mean")) == [1, 2, 3]
 
 
-@pytest.mark.slow  # 40-70 s; `make test-full` (CI keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
 def test_the_papers_stack_in_miniature(tmp_path):
     # SGLang rollouts, the megatron-core trainer, SGLang's routed experts replayed in
     # megatron's RouterReplay: every replayed (token, layer) row uses SGLang's experts.

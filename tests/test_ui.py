@@ -178,6 +178,7 @@ def ui(trained):
         proc.close()
 
 
+@pytest.mark.slow  # ~45 s (a run to show); the refusals of sat ui stay
 def test_sat_ui_prints_training_view_urls_and_disables_telemetry(ui, trained):
     base = f"http://127.0.0.1:{ui.port}"
     exp_id = trained["exp"].experiment_id

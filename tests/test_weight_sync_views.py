@@ -107,6 +107,7 @@ def test_bytes_not_in_the_models_order_are_not_bound_and_nothing_changes(case):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow  # ~13 s; the engine receive: tests/test_weight_sync.py
 def test_the_engine_binds_alternates_its_buffers_and_a_failed_receive_keeps_the_weights(
     tmp_path,
 ):

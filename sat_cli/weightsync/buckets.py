@@ -100,18 +100,22 @@ def empty_bucket(bucket: Bucket, device="cpu"):
     return torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
 
 
+def offsets(bucket: Bucket):
+    """``(TensorMeta, byte offset)`` of each tensor of ``bucket`` in its flat buffer."""
+    offset = 0
+    for m in bucket.metas:
+        yield m, offset
+        offset += m.nbytes
+
+
 def unflatten(flat, bucket: Bucket) -> list[tuple[str, object]]:
     """``(name, tensor)`` views into ``flat`` (the receive side of :func:`flatten`)."""
     import torch
 
-    out, offset = [], 0
-    for m in bucket.metas:
-        dtype = getattr(torch, m.dtype)
-        out.append((m.name, flat[offset : offset + m.nbytes].view(dtype).view(m.shape)))
-        offset += m.nbytes
-    if offset != flat.numel():
-        raise ValueError(f"bucket of {flat.numel()} bytes, its tensors take {offset}")
-    return out
+    if bucket.nbytes != flat.numel():
+        raise ValueError(f"bucket of {flat.numel()} bytes, its tensors take {bucket.nbytes}")
+    return [(m.name, flat[off : off + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
+            for m, off in offsets(bucket)]  # fmt: skip
 
 
 def tensor_hash(t) -> str:

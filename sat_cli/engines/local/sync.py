@@ -65,16 +65,16 @@ def targets(model) -> dict:
 
 def bind_views(model, flats: list, located: dict, own: set[int]) -> bool:
     """Make each of ``model``'s weights a view of received bytes, where they lie in the model's
-    own memory order (module docstring): ``flats`` are the received buckets, ``located`` maps an
-    HF name to ``(bucket, byte offset, TensorMeta)``, ``own`` holds the storage addresses of this engine's
-    receive buffers. False, and nothing changed, when any weight does not lie so, or when two
+    own memory order (module docstring): ``flats`` are the received buckets, ``located`` maps
+    an HF name to ``(bucket, byte offset, TensorMeta)``, ``own`` holds the storage addresses of
+    this engine's receive buffers. False, and nothing changed, when any weight does not lie so, or when two
     weights share memory (tied embeddings: rebinding one would leave the other behind)."""
 
     state = model.state_dict()
     views, start, storages = {}, {}, set()
     for key, hf, part in parts(model):
         base = state[key]
-        if hf not in located or part.dtype != base.dtype or not base.is_contiguous():
+        if hf not in located or not base.is_contiguous():
             return False
         k, off, meta = located[hf]
         if meta.shape != tuple(part.shape) or meta.dtype != B.dtype_name(part):
@@ -171,7 +171,7 @@ class WorkerSync:
             raise WeightSyncError(f"received weights do not fit the model: missing {missing[:3]}, "
                                   f"unexpected {extra[:3]}")  # fmt: skip
         flats = self.sets[s][: len(buckets)]
-        located = {m.name: (k, off, m) for k, b in enumerate(buckets) for m, off in _offsets(b)}
+        located = {m.name: (k, off, m) for k, b in enumerate(buckets) for m, off in B.offsets(b)}
         own = {f.untyped_storage().data_ptr() for f in self.sets[0] + self.sets[1] if f is not None}
         with torch.no_grad():
             zero_copy = bind_views(self.worker.model, flats, located, own)
@@ -191,13 +191,6 @@ class WorkerSync:
         if group is not None:
             group.close()
         return {}
-
-
-def _offsets(bucket: B.Bucket):
-    off = 0
-    for m in bucket.metas:
-        yield m, off
-        off += m.nbytes
 
 
 # --- the client's side (LocalEngine) --------------------------------------------------------------

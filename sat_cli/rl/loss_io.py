@@ -28,6 +28,12 @@ class LossInputs:
     versions: torch.Tensor | None = None  # the tokens' weight versions (a3po)
     current_version: int | None = None  # the trainer's weight version (a3po)
     seq_score_sqnorm: torch.Tensor | None = None  # ||grad sum_t log pi||^2 per response (vcpo)
+    # score centering (``LossConfig.score_centering``): the sampler's top-k ids per position,
+    # the trainer policy's log-probs there (``[B, T, K]``, with grad), the sampler's (detached)
+    # and which of the K entries are real (``[B, T, K]`` bool; padding is False)
+    policy_topk_logp: torch.Tensor | None = None
+    sampler_topk_logp: torch.Tensor | None = None
+    topk_valid: torch.Tensor | None = None
     diagnostics: bool = False
 
 

@@ -53,6 +53,7 @@ DPI = "staleness/abs_logratio_mean"  # the paper's d̄π, against the loss's rat
 DPI_MU = "staleness/abs_logratio_mean_mu"  # the same against the behaviour policy mu
 MISMATCH = "staleness/mismatch_abs_logratio_mean"  # |log pi_old - log mu| (recompute pass)
 ESS = "staleness/ess"
+SAT_Q_SHADOW = "staleness/q_shadow"  # without SAT: the q SAT would compute on the batch
 ABS_LOGRATIO_PCT = "staleness/abs_logratio_{}"  # .format("p50" | "p90" | "p99")
 VERSION_LAG_MEAN = "staleness/version_lag_mean"  # per sample: its oldest (first) token's lag
 VERSION_LAG_MAX = "staleness/version_lag_max"

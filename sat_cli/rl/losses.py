@@ -48,10 +48,12 @@ rank). Then ``sat/q`` and the SAT means are active-token-weighted over blocks an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from sat_cli import metric_names as M
 from sat_cli.rl.clip_metrics import clip_metrics, sequence_band, token_diagnostics
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.names import LEVELS
@@ -260,6 +262,10 @@ def policy_loss(
         if sat is not None and sat.index is not None and level != "token":
             n_band = sequence_band(r, adv, sat, (lower, upper), cfg)
         metrics = clip_metrics(loss, r, (n_clip, n_band), sat, n_active, blocks, cfg)
+        if sat is None and n_active and math.isfinite(cfg.eps_low + cfg.eps_high):
+            # the q SAT would compute on this batch: a pre-treatment quantity of a run without SAT
+            shadow = _sat_bounds(r, cfg.replace(adaptive=True), blocks, n_active)
+            metrics[M.SAT_Q_SHADOW] = float(shadow.stats[M.SAT_Q])
         if diag is not None:
             diag.update(
                 token_diagnostics(

@@ -207,7 +207,9 @@ def sweep_cmd(
 
 @app.command("report")
 def report_cmd(
-    target: str = typer.Argument(..., help="a sweep id or an MLflow experiment name"),
+    target: str = typer.Argument(
+        ..., help="a sweep id, an MLflow experiment name, or a collapse-study .csv"
+    ),
     out: str = typer.Option(None, "--out", help="output folder (default: runs/reports/<target>)"),
     tracking_uri: str = typer.Option(
         None, "--tracking-uri", help="default: sqlite:///runs/mlflow.db"
@@ -219,6 +221,9 @@ def report_cmd(
     epoch_steps: int = typer.Option(16, "--epoch-steps", help="steps of the last-epoch d̄π"),
     collapse_below: float = typer.Option(
         None, "--collapse-below", help="collapse threshold (default: half the step-0 score)"
+    ),
+    collapse: bool = typer.Option(
+        False, "--collapse", help="also the collapse study's collapse.csv / collapse.md"
     ),
 ) -> None:
     """The paper-style table with 95 % t-intervals over seeds, endpoints, paired differences
@@ -234,6 +239,7 @@ def report_cmd(
             last_k=last_k,
             epoch_steps=epoch_steps,
             collapse_below=collapse_below,
+            collapse=collapse,
         )
     )
 

@@ -49,6 +49,8 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.errors import UserError
+from sat_cli.report import collapse_md
+from sat_cli.report.collapse import LEDGER_KEYS
 from sat_cli.report.hist import HIST_DIR, download_json, hist_tables, last_hist  # noqa: F401
 from sat_cli.report.pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
 from sat_cli.report.regime import lag_key, regime_csv, regime_rows, render_markdown
@@ -72,6 +74,8 @@ from sat_cli.report.tables import (
 )
 
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
+# read for the collapse study (sat_cli.report.collapse): q without SAT, the ledger's split
+STUDY_KEYS = (M.SAT_Q_SHADOW, *(k for k in LEDGER_KEYS if k))
 
 # The rows of the paper's Table 1 (ALGORITHMS.md §9), then the baselines beyond the paper: the
 # order used when a sweep gives none.
@@ -202,8 +206,9 @@ def load_run(client, run, sweep_records: dict[str, dict] | None, axes: list[str]
         eps_low=_float(params, "algo.eps_low", 0.2),
         eps_high=_float(params, "algo.eps_high", 0.2),
         inert_recompute=_inert_recompute(tags, params),
+        commit=tags.get("git_commit", ""),
     )
-    keys = (data.eval_key, data.final_key, REWARD_KEY, GATE_KEY, Q_KEY, ESS_KEY)
+    keys = (data.eval_key, data.final_key, REWARD_KEY, GATE_KEY, Q_KEY, ESS_KEY, *STUDY_KEYS)
     for key in (*keys, *BAND_KEYS, *CLIP_KEYS):
         if key and key in run.data.metrics:
             data.series[key] = _history(client, run.info.run_id, key)
@@ -310,10 +315,16 @@ def run_report(
     last_k: int = 3,
     epoch_steps: int = 16,
     collapse_below: float | None = None,
+    collapse: bool = False,
 ) -> None:
     """`sat report`: print the tables, write report.md / table.csv / pairs.csv / regime.csv /
-    PNGs."""
+    PNGs; with ``collapse`` also the collapse study's collapse.csv and collapse.md. A target
+    that is a ``.csv`` file written that way prints the study's tables derived from it alone."""
     import os
+
+    if target.endswith(".csv"):
+        print(collapse_md.study_from_csv(Path(target)), end="")
+        return
 
     if last_k < 1 or epoch_steps < 1:
         raise UserError("--last-k and --epoch-steps must be >= 1")
@@ -334,6 +345,8 @@ def run_report(
     rep = build_report(client, target, pairs)
     try:
         _write_report(client, rep, uri, out_dir, st)
+        if collapse:
+            collapse_md.write_study(rep["runs"], out_dir)
     except OSError as exc:
         raise os_error(exc, f"cannot write the report to {out_dir}") from None
 

@@ -1,0 +1,162 @@
+"""The collapse study's analysis (docs/results/collapse_cpu.md): per-run outcomes, the pilot's
+qualification rules and the confirmatory McNemar tests.
+
+Two steps, so that a write-up's numbers come from a committed file and nothing else:
+
+1. ``study_rows(runs)`` turns the runs of a sweep (``RunData`` loaded by ``sat report``) into
+   one row per run: its collapse outcome, time to collapse, evaluations, minimum ESS, the
+   fraction of steps on which SAT can act, and its git commit. ``rows_csv`` writes them.
+2. ``study_markdown(rows)`` derives every number of the write-up from those rows alone (read
+   back with ``read_rows``): ``sat report <file>.csv`` prints it, and a test regenerates the
+   committed write-up's tables byte for byte.
+
+Definitions (fixed in the design before any run): with ``E_k`` the in-training evaluation at
+step ``k`` and ``best_k = max_{j <= k} E_j``, a run **collapses** iff its last two evaluations
+are both below ``0.5 * max_k E_k`` and its mean training reward over the last 10 steps is below
+``0.5 *`` the largest 10-step moving mean of that reward; its **time to collapse** is the first
+evaluation step ``k`` from which every evaluation is below ``0.5 * best_k`` (none: censored).
+**SAT can act** on a step iff ``q < max(ln(1 + eps_high), -ln(1 - eps_low))``, with ``q`` the
+logged ``staleness/q_shadow`` (runs without SAT) or ``sat/q`` (SAT runs); the fraction counts
+the steps before the time to collapse (all steps without one).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, fields
+
+from sat_cli import metric_names as M
+
+HALF = 0.5
+REWARD_WINDOW = 10
+# the ledger's two parts of d̄π (engine mismatch, staleness), when the run logged them
+LEDGER_KEYS = (getattr(M, "LEDGER_MISMATCH", ""), getattr(M, "LEDGER_STALENESS", ""))
+CAN_ACT_MIN = 0.5  # pilot rule 3: SAT can act on at least half of the pre-collapse steps
+
+
+@dataclass
+class StudyRow:
+    method: str
+    lag: str
+    seed: str
+    run: str
+    status: str
+    commit: str
+    last_step: int
+    evals: int
+    eval_first: float
+    eval_best: float
+    eval_last: float
+    collapsed: int  # 1 / 0
+    t_collapse: str  # an evaluation step, or "" (censored)
+    min_ess: str
+    can_act_frac: str
+    ledger_mismatch: str  # mean over the run of the ledger's two parts of d̄π ("" if absent)
+    ledger_staleness: str
+
+
+COLUMNS = [f.name for f in fields(StudyRow)]
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.6g}"
+
+
+def time_to_collapse(evals: list[tuple[int, float]]) -> int | None:
+    """The first evaluation step from which every evaluation is below half the best so far."""
+    best = -math.inf
+    for i, (step, value) in enumerate(evals):
+        best = max(best, value)
+        if all(v < HALF * best for _, v in evals[i:]):
+            return step
+    return None
+
+
+def collapsed(evals: list[tuple[int, float]], rewards: list[tuple[int, float]]) -> bool:
+    """Both parts of the definition (module doc); needs two evaluations and 10 rewards."""
+    if len(evals) < 2 or len(rewards) < REWARD_WINDOW:
+        raise ValueError("a collapse needs at least 2 evaluations and 10 logged rewards")
+    top = max(v for _, v in evals)
+    low_eval = all(v < HALF * top for _, v in evals[-2:])
+    r = [v for _, v in rewards]
+    means = [sum(r[i : i + REWARD_WINDOW]) / REWARD_WINDOW for i in range(len(r) - 9)]
+    return low_eval and means[-1] < HALF * max(means)
+
+
+def can_act_threshold(eps_low: float, eps_high: float) -> float:
+    """``max(ln(1 + eps_high), -ln(1 - eps_low))``: at or above it SAT changes no gradient."""
+    low = -math.log1p(-eps_low) if eps_low < 1 else math.inf
+    return max(math.log1p(eps_high), low)
+
+
+def can_act_fraction(q: list[tuple[int, float]], threshold: float, until: int | None):
+    """Fraction of the logged steps (before ``until``, if given) with ``q < threshold``."""
+    steps = [v for s, v in q if until is None or s < until]
+    return sum(v < threshold for v in steps) / len(steps) if steps else None
+
+
+def _mean(series: list[tuple[int, float]]) -> float | None:
+    return sum(v for _, v in series) / len(series) if series else None
+
+
+def study_row(run) -> StudyRow:
+    """One run's outcomes (``run``: a ``sat_cli.report.tables.RunData``)."""
+    ev, rewards = run.eval, run.values(M.REWARD_MEAN)
+    ok = len(ev) >= 2 and len(rewards) >= REWARD_WINDOW
+    t = time_to_collapse(ev) if ok else None
+    q = run.values(M.SAT_Q_SHADOW) or run.values(M.SAT_Q)
+    thr = can_act_threshold(run.eps_low, run.eps_high)
+    ess = [v for _, v in run.values(M.ESS)]
+    steps = [s for s, _ in rewards]
+    return StudyRow(
+        method=run.method,
+        lag=run.lag,
+        seed=run.seed,
+        run=run.name,
+        status=run.status,
+        commit=run.commit,
+        last_step=max(steps) if steps else 0,
+        evals=len(ev),
+        eval_first=ev[0][1] if ev else math.nan,
+        eval_best=max(v for _, v in ev) if ev else math.nan,
+        eval_last=ev[-1][1] if ev else math.nan,
+        collapsed=int(collapsed(ev, rewards)) if ok else -1,
+        t_collapse="" if t is None else str(t),
+        min_ess=_fmt(min(ess) if ess else None),
+        can_act_frac=_fmt(can_act_fraction(q, thr, t)),
+        ledger_mismatch=_fmt(_mean(run.values(LEDGER_KEYS[0]))),
+        ledger_staleness=_fmt(_mean(run.values(LEDGER_KEYS[1]))),
+    )
+
+
+def study_rows(runs) -> list[StudyRow]:
+    return [study_row(r) for r in runs]
+
+
+def rows_csv(rows: list[StudyRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        vals = [getattr(r, c) for c in COLUMNS]
+        w.writerow([_fmt(v) if isinstance(v, float) else v for v in vals])
+    return buf.getvalue()
+
+
+def read_rows(text: str) -> list[StudyRow]:
+    """The rows of a CSV written by ``rows_csv`` (a clear error for another file)."""
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames != COLUMNS:
+        raise ValueError(f"not a collapse-study CSV: columns {reader.fieldnames}, want {COLUMNS}")
+    out = []
+    for d in reader:
+        out.append(
+            StudyRow(
+                **{**d, "last_step": int(d["last_step"]), "evals": int(d["evals"]),
+                   "collapsed": int(d["collapsed"]),
+                   **{k: float(d[k] or "nan") for k in ("eval_first", "eval_best", "eval_last")}}
+            )
+        )  # fmt: skip
+    return out

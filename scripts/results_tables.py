@@ -137,39 +137,61 @@ def _sat_base(method: str) -> str:
     return re.sub(r" \(anchored[^)]*\)", "", method[4:])
 
 
+def _run_key(r: dict[str, str]) -> tuple[str, ...]:
+    """A run's numbers in regime.csv (every column but its name and row): two runs with equal
+    keys are copies of one run (e.g. anchored SAT at lag 1, where q never reaches a threshold
+    and the anchored interval is SAT's)."""
+    return tuple(v for k, v in r.items() if k not in ("run", "method"))
+
+
 def dpi_pairs() -> str:
     """paper_table1_cpu: every SAT row against its base row, same seed and lag: mean d̄π over
-    the run (regime.csv), and the relative change."""
+    the run (regime.csv), and the relative change. The count in the summary is over distinct
+    pairs: a pair whose SAT run is a copy of another SAT run against the same base run (same
+    numbers in every regime.csv column) repeats that pair and is counted once."""
     regime = _rows("paper_table1_cpu", "regime.csv")
     by = {(r["method"], r["lag"], r["seed"]): float(r["mean d̄π"]) for r in regime}
-    lines, lower, total, changes = [], 0, 0, []
+    keys = {(r["method"], r["lag"], r["seed"]): _run_key(r) for r in regime}
+    lines, changes, seen, repeats = [], [], {}, 0
     for (method, lag, seed), dpi in sorted(by.items()):
         if not method.startswith("SAT-"):
             continue
-        base = by.get((_sat_base(method), lag, seed))
+        base_row = _sat_base(method)
+        base = by.get((base_row, lag, seed))
         if base is None:
             continue
         rel = (dpi - base) / base
-        total += 1
-        lower += dpi < base
-        changes.append(rel)
+        pair = (keys[(method, lag, seed)], keys[(base_row, lag, seed)])
+        if pair in seen:
+            repeats += 1
+            counted = f"no: repeats the {seen[pair][0]} pair"
+        else:
+            seen[pair] = (method, dpi < base)
+            changes.append(rel)
+            counted = "yes"
         lines.append(
             [
                 method,
-                _sat_base(method),
+                base_row,
                 lag,
                 seed,
                 f"{dpi:.4f}",
                 f"{base:.4f}",
                 f"{100 * rel:+.0f} %",
+                counted,
             ]
         )
-    head = ["SAT row", "base row", "lag", "seed", "SAT d̄π", "base d̄π", "change"]
+    head = ["SAT row", "base row", "lag", "seed", "SAT d̄π", "base d̄π", "change", "counted"]
+    lower, total = sum(low for _, low in seen.values()), len(seen)
     lo = min(c for c in changes if c < 0) if lower else math.nan
     hi = max(c for c in changes if c < 0) if lower else math.nan
     summary = (
-        f"SAT lowers the run-mean d̄π in **{lower} of {total}** paired comparisons "
-        f"(by {100 * -hi:.0f}–{100 * -lo:.0f} % where it lowers it)."
+        f"SAT lowers the run-mean d̄π in **{lower} of {total}** distinct paired comparisons "
+        f"(by {100 * -hi:.0f}–{100 * -lo:.0f} % where it lowers it). The table has "
+        f"{len(lines)} rows: {repeats} of them repeat a pair already counted (a SAT run identical "
+        "in every regime.csv column to another SAT row's run of the same lag and seed, against "
+        "the same base run; last column). Nor are the distinct pairs independent: a base run can "
+        "serve two SAT rows (plain and anchored)."
     )
     return summary + "\n\n" + _table(head, lines)
 
@@ -337,7 +359,9 @@ def power_verdict() -> str:
             f"p = {p:.3g} (Wilcoxon p = {float(sat['p_wilcoxon']):.3g}), n = {sat['n']}: "
             f"{verdict}. Manipulation check 1 (lag hurts GRPO): GRPO lag 8 − lag 1 = "
             f"{float(lag['mean_diff']):+.2f} points, p = {float(lag['p_t']):.3g}: "
-            f"{'holds' if hurt else 'does not hold'}. Check 2 (mean q < 0.182 in every SAT run): "
+            f"{'holds' if hurt else 'does not hold'}. Check 2 (mean q < 0.182 in every SAT run; "
+            "q is measured in the SAT runs, so this checks an outcome of SAT, not a pre-treatment "
+            "quantity): "
             + ("holds" if acts else f"does not hold (seeds {', '.join(over)} of {len(qs)})")
             + f". Check 3 (SAT band > 0 in every SAT run): {'holds' if changes else 'does not hold'}."
             + (

@@ -33,6 +33,13 @@ TOKEN_WEIGHT_ZERO_FRAC = "loss/token_weight_zero_frac"
 NONFINITE_SKIPPED = "loss/nonfinite_skipped"  # 1 for a minibatch whose update was skipped
 NONFINITE_STEPS = "loss/nonfinite_steps"  # the loop's running count
 LR_SCALE = "opt/lr_scale"  # a loss asks the trainer to scale this step's learning rate
+# the sequence trust region (rl/seq_trust.py) and score centering (rl/score_centering.py)
+STR_DROP_FRAC = "loss/str_drop_frac"  # responses dropped (mean Bernoulli KL > str_delta)
+STR_SEQ_KL_MEAN = "loss/str_seq_kl_mean"  # mean over responses of their mean token KL(mu||pi)
+CENTERING_TERM = "loss/centering_term"  # the aggregated A * C added to the loss
+CENTERING_SAMPLER_HEAD = "loss/centering_sampler_head_mass"  # mean sum_H q
+CENTERING_POLICY_HEAD = "loss/centering_policy_head_mass"  # mean sum_H p
+CENTERING_ALPHA_MEAN = "loss/centering_alpha_mean"  # mean tail coefficient alpha
 
 # --- sat/ (rl/sat.py via rl/losses.py; the loop's running fractions) ---------------------------
 SAT_Q = "sat/q"
@@ -59,6 +66,14 @@ VERSION_LAG_MEAN = "staleness/version_lag_mean"  # per sample: its oldest (first
 VERSION_LAG_MAX = "staleness/version_lag_max"
 TOKEN_LAG_MEAN = "staleness/token_version_lag_mean"  # per token (in-flight updates mix them)
 MIXED_VERSION_FRAC = "staleness/mixed_version_frac"  # responses whose tokens span versions
+# the three-log-prob ledger (algo.ledger; rl/ledger.py): delta = log pi - log mu = m + s with
+# m = log pi_old(version) - log mu (engine mismatch), s = log pi - log pi_old (staleness)
+LEDGER_DPI = "staleness/ledger_abs_logratio_mean"  # mean |delta| = mismatch + staleness part
+LEDGER_MISMATCH_PART = "staleness/ledger_mismatch_part"  # mean sign(delta) * m
+LEDGER_STALENESS_PART = "staleness/ledger_staleness_part"  # mean sign(delta) * s
+LEDGER_MISMATCH_ABS = "staleness/ledger_mismatch_abs_mean"  # mean |m|
+LEDGER_STALENESS_ABS = "staleness/ledger_staleness_abs_mean"  # mean |s|
+LEDGER_HELD_FRAC = "staleness/ledger_held_frac"  # tokens whose version's weights were held
 
 # --- rollout/ (loop/steps.py) ------------------------------------------------------------------
 BATCH_INDEX = "rollout/batch_index"
@@ -88,6 +103,8 @@ HIST_TOKEN_VERSION_LAG = "staleness/token_version_lag"  # per token
 HIST_ABS_LOGRATIO = "staleness/abs_logratio"
 HIST_SAT_ABS_LOGRATIO = "sat/abs_logratio"
 HIST_CONTRACTION = "sat/contraction"
+HIST_LEDGER_MISMATCH = "staleness/ledger_mismatch"  # per token m (algo.ledger)
+HIST_LEDGER_STALENESS = "staleness/ledger_staleness"  # per token s (algo.ledger)
 
 # --- eval/ and final/ ---------------------------------------------------------------------------
 EVAL = "eval"

@@ -52,6 +52,12 @@ class LossConfig:
     vcpo_opob: bool = True
     # reference-policy penalty: + kl_coef * k3 (0 = off, no reference model)
     kl_coef: float = 0.0
+    # sequence trust region (rl/seq_trust.py): drop a response whose mean per-token Bernoulli
+    # KL(mu || pi) exceeds str_delta (None = off); clipped algorithms only
+    str_delta: float | None = None
+    # score centering (rl/score_centering.py): + A * sum_H sg(c_v) log p_v per token; needs
+    # LossInputs.policy_topk_logp / sampler_topk_logp / topk_valid; correction none or tis
+    score_centering: bool = False
 
     def replace(self, **changes) -> LossConfig:
         """A copy with ``changes`` (e.g. new clip radii from a schedule)."""

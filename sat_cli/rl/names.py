@@ -10,6 +10,10 @@ from __future__ import annotations
 
 ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po", "a3po", "vcpo")
 UNCLIPPED_ALGOS = ("m2po", "vcpo")  # no clip interval: SAT (clip.adaptive) cannot apply
+# clipped algorithms without a behaviour weight of their own: the sequence trust region
+# (str_delta) and score centering compose with these only
+TRUST_ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv")
+CENTERING_CORRECTIONS = ("none", "tis")  # score centering's coefficients exist for these
 CORRECTIONS = ("none", "tis", "mis", "icepop")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 DENOMINATORS = ("rollout", "recompute")

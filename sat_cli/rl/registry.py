@@ -36,6 +36,14 @@ builds advantages. ``dppo_tv`` multiplies the (SAT-able) clipped surrogate with 
 ``M * pi_theta / pi_old * A``), so SAT is rejected for it. ``resolve()`` returns the validated
 combination as a ``LossSpec``.
 
+Two additions compose with the clipped algorithms without a behaviour weight of their own
+(``names.TRUST_ALGOS``: ppo, grpo, gspo, gspo_token, dppo_tv): the sequence trust region
+(``str_delta``, ``rl.seq_trust``) multiplies the per-token factor by 0 on every token of a
+response whose mean Bernoulli ``KL(mu || pi)`` exceeds ``str_delta``; score centering
+(``score_centering``, ``rl.score_centering``, correction ``none`` or ``tis`` only) adds
+``A * sum_H sg(c_v) log p_v`` per token, aggregated like the policy loss, from the
+``LossInputs`` top-k fields (a response the trust region drops carries no centering either).
+
 ``compute``'s metrics are ``policy_loss``'s, whose ``staleness/abs_logratio_mean`` uses
 the ratio's own denominator, plus ``staleness/abs_logratio_mean_mu`` = mean ``|logp -
 rollout_logp|`` over active tokens (the paper's ``d̄π`` against the behaviour policy, comparable
@@ -57,8 +65,10 @@ from sat_cli.rl import corrections as corr
 from sat_cli.rl import offpolicy as off
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs, LossOutputs
-from sat_cli.rl.losses import policy_loss
-from sat_cli.rl.names import DENOMINATORS
+from sat_cli.rl.losses import aggregate, policy_loss
+from sat_cli.rl.names import CENTERING_CORRECTIONS, DENOMINATORS, TRUST_ALGOS
+from sat_cli.rl.score_centering import score_centering_term
+from sat_cli.rl.seq_trust import str_keep
 
 __all__ = ["LossInputs", "LossOutputs", "compute", "resolve", "valid_names"]
 
@@ -253,8 +263,14 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
     if cfg.adaptive and not a.clip:
         raise ValueError(f"SAT contracts a clip interval; {cfg.algo!r} has none")
     denom_logp = x.old_logp if spec.denominator == "old" else x.rollout_logp
+    _check_additions(cfg)
     advantages, extra = x.advantages, {}
     factors = [a.token_factor(x, cfg), c.weights(x, cfg)]
+    keep = None  # the sequence trust region's [B, T] keep factor (cfg.str_delta)
+    if cfg.str_delta is not None:
+        keep, str_metrics = str_keep(x.logp, x.rollout_logp, x.mask, cfg.str_delta)
+        factors.append(keep)
+        extra.update(str_metrics)
     settings = cfg if a.clip else cfg.replace(eps_low=math.inf, eps_high=math.inf)
     if a.prepare is not None:
         prep = a.prepare(x, cfg)
@@ -272,12 +288,64 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
         x.logp, denom_logp, advantages, x.mask, settings, level=a.level, token_weights=weight,
         diag=diag,
     )  # fmt: skip
+    if cfg.score_centering:
+        agg = settings.agg if a.level == "token" else "seq-mean-token-mean"  # as policy_loss
+        term, centering_metrics = _centering(x, cfg, advantages, keep, agg)
+        loss = loss + term
+        extra.update(centering_metrics)
     metrics.update(extra)
     _mu_metrics(x, spec.denominator, metrics, diag)
     metrics[M.ESS] = off.sequence_ess(x.logp, x.rollout_logp, x.mask)
     if weight is not None:
         metrics.update(_weight_metrics(weight, x.mask))
     return LossOutputs(loss, metrics, diag)
+
+
+def _check_additions(cfg: LossConfig) -> None:
+    """The sequence trust region and score centering compose with ``TRUST_ALGOS`` only (clipped,
+    no behaviour weight of their own); score centering with ``CENTERING_CORRECTIONS`` only."""
+    on = [k for k, v in (("str_delta", cfg.str_delta is not None),
+                         ("score_centering", cfg.score_centering)) if v]  # fmt: skip
+    if on and cfg.algo not in TRUST_ALGOS:
+        raise ValueError(
+            f"{' and '.join(on)} compose with the algorithms {', '.join(TRUST_ALGOS)} only; "
+            f"got {cfg.algo!r}"
+        )
+    if cfg.score_centering and cfg.correction not in CENTERING_CORRECTIONS:
+        raise ValueError(
+            f"score centering is defined without importance sampling (correction 'none') or with "
+            f"token-level TIS ('tis'); got correction {cfg.correction!r}"
+        )
+
+
+def _centering(x: LossInputs, cfg: LossConfig, advantages, keep, agg: str):
+    """``(A * C aggregated like the policy loss, metrics)`` (``rl.score_centering``): per active
+    token of a kept response (``keep``: the trust region's factor or None), ``A`` its advantage;
+    with ``tis`` the coefficients use ``(lo, hi) = (0, tis_cap)``."""
+    tk = (x.policy_topk_logp, x.sampler_topk_logp, x.topk_valid)
+    if any(t is None for t in tk):
+        raise ValueError(
+            "score_centering needs policy_topk_logp, sampler_topk_logp and topk_valid "
+            "(the sampler's top-k log-probs, algo.score_centering_topk > 0)"
+        )
+    m = x.mask.bool()  # [B, T]
+    valid = tk[2].bool() & m[..., None]  # [B, T, K]: nothing at masked positions
+    bounds = (0.0, cfg.tis_cap) if cfg.correction == "tis" else None
+    term, stats = score_centering_term(tk[0], tk[1], valid, bounds)  # [B, T]
+    adv = advantages.detach().to(term.dtype)
+    adv = adv[:, None].expand_as(term) if adv.dim() == 1 else adv  # [B, T]
+    weight = adv if keep is None else adv * keep
+    per_token = torch.where(m, weight * term, 0.0)  # [B, T]
+    n = int(m.sum())
+    out = aggregate(per_token, m, n, agg)
+    with torch.no_grad():
+        d = max(n, 1)
+        metrics = {M.CENTERING_TERM: float(out.detach())}
+        for name, key in ((M.CENTERING_SAMPLER_HEAD, "sampler_head"),
+                          (M.CENTERING_POLICY_HEAD, "policy_head"),
+                          (M.CENTERING_ALPHA_MEAN, "alpha")):  # fmt: skip
+            metrics[name] = float(stats[key][m].sum()) / d
+    return out, metrics
 
 
 def _mu_metrics(x: LossInputs, denominator: str, metrics: dict, diag: dict | None) -> None:

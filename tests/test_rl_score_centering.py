@@ -1,0 +1,195 @@
+"""Score centering (``sat_cli.rl.score_centering``, ``LossConfig.score_centering``): hand values
+of rho, the coefficients and C; the gradient of A * C against its closed form; the zero gradient
+when sampler and trainer agree; a float64 loop over random top-k heads with padding; and the
+composition in ``registry.compute`` (aggregation, the trust region, refusals)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from loss_helpers import loss_of
+
+from sat_cli import metric_names as M
+from sat_cli.rl.config import LossConfig
+from sat_cli.rl.losses import aggregate
+from sat_cli.rl.score_centering import centering_coefficients, score_centering_term
+
+F64 = torch.float64
+LN = math.log
+
+
+def _hand():
+    # trainer: p = softmax(ln [4, 2, 1, 1]) = [.5, .25, .125, .125]; sampler head H = {0, 1}
+    # with q_H = [.4, .3]. sum_H q = .7, sum_H p = .75, rho = (1 - .7) / (1 - .75) = 1.2
+    z = torch.tensor([LN(4), LN(2), 0.0, 0.0], dtype=F64, requires_grad=True)
+    ids = torch.tensor([0, 1])
+    q = torch.tensor([0.4, 0.3], dtype=F64)
+    return z, ids, q
+
+
+@pytest.mark.parametrize(
+    "bounds,want_c,want_alpha",
+    [
+        # no IS: m = q = [.4, .3], alpha = rho = 1.2; c = m - alpha p = [.4 - .6, .3 - .3]
+        (None, [-0.2, 0.0], 1.2),
+        # TIS (.9, 1.1): m = clamp(p, .9q, 1.1q) = [clamp(.5, .36, .44), clamp(.25, .27, .33)]
+        # = [.44, .27]; alpha = clamp(1, .9*1.2, 1.1*1.2) = clamp(1, 1.08, 1.32) = 1.08;
+        # c = [.44 - 1.08*.5, .27 - 1.08*.25] = [-.1, 0]
+        ((0.9, 1.1), [-0.1, 0.0], 1.08),
+        # this project's tis (0, C = 1.1): m = min(p, 1.1 q) = [.44, .25]; alpha = min(1, 1.32)
+        # = 1; c = [.44 - .5, .25 - .25] = [-.06, 0]
+        ((0.0, 1.1), [-0.06, 0.0], 1.0),
+        # untruncated IS (huge cap): m = p, alpha = 1, c = 0
+        ((0.0, 1e9), [0.0, 0.0], 1.0),
+    ],
+)
+def test_hand_coefficients_term_and_gradient(bounds, want_c, want_alpha):
+    z, ids, q = _hand()
+    logp = torch.log_softmax(z, -1)[ids].view(1, 1, 2)  # [B=1, T=1, K=2], with grad
+    valid = torch.ones(1, 1, 2, dtype=torch.bool)
+    c, stats = centering_coefficients(logp, q.log().view(1, 1, 2), valid, bounds)
+    torch.testing.assert_close(c.view(-1), torch.tensor(want_c, dtype=F64), rtol=0, atol=1e-15)
+    assert float(stats["rho"]) == pytest.approx(1.2, rel=1e-14)
+    assert float(stats["alpha"]) == pytest.approx(want_alpha, rel=1e-14)
+    assert (float(stats["sampler_head"]), float(stats["policy_head"])) == pytest.approx((0.7, 0.75))
+    term, _ = score_centering_term(logp, q.log().view(1, 1, 2), valid, bounds)
+    # C = sum_H c_v log p_v: e.g. no IS: -.2 ln .5 + 0 ln .25 = .2 ln 2
+    want_term = want_c[0] * LN(0.5) + want_c[1] * LN(0.25)
+    assert float(term.detach()) == pytest.approx(want_term, rel=1e-12, abs=1e-15)
+    # gradient of A * C w.r.t. the logits: A * sum_H c_v (e_v - p), d log p_v / dz = e_v - p
+    A = -1.7
+    (A * term.sum()).backward()
+    p = torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=F64)
+    by_hand = torch.zeros(4, dtype=F64)
+    for v, cv in zip(ids.tolist(), want_c, strict=True):
+        by_hand += A * cv * (torch.nn.functional.one_hot(torch.tensor(v), 4).to(F64) - p)
+    torch.testing.assert_close(z.grad, by_hand, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("bounds", [None, (0.0, 2.0), (0.5, 1.5)])
+def test_no_mismatch_gives_zero_gradient(bounds):
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(3, 4, 6, generator=g, dtype=F64, requires_grad=True)  # [B, T, V]
+    full = torch.log_softmax(z, -1)  # H = the whole vocabulary, q == p exactly
+    valid = torch.ones(3, 4, 6, dtype=torch.bool)
+    term, _ = score_centering_term(full, full.detach(), valid, bounds)
+    (torch.randn(3, 4, generator=g, dtype=F64) * term).sum().backward()
+    torch.testing.assert_close(z.grad, torch.zeros_like(z), rtol=0, atol=1e-15)
+    # a partial head with q == p: rho = 1, so every coefficient is exactly 0
+    z.grad = None
+    head = torch.log_softmax(z, -1)[..., :3]
+    c, stats = centering_coefficients(head, head.detach(), valid[..., :3], bounds)
+    assert torch.equal(c, torch.zeros_like(c))
+    torch.testing.assert_close(stats["rho"], torch.ones(3, 4, dtype=F64))
+
+
+def _ref_term(lp, lq, valid, bounds):
+    """Python-float loop: rho, m, alpha, c and C = sum c log p per position."""
+    B, T, K = lp.shape
+    out = torch.zeros(B, T, dtype=F64)
+    for b in range(B):
+        for t in range(T):
+            vs = [k for k in range(K) if valid[b, t, k]]
+            p = {k: math.exp(float(lp[b, t, k])) for k in vs}
+            q = {k: math.exp(float(lq[b, t, k])) for k in vs}
+            rho = max(1 - sum(q.values()), 0.0) / max(1 - sum(p.values()), 1e-6)
+            if bounds is None:
+                m, alpha = q, rho
+            else:
+                lo, hi = bounds
+                m = {k: min(max(p[k], lo * q[k]), hi * q[k]) for k in vs}
+                alpha = min(max(1.0, lo * rho), hi * rho)
+            out[b, t] = sum((m[k] - alpha * p[k]) * float(lp[b, t, k]) for k in vs)
+    return out
+
+
+def _random_head(seed, B=4, T=5, K=3, V=7):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(B, T, V, generator=g, dtype=F64)
+    zq = z + 0.4 * torch.randn(B, T, V, generator=g, dtype=F64)  # the sampler's own logits
+    ids = torch.argsort(zq, -1, descending=True)[..., :K]  # the sampler's top-k
+    lq = torch.log_softmax(zq, -1).gather(-1, ids)
+    valid = torch.rand(B, T, K, generator=g) > 0.2
+    valid[..., 0] = True
+    z.requires_grad_(True)
+    lp = torch.log_softmax(z, -1).gather(-1, ids)
+    lp = torch.where(valid, lp, torch.full_like(lp, float("nan")))  # padding: garbage
+    return z, lp, lq, valid
+
+
+@pytest.mark.parametrize("bounds", [None, (0.0, 2.0), (0.8, 1.25)])
+def test_term_against_float64_loop(bounds):
+    z, lp, lq, valid = _random_head(1)
+    term, _ = score_centering_term(lp, lq, valid, bounds)
+    torch.testing.assert_close(term, _ref_term(lp.detach(), lq, valid, bounds), rtol=1e-12, atol=0)
+    term.sum().backward()
+    assert torch.isfinite(z.grad).all()  # NaN padding never reaches the gradient
+
+
+def _inputs(seed=2, B=4, T=5):
+    z, lp, lq, valid = _random_head(seed, B, T)
+    g = torch.Generator().manual_seed(seed + 100)
+    mu = -torch.rand(B, T, generator=g, dtype=F64) * 2
+    logp = (mu + 0.1 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[:, 0] = True
+    adv = torch.randn(B, generator=g, dtype=F64)
+    return dict(
+        logp=logp, rollout_logp=mu, advantages=adv, mask=mask, old_logp=mu + 0.02,
+        policy_topk_logp=lp, sampler_topk_logp=lq, topk_valid=valid,
+    ), z  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "algo,correction,agg",
+    [
+        ("grpo", "none", "token-mean"),
+        ("grpo", "tis", "seq-mean-token-sum"),
+        ("ppo", "none", "seq-mean-token-mean"),
+        ("gspo", "none", "token-mean"),  # GSPO aggregates seq-mean-token-mean whatever agg says
+        ("dppo_tv", "none", "token-mean"),
+    ],
+)
+def test_loss_is_base_plus_aggregated_a_times_c(algo, correction, agg):
+    x, _ = _inputs()
+    cfg = LossConfig(algo=algo, correction=correction, agg=agg, tis_cap=1.5)
+    loss, metrics = loss_of(cfg.replace(score_centering=True), **x)
+    base, _ = loss_of(cfg, **{k: v for k, v in x.items() if "topk" not in k})
+    m = x["mask"]
+    valid = x["topk_valid"] & m[..., None]
+    bounds = (0.0, 1.5) if correction == "tis" else None
+    ref = _ref_term(x["policy_topk_logp"].detach(), x["sampler_topk_logp"], valid, bounds)
+    per_token = torch.where(m, x["advantages"][:, None] * ref, 0.0)
+    eff = agg if algo != "gspo" else "seq-mean-token-mean"
+    extra = float(aggregate(per_token, m, int(m.sum()), eff))
+    assert float(loss.detach()) == pytest.approx(float(base.detach()) + extra, rel=1e-12)
+    assert metrics[M.CENTERING_TERM] == pytest.approx(extra, rel=1e-12)
+    assert metrics[M.LOSS_POLICY] == pytest.approx(float(base.detach()), rel=0)
+    assert 0 < metrics[M.CENTERING_SAMPLER_HEAD] < 1 and 0 < metrics[M.CENTERING_POLICY_HEAD] < 1
+
+
+def test_trust_region_drops_the_centering_of_a_dropped_response():
+    x, z = _inputs()
+    x["logp"] = x["logp"].detach().clone()
+    x["logp"][1] -= 3.0  # response 1 far from mu: its mean Bernoulli KL is large
+    loss, metrics = loss_of(LossConfig(str_delta=0.05, score_centering=True), **x)
+    assert metrics[M.STR_DROP_FRAC] == 0.25
+    loss.backward()
+    assert torch.equal(z.grad[1], torch.zeros_like(z.grad[1]))  # no centering gradient there
+    assert z.grad[0].abs().sum() > 0
+
+
+def test_refusals():
+    x, _ = _inputs()
+    for correction in ("mis", "icepop"):
+        with pytest.raises(ValueError, match="correction 'none'.*'tis'"):
+            loss_of(LossConfig(correction=correction, score_centering=True), **x)
+    with pytest.raises(ValueError, match="score_centering compose with the algorithms"):
+        loss_of(LossConfig(algo="decoupled_ppo", score_centering=True), **x)
+    bare = {k: v for k, v in x.items() if k != "sampler_topk_logp"}
+    with pytest.raises(ValueError, match="needs policy_topk_logp, sampler_topk_logp"):
+        loss_of(LossConfig(score_centering=True), **bare)
+    _, metrics = loss_of(LossConfig(), **x)  # off by default: the top-k fields are not read
+    assert M.CENTERING_TERM not in metrics

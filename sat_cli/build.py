@@ -199,6 +199,8 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         num_minibatches=obj.algo.num_minibatches,
         seed=obj.seed,
         r3_audit=obj.trainer.r3_audit,
+        replay_sampling_mask=obj.algo.replay_sampling_mask,
+        score_centering_topk=obj.algo.score_centering_topk,
     )
     t = obj.trainer
     from sat_cli.commands.weight_sync import sender_spec, weight_sender  # weight_sync=distributed

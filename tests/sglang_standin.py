@@ -193,6 +193,8 @@ class StandinState:
         want_routed: bool,
         want_mask: bool,
         req: _Request,
+        support: bool = False,
+        top_n: int = 0,
     ) -> dict:
         """Fake output for one entry: tokens and log-probs from an RNG seeded by the request's
         ``sampling_seed`` under deterministic inference, else by a fresh random value."""
@@ -248,6 +250,18 @@ class StandinState:
             ]
             meta["output_token_sampling_logprobs"] = [round(lp[0] / 2, 6) for lp in logprobs]
             meta["output_token_sampling_mask_length"] = len(tokens)
+            if support:  # sampling_logprobs_mode=support: the kept set's log-probs, id-aligned
+                meta["output_token_sampling_logprobs"] = [
+                    _fake_support(t, ids, sel)
+                    for t, ids, sel in zip(tokens, meta["output_token_sampling_mask"],
+                                           meta["output_token_sampling_logprobs"], strict=True)
+                ]  # fmt: skip
+        if top_n:  # top_logprobs_num: [[logprob, id, null], ...] most probable first
+            meta["output_top_logprobs"] = [
+                [[round(-0.5 - j - rng.random(), 6), (t + 3 * j) % vocab, None]
+                 for j in range(top_n)]
+                for t in tokens
+            ]  # fmt: skip
         if want_routed and self.routed_experts_enabled and finish["type"] != "abort":
             layers, k = int(self.dims["num_hidden_layers"]), int(self.dims["num_experts_per_tok"])
             experts = int(self.dims["num_experts"])
@@ -263,6 +277,15 @@ class StandinState:
             "output_ids": tokens,
             "meta_info": meta,
         }
+
+
+def _fake_support(token: int, ids: list[int], selected: float) -> list[float]:
+    """Log-probs of a fake kept set: ``selected`` on ``token``, the rest of the mass split
+    evenly over the other ids (a normalised distribution, as the real support mode gives)."""
+    import math
+
+    rest = math.log((1 - math.exp(selected)) / max(len(ids) - 1, 1))
+    return [selected if i == token else round(rest, 6) for i in ids]
 
 
 def _validate_sampling(params: dict) -> str | None:
@@ -452,6 +475,8 @@ class _Handler(BaseHTTPRequestHandler):
                 i,
                 want_routed=bool(body.get("return_routed_experts")),
                 want_mask=bool(body.get("return_sampling_mask")),
+                support=body.get("sampling_logprobs_mode") == "support",
+                top_n=int(body.get("top_logprobs_num") or 0),
                 req=req,
             )
             for i, (p, sp) in enumerate(zip(input_ids, params, strict=True))

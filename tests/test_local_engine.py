@@ -97,6 +97,56 @@ def test_temperature_and_top_k_logp_is_the_filtered_distribution(engine, ckpt):
     assert torch.isfinite(batch.rollout_logp[:, 1:][m]).all()
 
 
+def test_sampling_mask_replay_reproduces_mu_and_the_sampler_top_k(engine, ckpt, monkeypatch):
+    """Top-p and top-k sampling, fp32 engine and trainer on the same weights (lag 0): with
+    ``replay_sampling_mask`` the trainer's log-probs equal ``rollout_logp``; without, they differ
+    by the log of the kept mass. The step hands the loss the policy's log-probs at the
+    sampler's top-k (with gradient), equal to the sampler's own (tests/test_mask_replay.py)."""
+    from sat_cli.trainers import step as step_mod
+
+    T = 0.8
+    cases = {"top_p": dict(top_p=0.8), "top_k": dict(top_k=5)}
+    batches = {
+        name: collate([s for g in engine.generate(PROMPTS[:3], 2, SamplingParams(
+            temperature=T, max_new_tokens=8, seed=4, sampling_mask=True, topk_logprobs=3,
+            **kw)) for s in g], [1.0, -1.0] * 3, pad_id=0, need_mask=True, need_topk=3)
+        for name, kw in cases.items()
+    }  # fmt: skip
+    # fp32 engine and trainer, the same weights (lag 0)
+    tr = LocalTrainer(str(ckpt), temperature=T, replay_sampling_mask=True, score_centering_topk=3)
+    for name, batch in batches.items():
+        m = batch.loss_mask.bool()
+        tr.replay_sampling_mask = True
+        lp_on = tr.logprobs(batch)
+        assert (lp_on - batch.rollout_logp)[m].abs().max() <= 1e-5, name
+        tr.replay_sampling_mask = False
+        lp_off = tr.logprobs(batch)
+        # replay off: the trainer's full softmax differs from mu by log(kept mass)
+        with torch.no_grad():
+            p = torch.softmax(tr._logits(tr.model, batch)[:, :-1].double() / T, -1)
+        kept = batch.sampling_mask[:, 1:].long()
+        mass = torch.where(kept >= 0, p.gather(-1, kept.clamp(min=0)), 0.0).sum(-1)
+        gap = (lp_off - batch.rollout_logp)[:, 1:][m[:, 1:]].double()
+        torch.testing.assert_close(gap, mass.log()[m[:, 1:]], atol=1e-5, rtol=0)
+        assert gap.min() < -1e-2, name  # a real mismatch without the replay
+    # the top-k channel in the step: with grad, equal to the sampler's at the same weights
+    seen: dict = {}
+
+    def spy(cfg, inputs, _real=step_mod.registry.compute):
+        seen["x"] = inputs
+        return _real(cfg, inputs)
+
+    monkeypatch.setattr(step_mod.registry, "compute", spy)
+    tr.replay_sampling_mask = True
+    batch = batches["top_k"]
+    tr.step(batch)
+    x, m = seen["x"], batch.loss_mask.bool()
+    assert x.policy_topk_logp.requires_grad and not x.sampler_topk_logp.requires_grad
+    assert torch.equal(x.topk_valid, (batch.topk_ids >= 0) & m[..., None])
+    diff = (x.policy_topk_logp.detach() - x.sampler_topk_logp)[x.topk_valid].abs().max()
+    assert diff <= 1e-5
+
+
 def test_seeded_sampling_and_stop_tokens(engine):
     sp = SamplingParams(max_new_tokens=12, seed=9)
     a, b = flat(engine.generate(PROMPTS, 2, sp)), flat(engine.generate(PROMPTS, 2, sp))

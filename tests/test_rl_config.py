@@ -49,7 +49,8 @@ CLIP_FIELDS = {
 }
 # read by the loop or the trainer's step, not by the loss
 LOOP_OWNED = {
-    "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches"},
+    "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches"}
+    | {"replay_sampling_mask", "score_centering_topk"},  # the trainer's: kept sets, top-k
     "clip": {"name", "schedule", "final_scale"},
 }
 # non-default values of every loss setting (one valid config)

@@ -339,6 +339,40 @@ def test_top_k_top_p_use_the_behaviour_logprobs_of_the_sampling_mask(model_dir, 
     assert g_plain[0].rollout_logp == [lp[0] for lp in first["output_token_logprobs"]]
 
 
+def test_kept_sets_and_the_sampler_top_k_come_back_per_token(model_dir, standin):
+    # filtered: the kept sets, and the top-k from the support's log-probs (support mode)
+    cut = SamplingParams(max_new_tokens=4, seed=3, top_k=5, sampling_mask=True, topk_logprobs=2)
+    plain = SamplingParams(max_new_tokens=4, seed=3, topk_logprobs=2)  # no filter: top_logprobs
+    with make_engine(model_dir, [standin.url]) as engine:
+        ((s_cut,),) = engine.generate([[1]], 1, cut)
+        ((s_plain,),) = engine.generate([[1]], 1, plain)
+        engine.generate([[1]], 1, SamplingParams(max_new_tokens=4, seed=3))
+    calls = standin.calls("/generate")
+    assert calls[0]["sampling_logprobs_mode"] == "support" and "top_logprobs_num" not in calls[0]
+    assert calls[1]["top_logprobs_num"] == 2 and "return_sampling_mask" not in calls[1]
+    extra = ("return_sampling_mask", "sampling_logprobs_mode", "top_logprobs_num")
+    assert not any(k in calls[2] for k in extra)  # the default request is unchanged
+    meta = standin.state.generated[0]["meta_info"]
+    assert [k.tolist() for k in s_cut.sampling_mask] == meta["output_token_sampling_mask"]
+    for t, (tok, ids, lps) in enumerate(
+        zip(
+            s_cut.response_ids,
+            meta["output_token_sampling_mask"],
+            meta["output_token_sampling_logprobs"],
+            strict=True,
+        )
+    ):
+        assert s_cut.rollout_logp[t] == lps[ids.index(tok)]  # the sampled token's entry
+        best = sorted(zip(lps, ids, strict=True), key=lambda e: -e[0])[:2]
+        assert s_cut.topk_ids[t].tolist() == [i for _, i in best]
+        assert s_cut.topk_logp[t].tolist() == pytest.approx([lp for lp, _ in best])
+    top = standin.state.generated[1]["meta_info"]["output_top_logprobs"]
+    assert s_plain.topk_ids.tolist() == [[e[1] for e in row] for row in top]
+    for got, row in zip(s_plain.topk_logp.tolist(), top, strict=True):
+        assert got == pytest.approx([e[0] for e in row])
+    assert s_plain.sampling_mask is None
+
+
 def test_retract_pause_is_refused_with_r3(model_dir, standin):
     with make_engine(model_dir, [standin.url], r3=True) as engine:
         with pytest.raises(EngineError, match="retract.*routed experts"):

@@ -27,6 +27,7 @@ from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer, token_logprobs
+from sat_cli.trainers.step import topk_logprobs
 from sat_cli.util.procs import live_group_members
 
 # one xdist worker runs the real-server tier (its module-scoped servers are started once)
@@ -198,6 +199,55 @@ def test_top_k_top_p_logprobs_are_the_behaviour_policy(engine, prompts, tokenize
     # models), measurably: these are not the plain log-probs
     assert np.mean(got >= unfiltered - 0.05) > 0.95
     assert np.mean(got - unfiltered) > 1e-3
+
+
+def test_kept_sets_and_top_k_parse_and_the_trainer_replays_them(engine, prompts, tokenizer):
+    # the real server's output_token_sampling_mask / support-mode log-probs / top logprobs
+    # (sat_cli/engines/sglang/masks.py): every sampled token lies in its kept set, the kept set
+    # is SGLang's top-k/top-p cut of a bf16 recompute, the top-k is the most probable part of
+    # it, and the trainer scoring on the kept sets (algo.replay_sampling_mask) closes the gap
+    # that -log(kept mass) opens without it.
+    top_k, top_p = 5, 0.9
+    cut = sampling(tokenizer, top_k=top_k, top_p=top_p, sampling_mask=True, topk_logprobs=3)
+    samples = flat(engine.generate(prompts[:4], 2, cut))
+    batch = collate(samples, torch.zeros(len(samples)), tokenizer.pad_token_id,
+                    need_mask=True, need_topk=3)  # fmt: skip
+    model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False).logits.float()  # fmt: skip
+    same = []
+    for b, s in enumerate(samples):
+        start = len(s.prompt_ids)
+        for t, (tok, kept) in enumerate(zip(s.response_ids, s.sampling_mask, strict=True)):
+            assert tok in kept and 1 <= len(kept) <= top_k
+            probs = torch.softmax(logits[b, start + t - 1].double(), -1)
+            srt, idx = probs.sort(descending=True)
+            keep = (torch.arange(len(srt)) < top_k) & (srt.cumsum(-1) - srt <= top_p)
+            same.append(sorted(idx[keep].tolist()) == sorted(kept.tolist()))
+            ids, lps = s.topk_ids[t], s.topk_logp[t]
+            n = min(3, len(kept))
+            assert ids[:n].tolist() == kept[:n].tolist() and (ids[n:] == -1).all()
+            assert (np.diff(lps[:n]) <= 1e-6).all() and np.exp(lps[:n]).sum() <= 1 + 1e-4
+            if tok in ids[:n]:  # the behaviour log-prob is the support's own entry
+                assert lps[:n][ids[:n].tolist().index(tok)] == pytest.approx(s.rollout_logp[t])
+    assert np.mean(same) > 0.9  # bf16 noise may move a boundary token
+    m = batch.loss_mask.bool()
+    on = token_logprobs(logits, batch.input_ids, 1.0, batch.sampling_mask)[0]
+    off = token_logprobs(logits, batch.input_ids, 1.0)[0]
+    d_on = (on - batch.rollout_logp)[m].abs().mean()
+    d_off = (off - batch.rollout_logp)[m].abs().mean()
+    assert d_on < MEAN_TOL and d_off > d_on + 1e-3
+    # no filter: the top-k of log_softmax(logits / T) from top_logprobs_num
+    plain = flat(engine.generate(prompts[:4], 1, sampling(tokenizer, topk_logprobs=3)))
+    pb = collate(plain, torch.zeros(len(plain)), tokenizer.pad_token_id, need_topk=3)
+    with torch.no_grad():
+        pl = model(input_ids=pb.input_ids, attention_mask=pb.attention_mask,
+                   position_ids=pb.position_ids, use_cache=False).logits.float()  # fmt: skip
+    ref = topk_logprobs(pl, pb.topk_ids, 1.0, None)
+    valid = (pb.topk_ids >= 0) & pb.loss_mask.bool()[..., None]
+    assert bool(valid[..., 0][pb.loss_mask.bool()].all())
+    assert (ref - pb.topk_logp)[valid].abs().mean() < MEAN_TOL
 
 
 def test_weight_update_changes_samples_and_version(engine, prompts, tokenizer, tmp_path):

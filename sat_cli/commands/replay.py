@@ -70,6 +70,28 @@ def check_match(recorded: dict, composed: dict, steps: int, recorded_steps: int)
         raise UserError(
             f"sat replay: max_steps={steps} is above the recording's {recorded_steps} steps"
         )
+    _check_sampler_records(recorded.get("algo", {}), composed.get("algo", {}), composed["task"])
+
+
+def _check_sampler_records(recorded: dict, composed: dict, task: dict) -> None:
+    """Refuse a replay that needs kept sets or a sampler top-k the recording does not hold
+    (they are recorded only when the recorded run asked for them)."""
+    filtering = task.get("top_p", 1.0) < 1 or task.get("top_k", -1) >= 1
+    if (
+        filtering
+        and composed.get("replay_sampling_mask")
+        and not recorded.get("replay_sampling_mask")
+    ):
+        raise UserError(
+            "sat replay: algo.replay_sampling_mask=true needs each token's kept set, which the "
+            "recording lacks (recorded with algo.replay_sampling_mask=false)"
+        )
+    want, have = composed.get("score_centering_topk", 0), recorded.get("score_centering_topk", 0)
+    if want > have:
+        raise UserError(
+            f"sat replay: algo.score_centering_topk={want} needs the sampler's top-{want}; the "
+            f"recording holds its top-{have} (algo.score_centering_topk={have} when recorded)"
+        )
 
 
 def prepare(run: str, given: list[str]):

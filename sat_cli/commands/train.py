@@ -274,6 +274,8 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
             top_k=obj.task.top_k,
             max_new_tokens=obj.task.max_new_tokens,
             stop_token_ids=(tokenizer.eos_token_id,),
+            sampling_mask=obj.algo.replay_sampling_mask,  # the kept sets the trainer replays
+            topk_logprobs=obj.algo.score_centering_topk,
         )
         settings = LoopSettings(
             max_steps=obj.max_steps,

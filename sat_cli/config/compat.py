@@ -14,7 +14,10 @@ the same way (``ConfigError``, exit 2):
   e.g. ``model=qwen3_0_6b``) or a ``config.json`` of another kind is refused; a hub id whose
   config is not known here is left to the worker;
 * ``engine=sglang`` with in-flight updates that recompute the cache (``lag.inflight_cache=
-  recompute``, SGLang's ``retract`` pause) cannot keep R3's routes (``r3=true``).
+  recompute``, SGLang's ``retract`` pause) cannot keep R3's routes (``r3=true``);
+* ``algo.replay_sampling_mask`` and ``algo.score_centering_topk`` are wired into
+  ``trainer=local`` only (``trainer=megatron`` would need the kept sets and top-k through its
+  pipeline stages and data-parallel gathers).
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ def check_compat(c) -> None:
             raise ConfigError(
                 f"trainer=megatron cannot train model={m.name} ({where}): {why}; use "
                 "trainer=local, or an all-MoE Qwen3 model (e.g. model=qwen3_30b_a3b)"
+            )
+    if c.trainer.name == "megatron":
+        on = [f"algo.{k}" for k in ("replay_sampling_mask", "score_centering_topk")
+              if getattr(c.algo, k)]  # fmt: skip
+        if on:
+            raise ConfigError(
+                f"{' and '.join(on)} need trainer=local: trainer=megatron does not replay the "
+                "engine's kept sets or compute the sampler's top-k log-probs"
             )
     lag = c.lag
     if c.engine.name == "sglang" and lag.inflight_updates and c.r3:

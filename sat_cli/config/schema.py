@@ -136,6 +136,9 @@ class AlgoConfig:
     vcpo_is_cap: float = 8.0  # vcpo: truncation C of the sequence IS weight min(w, C)
     vcpo_ess_base: float = 1.0  # vcpo: step scale sqrt(min(1, ESS/B / vcpo_ess_base))
     vcpo_opob: bool = True  # vcpo: the off-policy optimal baseline (false: GRPO's group mean)
+    # score on the engine's top-p/top-k kept set: log p = z[y] - logsumexp(z[kept]), z = logits/T
+    replay_sampling_mask: bool = False  # (no filter: a no-op; docs/algorithms.md §1)
+    score_centering_topk: int = 0  # K of the sampler's top-k the engine records (0 = off)
 
     def __post_init__(self) -> None:
         check_choice("algo.name", self.name, ALGOS)
@@ -158,6 +161,7 @@ class AlgoConfig:
         check_choice("algo.behav_mode", self.behav_mode, BEHAV_MODES)
         check_range("algo.vcpo_is_cap", self.vcpo_is_cap, 0, lo_open=True)
         check_range("algo.vcpo_ess_base", self.vcpo_ess_base, 0, 1, lo_open=True)
+        check_range("algo.score_centering_topk", self.score_centering_topk, 0)
         if self.name == "vcpo" and self.loss_agg != "seq-mean-token-mean":
             raise ConfigError(
                 "algo=vcpo aggregates seq-mean-token-mean (its optimal baseline is per response); "

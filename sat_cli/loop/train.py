@@ -206,7 +206,9 @@ def train_loop(
             metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
             diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
             if samples:
-                batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3)
+                batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3,
+                                need_mask=s.sampling.sampling_mask and s.sampling.filtering,
+                                need_topk=s.sampling.topk_logprobs)  # fmt: skip
                 trainer_step(trainer, batch, t, st["counters"], guard, metrics, tracker, ckpt_root,
                              diag)  # fmt: skip
             else:

@@ -9,6 +9,10 @@ request's seeded ``torch.Generator``, and ``rollout_logp`` is ``logp`` of the dr
 log-prob of the distribution actually sampled from (for ``top_p=1, top_k=-1`` it is
 ``log_softmax(logits / T)``). ``temperature = 0`` is greedy and reports ``logp = 0`` (a point mass).
 
+On request (``record_mask``, ``topk``) each result also carries, per sampled token, the kept set
+(the ids where ``filtered_logprobs`` is finite, most probable first; a greedy step keeps the
+argmax) and the top-k ids and log-probs of that same distribution (:func:`support_and_topk`).
+
 Batches are left-padded with explicit ``position_ids`` (``cumsum(mask) - 1``), so a token's
 position does not depend on the batch it was generated in. Generation stops on a stop token —
 SGLang's rule, ``sat_cli/models/stopping.py``: the request's ``stop_token_ids`` and the EOS ids of
@@ -40,6 +44,27 @@ def filtered_logprobs(logits: torch.Tensor, temperature: float, top_p: float, to
     return torch.log_softmax(z, dim=-1)
 
 
+def support_and_topk(logp: torch.Tensor, want_mask: bool, k: int):
+    """From ``logp [B, V]`` of the distribution sampled from (``-inf`` off its support): per row
+    the support's ids (int32 numpy, most probable first, ties by id) if ``want_mask``, and with
+    ``k > 0`` the top-k ids (int32 ``[B, k]``) and log-probs (float32 ``[B, k]``); a support
+    smaller than ``k`` is padded with id -1 and log-prob 0."""
+    srt, order = torch.sort(logp, dim=-1, descending=True, stable=True)  # [B, V]
+    n = torch.isfinite(srt).sum(-1).cpu()  # [B]: the finite entries are a prefix
+    srt, order = srt.cpu(), order.cpu()
+    kept = [order[b, : int(n[b])].numpy().astype(np.int32) for b in range(len(n))]
+    ids = vals = None
+    if k > 0:
+        ids = torch.full((len(n), k), -1, dtype=torch.int32)
+        vals = torch.zeros((len(n), k), dtype=torch.float32)
+        kk = min(k, logp.shape[-1])
+        valid = torch.arange(kk)[None, :] < n[:, None]  # [B, kk]
+        ids[:, :kk] = torch.where(valid, order[:, :kk].int(), -1)
+        vals[:, :kk] = torch.where(valid, srt[:, :kk].float(), 0.0)
+        ids, vals = ids.numpy(), vals.numpy()
+    return (kept if want_mask else None), ids, vals
+
+
 def _forward(model, cache_kw: str, **kwargs):
     cache = kwargs.pop("cache")
     return model(**kwargs, **{cache_kw: cache}, use_cache=True, logits_to_keep=1)
@@ -66,9 +91,13 @@ def sample_batch(
     generator: torch.Generator,
     capture=None,
     switch=None,
+    record_mask: bool = False,
+    topk: int = 0,
 ) -> list[dict]:
     """Sample one response per prompt. Returns dicts ``{response_ids, rollout_logp, finish_reason,
     routed_experts (np.int32 or None)}``. ``capture``: an active ``RouteCapture`` or None.
+    ``record_mask``: each dict also has ``sampling_mask`` (per token, the kept ids, int32);
+    ``topk > 0``: ``topk_ids`` / ``topk_logp`` (``[R, topk]``; :func:`support_and_topk`).
 
     ``switch``: in-flight weight updates (``sat_cli.engines.local.inflight.WeightSwitch``) or None.
     When given, ``switch.poll(k)`` is asked at every token boundary (``k`` tokens sampled, before
@@ -114,22 +143,32 @@ def sample_batch(
     stop = torch.tensor(sorted(stop_token_ids), dtype=torch.long)
     fed: list[torch.Tensor] = []  # in-flight updates: the tokens fed so far (for a re-prefill)
     versions = None if switch is None else [[] for _ in range(B)]
+    kept: list[list] = [[] for _ in range(B)]  # record_mask: per token the kept ids
+    top: list[list] = [[] for _ in range(B)]  # topk: per token (ids, log-probs)
     routes_lk = () if prefill_routes is None else tuple(prefill_routes.shape[2:])
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()  # [B, V]
         if temperature <= 0:
             tok = logits.argmax(-1)
             tok_logp = torch.zeros(B)
+            if record_mask or topk > 0:  # a point mass on the argmax
+                logp = torch.full_like(logits, float("-inf")).scatter(-1, tok[:, None], 0.0)
         else:
             logp = filtered_logprobs(logits, temperature, top_p, top_k)  # [B, V]
             tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
             tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1).cpu()
         tok = tok.cpu()
+        if record_mask or topk > 0:
+            step_kept, step_ids, step_vals = support_and_topk(logp, record_mask, topk)
         for b in range(B):
             if done[b]:
                 continue
             tokens[b].append(int(tok[b]))
             logps[b].append(float(tok_logp[b]))
+            if record_mask:
+                kept[b].append(step_kept[b])
+            if topk > 0:
+                top[b].append((step_ids[b], step_vals[b]))
             if versions is not None:
                 versions[b].append(switch.version)
         hit = torch.isin(tok, stop) & ~done
@@ -181,6 +220,11 @@ def sample_batch(
         )
         if versions is not None:
             results[-1]["token_versions"] = versions[b]
+        if record_mask:
+            results[-1]["sampling_mask"] = kept[b]
+        if topk > 0:
+            results[-1]["topk_ids"] = np.stack([i for i, _ in top[b]]).astype(np.int32)
+            results[-1]["topk_logp"] = np.stack([v for _, v in top[b]]).astype(np.float32)
     return results
 
 

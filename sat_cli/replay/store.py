@@ -14,10 +14,14 @@ the engine returned them (prompt-major, then the group), ``S`` samples:
 * ``routes`` (int32 ``[rows, layers, top_k]``, R3's routed experts, concatenated) with
   ``route_off`` and ``has_routes`` when any sample carries them;
 * ``rewards`` (float64 ``[S]``; NaN for a group dropped before scoring);
+* when the run asked for them (``algo.replay_sampling_mask``, ``algo.score_centering_topk``):
+  ``mask_ids`` (int32, every token's kept set, concatenated) with ``mask_len`` (int32, per
+  response token) and ``has_mask`` (uint8 ``[S]``); ``topk_ids`` / ``topk_logp`` (int32 /
+  float32 ``[response tokens, K]``) with ``has_topk`` (uint8 ``[S]``);
 * metadata ``step`` and ``rows`` (the prompt rows, JSON: the data order).
 
-Sampling masks are not kept: neither engine returns them (the behaviour log-probs already
-have temperature and filters applied). Every file is written atomically (temp file, fsync,
+Without those settings no kept set or top-k is stored (the behaviour log-probs already have
+temperature and filters applied), and the file is what it was before they existed. Every file is written atomically (temp file, fsync,
 rename) before the manifest names it; :func:`open_recording` checks the manifest, every
 file's size and SHA-256 and its arrays before anything else happens
 (:class:`RecordingError`, exit 2).
@@ -90,6 +94,7 @@ def encode_step(t: int, groups: list[list[Any]], rows: list[dict], rewards: list
         arrays["routes"] = np.concatenate(parts).astype(np.int32)
         arrays["route_off"] = offsets([len(p) for p in parts])
         arrays["has_routes"] = np.array([r is not None for r in routed], np.uint8)
+    arrays.update(_sampler_arrays(samples))
     meta = {
         "step": str(t),
         "rows": json.dumps(rows),
@@ -115,6 +120,10 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
             raise ValueError(f"{n} samples do not make {len(rows)} groups of {g}")
         if ro[-1] != len(a["response_ids"]) or ro[-1] != len(a["rollout_logp"]):
             raise ValueError("the response arrays do not match their offsets")
+        if "mask_len" in a:  # offsets of each response token's kept set in mask_ids
+            if len(a["mask_len"]) != len(a["response_ids"]):
+                raise ValueError("mask_len does not have one entry per response token")
+            a["mask_off"] = np.concatenate([[0], np.cumsum(a["mask_len"], dtype=np.int64)])
         samples = []
         for i in range(n):
             rs, re_ = int(ro[i]), int(ro[i + 1])
@@ -127,6 +136,7 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
                 else None
             )
             samples.append(Sample(
+                **_sampler_fields(a, i, rs, re_),
                 prompt_ids=[int(x) for x in a["prompt_ids"][int(po[i]) : int(po[i + 1])]],
                 response_ids=[int(x) for x in a["response_ids"][rs:re_]],
                 rollout_logp=[float(x) for x in a["rollout_logp"][rs:re_]],
@@ -144,6 +154,42 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
         for i in range(len(rows))
     ]
     return groups, rows, rewards
+
+
+def _sampler_arrays(samples) -> dict[str, np.ndarray]:
+    """The kept sets and sampler top-k of :func:`encode_step` (none when no sample has them)."""
+    out: dict[str, np.ndarray] = {}
+    if any(s.sampling_mask is not None for s in samples):
+        rows = [ids for s in samples for ids in (s.sampling_mask or [[]] * s.response_len)]
+        out["mask_len"] = np.array([len(r) for r in rows], dtype=np.int32)
+        out["mask_ids"] = np.concatenate([np.asarray(r, np.int32) for r in rows] or [[]])
+        out["mask_ids"] = out["mask_ids"].astype(np.int32)
+        out["has_mask"] = np.array([s.sampling_mask is not None for s in samples], np.uint8)
+    if any(s.topk_ids is not None for s in samples):
+        k = max(np.asarray(s.topk_ids).shape[1] for s in samples if s.topk_ids is not None)
+        ids = np.full((sum(s.response_len for s in samples), k), -1, dtype=np.int32)
+        lp = np.zeros(ids.shape, dtype=np.float32)
+        t = 0
+        for s in samples:
+            if s.topk_ids is not None:
+                w = np.asarray(s.topk_ids).shape[1]
+                ids[t : t + s.response_len, :w] = s.topk_ids
+                lp[t : t + s.response_len, :w] = s.topk_logp
+            t += s.response_len
+        out["topk_ids"], out["topk_logp"] = ids, lp
+        out["has_topk"] = np.array([s.topk_ids is not None for s in samples], np.uint8)
+    return out
+
+
+def _sampler_fields(a: dict, i: int, rs: int, re_: int) -> dict:
+    """Sample ``i``'s kept sets and top-k (response tokens ``rs:re_``) from the step's arrays."""
+    out: dict = {}
+    if "mask_len" in a and a["has_mask"][i]:
+        off = a["mask_off"]
+        out["sampling_mask"] = [a["mask_ids"][off[t] : off[t + 1]] for t in range(rs, re_)]
+    if "topk_ids" in a and a["has_topk"][i]:
+        out["topk_ids"], out["topk_logp"] = a["topk_ids"][rs:re_], a["topk_logp"][rs:re_]
+    return out
 
 
 class StreamWriter:

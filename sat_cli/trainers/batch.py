@@ -14,6 +14,11 @@ convention (``logits[:, s-1]`` scores ``input_ids[:, s]``), so ``logp``, ``rollo
 (SGLang's row ``s``); a sample of length ``T`` brings ``T - 1`` rows (its last token was never
 fed). The last token's row and padding rows are filled with experts ``0 .. K-1``: the MoE output at
 those positions does not reach any scored logit.
+
+``sampling_mask[b, s]`` (int32 ``[B, S, K]``, K the widest kept set of the batch, -1 padding) is
+the kept set of top-p/top-k sampling the engine drew ``input_ids[b, s]`` from (-1 everywhere off
+response tokens); ``topk_ids`` / ``topk_logp`` (``[B, S, K]``) the top-k ids and log-probs of that
+distribution. Each is collated when every sample has it (an error when asked for and missing).
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class TrainBatch:
         None  # [B, S] long on response tokens, if any sample has them
     )
     routed_experts: torch.Tensor | None = None  # [B, S, L, K] long, or None
+    sampling_mask: torch.Tensor | None = None  # [B, S, K] int32 kept ids, -1 padding
+    topk_ids: torch.Tensor | None = None  # [B, S, K] int32 sampler's top-k ids, -1 padding
+    topk_logp: torch.Tensor | None = None  # [B, S, K] float32 their log mu, 0 padding
 
     @property
     def batch_size(self) -> int:
@@ -69,12 +77,16 @@ def collate(
     pad_id: int,
     *,
     need_routes: bool = False,
+    need_mask: bool = False,
+    need_topk: int = 0,
 ) -> TrainBatch:
     """Stack ``samples`` (with one advantage each) into a ``TrainBatch``.
 
     ``need_routes=True`` makes a sample without ``routed_experts``, or with routes of the wrong
     length, an ``R3Error`` (R3 must not silently fall back). Without it, routes are collated when
-    every sample has them and dropped otherwise.
+    every sample has them and dropped otherwise. ``need_mask`` / ``need_topk`` do the same for
+    the kept sets and the sampler's top-k (``ValueError``); ``need_topk = K`` also keeps only
+    the first K entries (the K most probable: a replay may ask fewer than were recorded).
     """
     if len(samples) == 0:
         raise ValueError("collate: no samples")
@@ -133,7 +145,11 @@ def collate(
                     "response_len - 1, layers, top_k]"
                 )
             routes[b, : T - 1] = torch.from_numpy(rec.astype(np.int64))
+    kept, topk_ids, topk_logp = _collate_sampler(samples, lengths, S, need_mask, need_topk)
     return TrainBatch(
+        sampling_mask=kept,
+        topk_ids=topk_ids,
+        topk_logp=topk_logp,
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
@@ -144,3 +160,51 @@ def collate(
         token_versions=token_versions,
         routed_experts=routes,
     )
+
+
+def _collate_sampler(samples: list[Sample], lengths: list[int], S: int, need_mask, need_topk):
+    """``(sampling_mask, topk_ids, topk_logp)`` ``[B, S, K]`` of the batch, each None unless
+    every sample has it; missing where needed is a ``ValueError``."""
+    B = len(samples)
+    kept = topk_ids = topk_logp = None
+    have = [s.sampling_mask is not None for s in samples]
+    if need_mask and not all(have):
+        raise ValueError(
+            f"sample {have.index(False)} has no sampling mask although algo.replay_sampling_mask "
+            "is on and top-p/top-k filter (an engine or a recording without kept sets)"
+        )
+    if all(have):
+        width = max((len(ids) for s in samples for ids in s.sampling_mask), default=1)
+        kept = torch.full((B, S, width), -1, dtype=torch.int32)
+        for b, s in enumerate(samples):
+            P = lengths[b] - s.response_len
+            if len(s.sampling_mask) != s.response_len:
+                raise ValueError(f"sample {b}: {len(s.sampling_mask)} kept sets for "
+                                 f"{s.response_len} response tokens")  # fmt: skip
+            lens = np.array([len(ids) for ids in s.sampling_mask], dtype=np.int64)
+            if lens.size:
+                rows = np.repeat(np.arange(lens.size), lens)  # token of each kept id
+                cols = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+                flat = np.concatenate([np.asarray(ids, np.int32) for ids in s.sampling_mask])
+                kept[b, P + rows, cols] = torch.from_numpy(flat)
+    have = [s.topk_ids is not None and s.topk_logp is not None for s in samples]
+    if need_topk and not all(have):
+        raise ValueError(
+            f"sample {have.index(False)} has no sampler top-k although "
+            "algo.score_centering_topk > 0 (an engine or a recording without it)"
+        )
+    if all(have):
+        K = max(np.asarray(s.topk_ids).shape[1] for s in samples)
+        K = min(K, need_topk) if need_topk else K
+        topk_ids = torch.full((B, S, K), -1, dtype=torch.int32)
+        topk_logp = torch.zeros((B, S, K), dtype=torch.float32)
+        for b, s in enumerate(samples):
+            ids, lp = np.asarray(s.topk_ids, np.int32), np.asarray(s.topk_logp, np.float32)
+            if ids.shape != lp.shape or ids.ndim != 2 or ids.shape[0] != s.response_len:
+                raise ValueError(f"sample {b}: top-k of shape {ids.shape} / {lp.shape} for "
+                                 f"{s.response_len} response tokens")  # fmt: skip
+            ids, lp = ids[:, :K], lp[:, :K]
+            P = lengths[b] - s.response_len
+            topk_ids[b, P : lengths[b], : ids.shape[1]] = torch.from_numpy(ids)
+            topk_logp[b, P : lengths[b], : ids.shape[1]] = torch.from_numpy(lp)
+    return kept, topk_ids, topk_logp

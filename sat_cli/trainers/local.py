@@ -14,8 +14,14 @@ supplies the HF forward (R3 replay of the recorded routes when ``r3``), plain
 
 Log-probs follow ``TrainBatch``'s alignment: ``logp[b, s] = log_softmax(logits[b, s-1] / T)
 [input_ids[b, s]]``, column 0 is 0. This is what the local engine reports for ``top_p = 1,
-top_k = -1``; with top-p/top-k filtering at rollout the trainer still scores the unfiltered
-distribution at temperature ``T`` (the usual convention), so the filtering shows up as mismatch.
+top_k = -1``. With top-p/top-k filtering at rollout the behaviour policy ``mu`` is the truncated,
+renormalised distribution: by default the trainer still scores the unfiltered distribution at
+temperature ``T`` (the usual convention), so each token's log-ratio carries ``-log`` of its kept
+mass as a built-in mismatch. ``replay_sampling_mask=True`` removes it: where the batch carries
+the engine's kept sets (``TrainBatch.sampling_mask``), the policy, ``pi_old`` and reference
+log-probs are ``z[y] - logsumexp(z[kept])`` with ``z = logits / T`` (``step.token_logprobs``).
+``score_centering_topk > 0``: the step also gets the policy's log-probs at the sampler's top-k
+ids, from the same forward (``step.topk_logprobs``).
 
 Checkpoints: ``publish_weights(dir, version)`` writes ``dir/v{version}`` in HF format (atomic
 rename); ``save(dir)`` writes ``dir/model`` (HF), ``dir/optimizer.safetensors`` (the AdamW moment
@@ -38,7 +44,12 @@ from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
-from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.step import (
+    PolicyTrainer,
+    load_optimizer_tensors,
+    optimizer_tensors,
+    topk_logprobs,
+)
 from sat_cli.trainers.step import token_logprobs as token_logprobs
 from sat_cli.util.fsio import staged_dir
 
@@ -87,6 +98,19 @@ class LocalTrainer(PolicyTrainer):
 
     # --- forward ---------------------------------------------------------------------------
     def _model_forward(self, model, batch: TrainBatch):
+        logits = self._logits(model, batch)
+        return token_logprobs(logits, batch.input_ids.to(self.device), self.temperature,
+                              self._kept(batch))  # fmt: skip
+
+    def _model_forward_topk(self, model, batch: TrainBatch):
+        logits, kept = self._logits(model, batch), self._kept(batch)
+        logp, entropy = token_logprobs(logits, batch.input_ids.to(self.device),
+                                       self.temperature, kept)  # fmt: skip
+        ids = batch.topk_ids.to(self.device)
+        return logp, entropy, topk_logprobs(logits, ids, self.temperature, kept)
+
+    def _logits(self, model, batch: TrainBatch) -> torch.Tensor:
+        """``[B, S, V]`` logits of ``model`` (R3 replay, the route audit, bf16 autocast)."""
         if self.r3:
             check_routes(batch.routed_experts, batch.input_ids)
         dev = self.device
@@ -118,7 +142,7 @@ class LocalTrainer(PolicyTrainer):
         if isinstance(audit, RouteAudit):
             self._audit[0] += audit.rows
             self._audit[1] += audit.mismatched
-        return token_logprobs(out.logits, batch.input_ids.to(dev), self.temperature)
+        return out.logits
 
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:

@@ -7,7 +7,9 @@
    on) and report ``staleness/mismatch_abs_logratio_mean`` (mean ``|log pi_old - log mu|``);
 2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``);
 3. split the batch into ``num_minibatches`` contiguous row chunks; per chunk: forward
-   (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy),
+   (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy; with
+   ``replay_sampling_mask`` renormalised on the engine's kept sets, with ``score_centering_topk``
+   also at the sampler's top-k ids: ``LossInputs.policy_topk_logp``),
    ``registry.compute`` with the trainer's ``LossConfig`` (+ ``kl_coef * k3``), backward,
    gradient reduction and grad-norm clip (``_clip_gradients``), optimizer step. A chunk without
    response tokens is skipped (no optimizer step). A non-finite loss or gradient norm skips the
@@ -53,16 +55,66 @@ from sat_cli.trainers.batch import TrainBatch
 NONFINITE_METRIC = M.NONFINITE_SKIPPED
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float):
+def token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float,
+    kept: torch.Tensor | None = None,
+):
     """``logp [B, S]`` aligned to the token it scores and ``entropy [B, S]`` of the same
-    distribution (column 0: 0). ``logits``: ``[B, S, V]``."""
+    distribution (column 0: 0). ``logits``: ``[B, S, V]``.
+
+    ``kept`` (``[B, S, K]`` int, -1 padding, aligned like ``logp``: the engine's kept set for
+    the token at ``s``; ``algo.replay_sampling_mask``): at positions with a kept set the
+    distribution is renormalised on it, ``logp = z[y] - logsumexp(z[kept])`` with ``z = logits /
+    T``, and the entropy is that distribution's; elsewhere (prompt, padding) the full softmax.
+    Without ``kept`` the arithmetic is exactly the plain one."""
     z = logits[:, :-1].float() / temperature  # [B, S-1, V]
     logsm = torch.log_softmax(z, dim=-1)  # [B, S-1, V]
     lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
     with torch.no_grad():
         ent = -(logsm.exp() * logsm).sum(-1)  # [B, S-1]
+    if kept is not None:
+        lse, has, zk = _kept_logsumexp(z, kept[:, 1:])  # [B, S-1], [B, S-1], [B, S-1, K]
+        zy = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
+        lp = torch.where(has, zy - lse, lp)
+        with torch.no_grad():
+            lpk = zk - lse[..., None]  # [B, S-1, K], -inf on padding
+            ent_k = -(lpk.exp() * lpk.masked_fill(torch.isinf(lpk), 0.0)).sum(-1)
+            ent = torch.where(has, ent_k, ent)
     zero = lp.new_zeros((lp.shape[0], 1))
     return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
+
+
+def _kept_logsumexp(z: torch.Tensor, kept: torch.Tensor):
+    """``(logsumexp(z[kept]) [B, S], has [B, S], z[kept] [B, S, K] with -inf padding)`` for
+    ``z [B, S, V]`` and ``kept [B, S, K]`` (-1 padding); a row without kept ids (``has``
+    False) gets the finite ``z[..., 0]`` as its logsumexp, so no NaN reaches a gradient."""
+    valid = kept >= 0  # [B, S, K]
+    has = valid.any(-1)  # [B, S]
+    zk = z.gather(-1, kept.long().clamp(min=0)).masked_fill(~valid, float("-inf"))
+    lse = torch.logsumexp(torch.where(has[..., None], zk, z[..., :1]), dim=-1)  # [B, S]
+    return lse, has, zk
+
+
+def topk_logprobs(
+    logits: torch.Tensor, topk_ids: torch.Tensor, temperature: float, kept: torch.Tensor | None
+) -> torch.Tensor:
+    """The trainer's log-probs ``[B, S, K]`` at the sampler's top-k ids (``topk_ids [B, S, K]``,
+    -1 padding, aligned like ``logp``; column 0 and padding: 0), with gradient: of
+    ``log_softmax(logits / T)``, or with ``kept`` of the distribution renormalised on it
+    (``z[id] - logsumexp(z[kept])``, as :func:`token_logprobs`; the sampler's top-k ids lie in
+    its kept set). Score centering's policy side."""
+    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
+    ids = topk_ids[:, 1:].long()  # [B, S-1, K]
+    valid = ids >= 0
+    zi = z.gather(-1, ids.clamp(min=0))  # [B, S-1, K]
+    lp = zi - torch.logsumexp(z, dim=-1, keepdim=True)
+    if kept is not None:
+        lse, has, _ = _kept_logsumexp(z, kept[:, 1:])
+        lp = torch.where(has[..., None], zi - lse[..., None], lp)
+    lp = torch.where(valid, lp, torch.zeros_like(lp))
+    return torch.cat([lp.new_zeros((lp.shape[0], 1, lp.shape[2])), lp], dim=1)
 
 
 @dataclass(frozen=True)
@@ -78,6 +130,9 @@ class TrainerSettings:
     num_minibatches: int = 1  # optimizer steps per rollout batch
     seed: int = 0
     r3_audit: bool = False  # count the (token, layer) rows whose experts differ from the routes
+    # score every log-prob on the engine's kept set where the batch carries one (docs/algorithms)
+    replay_sampling_mask: bool = False
+    score_centering_topk: int = 0  # > 0: the policy's log-probs at the sampler's top-k ids
 
 
 # every keyword a trainer constructor accepts besides its backend's own (device, dtype)
@@ -101,6 +156,10 @@ class PolicyTrainer:
             raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
         if settings.temperature <= 0:
             raise ValueError(f"trainer temperature must be > 0, got {settings.temperature}")
+        if settings.score_centering_topk < 0:
+            raise ValueError(
+                f"score_centering_topk must be >= 0, got {settings.score_centering_topk}"
+            )
         spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
         self.settings = settings
         self.loss = loss
@@ -111,6 +170,8 @@ class PolicyTrainer:
         self.temperature = settings.temperature
         self.r3 = settings.r3
         self.r3_audit = settings.r3 and settings.r3_audit
+        self.replay_sampling_mask = settings.replay_sampling_mask
+        self.score_centering_topk = settings.score_centering_topk
         self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self.step_count = 0
         torch.manual_seed(settings.seed)
@@ -125,8 +186,21 @@ class PolicyTrainer:
 
     def _model_forward(self, model, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logp, entropy)`` ``[B, S]`` of ``model`` (the policy or the reference) on
-        ``self.device``; ``logp`` with gradient unless called under ``no_grad``."""
+        ``self.device``; ``logp`` with gradient unless called under ``no_grad``. With
+        ``replay_sampling_mask`` and a batch that carries ``sampling_mask``, on the kept sets
+        (``token_logprobs``'s ``kept``)."""
         raise NotImplementedError
+
+    def _model_forward_topk(self, model, batch: TrainBatch):
+        """``(logp, entropy, topk_logp [B, S, K])``: ``_model_forward`` plus the log-probs at
+        ``batch.topk_ids`` (``topk_logprobs``) from the same forward (score centering)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sampler top-k channel")
+
+    def _kept(self, batch: TrainBatch) -> torch.Tensor | None:
+        """The kept sets the log-probs are renormalised on (on the device), or None."""
+        if not self.replay_sampling_mask or batch.sampling_mask is None:
+            return None
+        return batch.sampling_mask.to(self.device)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -179,9 +253,14 @@ class PolicyTrainer:
             mask = mb.loss_mask.to(dev)
             if int(mask.sum()) == 0:
                 continue
-            logp, entropy = self._model_forward(self.model, mb)  # [b, S]
+            topk = None
+            if self.score_centering_topk > 0 and mb.topk_ids is not None:
+                logp, entropy, topk_logp = self._model_forward_topk(self.model, mb)
+                topk = self._topk_inputs(mb, topk_logp, mask)
+            else:
+                logp, entropy = self._model_forward(self.model, mb)  # [b, S]
             part = None if diag is None else {}
-            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part)
+            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part, topk)
             if part is not None:
                 parts.append(part)
             metrics[M.ENTROPY] = float(entropy[mask.bool()].double().mean())
@@ -200,8 +279,22 @@ class PolicyTrainer:
             diag.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return out
 
-    def _update(self, mb, rows, logp, mask, old_logp, ref_logp, diag=None) -> dict[str, float]:
-        """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip)."""
+    def _topk_inputs(self, mb: TrainBatch, topk_logp: torch.Tensor, mask: torch.Tensor) -> dict:
+        """Score centering's ``LossInputs`` fields: the policy's log-probs at the sampler's
+        top-k (with grad), the sampler's own (detached) and which entries are real (an id on a
+        response token)."""
+        ids = mb.topk_ids.to(self.device)  # [b, S, K]
+        return {
+            "policy_topk_logp": topk_logp,
+            "sampler_topk_logp": mb.topk_logp.to(self.device),
+            "topk_valid": (ids >= 0) & mask.bool()[..., None],
+        }
+
+    def _update(
+        self, mb, rows, logp, mask, old_logp, ref_logp, diag=None, topk=None
+    ) -> dict[str, float]:
+        """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip);
+        ``topk``: score centering's inputs (``_topk_inputs``) or None."""
         dev, cfg = self.device, self.loss
         inputs = LossInputs(
             logp=logp,
@@ -211,6 +304,7 @@ class PolicyTrainer:
             mask=mask,
             diagnostics=diag is not None,
             **self._extra_inputs(mb),
+            **(topk or {}),
         )
         out = registry.compute(cfg, inputs)
         loss, metrics = out.loss, out.metrics

@@ -12,7 +12,8 @@ hang. An exception inside the worker comes back as ``EngineError`` with the work
 and the worker keeps serving.
 
 Sampling semantics (temperature / top-p / top-k, the reported ``rollout_logp``, left padding,
-R3 route capture) are documented in ``local_worker``. Without a per-request ``seed`` the worker
+R3 route capture, the kept sets and top-k a request may ask for) are documented in
+``sat_cli.models.sampling``. Without a per-request ``seed`` the worker
 derives one from the engine ``seed`` and a request counter, so a fresh engine replays the same
 samples for the same sequence of requests.
 
@@ -231,6 +232,9 @@ class LocalEngine:
                         routed_experts=None if routes is None else np.asarray(routes, np.int32),
                         token_versions=list(tv) if tv and len(set(tv)) > 1 else None,
                         meta={"gen_s": reply["gen_s"]},
+                        sampling_mask=r.get("sampling_mask"),
+                        topk_ids=r.get("topk_ids"),
+                        topk_logp=r.get("topk_logp"),
                     )
                 )
             groups.append(group)

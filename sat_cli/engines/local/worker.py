@@ -98,15 +98,19 @@ class _Worker:
         return {"samples": results, "weight_version": self.version, "gen_s": elapsed}
 
     def _sampling_kwargs(self, s: dict, stop: set, gen) -> dict:
-        """``sample_batch``'s sampling keywords from a request's sampling dict."""
+        """``sample_batch``'s sampling keywords from a request's sampling dict; kept sets are
+        recorded only when a filter cuts the distribution (else the support is everything)."""
+        top_p, top_k = float(s["top_p"]), int(s["top_k"])
         return dict(
             temperature=float(s["temperature"]),
-            top_p=float(s["top_p"]),
-            top_k=int(s["top_k"]),
+            top_p=top_p,
+            top_k=top_k,
             max_new_tokens=int(s["max_new_tokens"]),
             stop_token_ids=stop,
             pad_id=self.pad_id,
             generator=gen,
+            record_mask=bool(s.get("sampling_mask")) and (top_p < 1.0 or top_k >= 1),
+            topk=int(s.get("topk_logprobs") or 0),
         )
 
     def _sample_switching(self, switch, chunk, s: dict, stop: set, gen) -> list[dict]:

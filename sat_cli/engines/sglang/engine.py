@@ -40,6 +40,7 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
     inflight_pause_mode,
 )
 from sat_cli.engines.sglang.dist_sync import DistributedSync
+from sat_cli.engines.sglang.masks import Extras
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
@@ -47,7 +48,6 @@ from sat_cli.engines.sglang.wire import (
     MoEDims,
     build_generate_payload,
     entry_seeds,
-    filtering_active,
     parse_generate_item,
     parse_weight_version,
     read_moe_dims,
@@ -265,7 +265,7 @@ class SGLangEngine(WorkerControl, DistributedSync):
         entries = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]  # prompt-major
         seeds = entry_seeds(sampling.seed if self.deterministic else None, len(prompts), n)
         params = [sampling_params_to_wire(sampling, s) for s in seeds]
-        mask = filtering_active(sampling)
+        extras = Extras.of(sampling)  # kept sets / top-k asked for (masks.py)
         # sglang_router takes one sampling_params dict per request: entries with their own
         # seeds go one per request through it
         size = 1 if self.router is not None and seeds[0] is not None else self.max_batch_size
@@ -277,8 +277,9 @@ class SGLangEngine(WorkerControl, DistributedSync):
                 [entries[k][1] for k in chunk],
                 [params[k] for k in chunk],
                 return_routed_experts=self.moe is not None,
-                return_sampling_mask=mask,
+                return_sampling_mask=extras.filtering,
             )
+            | extras.payload_fields()
             for chunk in chunks
         ]
         futures = self.client.map_post("/generate", payloads)
@@ -294,7 +295,7 @@ class SGLangEngine(WorkerControl, DistributedSync):
                     )
                 for k, item in zip(chunk, answer, strict=True):
                     prompt_index, prompt_ids = entries[k]
-                    sample = parse_generate_item(item, prompt_ids, moe=self.moe, sampling_mask=mask)
+                    sample = parse_generate_item(item, prompt_ids, moe=self.moe, extras=extras)
                     self._check_version(sample, version_at_submit)
                     sample.meta["version_at_submit"] = version_at_submit
                     out[prompt_index].append(sample)

@@ -17,7 +17,9 @@ real server on this machine's CPU (captured answers in ``tests/data/sglang_captu
   ``weight_version`` (a string: the tokenizer manager's version), ``weight_versions`` (spans
   ``[{"version", "start", "end"}]`` over the output tokens, stamped by the scheduler, on every
   finished output) and, with R3, ``routed_experts``: base64 of little-endian int32
-  ``[prompt_len + completion_len - 1, num_layers, top_k]``.
+  ``[prompt_len + completion_len - 1, num_layers, top_k]``. The kept sets of top-p/top-k
+  sampling and the sampled distribution's top-k (``output_token_sampling_mask``, support-mode
+  log-probs, ``output_top_logprobs``) are parsed in :mod:`sat_cli.engines.sglang.masks`.
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version", "flush_cache"}`` →
   ``{"success", "message", "num_paused_requests"}`` (400 when ``success`` is false).
 """
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from sat_cli.engines.base import EngineError, Sample, SamplingParams
+from sat_cli.engines.sglang.masks import Extras, parse_extras
 
 BODY_EXCERPT_CHARS = 500
 FINISH_TYPES = ("stop", "length", "abort")
@@ -83,7 +86,7 @@ def read_moe_dims(model_path: str | os.PathLike) -> MoEDims:
 def filtering_active(sampling: SamplingParams) -> bool:
     """True when top-p or top-k cuts the distribution (then SGLang's plain output log-probs are
     not the behaviour policy: see :func:`build_generate_payload`)."""
-    return sampling.top_p < 1.0 or sampling.top_k >= 1
+    return sampling.filtering
 
 
 def sampling_params_to_wire(sampling: SamplingParams, seed: int | None = None) -> dict[str, Any]:
@@ -240,14 +243,16 @@ def parse_generate_item(
     *,
     moe: MoEDims | None = None,
     sampling_mask: bool = False,
+    extras: Extras | None = None,
 ) -> Sample:
     """One element of the ``/generate`` answer → :class:`Sample`.
 
     ``moe`` given means R3 is on: ``meta_info["routed_experts"]`` must be present and decode to
     ``[prompt_len + completion_len - 1, L, K]``. ``sampling_mask``: the request asked for
     ``return_sampling_mask``, and ``rollout_logp`` is ``output_token_sampling_logprobs`` (the
-    filtered distribution actually sampled from) instead of the unfiltered log-probs. The
-    version comes from the scheduler's ``weight_versions`` spans when present (0.5.23 sends them
+    filtered distribution actually sampled from) instead of the unfiltered log-probs.
+    ``extras`` (instead of ``sampling_mask``): what else the request asked for, kept sets and
+    top-k (:mod:`sat_cli.engines.sglang.masks`). The version comes from the scheduler's ``weight_versions`` spans when present (0.5.23 sends them
     on every finished output), else from ``weight_version``. Aborted samples are parsed leniently
     (the loop drops them) and keep SGLang's reason in ``meta["abort_message"]``.
     """
@@ -294,8 +299,8 @@ def parse_generate_item(
             f"output_ids ({len(response_ids)} tokens) disagree with the token ids of "
             f"output_token_logprobs ({len(logprob_ids)} entries)"
         )
-    if sampling_mask:
-        rollout_logp = _sampling_logprobs(meta, len(response_ids))
+    extra = parse_extras(meta, response_ids, extras or Extras(filtering=sampling_mask))
+    rollout_logp = extra.pop("rollout_logp", rollout_logp)
     if not all(math.isfinite(x) for x in rollout_logp):
         raise EngineError("the output log-probs contain a non-finite value")
     routed = None
@@ -332,26 +337,8 @@ def parse_generate_item(
             "num_retractions": int(meta.get("num_retractions") or 0),
             "finish": meta.get("finish_reason"),
         },
+        **extra,
     )
-
-
-def _sampling_logprobs(meta: dict, num_tokens: int) -> list[float]:
-    values = meta.get("output_token_sampling_logprobs")
-    if not isinstance(values, list):
-        raise EngineError(
-            "meta_info lacks output_token_sampling_logprobs although return_sampling_mask was "
-            "sent: this SGLang cannot report the behaviour log-probs of top-p/top-k sampling "
-            "(SGLang 0.5.23 can); set task.top_p=1 and task.top_k=-1"
-        )
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError) as e:
-        raise EngineError(f"malformed output_token_sampling_logprobs: {e}") from e
-    if len(out) != num_tokens:
-        raise EngineError(
-            f"output_token_sampling_logprobs has {len(out)} entries for {num_tokens} tokens"
-        )
-    return out
 
 
 def update_weights_payload(path: str, version: int, *, flush_cache: bool = True) -> dict:

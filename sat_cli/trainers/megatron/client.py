@@ -106,6 +106,15 @@ class MegatronTrainer:
                 f"MegatronTrainer got unknown trainer options {sorted(unknown)}; "
                 f"valid: {sorted(_actor_keys())}"
             )
+        sampler = [
+            actor_kwargs.pop(k, None) for k in ("replay_sampling_mask", "score_centering_topk")
+        ]
+        if any(sampler):
+            raise ValueError(
+                "replay_sampling_mask and score_centering_topk are wired into the local "
+                "trainer only (the kept sets and top-k would have to cross the pipeline and "
+                "data-parallel gathers); use trainer=local"
+            )
         from sat_cli.rl import registry
 
         legacy = {k: actor_kwargs.pop(k) for k in LEGACY_KEYS if k in actor_kwargs}

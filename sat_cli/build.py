@@ -188,6 +188,8 @@ def read_hf_config(path: str) -> dict:
 
 
 def build_trainer(obj, path: str, run_dir: Path, placer=None):
+    from sat_cli.config.additions import ledger_versions
+
     kwargs = dict(
         loss=loss_config(obj),
         lr=obj.trainer.lr,
@@ -201,6 +203,7 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         r3_audit=obj.trainer.r3_audit,
         replay_sampling_mask=obj.algo.replay_sampling_mask,
         score_centering_topk=obj.algo.score_centering_topk,
+        ledger_keep=ledger_versions(obj.algo.ledger, obj.lag.n, obj.lag.profile),
     )
     t = obj.trainer
     from sat_cli.commands.weight_sync import sender_spec, weight_sender  # weight_sync=distributed
@@ -238,30 +241,19 @@ def loss_config(obj):
     a, c = obj.algo, obj.clip
     return LossConfig(
         algo=a.name,
-        correction=a.correction,
-        eps_low=a.eps_low,
-        eps_high=a.eps_high,
-        adaptive=c.adaptive,
-        quantile=c.quantile,
-        exponent=c.exponent,
-        anchor=c.anchor,
-        q_rows=c.micro_batch_size if c.adaptive and c.q_scope == "micro_batch" else None,
-        dual_clip_c=a.dual_clip_c,
         agg=a.loss_agg,
-        ratio_denominator=a.ratio_denominator,
-        tis_cap=a.tis_cap,
-        icepop_low=a.icepop_low,
-        icepop_high=a.icepop_high,
-        dppo_delta=a.dppo_delta,
-        m2po_tau=a.m2po_tau,
-        behav_cap=a.behav_cap,
-        behav_mode=a.behav_mode,
+        q_rows=c.micro_batch_size if c.adaptive and c.q_scope == "micro_batch" else None,
         group_size=obj.task.samples_per_prompt,
-        vcpo_is_cap=a.vcpo_is_cap,
-        vcpo_ess_base=a.vcpo_ess_base,
-        vcpo_opob=a.vcpo_opob,
-        kl_coef=a.kl_coef,
+        **{k: getattr(c, k) for k in ("adaptive", "quantile", "exponent", "anchor")},
+        **{k: getattr(a, k) for k in SAME_NAMED},
     )
+
+
+# the algo.* settings LossConfig names alike
+SAME_NAMED = ("correction", "eps_low", "eps_high", "dual_clip_c", "ratio_denominator", "tis_cap",
+              "icepop_low", "icepop_high", "dppo_delta", "m2po_tau", "behav_cap", "behav_mode",
+              "vcpo_is_cap", "vcpo_ess_base", "vcpo_opob", "kl_coef", "str_delta",
+              "score_centering")  # fmt: skip
 
 
 _CONFIGURED = object()

@@ -38,6 +38,8 @@ ALGO_FIELDS = {
     "vcpo_is_cap": "vcpo_is_cap",
     "vcpo_ess_base": "vcpo_ess_base",
     "vcpo_opob": "vcpo_opob",
+    "str_delta": "str_delta",
+    "score_centering": "score_centering",
 }
 CLIP_FIELDS = {
     "adaptive": "adaptive",
@@ -49,7 +51,7 @@ CLIP_FIELDS = {
 }
 # read by the loop or the trainer's step, not by the loss
 LOOP_OWNED = {
-    "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches"}
+    "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches", "ledger"}
     | {"replay_sampling_mask", "score_centering_topk"},  # the trainer's: kept sets, top-k
     "clip": {"name", "schedule", "final_scale"},
 }
@@ -73,6 +75,9 @@ NON_DEFAULT = {
     "algo.vcpo_is_cap": 9.0,
     "algo.vcpo_ess_base": 0.5,
     "algo.vcpo_opob": False,
+    "algo.str_delta": 0.05,
+    "algo.score_centering": True,
+    "algo.score_centering_topk": 4,  # trainer-owned; score centering needs it
     "clip.adaptive": True,
     "clip.quantile": 0.8,
     "clip.exponent": 3.0,
@@ -101,7 +106,11 @@ def test_every_loss_setting_reaches_loss_config():
     _, obj = load([_override(k, v) for k, v in NON_DEFAULT.items()])
     loss = loss_config(obj)
     default = LossConfig()
-    expected = {ALGO_FIELDS[k.split(".", 1)[1]]: v for k, v in NON_DEFAULT.items() if "algo." in k}
+    expected = {
+        ALGO_FIELDS[f]: v
+        for k, v in NON_DEFAULT.items()
+        if "algo." in k and (f := k.split(".", 1)[1]) in ALGO_FIELDS
+    }
     expected |= {CLIP_FIELDS[k.split(".", 1)[1]]: v for k, v in NON_DEFAULT.items() if "clip." in k}
     expected["q_rows"] = NON_DEFAULT["clip.micro_batch_size"]
     expected["group_size"] = NON_DEFAULT["task.samples_per_prompt"]

@@ -197,3 +197,22 @@ def test_off_by_default_and_empty_mask():
     loss.backward()
     assert float(loss.detach()) == 0.0 and metrics[M.STR_DROP_FRAC] == 0.0
     assert torch.equal(logp.grad, torch.zeros_like(lp))
+
+
+def test_config_settings_and_refusals():
+    from sat_cli.build import loss_config
+    from sat_cli.config import ConfigError, load
+
+    _, obj = load(["algo=gspo", "algo.str_delta=0.1"])
+    assert loss_config(obj).str_delta == 0.1
+    assert loss_config(load([])[1]).str_delta is None  # off by default
+    with pytest.raises(ConfigError, match="algo.str_delta compose with algo="):
+        load(["algo=m2po", "clip=ppo", "algo.str_delta=0.1"])
+    with pytest.raises(ConfigError, match="algo.str_delta"):
+        load(["algo.str_delta=0"])
+    with pytest.raises(ConfigError, match="score_centering_topk"):
+        load(["algo.score_centering=true"])
+    with pytest.raises(ConfigError, match="token-level TIS"):
+        load(["algo.score_centering=true", "algo.score_centering_topk=4", "algo.correction=mis"])
+    _, obj = load(["algo.score_centering=true", "algo.score_centering_topk=4"])
+    assert loss_config(obj).score_centering

@@ -17,7 +17,8 @@ the same way (``ConfigError``, exit 2):
   recompute``, SGLang's ``retract`` pause) cannot keep R3's routes (``r3=true``);
 * ``algo.replay_sampling_mask`` and ``algo.score_centering_topk`` are wired into
   ``trainer=local`` only (``trainer=megatron`` would need the kept sets and top-k through its
-  pipeline stages and data-parallel gathers).
+  pipeline stages and data-parallel gathers);
+* ``algo.ledger`` (weight snapshots of recent versions) is wired into ``trainer=local`` only.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def check_compat(c) -> None:
                 f"{' and '.join(on)} need trainer=local: trainer=megatron does not replay the "
                 "engine's kept sets or compute the sampler's top-k log-probs"
             )
+    if c.trainer.name == "megatron" and c.algo.ledger:
+        raise ConfigError(
+            "algo.ledger=true needs trainer=local: the ledger keeps whole-model weight snapshots "
+            "of recent versions, which trainer=megatron (weights sharded over ranks) does not"
+        )
     lag = c.lag
     if c.engine.name == "sglang" and lag.inflight_updates and c.r3:
         if lag.inflight_cache == "recompute":

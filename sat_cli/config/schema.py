@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from sat_cli.config.additions import check_loss_additions  # STR, score centering
 from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
 from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
@@ -139,6 +140,9 @@ class AlgoConfig:
     # score on the engine's top-p/top-k kept set: log p = z[y] - logsumexp(z[kept]), z = logits/T
     replay_sampling_mask: bool = False  # (no filter: a no-op; docs/algorithms.md §1)
     score_centering_topk: int = 0  # K of the sampler's top-k the engine records (0 = off)
+    str_delta: float | None = None  # STR: drop responses with mean Bernoulli KL(mu||pi) > this
+    score_centering: bool = False  # + A * sum_H sg(c_v) log p_v (needs score_centering_topk)
+    ledger: bool = False  # log d̄pi split into engine mismatch and staleness (trainer=local)
 
     def __post_init__(self) -> None:
         check_choice("algo.name", self.name, ALGOS)
@@ -162,6 +166,7 @@ class AlgoConfig:
         check_range("algo.vcpo_is_cap", self.vcpo_is_cap, 0, lo_open=True)
         check_range("algo.vcpo_ess_base", self.vcpo_ess_base, 0, 1, lo_open=True)
         check_range("algo.score_centering_topk", self.score_centering_topk, 0)
+        check_loss_additions(self)  # str_delta, score_centering (config/additions.py)
         if self.name == "vcpo" and self.loss_agg != "seq-mean-token-mean":
             raise ConfigError(
                 "algo=vcpo aggregates seq-mean-token-mean (its optimal baseline is per response); "

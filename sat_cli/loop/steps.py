@@ -182,7 +182,9 @@ def log_histograms(tracker, diag: dict, lags: dict, step: int) -> None:
       behaviour-policy mismatch, comparable across algorithms), marked with the batch reference
       ``q`` when the loss's ratio is against ``mu`` (with a recomputed ``pi_old`` denominator
       the loss's own ``|d|`` goes to ``sat/abs_logratio``, marked with ``q``);
-    * ``sat/contraction``: ``c`` of the tokens SAT contracted.
+    * ``sat/contraction``: ``c`` of the tokens SAT contracted;
+    * with ``algo.ledger``, ``staleness/ledger_mismatch`` and ``staleness/ledger_staleness``: the
+      per-token ``m = log pi_old - log mu`` and ``s = log pi - log pi_old`` (``rl/ledger.py``).
 
     ``q`` is SAT's own (token-weighted over minibatches); without SAT, the mark is the p90 of
     ``|d|`` (the reference SAT would take at its default quantile). The percentiles
@@ -224,4 +226,7 @@ def log_histograms(tracker, diag: dict, lags: dict, step: int) -> None:
     c = diag["contraction"][diag["gate"]]
     if c.numel():
         tracker.log_histogram(M.HIST_CONTRACTION, c.numpy(), step=step, bins=20)
+    for key, name in ((M.HIST_LEDGER_MISMATCH, "ledger_m"), (M.HIST_LEDGER_STALENESS, "ledger_s")):
+        if name in diag and diag[name].numel():  # algo.ledger: m and s per token
+            tracker.log_histogram(key, diag[name].numpy(), step=step)
     tracker.log_metrics(stats, step=step)

@@ -5,7 +5,8 @@
 1. if the algorithm/correction needs ``pi_old`` (``registry.LossSpec.needs_old_logp``),
    recompute the batch's log-probs once, without gradient (``logprobs``, with R3 replay when
    on) and report ``staleness/mismatch_abs_logratio_mean`` (mean ``|log pi_old - log mu|``);
-2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``);
+2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``); with
+   ``ledger_keep`` (``algo.ledger``) each token's under its own version (``trainers/ledger.py``);
 3. split the batch into ``num_minibatches`` contiguous row chunks; per chunk: forward
    (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy; with
    ``replay_sampling_mask`` renormalised on the engine's kept sets, with ``score_centering_topk``
@@ -51,6 +52,7 @@ from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import kl_k3_penalty
 from sat_cli.trainers.batch import TrainBatch
+from sat_cli.trainers.ledger import VersionLedger, ledger_metrics
 
 NONFINITE_METRIC = M.NONFINITE_SKIPPED
 
@@ -133,6 +135,7 @@ class TrainerSettings:
     # score every log-prob on the engine's kept set where the batch carries one (docs/algorithms)
     replay_sampling_mask: bool = False
     score_centering_topk: int = 0  # > 0: the policy's log-probs at the sampler's top-k ids
+    ledger_keep: int = 0  # > 0: the three-log-prob ledger, holding this many versions' weights
 
 
 # every keyword a trainer constructor accepts besides its backend's own (device, dtype)
@@ -172,6 +175,7 @@ class PolicyTrainer:
         self.r3_audit = settings.r3 and settings.r3_audit
         self.replay_sampling_mask = settings.replay_sampling_mask
         self.score_centering_topk = settings.score_centering_topk
+        self.ledger = VersionLedger(settings.ledger_keep) if settings.ledger_keep > 0 else None
         self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
         self.step_count = 0
         torch.manual_seed(settings.seed)
@@ -243,6 +247,7 @@ class PolicyTrainer:
             n = max(int(m.sum()), 1)
             extra[M.MISMATCH] = float((old_logp - batch.rollout_logp).abs()[m].double().sum() / n)
         ref_logp = self._ref_logprobs(batch)
+        ledger = None if self.ledger is None else self.ledger.logprobs(self, batch)
 
         chunks = torch.arange(batch.batch_size).chunk(self.num_minibatches)
         sums: dict[str, float] = {}
@@ -261,6 +266,8 @@ class PolicyTrainer:
                 logp, entropy = self._model_forward(self.model, mb)  # [b, S]
             part = None if diag is None else {}
             metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part, topk)
+            if ledger is not None:
+                metrics.update(ledger_metrics(ledger, rows, logp, mb, part))
             if part is not None:
                 parts.append(part)
             metrics[M.ENTROPY] = float(entropy[mask.bool()].double().mean())

@@ -115,6 +115,12 @@ class MegatronTrainer:
                 "trainer only (the kept sets and top-k would have to cross the pipeline and "
                 "data-parallel gathers); use trainer=local"
             )
+        if actor_kwargs.get("ledger_keep"):
+            raise ValueError(
+                "the three-log-prob ledger (algo.ledger) is wired into the local trainer only "
+                "(it keeps whole-model weight snapshots; Megatron's are sharded over ranks); use "
+                "trainer=local"
+            )
         from sat_cli.rl import registry
 
         legacy = {k: actor_kwargs.pop(k) for k in LEGACY_KEYS if k in actor_kwargs}

@@ -1,0 +1,51 @@
+"""Rules of the ``algo`` section's loss additions (docs/algorithms.md §5), torch-free.
+
+* ``algo.str_delta`` (the sequence trust region) and ``algo.score_centering`` compose with the
+  clipped algorithms that carry no behaviour weight of their own (``rl.names.TRUST_ALGOS``);
+* score centering is defined without importance sampling (``algo.correction=none``) or with
+  token-level TIS (``tis``), and needs the sampler's top-k (``algo.score_centering_topk >= 1``).
+
+The loss (``rl.registry.compute``) refuses the same combinations with ``ValueError``; here they
+fail at compose time, like every other setting.
+"""
+
+from __future__ import annotations
+
+from sat_cli.config.checks import ConfigError, check_range
+from sat_cli.rl.names import CENTERING_CORRECTIONS, TRUST_ALGOS
+
+
+def check_loss_additions(algo) -> None:
+    """Refuse the combinations of the module docstring (``algo``: an ``AlgoConfig``)."""
+    if algo.str_delta is not None:
+        check_range("algo.str_delta", algo.str_delta, 0, lo_open=True)
+    on = [k for k in ("str_delta", "score_centering") if getattr(algo, k) not in (None, False)]
+    if on and algo.name not in TRUST_ALGOS:
+        raise ConfigError(
+            f"{' and '.join('algo.' + k for k in on)} compose with algo="
+            f"{'|'.join(TRUST_ALGOS)} only; got algo={algo.name}"
+        )
+    if not algo.score_centering:
+        return
+    if algo.correction not in CENTERING_CORRECTIONS:
+        raise ConfigError(
+            "algo.score_centering=true is defined without importance sampling "
+            f"(algo.correction=none) or with token-level TIS (tis); got {algo.correction}"
+        )
+    if algo.score_centering_topk < 1:
+        raise ConfigError(
+            "algo.score_centering=true needs the sampler's top-k: set algo.score_centering_topk "
+            "to K >= 1"
+        )
+
+
+def ledger_versions(on: bool, n: int, profile: str | None) -> int:
+    """``algo.ledger``: how many versions' weights the trainer holds for the ledger, the largest
+    lag a sample can have plus 2 (``lag.n``, or the lag profile's largest lag); 0 when off."""
+    if not on:
+        return 0
+    if profile is None:
+        return n + 2
+    from sat_cli.loop.lag_profile import parse_profile
+
+    return parse_profile(profile).max_lag + 2

@@ -198,3 +198,14 @@ def test_grader_timeout_reaches_the_benchmark_grader():
         load(["eval.grader_timeout_s=0"])
     with pytest.raises(ConfigError, match="node_rank"):
         load(["trainer.node_rank=1"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["engine=sglang"], ["trainer.device=cuda"], ["engine.device=cuda"]],
+)
+def test_portable_numerics_needs_the_local_engine_on_the_cpu(overrides):
+    """A cross-section rule (config/compat.py): portable numerics pin torch's CPU code paths."""
+    with pytest.raises(ConfigError, match="run.portable_numerics=true pins torch's CPU code"):
+        load(["run.portable_numerics=true", *overrides])
+    load(["run.portable_numerics=true"])  # the default engine and devices are accepted

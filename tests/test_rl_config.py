@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sat_cli.build import loss_config
-from sat_cli.config import load, schema
+from sat_cli.config import load, sat_scope, schema
 from sat_cli.rl import names, registry
 from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
 from sat_cli.rl.loss_io import LossInputs, LossOutputs
@@ -174,7 +174,7 @@ def test_compute_is_the_one_entry_point():
 
 def test_names_agree_with_schema_and_registry():
     assert schema.ALGOS == names.ALGOS
-    assert schema.UNCLIPPED_ALGOS == names.UNCLIPPED_ALGOS
+    assert sat_scope.UNCLIPPED_ALGOS == names.UNCLIPPED_ALGOS
     assert schema.CORRECTIONS == names.CORRECTIONS
     assert schema.LOSS_AGGS == names.LOSS_AGGS
     assert schema.DENOMINATORS == names.DENOMINATORS

@@ -152,6 +152,8 @@ def test_q_zero_is_bit_identical_to_ppo(batch, p, level):
     (gb,) = torch.autograd.grad(lb, logp)
     assert mb["sat/q"] == 0.0 and mb["sat/gate_rate"] == 0.0
     assert torch.equal(la, lb) and torch.equal(ga, gb)
+    # without SAT the loss also logs the q SAT would compute: here SAT's own q, 0
+    assert ma.pop("staleness/q_shadow", 0.0) == mb["sat/q"] == 0.0  # absent: no active token
     assert all(ma[key] == mb[key] for key in ma)
 
 

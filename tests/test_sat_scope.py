@@ -1,7 +1,7 @@
 """SAT on a sequence-level ratio (GSPO, GSPO-token) with ``q`` taken over one response is a
 no-op by construction (the response's tokens all share one ``|d| = q`` and the gate needs
 ``|d| > q``): every command that composes a config refuses it, naming the fix
-(sat_cli/config/schema.py, ``check_sat_scope``). The paper preset composes for every row of the
+(sat_cli/config/sat_scope.py, ``check_sat_scope``). The paper preset composes for every row of the
 paper's grid and trains and evaluates with one prompt template (issue 30, item 6)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import run_sat
 
 from sat_cli.config import ConfigError, load
-from sat_cli.config.schema import SEQUENCE_ALGOS
+from sat_cli.config.sat_scope import SEQUENCE_ALGOS
 from sat_cli.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parent.parent

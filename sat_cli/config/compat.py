@@ -18,7 +18,8 @@ the same way (``ConfigError``, exit 2):
 * ``algo.replay_sampling_mask`` and ``algo.score_centering_topk`` are wired into
   ``trainer=local`` only (``trainer=megatron`` would need the kept sets and top-k through its
   pipeline stages and data-parallel gathers);
-* ``algo.ledger`` (weight snapshots of recent versions) is wired into ``trainer=local`` only.
+* ``algo.ledger`` (weight snapshots of recent versions) is wired into ``trainer=local`` only;
+* ``run.portable_numerics`` pins torch's CPU code paths: ``engine=local`` on the CPU only.
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ def check_compat(c) -> None:
         raise ConfigError(
             "algo.ledger=true needs trainer=local: the ledger keeps whole-model weight snapshots "
             "of recent versions, which trainer=megatron (weights sharded over ranks) does not"
+        )
+    if c.run.portable_numerics and (
+        c.engine.name != "local" or "cuda" in (c.engine.device, c.trainer.device)
+    ):
+        raise ConfigError(
+            "run.portable_numerics=true pins torch's CPU code paths; it needs engine=local "
+            "on the CPU (SGLang's kernels and CUDA devices are not pinned)"
         )
     lag = c.lag
     if c.engine.name == "sglang" and lag.inflight_updates and c.r3:

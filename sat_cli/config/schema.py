@@ -10,7 +10,6 @@ covers every number: NaN and infinity are refused in any field
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from sat_cli.config.checks import ConfigError, check_choice, check_range, check_
 from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
+from sat_cli.config.sat_scope import check_sat_scope
 from sat_cli.config.trainer import TrainerConfig  # the trainer section
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
@@ -28,7 +28,6 @@ from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     DENOMINATORS,
     LOSS_AGGS,
     Q_SCOPES,
-    UNCLIPPED_ALGOS,
 )
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -384,48 +383,7 @@ class SatConfig:
         check_placement(self.launcher, self.trainer.name, self.engine)
         check_weight_sync(self)  # engine.weight_sync across sections (config/engine.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
-        if self.run.portable_numerics and (
-            self.engine.name != "local" or "cuda" in (self.engine.device, self.trainer.device)
-        ):
-            raise ConfigError(
-                "run.portable_numerics=true pins torch's CPU code paths; it needs engine=local "
-                "on the CPU (SGLang's kernels and CUDA devices are not pinned)"
-            )
-        if self.algo.name in UNCLIPPED_ALGOS and self.clip.adaptive:
-            raise ConfigError(
-                f"algo={self.algo.name} has no clip interval for SAT to contract; use clip=ppo"
-            )
-        check_sat_scope(self.algo.name, self.clip)
-
-
-# ratio level "sequence" / "sequence_token" in sat_cli/rl/registry.py (a test keeps them in step)
-SEQUENCE_ALGOS = ("gspo", "gspo_token")
-
-
-def check_sat_scope(algo: str, clip: ClipConfig) -> None:
-    """Refuse SAT on a sequence-level ratio with ``q`` taken over one response.
-
-    With ``clip.q_scope=micro_batch`` and ``clip.micro_batch_size=1``, SAT-GSPO's ``q`` is the
-    order statistic of one response, whose tokens all carry the same ``|d| = |log s_b|``: so
-    ``q = |d|`` and the strict gate ``|d| > q`` never fires (docs/algorithms.md §4), and the
-    anchored variant then contracts only a response PPO has already clipped. Either way no
-    gradient changes: a run labelled SAT-GSPO would train exactly like GSPO, silently."""
-    if not (clip.adaptive and algo in SEQUENCE_ALGOS):
-        return
-    if clip.q_scope == "micro_batch" and clip.micro_batch_size == 1:
-        # responses of equal length: the gate can fire from ceil(1 / (1 - alpha)) per block on
-        rows = math.ceil(1 / (1 - clip.quantile) - 1e-9)
-        anchored = " (the anchored variant gates only a response PPO already clips)"
-        raise ConfigError(
-            f"clip={clip.name} with algo={algo} and clip.q_scope=micro_batch, "
-            "clip.micro_batch_size=1 is a no-op: q is taken over one response, whose tokens all "
-            "share one |d| = q, so SAT's strict gate |d| > q never fires"
-            f"{anchored if clip.anchor != 'q' else ''} and the run trains like plain {algo}. "
-            "Use clip.q_scope=batch (one q over the optimizer batch), or a larger "
-            "clip.micro_batch_size (with responses of equal length the gate can fire only from "
-            f"{rows} responses per micro-batch at clip.quantile={clip.quantile:g}), or clip=ppo "
-            f"for plain {algo}"
-        )
+        check_sat_scope(self.algo.name, self.clip)  # SAT needs a clip and a q that can gate
 
 
 def register() -> None:

@@ -32,7 +32,7 @@ from sat_cli import metric_names as M
 HALF = 0.5
 REWARD_WINDOW = 10
 # the ledger's two parts of d̄π (engine mismatch, staleness), when the run logged them
-LEDGER_KEYS = (getattr(M, "LEDGER_MISMATCH", ""), getattr(M, "LEDGER_STALENESS", ""))
+LEDGER_KEYS = (M.LEDGER_MISMATCH_PART, M.LEDGER_STALENESS_PART)
 CAN_ACT_MIN = 0.5  # pilot rule 3: SAT can act on at least half of the pre-collapse steps
 
 

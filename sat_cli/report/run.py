@@ -75,7 +75,7 @@ from sat_cli.report.tables import (
 
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
 # read for the collapse study (sat_cli.report.collapse): q without SAT, the ledger's split
-STUDY_KEYS = (M.SAT_Q_SHADOW, *(k for k in LEDGER_KEYS if k))
+STUDY_KEYS = (M.SAT_Q_SHADOW, *LEDGER_KEYS)
 
 # The rows of the paper's Table 1 (ALGORITHMS.md §9), then the baselines beyond the paper: the
 # order used when a sweep gives none.

@@ -96,6 +96,10 @@ def test_pilot_rules_and_selection():
     md = study_markdown(rows)
     assert "Selected: **C1**" in md
     assert "| C2 | 1/1 | 1/1 |" in md and "round 2 at 0.75 × lr" in md
+    # without C1: C2 goes to round 2; with C2's rule 3 failing too, the stop rule fires
+    assert "Round 2: C2 (at 0.75 × lr)." in study_markdown(rows[4:])
+    rows[-1].can_act_frac = "0.2"
+    assert "**the stop rule fires**" in study_markdown(rows[4:])
 
 
 def test_csv_round_trip_is_exact():
@@ -116,6 +120,7 @@ def test_write_up_tables_regenerate_from_the_committed_csvs():
     `sat report <csv>` derives from the committed CSV, byte for byte."""
     doc = ROOT / "docs/results/collapse_cpu.md"
     blocks = _generated_blocks(doc.read_text())
+    assert "collapse_cpu/pilot.csv" in blocks  # the pilot's table is generated, not typed
     for csv_rel, body in blocks.items():
         rows = read_rows((doc.parent / csv_rel).read_text())
         assert body == study_markdown(rows), csv_rel

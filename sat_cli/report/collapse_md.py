@@ -55,7 +55,7 @@ def pilot_markdown(rows: list[StudyRow]) -> str:
         "| SAT can act, lag 8 (fraction of pre-collapse steps) | eval best→last, lag 1 "
         "| eval best→last, lag 8 | rules 1 / 2 / 3 | outcome |\n|---|---|---|---|---|---|---|---|---|"
     )
-    lines, selected = [head], None
+    lines, selected, round2 = [head], None, []
     for m in _order(rows):
         lag1 = [r for r in rows if r.method == m and r.lag == "1"]
         lag8 = [r for r in rows if r.method == m and r.lag == "8"]
@@ -63,6 +63,8 @@ def pilot_markdown(rows: list[StudyRow]) -> str:
         outcome = _next(rules)
         if outcome == "qualifies" and selected is None:
             selected = m
+        elif outcome.startswith("round 2"):
+            round2.append(f"{m} ({outcome[len('round 2 ') :]})")
         t = ", ".join(r.t_collapse or "—" for r in lag8)
         act = ", ".join(r.can_act_frac or "—" for r in lag8)
         yn = " / ".join("yes" if x else "no" for x in rules)
@@ -70,11 +72,17 @@ def pilot_markdown(rows: list[StudyRow]) -> str:
             f"| {m} | {_k(lag1)} | {_k(lag8)} | {t} | {act} | {_evals(lag1)} | {_evals(lag8)} "
             f"| {yn} | {outcome} |"
         )
-    verdict = (
-        f"Selected: **{selected}** (the first qualifying candidate in the design's order)."
-        if selected
-        else "No candidate qualifies in this round."
-    )
+    if selected:
+        verdict = (
+            f"Selected: **{selected}** (the first qualifying candidate in the design's order)."
+        )
+    elif round2:
+        verdict = "No candidate qualifies in this round. Round 2: " + "; ".join(round2) + "."
+    else:
+        verdict = (
+            "No candidate qualifies, and none is eligible for round 2 (each failed rule 3, or "
+            "rules 1 and 2 together): **the stop rule fires**."
+        )
     return "\n".join(lines) + "\n\n" + verdict + "\n"
 
 

@@ -201,6 +201,9 @@ def test_top_k_top_p_logprobs_are_the_behaviour_policy(engine, prompts, tokenize
     assert np.mean(got - unfiltered) > 1e-3
 
 
+@pytest.mark.slow  # ~35 s; in the default suite test_mask_replay.py's captured real answer keeps
+# the parse (test_the_captured_real_answer_parses_to_kept_sets) and test_local_engine.py keeps the
+# replay end to end (test_sampling_mask_replay_reproduces_mu_and_the_sampler_top_k); make test-full
 def test_kept_sets_and_top_k_parse_and_the_trainer_replays_them(engine, prompts, tokenizer):
     # the real server's output_token_sampling_mask / support-mode log-probs / top logprobs
     # (sat_cli/engines/sglang/masks.py): every sampled token lies in its kept set, the kept set

@@ -59,12 +59,14 @@ def _batch(rows: int, tokens: int, vocab: int):
 def run_one(model: Path, recompute: bool, rows: int, tokens: int, steps: int) -> dict:
     import torch
 
+    from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.megatron import runtime
     from sat_cli.trainers.megatron.actor import MegatronActor
 
     torch.set_num_threads(2)
     runtime.init_distributed(file_store=Path(tempfile.mkdtemp()) / "store")
-    actor = MegatronActor(str(model), algo="grpo", adaptive=True, lr=1e-5, recompute=recompute)
+    loss = LossConfig(algo="grpo", adaptive=True)
+    actor = MegatronActor(str(model), loss=loss, lr=1e-5, recompute=recompute)
     batch = _batch(rows, tokens, CONFIG["vocab_size"])
     (logp, _), saved = runtime.saved_for_backward(lambda: actor._model_forward(actor.model, batch))
     logp.sum().backward()

@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from sat_cli.engines.base import Sample  # noqa: E402
 from sat_cli.models.r3 import RouteCapture  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
@@ -190,7 +191,7 @@ def check_training(name, ckpt, dev, steps, bf16: bool, big: bool):
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(ckpt)
-    kw = dict(lr=1e-5, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    kw = dict(lr=1e-5, loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, r3=True)
     shape = (16, 64, 192) if big else (16, 16, 48)
     batches = [make_batch(cfg, shape[0], 10 + i, shape[1], shape[2]) for i in range(steps)]
     local = LocalTrainer(str(ckpt), device=str(dev), **kw)
@@ -249,7 +250,7 @@ def _max_diff(a: dict, b: dict) -> float:
 def check_bf16(name, ckpt, dev, batch, work):
     # one actor at a time: under R3 the newest actor's routers are the replay-registered ones
     lr = 1e-5
-    kw = dict(lr=lr, algo="grpo", adaptive=True, r3=True)
+    kw = dict(lr=lr, loss=LossConfig(algo="grpo", adaptive=True), r3=True)
     on_gpu = dev.type == "cuda"
     t0 = time.perf_counter()
     core = MegatronActor(str(ckpt), dtype="bfloat16", **kw)
@@ -309,7 +310,7 @@ def _peak_gib(dev) -> float:
 def check_memory_options(name, ckpt, dev, batch):
     """bf16 with recompute + optimizer offload against plain bf16 (module docstring)."""
     lr = 1e-5
-    kw = dict(lr=lr, algo="grpo", adaptive=True, r3=True, dtype="bfloat16")
+    kw = dict(lr=lr, loss=LossConfig(algo="grpo", adaptive=True), r3=True, dtype="bfloat16")
     on_gpu = dev.type == "cuda"
     results = {}
     for tag, extra in (("plain", {}), ("memory", dict(recompute=True, optimizer_offload=True))):
@@ -360,7 +361,7 @@ def _offload_resume(ckpt, kw, extra, batch):
 def check_torchrun(ckpt, batch, work):
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
-    kw = dict(lr=1e-5, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    kw = dict(lr=1e-5, loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, r3=True)
     actor = MegatronActor(str(ckpt), **kw)
     expect = actor.step(batch)["loss/total"]
     del actor

@@ -36,6 +36,7 @@ from test_megatron_trainer import make_samples  # noqa: E402
 from trainer_checks import check_nonfinite_step_is_skipped, plant_nonfinite  # noqa: E402
 
 from sat_cli.rl import registry  # noqa: E402
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.rl.loss_io import LossInputs  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
@@ -44,7 +45,7 @@ from sat_cli.trainers.megatron.client import MegatronTrainer  # noqa: E402
 
 LR = 1e-4
 # SAT-GRPO, no pi_old recompute; the clip is active (gradient norm ~5 > 1)
-KW = dict(lr=LR, algo="grpo", adaptive=True, temperature=0.9, weight_decay=0.01)
+KW = dict(lr=LR, loss=LossConfig(algo="grpo", adaptive=True), temperature=0.9, weight_decay=0.01)
 BF16 = torch.bfloat16
 # bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3 per operation); the tiny model's
 # log-probs (~ -4.6, four layers, 128-wide) came out within 6.5e-3 of fp32 (mean 1.6e-3; tp = 2

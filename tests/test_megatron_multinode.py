@@ -76,11 +76,13 @@ def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core not installed")
     from test_megatron_trainer import make_samples
 
+    from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.batch import collate
     from sat_cli.trainers.megatron import convert
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
-    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True, ep=2)
+    loss = LossConfig(algo="grpo", adaptive=True)
+    kw = dict(lr=1e-4, loss=loss, num_minibatches=2, r3=True, ep=2)
     kw["max_shard_size"] = 1_000_000
     batches = [collate(*make_samples(n=7, seed=s), 0, need_routes=True) for s in (2, 3)]
 

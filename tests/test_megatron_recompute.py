@@ -29,13 +29,14 @@ pytestmark = pytest.mark.filterwarnings(
 
 from test_megatron_trainer import make_samples  # noqa: E402
 
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
 
 LR = 5e-5
-SAT_R3_KL = dict(algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True,
-                 kl_coef=0.1, lr=LR, temperature=0.9)  # fmt: skip
+SAT_R3_KL = dict(loss=LossConfig(algo="grpo", adaptive=True, kl_coef=0.1), num_minibatches=2,
+                 r3=True, r3_audit=True, lr=LR, temperature=0.9)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +97,7 @@ def _saved_bytes(actor, batch) -> int:
 def test_recompute_keeps_fewer_activations(megatron_dist, tiny_dir):
     """Long rows, so the decoder layers' activations dominate the saved tensors."""
     batch = collate(*make_samples(n=4, seed=5, max_prompt=60, max_resp=60), 0)
-    kw = dict(algo="grpo", lr=LR)
+    kw = dict(loss=LossConfig(algo="grpo"), lr=LR)
     full = _saved_bytes(MegatronActor(str(tiny_dir), **kw), batch)
     kept = _saved_bytes(MegatronActor(str(tiny_dir), recompute=True, **kw), batch)
     print(
@@ -116,4 +117,4 @@ def test_bf16_recompute_and_offload_equal_plain_bf16(megatron_dist, tiny_dir):
     assert _max_diff(w0, w1) == 0.0
     assert _max_diff(a0.main.state(), a1.main.state()) == 0.0
     with pytest.raises(ValueError, match="optimizer_offload .* needs dtype bfloat16"):
-        MegatronActor(str(tiny_dir), algo="grpo", optimizer_offload=True)
+        MegatronActor(str(tiny_dir), loss=LossConfig(algo="grpo"), optimizer_offload=True)

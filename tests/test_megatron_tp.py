@@ -34,6 +34,7 @@ pytestmark = pytest.mark.filterwarnings(
 from test_megatron_trainer import make_samples  # noqa: E402
 from trainer_checks import plant_nonfinite  # noqa: E402
 
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, pipeline, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
@@ -122,9 +123,12 @@ def _assert_same_step(one, two, w_one, w_two, init):
 
 
 # SAT-GRPO + R3 with the audit (seed 3: 17 columns, padded to 18 for the sequence-parallel split)
-SAT_R3 = (dict(algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True), 3)
+SAT_R3 = (
+    dict(loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, r3=True, r3_audit=True),
+    3,
+)
 # GSPO + TIS (pi_old recompute) + KL to the reference model (also split), no R3
-GSPO_KL = (dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2), 2)
+GSPO_KL = (dict(loss=LossConfig(algo="gspo", correction="tis", kl_coef=0.1), num_minibatches=2), 2)
 CASES = {  # name: (options and samples seed, ranks, tp, pp, ep)
     "tp2_sat_r3": (SAT_R3, 2, 2, 1, 1),
     "pp2_sat_r3": (SAT_R3, 2, 1, 2, 1),

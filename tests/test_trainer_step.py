@@ -60,9 +60,10 @@ def test_one_bad_minibatch_skips_only_itself(ckpt):
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
-def test_loss_config_and_keyword_form_give_the_same_trainer_step(ckpt):
-    kw = dict(algo="grpo", eps_high=0.28, adaptive=True, loss_agg="seq-mean-token-mean")
-    a = LocalTrainer(str(ckpt), lr=1e-2, **kw)
+def test_equal_loss_configs_give_the_same_trainer_step(ckpt):
+    # one with every setting written out, one with the algorithm left at its default
+    full = LossConfig(algo="grpo", eps_high=0.28, adaptive=True, agg="seq-mean-token-mean")
+    a = LocalTrainer(str(ckpt), lr=1e-2, loss=full)
     b = LocalTrainer(
         str(ckpt), lr=1e-2, loss=LossConfig(eps_high=0.28, adaptive=True, agg="seq-mean-token-mean")
     )

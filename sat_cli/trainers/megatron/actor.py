@@ -83,13 +83,14 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         optimizer_offload: bool = False,
         **options,
     ):
-        """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON); ``options``: as
-        ``LocalTrainer``'s (``sat_cli.trainers.step.TrainerSettings`` and the keyword form of
-        the loss settings). ``dtype``: the parameters' (``bfloat16``: mixed precision with fp32
-        main weights, ``precision.py``); ``export_dtype``: published weights' (the engine's;
-        default ``dtype``); ``recompute``: full activation recompute of the trained model, one
-        layer at a time; ``optimizer_offload``: the fp32 main weights and Adam states in host
-        memory (``precision.py``)."""
+        """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON; default
+        ``LossConfig()``); ``options``: as ``LocalTrainer``'s (the
+        ``sat_cli.trainers.step.TrainerSettings`` fields only). ``dtype``: the parameters'
+        (``bfloat16``: mixed precision with fp32 main weights, ``precision.py``);
+        ``export_dtype``: published weights' (the engine's; default ``dtype``); ``recompute``:
+        full activation recompute of the trained model, one layer at a time;
+        ``optimizer_offload``: the fp32 main weights and Adam states in host memory
+        (``precision.py``)."""
         if isinstance(loss, dict):
             loss = LossConfig.from_dict(loss)
         torch_dtype(dtype)  # refuses an unknown name before anything is built

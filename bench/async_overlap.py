@@ -40,7 +40,9 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
     from sat_cli.trainers.local import LocalTrainer
 
     torch.set_num_threads(1)
-    trainer = LocalTrainer(model, lr=3e-4, algo="grpo", adaptive=True, seed=0)
+    from sat_cli.rl.config import LossConfig
+
+    trainer = LocalTrainer(model, lr=3e-4, seed=0, loss=LossConfig(algo="grpo", adaptive=True))
     sink = _Sink()
     with tempfile.TemporaryDirectory() as d, LocalEngine(model, seed=0, num_threads=1) as engine:
         s = LoopSettings(

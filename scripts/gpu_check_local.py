@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from sat_cli.engines.base import SamplingParams  # noqa: E402
 from sat_cli.engines.local import LocalEngine  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 
@@ -119,7 +120,7 @@ def sample_batch(engine, n_prompts: int, n: int, max_new: int, seed: int):
 def check_parity(name: str, ckpt: Path, dev: str, dtype: str, shape) -> None:
     with LocalEngine(str(ckpt), dtype=dtype, device=dev, seed=0) as engine:
         batch = sample_batch(engine, *shape, seed=1)
-    trainer = LocalTrainer(str(ckpt), device=dev, dtype=dtype, lr=1e-5, algo="grpo")
+    trainer = LocalTrainer(str(ckpt), device=dev, dtype=dtype, lr=1e-5, loss=LossConfig())
     lp = trainer.logprobs(batch)
     m = batch.loss_mask.bool()
     d = (lp - batch.rollout_logp)[m].abs()
@@ -139,8 +140,8 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
         batches = [sample_batch(engine, *shape, seed=10 + i) for i in range(steps)]
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    trainer = LocalTrainer(str(ckpt), device=dev, dtype="bfloat16", lr=1e-5, algo="grpo",
-                           adaptive=True)  # fmt: skip
+    trainer = LocalTrainer(str(ckpt), device=dev, dtype="bfloat16", lr=1e-5,
+                           loss=LossConfig(adaptive=True))  # fmt: skip
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     nonfinite, times = 0, []
     for b in batches:

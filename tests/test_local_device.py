@@ -20,6 +20,7 @@ from cli_helpers import run_sat
 
 from sat_cli.config import ConfigError, load
 from sat_cli.engines.base import Sample
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
 
@@ -131,7 +132,7 @@ def _linear_dtypes(trainer, batch) -> set:
 
 def test_bf16_trainer_autocasts_the_forward_and_keeps_fp32_weights(tiny_dir):
     batch = _batch()
-    kw = dict(lr=1e-3, algo="grpo", seed=0)
+    kw = dict(lr=1e-3, loss=LossConfig(algo="grpo"), seed=0)
     fp32 = LocalTrainer(str(tiny_dir), **kw)
     bf16 = LocalTrainer(str(tiny_dir), dtype="bfloat16", **kw)
     assert _linear_dtypes(fp32, batch) == {torch.float32}  # no autocast at all by default
@@ -155,4 +156,4 @@ def test_bf16_trainer_autocasts_the_forward_and_keeps_fp32_weights(tiny_dir):
 
 def test_trainer_refuses_an_unknown_dtype(tiny_dir):
     with pytest.raises(ValueError, match="dtype='float16': use float32 or bfloat16"):
-        LocalTrainer(str(tiny_dir), dtype="float16", lr=1e-3, algo="grpo")
+        LocalTrainer(str(tiny_dir), dtype="float16", lr=1e-3)

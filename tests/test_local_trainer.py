@@ -14,6 +14,7 @@ from sat_cli.engines.base import Sample
 from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import R3Error
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer, token_logprobs
 
@@ -101,7 +102,9 @@ def test_one_grpo_step_equals_a_hand_built_adamw_update(ckpt, samples):
     adv = [1.0, -0.5, 2.0, -1.0]
     batch = collate(samples, adv, pad_id=0)
     lr = 1e-3
-    trainer = LocalTrainer(str(ckpt), lr=lr, grad_clip=0.0, weight_decay=0.0, algo="grpo")
+    trainer = LocalTrainer(
+        str(ckpt), lr=lr, grad_clip=0.0, weight_decay=0.0, loss=LossConfig(algo="grpo")
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     metrics = trainer.step(batch)
 
@@ -131,7 +134,10 @@ def test_one_grpo_step_equals_a_hand_built_adamw_update(ckpt, samples):
 def test_minibatches_tis_and_kl(ckpt, samples):
     batch = collate(samples, [1.0, -0.5, 2.0, -1.0], pad_id=0)
     tr = LocalTrainer(
-        str(ckpt), lr=1e-2, algo="grpo", correction="tis", num_minibatches=2, kl_coef=0.1
+        str(ckpt),
+        lr=1e-2,
+        num_minibatches=2,
+        loss=LossConfig(algo="grpo", correction="tis", kl_coef=0.1),
     )
     assert tr.needs_old
     metrics = tr.step(batch)
@@ -141,7 +147,7 @@ def test_minibatches_tis_and_kl(ckpt, samples):
     # the first minibatch's KL to the (identical) reference is 0, the second's is positive
     assert 0 < metrics["loss/kl_ref"] < 1.0
     with pytest.raises(ValueError, match="unknown algorithm"):
-        LocalTrainer(str(ckpt), algo="nope")
+        LocalTrainer(str(ckpt), loss=LossConfig(algo="nope"))
 
 
 def test_clip_radii_schedule_hook_changes_the_clip(ckpt, samples):
@@ -150,7 +156,7 @@ def test_clip_radii_schedule_hook_changes_the_clip(ckpt, samples):
     batch = collate(samples, [1.0] * 4, pad_id=0)
     m = batch.loss_mask.bool()
     batch.rollout_logp = LocalTrainer(str(ckpt)).logprobs(batch) - math.log(1.5) * m
-    tr = LocalTrainer(str(ckpt), lr=0.0, eps_high=0.2)
+    tr = LocalTrainer(str(ckpt), lr=0.0, loss=LossConfig(eps_high=0.2))
     assert tr.step(batch)["loss/clipfrac"] == 1.0
     tr.set_clip_radii(0.2, 0.6)
     assert tr.step(batch)["loss/clipfrac"] == 0.0
@@ -243,7 +249,7 @@ def test_a3po_step_at_staleness_one_equals_grpo(ckpt, samples):
     batch = collate(stale, [1.0, -0.5, 2.0, -1.0], pad_id=0)
     out = {}
     for algo in ("a3po", "grpo"):
-        tr = LocalTrainer(str(ckpt), lr=1e-2, algo=algo)
+        tr = LocalTrainer(str(ckpt), lr=1e-2, loss=LossConfig(algo=algo))
         tr.step_count = 3
         m = tr.step(batch)
         out[algo] = ({n: p.detach().clone() for n, p in tr.model.named_parameters()}, m)
@@ -251,15 +257,16 @@ def test_a3po_step_at_staleness_one_equals_grpo(ckpt, samples):
         assert torch.equal(p, out["a3po"][0][n]), n
     assert out["a3po"][1]["a3po/alpha_mean"] == 0.0
     # staleness 4 (version 2 at step 6): alpha = 3/4, the update differs from GRPO's
-    tr = LocalTrainer(str(ckpt), lr=1e-2, algo="a3po")
+    tr = LocalTrainer(str(ckpt), lr=1e-2, loss=LossConfig(algo="a3po"))
     tr.step_count = 6
     assert tr.step(batch)["a3po/alpha_mean"] == pytest.approx(0.75)
 
 
 def test_vcpo_score_norms_and_scaled_step(ckpt, samples):
     batch = collate(_perturbed(samples, -0.3), [1.0, -1.0, 0.5, -0.5], pad_id=0)
-    kw = dict(lr=1e-3, grad_clip=0.0, algo="vcpo", loss_agg="seq-mean-token-mean")
-    tr = LocalTrainer(str(ckpt), loss_kwargs={"group_size": 2}, **kw)
+    vcpo = LossConfig(algo="vcpo", agg="seq-mean-token-mean", group_size=2)
+    kw = dict(lr=1e-3, grad_clip=0.0)
+    tr = LocalTrainer(str(ckpt), loss=vcpo, **kw)
     # ||grad sum_t log pi||^2 per response, from an independent batched forward
     sq = tr._score_sqnorms(batch)
     ref, lp = _reference_logprobs(batch)
@@ -277,8 +284,7 @@ def test_vcpo_score_norms_and_scaled_step(ckpt, samples):
     assert tr.opt.param_groups[0]["lr"] == 1e-3  # restored after the step
     # the same step with lr * scale and no ESS scaling (base ~ 0 -> factor 1) is identical
     tr2 = LocalTrainer(
-        str(ckpt), loss_kwargs={"group_size": 2, "vcpo_ess_base": 1e-12},
-        **(kw | {"lr": 1e-3 * scale}),
+        str(ckpt), loss=vcpo.replace(vcpo_ess_base=1e-12), **(kw | {"lr": 1e-3 * scale}),
     )  # fmt: skip
     assert tr2.step(batch)["opt/lr_scale"] == 1.0
     for (n, p), (_, p2) in zip(

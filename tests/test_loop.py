@@ -121,9 +121,10 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=6)
 
 
 def _trainer(path):
+    from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.local import LocalTrainer
 
-    return LocalTrainer(str(path), lr=1e-2, algo="grpo", adaptive=True, seed=0)
+    return LocalTrainer(str(path), lr=1e-2, seed=0, loss=LossConfig(algo="grpo", adaptive=True))
 
 
 def _settings(sampling, lag, run_dir, **kw) -> LoopSettings:

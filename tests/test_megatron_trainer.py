@@ -37,6 +37,7 @@ pytestmark = pytest.mark.filterwarnings(
 from sat_cli.engines.base import Sample  # noqa: E402
 from sat_cli.models.r3 import R3Error  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
+from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
@@ -106,10 +107,16 @@ def assert_same_step(loc_metrics, meg_metrics, loc_w, meg_w, init_w):
 
 CONFIGS = {
     # SAT-GRPO, two optimizer steps per batch
-    "sat_grpo": dict(algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9),
+    "sat_grpo": dict(
+        loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, temperature=0.9
+    ),
     # SAT-GRPO with R3 (RouterReplay in megatron vs forward hooks in HF)
     "sat_grpo_r3": dict(
-        algo="grpo", adaptive=True, num_minibatches=2, temperature=0.9, r3=True, r3_audit=True
+        loss=LossConfig(algo="grpo", adaptive=True),
+        num_minibatches=2,
+        temperature=0.9,
+        r3=True,
+        r3_audit=True,
     ),
 }
 
@@ -144,8 +151,6 @@ def test_actor_matches_local_trainer(megatron_dist, tiny_dir, name):
 def test_actor_skips_a_nonfinite_update_like_the_local_trainer(megatron_dist, tiny_dir, field):
     # the actor gets its loss settings as the worker does: LossConfig -> JSON -> dict
     from trainer_checks import check_nonfinite_step_is_skipped, plant_nonfinite
-
-    from sat_cli.rl.config import LossConfig
 
     loss = LossConfig(algo="grpo", adaptive=True, kl_coef=0.1)
     actor = MegatronActor(str(tiny_dir), loss=json.loads(json.dumps(loss.to_dict())), lr=1e-4)
@@ -188,11 +193,17 @@ def test_route_audits_see_routes_that_were_not_replayed(megatron_dist, tiny_dir)
     "kw",
     [
         # GSPO with TIS (recompute pass), KL to a reference model, seq-mean-token-mean
-        dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2),
+        dict(loss=LossConfig(algo="gspo", correction="tis", kl_coef=0.1), num_minibatches=2),
         # the same with R3: the KL reference model replays the same routes
-        dict(algo="gspo", correction="tis", kl_coef=0.1, num_minibatches=2, r3=True),
+        dict(
+            loss=LossConfig(algo="gspo", correction="tis", kl_coef=0.1), num_minibatches=2, r3=True
+        ),
         # DPPO-TV, weight decay, three minibatches
-        dict(algo="dppo_tv", weight_decay=0.1, num_minibatches=3, loss_agg="seq-mean-token-sum"),
+        dict(
+            loss=LossConfig(algo="dppo_tv", agg="seq-mean-token-sum"),
+            weight_decay=0.1,
+            num_minibatches=3,
+        ),
     ],
     ids=["gspo_tis_kl", "gspo_tis_kl_r3", "dppo_tv_wd"],
 )
@@ -224,7 +235,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
-    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True)
+    kw = dict(lr=1e-4, loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, r3=True)
     samples, adv = make_samples(seed=2)
     batch = collate(samples, adv, pad_id=0, need_routes=True)
     work = tmp_path / "megatron"
@@ -290,7 +301,7 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_trainer_save_load_resumes_exactly(tiny_dir, tmp_path):
-    kw = dict(lr=1e-3, algo="grpo", num_minibatches=2)
+    kw = dict(lr=1e-3, loss=LossConfig(algo="grpo"), num_minibatches=2)
     b1 = collate(*make_samples(seed=4), 0)
     b2 = collate(*make_samples(seed=5), 0)
     with MegatronTrainer(tiny_dir, work_dir=tmp_path / "a", **kw) as a:
@@ -319,7 +330,7 @@ def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
     with pytest.raises(TypeError, match="unknown trainer options"):
         MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", learning_rate=1.0)
     with pytest.raises(ValueError, match="unknown algorithm"):
-        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", algo="nope")
+        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", loss=LossConfig(algo="nope"))
 
 
 @pytest.mark.slow
@@ -327,7 +338,8 @@ def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
 def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
     # world size 2 on CPU (gloo): rows split over the ranks, experts split when ep=2; an odd
     # batch (7 rows, minibatches of 4 and 3) exercises the padded shards
-    kw = dict(lr=1e-4, algo="grpo", adaptive=True, num_minibatches=2, r3=True, r3_audit=True)
+    loss = LossConfig(algo="grpo", adaptive=True)
+    kw = dict(lr=1e-4, loss=loss, num_minibatches=2, r3=True, r3_audit=True)
     batch = collate(*make_samples(n=7, seed=2), 0, need_routes=True)
     local = LocalTrainer(str(tiny_dir), **kw)
     with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", nproc_per_node=2, ep=ep, **kw) as tr:

@@ -114,9 +114,12 @@ class SpyTrainer:
 
 def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed")):
     from sat_cli.engines.local import LocalEngine
+    from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.local import LocalTrainer
 
-    trainer = SpyTrainer(LocalTrainer(str(tiny_dir), lr=1e-2, algo=algo, adaptive=True, seed=0))
+    trainer = SpyTrainer(
+        LocalTrainer(str(tiny_dir), lr=1e-2, seed=0, loss=LossConfig(algo=algo, adaptive=True))
+    )
     rec = Recorder()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=4,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 from sat_cli.build import loss_config
 from sat_cli.config import load, sat_scope, schema
 from sat_cli.rl import names, registry
-from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs, LossOutputs
 
 # schema field -> LossConfig field; every other field of algo.* / clip.* is named in LOOP_OWNED
@@ -134,17 +134,16 @@ def test_loss_config_json_round_trip():
         LossConfig.from_dict({"eps": 0.1})
 
 
-def test_trainer_keyword_form_maps_to_loss_config():
-    got = resolve_loss(
-        None, {"algo": "gspo", "loss_agg": "seq-mean-token-sum", "loss_kwargs": {"q_rows": 2}}
-    )
-    assert got == LossConfig(algo="gspo", agg="seq-mean-token-sum", q_rows=2)
-    assert resolve_loss(got, {}) is got
-    assert {"algo", "loss_agg", "kl_coef", "loss_kwargs"} <= set(LEGACY_KEYS)
-    with pytest.raises(TypeError, match="unknown trainer options"):
-        resolve_loss(None, {"learning_rate": 1.0})
-    with pytest.raises(TypeError, match="loss= only"):
-        resolve_loss(got, {"algo": "grpo"})
+@pytest.mark.parametrize(
+    "kw", [{"algo": "gspo"}, {"loss_agg": "token-mean"}, {"loss_kwargs": {"q_rows": 2}}]
+)
+def test_trainers_take_loss_settings_only_as_a_loss_config(kw, tmp_path):
+    """The older keyword form is gone: a loss setting passed as a keyword is refused before any
+    model is loaded (the path does not exist), naming where it goes."""
+    from sat_cli.trainers.local import LocalTrainer
+
+    with pytest.raises(TypeError, match=r"unknown trainer options .*loss=LossConfig"):
+        LocalTrainer(str(tmp_path / "absent"), **kw)
 
 
 def test_compute_is_the_one_entry_point():

@@ -90,7 +90,7 @@ def checkpoint(tmp_path_factory) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from sat_cli.trainers.step import optimizer_tensors
+    from sat_cli.trainers.optim_state import optimizer_tensors
 
     ck = tmp_path_factory.mktemp("ck") / "checkpoints" / "step_2"
     shutil.copytree(TINY, ck / "trainer" / "model")

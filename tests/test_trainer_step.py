@@ -13,7 +13,8 @@ from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_h
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
-from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.step import PolicyTrainer
 
 
 @pytest.fixture(scope="module")

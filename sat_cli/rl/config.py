@@ -10,8 +10,7 @@ Settings an algorithm or correction does not use are carried but never read (``t
 without ``tis``/``mis``, ``group_size`` without ``vcpo``, ...). ``q_rows`` is SAT's scope:
 ``None`` = one order statistic per optimizer minibatch, an int = per block of that many rows.
 
-The trainers also accept the older keyword form (``algo=``, ``eps_low=``, ``loss_agg=``,
-``loss_kwargs={...}``, ...); ``LossConfig.from_kwargs`` turns it into this value. Torch-free.
+The trainers take it as ``loss=`` (the only way: the older keyword form is gone). Torch-free.
 """
 
 from __future__ import annotations
@@ -74,42 +73,3 @@ class LossConfig:
         if unknown:
             raise TypeError(f"unknown loss settings {sorted(unknown)}; valid: {sorted(names)}")
         return cls(**data)
-
-    @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any]) -> LossConfig:
-        """From the trainers' keyword form: ``LEGACY_KEYS`` (``loss_agg`` for ``agg``) plus a
-        ``loss_kwargs`` dict of further settings."""
-        kw = dict(kwargs)
-        extra = kw.pop("loss_kwargs", None) or {}
-        if "loss_agg" in kw:
-            kw["agg"] = kw.pop("loss_agg")
-        return cls.from_dict({**kw, **extra})
-
-
-# The loss keywords the trainers' constructors accept besides ``loss=`` (older form).
-LEGACY_KEYS = (
-    "algo",
-    "correction",
-    "eps_low",
-    "eps_high",
-    "adaptive",
-    "quantile",
-    "exponent",
-    "anchor",
-    "loss_agg",
-    "ratio_denominator",
-    "kl_coef",
-    "loss_kwargs",
-)
-
-
-def resolve_loss(loss: LossConfig | None, legacy: dict[str, Any]) -> LossConfig:
-    """The trainer's ``LossConfig``: ``loss`` or the keyword form, not both."""
-    unknown = set(legacy) - set(LEGACY_KEYS)
-    if unknown:
-        raise TypeError(f"unknown trainer options {sorted(unknown)}")
-    if loss is not None:
-        if legacy:
-            raise TypeError(f"pass loss settings in loss= only, not also {sorted(legacy)}")
-        return loss
-    return LossConfig.from_kwargs(legacy)

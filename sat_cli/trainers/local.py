@@ -9,8 +9,7 @@ The policy update (minibatches, ``pi_old`` recompute, reference log-probs, loss,
 grad-norm clip, non-finite skip, metrics) is ``sat_cli.trainers.step.PolicyTrainer``; this class
 supplies the HF forward (R3 replay of the recorded routes when ``r3``), plain
 ``clip_grad_norm_`` and the AdamW optimizer. Loss settings arrive as one
-``sat_cli.rl.config.LossConfig`` (``loss=``; the older keyword form ``algo=``, ``eps_low=``,
-``loss_agg=``, ``loss_kwargs=``, ... is still accepted).
+``sat_cli.rl.config.LossConfig`` (``loss=``).
 
 Log-probs follow ``TrainBatch``'s alignment: ``logp[b, s] = log_softmax(logits[b, s-1] / T)
 [input_ids[b, s]]``, column 0 is 0. This is what the local engine reports for ``top_p = 1,
@@ -44,12 +43,8 @@ from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
-from sat_cli.trainers.step import (
-    PolicyTrainer,
-    load_optimizer_tensors,
-    optimizer_tensors,
-    topk_logprobs,
-)
+from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.step import PolicyTrainer, topk_logprobs
 from sat_cli.trainers.step import token_logprobs as token_logprobs
 from sat_cli.util.fsio import staged_dir
 
@@ -67,8 +62,8 @@ class LocalTrainer(PolicyTrainer):
         weight_sender=None,
         **options,
     ):
-        """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...)
-        and, without ``loss``, the loss settings in keyword form (``algo``, ``eps_low``, ...).
+        """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...);
+        ``loss``: every loss setting (default ``LossConfig()``).
         ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring)."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")

@@ -18,8 +18,8 @@
    stay as they were) and sets ``loss/nonfinite_skipped`` = 1 for that chunk; the loop counts
    such steps.
 
-Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``, or its older keyword
-form) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
+Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``; default
+``LossConfig()``) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
 ``temperature``, ``r3``, ``num_minibatches``, ``seed``, ``r3_audit``); ``_init_step`` splits
 and checks them.
 
@@ -40,7 +40,6 @@ state <-> safetensors helpers of their checkpoints.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -48,7 +47,7 @@ import torch
 
 from sat_cli import metric_names as M
 from sat_cli.rl import registry
-from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import kl_k3_penalty
 from sat_cli.trainers.batch import TrainBatch
@@ -139,7 +138,7 @@ class TrainerSettings:
 
 
 # every keyword a trainer constructor accepts besides its backend's own (device, dtype)
-TRAINER_KEYS = ("loss", *(f.name for f in fields(TrainerSettings)), *LEGACY_KEYS)
+TRAINER_KEYS = ("loss", *(f.name for f in fields(TrainerSettings)))
 
 
 class PolicyTrainer:
@@ -149,12 +148,18 @@ class PolicyTrainer:
     device: torch.device
 
     def _init_step(self, loss: LossConfig | None, options: dict[str, Any]) -> None:
-        """Split the constructor keywords into ``TrainerSettings`` and the ``LossConfig`` (``loss``
-        or its keyword form), validate them (fail fast: before any model is built) and seed
+        """Check the constructor keywords (``TrainerSettings`` fields only; the loss settings come
+        as one ``LossConfig``), validate them (fail fast: before any model is built) and seed
         torch's RNG."""
         names = {f.name for f in fields(TrainerSettings)}
-        settings = TrainerSettings(**{k: v for k, v in options.items() if k in names})
-        loss = resolve_loss(loss, {k: v for k, v in options.items() if k not in names})
+        unknown = set(options) - names
+        if unknown:
+            raise TypeError(
+                f"unknown trainer options {sorted(unknown)}; loss settings go in "
+                "loss=LossConfig(...) (sat_cli.rl.config)"
+            )
+        settings = TrainerSettings(**options)
+        loss = LossConfig() if loss is None else loss
         if settings.num_minibatches < 1:
             raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
         if settings.temperature <= 0:
@@ -364,36 +369,3 @@ class PolicyTrainer:
 
 
 # --- optimizer state in checkpoints --------------------------------------------------------------
-def optimizer_tensors(
-    opt: torch.optim.Optimizer, name_of: Callable[[int], Any] = str
-) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """``({"rng/torch": ..., "state/<name>/<key>": ...}, param_groups)`` of ``opt`` for a
-    safetensors file plus JSON; ``name_of(index)`` names a parameter (index or model name)."""
-    tensors: dict[str, torch.Tensor] = {"rng/torch": torch.get_rng_state()}
-    sd = opt.state_dict()
-    for idx, state in sd["state"].items():
-        for key, value in state.items():
-            t = value if torch.is_tensor(value) else torch.tensor(value)
-            tensors[f"state/{name_of(idx)}/{key}"] = t.detach().cpu().contiguous()
-    return tensors, sd["param_groups"]
-
-
-def load_optimizer_tensors(
-    opt: torch.optim.Optimizer,
-    tensors: dict[str, torch.Tensor],
-    param_groups: list[dict],
-    index_of: Callable[[str], int] = int,
-    device: torch.device | None = None,
-) -> None:
-    """Restore what ``optimizer_tensors`` wrote (moments on ``device`` if given) and the torch
-    RNG state."""
-    state: dict[int, dict] = {}
-    for name, t in tensors.items():
-        if name.startswith("state/"):
-            pname, key = name[len("state/") :].rsplit("/", 1)
-            state.setdefault(index_of(pname), {})[key] = t if device is None else t.to(device)
-    for g in param_groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-    opt.load_state_dict({"state": state, "param_groups": param_groups})
-    torch.set_rng_state(tensors["rng/torch"])

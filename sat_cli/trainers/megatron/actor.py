@@ -62,7 +62,8 @@ from sat_cli.models.r3 import check_routes
 from sat_cli.models.tiny_moe import torch_dtype
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
-from sat_cli.trainers.step import PolicyTrainer, load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.step import PolicyTrainer
 
 from . import convert, precision, runtime
 from .model import ModelSettings, build_gpt_model

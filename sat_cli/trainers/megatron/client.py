@@ -32,8 +32,7 @@ HOST --master-port PORT``, and the other nodes join with ``sat worker --join HOS
   keeps running.
 
 Trainer hyperparameters are the local trainer's keyword arguments (``loss``, a
-``sat_cli.rl.config.LossConfig``, or its older keyword form ``algo``, ``correction``, SAT/clip
-values, ``loss_agg``, ``ratio_denominator``, ``kl_coef``, ``loss_kwargs``; ``lr``, ``betas``,
+``sat_cli.rl.config.LossConfig``; ``lr``, ``betas``,
 ``weight_decay``, ``grad_clip``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``) plus
 ``dtype``, ``export_dtype``, ``recompute`` and ``optimizer_offload``; they are forwarded to
 ``MegatronActor`` in the worker, the loss settings as ``LossConfig.to_dict()`` under
@@ -55,7 +54,7 @@ from pathlib import Path
 import torch
 
 from sat_cli.errors import TrainerError
-from sat_cli.rl.config import LEGACY_KEYS, LossConfig, resolve_loss
+from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import TRAINER_KEYS
 from sat_cli.util.procs import free_port
@@ -123,8 +122,7 @@ class MegatronTrainer:
             )
         from sat_cli.rl import registry
 
-        legacy = {k: actor_kwargs.pop(k) for k in LEGACY_KEYS if k in actor_kwargs}
-        loss: LossConfig = resolve_loss(actor_kwargs.pop("loss", None), legacy)
+        loss: LossConfig = actor_kwargs.pop("loss", None) or LossConfig()
         spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
         if spec.needs:  # a3po, vcpo: their extra inputs are wired into the local trainer only
             raise ValueError(

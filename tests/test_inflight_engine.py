@@ -15,6 +15,10 @@ from sat_cli.engines.local import LocalEngine
 from sat_cli.models.r3 import RouteCapture
 from sat_cli.models.tiny_moe import build_char_tokenizer, load_model, save_hf
 
+# the module's two engines and perturbed weights are built once: its tests run on one xdist
+# worker (split over two, each worker started its own engines)
+pytestmark = pytest.mark.xdist_group("inflight_engine")
+
 # mixed prompt lengths, so generation is left-padded
 PROMPTS = [[20, 21, 22, 14, 23, 24, 25, 32], [40, 41, 14, 42, 32], [50, 32], list(range(3, 20))]
 SWITCH_AT = 5  # tokens 0..4 from the old weights, 5.. from the new

@@ -17,6 +17,9 @@ from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_h
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
 
+# the module's engine and checkpoint are built once: its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("local_engine")
+
 # mixed prompt lengths, so generation is left-padded
 PROMPTS = [[20, 21, 22, 14, 23, 24, 25, 32], [40, 41, 14, 42, 32], [50, 32], list(range(3, 20))]
 
@@ -261,21 +264,21 @@ def first_stop_rule_holds(samples, stop_ids) -> None:
             assert not hits, s.response_ids
 
 
-def test_the_stop_rule_is_sglangs_union_of_eos_ids(tmp_path):
+def test_the_stop_rule_is_sglangs_union_of_eos_ids(engine, ckpt, tmp_path):
     # SGLang stops on config.json eos | generation_config.json eos | the tokenizer's eos | the
     # request's stop ids; the local engine does the same (sat_cli/models/stopping.py).
     from sat_cli.models.stopping import model_stop_ids
 
-    model = tmp_path / "m"
-    save_hf(build_tiny_moe(7), build_char_tokenizer(), model)
+    # the module's engine serves ckpt (version 0) between tests; the seeded request picks a
+    # token it samples often mid-response, with no second engine to start
+    assert engine.weight_version == 0
     sampling = SamplingParams(max_new_tokens=12, seed=3)
-    with LocalEngine(str(model), seed=1) as eng:
-        counts: dict[int, int] = {}
-        for s in flat(eng.generate(PROMPTS, 8, sampling)):
-            for t in s.response_ids[:-1]:
-                counts[t] = counts.get(t, 0) + 1
+    counts: dict[int, int] = {}
+    for s in flat(engine.generate(PROMPTS, 8, sampling)):
+        for t in s.response_ids[:-1]:
+            counts[t] = counts.get(t, 0) + 1
     extra = max(counts, key=counts.get)  # a token the model samples often mid-response
-    two = with_extra_eos(model, tmp_path / "m2", extra)
+    two = with_extra_eos(ckpt, tmp_path / "m2", extra)
     assert model_stop_ids(two) == {1, extra}
     with LocalEngine(str(two), seed=1) as eng:
         samples = flat(eng.generate(PROMPTS, 8, sampling))

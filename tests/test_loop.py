@@ -153,6 +153,8 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     rec = Recorder()
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
     settings = _settings(sampling, LagPolicy(0), tmp_path / "loop")
+    # one engine for both loops (starting a second one was most of this test's time): the
+    # reference loop loads the initial weights into it again, as version 0
     with LocalEngine(str(tiny_dir), seed=0) as engine:
         train_loop(
             settings,
@@ -162,13 +164,13 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
             trainer=trainer,
             tracker=rec,
         )
-    loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
-    # the plain synchronous loop, written out by hand
-    ref = _trainer(tiny_dir)
-    tok = ref.tokenizer
-    ref_rewards, ref_loss = [], []
-    with LocalEngine(str(tiny_dir), seed=0) as engine:
+        # the plain synchronous loop, written out by hand
+        ref = _trainer(tiny_dir)
+        tok = ref.tokenizer
+        ref_rewards, ref_loss = [], []
+        engine.update_weights(str(tiny_dir), 0)
         for t in range(STEPS):
             rows = task.sample_prompts(P, cursor=t * P)
             ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]

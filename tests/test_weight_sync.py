@@ -32,6 +32,8 @@ MODEL = REPO / "sat_cli" / "assets" / "tiny_moe_warm"
 CAPTURED = REPO / "tests" / "data" / "sglang_captured"
 SPEC = GroupSpec(timeout_s=20.0)
 BUCKET = 300_000  # bytes: several buckets for the tiny model
+# the module's engine and changed weights are built once: its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("weight_sync")
 
 
 def sglang_checksums() -> dict[str, str]:
@@ -199,21 +201,18 @@ def _sync(engine, sender, tmp_path, verify="first"):
     ), logged
 
 
-def test_wrong_bytes_on_the_wire_fall_back_to_the_disk_once(changed, tmp_path):
+def test_wrong_bytes_on_the_wire_fall_back_to_the_disk_once(engine, changed, tmp_path):
     state, _ = changed
     sender = _WrongBytes(source_dir=str(MODEL), bucket_bytes=BUCKET)
     sender.capture(1, state)
-    with LocalEngine(str(MODEL)) as engine:
-        sync, logged = _sync(engine, sender, tmp_path)
-        sync.load(1)
-        assert sync.fallbacks == 1 and "sending them from disk instead" in logged[0]
-        assert "tensors differ" in logged[0]
-        assert (tmp_path / "weights" / "v1").is_dir()  # written from the sender's copy
-        assert (
-            compare(sender.checksums(1, "hf"), engine.served_checksums()["the local engine"]) == []
-        )
-        m = sync.metrics()
-        assert m["weights/sync_fallback"] == 1.0 and m["weights/verify_s"] > 0
+    sync, logged = _sync(engine, sender, tmp_path)
+    sync.load(1)
+    assert sync.fallbacks == 1 and "sending them from disk instead" in logged[0]
+    assert "tensors differ" in logged[0]
+    assert (tmp_path / "weights" / "v1").is_dir()  # written from the sender's copy
+    assert compare(sender.checksums(1, "hf"), engine.served_checksums()["the local engine"]) == []
+    m = sync.metrics()
+    assert m["weights/sync_fallback"] == 1.0 and m["weights/verify_s"] > 0
 
 
 def test_wrong_bytes_on_both_paths_fail_the_run(engine, changed, tmp_path):

@@ -35,6 +35,9 @@ from sat_cli.tracking import (
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
+# the module's store is created once: its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("tracking_store")
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:

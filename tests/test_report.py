@@ -30,6 +30,8 @@ SWEEP_ID = "toy-0123456789"
 EVAL = "eval/toy/avg_at_4"  # mlflow_key("eval/toy/avg@4")
 FINAL = "final/toy/avg_at_8"
 T2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))  # t_{0.975, 2} = 4.302653
+# the module's store and report are built once: its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("report_store")
 
 
 def _run(client, exp_id, name, *, tags, metrics, params=None, status="FINISHED", tables=None):

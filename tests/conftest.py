@@ -82,6 +82,25 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_tiny_engine(tiny_dir):
+    """One local engine (seed 0) on ``tiny_dir`` for the worker: starting one takes seconds,
+    most of a short loop test's time. Use it through ``tiny_engine``."""
+    from sat_cli.engines.local import LocalEngine
+
+    with LocalEngine(str(tiny_dir), seed=0) as engine:
+        yield engine
+
+
+@pytest.fixture
+def tiny_engine(shared_tiny_engine, tiny_dir):
+    """``shared_tiny_engine`` with ``tiny_dir`` loaded again as version 0: what a fresh
+    ``LocalEngine(tiny_dir, seed=0)`` serves (tests that use it pass a seed with every request).
+    Mark its tests ``xdist_group("tiny_engine")`` so that one worker starts it."""
+    shared_tiny_engine.update_weights(str(tiny_dir), 0)
+    return shared_tiny_engine
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """A real two-node Ray cluster on 127.0.0.1 (``tests/ray_cluster.py``), shared by the tests
     of the ``ray`` xdist group; skipped without the ``[ray]`` extra. At the end it is shut down

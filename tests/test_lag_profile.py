@@ -103,17 +103,6 @@ def test_empirical_reads_numpy_edges_and_refuses_malformed(tmp_path):
             read_histogram(p)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_dir):
-    """One local engine for the module's loop tests (starting one is most of such a test's
-    time); each test loads the initial weights into it as version 0 before its run. Its
-    tests share an xdist group, so one worker starts it."""
-    from sat_cli.engines.local import LocalEngine
-
-    with LocalEngine(str(tiny_dir), seed=0) as eng:
-        yield eng
-
-
 def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_every=0,
                   engine=None):  # fmt: skip
     from sat_cli.engines.local import LocalEngine
@@ -143,16 +132,16 @@ def _expected_counts(lag: LagPolicy, steps: int) -> list[int]:
     return want
 
 
-@pytest.mark.xdist_group("lag_profile_engine")
-def test_geometric_profile_short_run(tiny_dir, tmp_path, engine):
+@pytest.mark.xdist_group("tiny_engine")
+def test_geometric_profile_short_run(tiny_dir, tmp_path, tiny_engine):
     """12 steps x 8 samples of geometric:0.5,max=3: every sample's realised lag is its draw
     (the loop's own bookkeeping), staleness/lag_profile_tv is their TV distance to the target,
     the histogram holds one bin per lag and only the profile's version window stays on disk."""
     prof = parse_profile("geometric:0.5,max=3")
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
     rec = Recorder()
-    engine.update_weights(str(tiny_dir), 0)
-    st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6, engine=engine)
+    st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6,
+                          engine=tiny_engine)  # fmt: skip
     counts = st["lag_profile_counts"]
     assert counts == _expected_counts(lag, 12) and sum(counts) == 96
     assert rec.metrics[12]["staleness/lag_profile_tv"] == tv_distance(prof.pmf, counts)
@@ -194,13 +183,13 @@ def test_geometric_profile_100_steps_matches_target_and_empirical_reads_its_tabl
     assert parse_profile(f"empirical:{target}").pmf == pytest.approx(prof.pmf)
 
 
-@pytest.mark.xdist_group("lag_profile_engine")
-def test_fixed0_profile_and_lag0_are_bit_identical(tiny_dir, tmp_path, engine):
+@pytest.mark.xdist_group("tiny_engine")
+def test_fixed0_profile_and_lag0_are_bit_identical(tiny_dir, tmp_path, tiny_engine):
     """lag=0 and lag.profile=fixed:0 give the same losses, rewards, prompts and weights (the
     profile's single-version batches take the plain path; lag=0 equals a hand-written
     synchronous loop in tests/test_loop.py)."""
     ref_rec, prof_rec = Recorder(), Recorder()
-    engine.update_weights(str(tiny_dir), 0)
+    engine = tiny_engine
     _, ref = _profile_loop(tiny_dir, tmp_path / "lag0", LagPolicy(0), 3, ref_rec, engine=engine)
     engine.update_weights(str(tmp_path / "lag0" / "weights" / "v0"), 0)
     pol = LagPolicy(0, "fixed", profile=parse_profile("fixed:0"), seed=3, cells=8)

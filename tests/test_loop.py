@@ -142,8 +142,8 @@ def _settings(sampling, lag, run_dir, **kw) -> LoopSettings:
     )
 
 
-def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
-    from sat_cli.engines.local import LocalEngine
+@pytest.mark.xdist_group("tiny_engine")
+def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path, tiny_engine):
     from sat_cli.rl.advantages import group_advantages
     from sat_cli.trainers.batch import collate
 
@@ -153,38 +153,38 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path):
     rec = Recorder()
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
     settings = _settings(sampling, LagPolicy(0), tmp_path / "loop")
-    # one engine for both loops (starting a second one was most of this test's time): the
-    # reference loop loads the initial weights into it again, as version 0
-    with LocalEngine(str(tiny_dir), seed=0) as engine:
-        train_loop(
-            settings,
-            task=task,
-            tokenizer=trainer.tokenizer,
-            engine=engine,
-            trainer=trainer,
-            tracker=rec,
-        )
-        loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    # one engine for both loops (the worker's, on the initial weights as version 0; starting
+    # one was most of this test's time): the reference loop loads them into it again
+    engine = tiny_engine
+    train_loop(
+        settings,
+        task=task,
+        tokenizer=trainer.tokenizer,
+        engine=engine,
+        trainer=trainer,
+        tracker=rec,
+    )
+    loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
-        # the plain synchronous loop, written out by hand
-        ref = _trainer(tiny_dir)
-        tok = ref.tokenizer
-        ref_rewards, ref_loss = [], []
-        engine.update_weights(str(tiny_dir), 0)
-        for t in range(STEPS):
-            rows = task.sample_prompts(P, cursor=t * P)
-            ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-            groups = engine.generate(ids, G, replace(sampling, seed=request_seed(5, "rollout", t)))
-            samples = [s for g in groups for s in g]
-            assert all(s.weight_version == t for s in samples)  # lag 0: fresh weights
-            texts = tok.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
-            rewards = torch.tensor([task.reward(x, "7") for x in texts])
-            adv = group_advantages(rewards, G, std_norm=True)
-            m = ref.step(collate(samples, adv, tok.pad_token_id))
-            ref_rewards.append(float(rewards.mean()))
-            ref_loss.append(m["loss/policy"])
-            path = ref.publish_weights(tmp_path / "ref_weights", t + 1)
-            engine.update_weights(str(path), t + 1)
+    # the plain synchronous loop, written out by hand
+    ref = _trainer(tiny_dir)
+    tok = ref.tokenizer
+    ref_rewards, ref_loss = [], []
+    engine.update_weights(str(tiny_dir), 0)
+    for t in range(STEPS):
+        rows = task.sample_prompts(P, cursor=t * P)
+        ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+        groups = engine.generate(ids, G, replace(sampling, seed=request_seed(5, "rollout", t)))
+        samples = [s for g in groups for s in g]
+        assert all(s.weight_version == t for s in samples)  # lag 0: fresh weights
+        texts = tok.batch_decode([s.response_ids for s in samples], skip_special_tokens=True)
+        rewards = torch.tensor([task.reward(x, "7") for x in texts])
+        adv = group_advantages(rewards, G, std_norm=True)
+        m = ref.step(collate(samples, adv, tok.pad_token_id))
+        ref_rewards.append(float(rewards.mean()))
+        ref_loss.append(m["loss/policy"])
+        path = ref.publish_weights(tmp_path / "ref_weights", t + 1)
+        engine.update_weights(str(path), t + 1)
 
     assert [rec.metrics[t + 1]["rollout/reward_mean"] for t in range(STEPS)] == ref_rewards
     assert [rec.metrics[t + 1]["loss/policy"] for t in range(STEPS)] == ref_loss
@@ -335,36 +335,35 @@ def test_bounded_inflight_updates_span_versions_within_the_bound(tiny_dir, tmp_p
     assert any(x["staleness/mixed_version_frac"] > 0 for x in m)  # responses span versions
 
 
-def test_final_evaluation_runs_once_on_the_final_weights(tiny_dir, tmp_path):
+@pytest.mark.xdist_group("tiny_engine")
+def test_final_evaluation_runs_once_on_the_final_weights(tiny_dir, tmp_path, tiny_engine):
     """``final_evaluator`` runs once, after the last step, with the engine holding the final
     weights; its metrics are logged at step max_steps beside the last in-training evaluation."""
-    from sat_cli.engines.local import LocalEngine
-
     trainer = _trainer(tiny_dir)
     rec = Recorder()
     calls = {"eval": [], "final": []}
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
     settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", eval_every=2)
-    with LocalEngine(str(tiny_dir), seed=0) as engine:
+    engine = tiny_engine  # the worker's engine, on the initial weights as version 0
 
-        def evaluator():
-            calls["eval"].append(engine.weight_version)
-            return {"eval/x/avg@2": float(engine.weight_version)}
+    def evaluator():
+        calls["eval"].append(engine.weight_version)
+        return {"eval/x/avg@2": float(engine.weight_version)}
 
-        def final():
-            calls["final"].append(engine.weight_version)
-            return {"final/x/avg@8": 42.0}
+    def final():
+        calls["final"].append(engine.weight_version)
+        return {"final/x/avg@8": 42.0}
 
-        train_loop(
-            settings,
-            task=SevensTask(),
-            tokenizer=trainer.tokenizer,
-            engine=engine,
-            trainer=trainer,
-            tracker=rec,
-            evaluator=evaluator,
-            final_evaluator=final,
-        )
+    train_loop(
+        settings,
+        task=SevensTask(),
+        tokenizer=trainer.tokenizer,
+        engine=engine,
+        trainer=trainer,
+        tracker=rec,
+        evaluator=evaluator,
+        final_evaluator=final,
+    )
     assert calls == {"eval": [2, STEPS], "final": [STEPS]}
     assert rec.metrics[STEPS]["final/x/avg@8"] == 42.0
     assert all("final/x/avg@8" not in rec.metrics[t] for t in range(1, STEPS))

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, fields
 
 from sat_cli import metric_names as M
+from sat_cli.report.regime import sat_thresholds
 
 HALF = 0.5
 REWARD_WINDOW = 10
@@ -81,14 +82,15 @@ def collapsed(evals: list[tuple[int, float]], rewards: list[tuple[int, float]]) 
     top = max(v for _, v in evals)
     low_eval = all(v < HALF * top for _, v in evals[-2:])
     r = [v for _, v in rewards]
-    means = [sum(r[i : i + REWARD_WINDOW]) / REWARD_WINDOW for i in range(len(r) - 9)]
+    means = [
+        sum(r[i : i + REWARD_WINDOW]) / REWARD_WINDOW for i in range(len(r) - REWARD_WINDOW + 1)
+    ]
     return low_eval and means[-1] < HALF * max(means)
 
 
 def can_act_threshold(eps_low: float, eps_high: float) -> float:
     """``max(ln(1 + eps_high), -ln(1 - eps_low))``: at or above it SAT changes no gradient."""
-    low = -math.log1p(-eps_low) if eps_low < 1 else math.inf
-    return max(math.log1p(eps_high), low)
+    return max(sat_thresholds(eps_low, eps_high))
 
 
 def can_act_fraction(q: list[tuple[int, float]], threshold: float, until: int | None):

@@ -30,9 +30,15 @@ REGIME_COLS = (
 INERT_FLAG = "SAT inert: recompute denominator, 1 step/batch"
 
 
+def sat_thresholds(eps_low: float, eps_high: float) -> tuple[float, float]:
+    """``(ln(1 + eps_high), -ln(1 - eps_low))``: at or above a side's value SAT cannot change a
+    gradient on that side (docs/algorithms.md §4, "When SAT is inert")."""
+    ell_lo = -math.log1p(-eps_low) if eps_low < 1 else math.inf
+    return math.log1p(eps_high), ell_lo
+
+
 def _ells(r: RunData) -> tuple[float, float]:
-    ell_lo = -math.log1p(-r.eps_low) if r.eps_low < 1 else math.inf
-    return math.log1p(r.eps_high), ell_lo
+    return sat_thresholds(r.eps_low, r.eps_high)
 
 
 def can_act_fractions(r: RunData) -> tuple[float, float, float] | None:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sat_cli.tracking.sink import NullSink
+
 MODES = {
     "sync": ["lag=0"],
     "interval1": ["lag=1"],
@@ -46,7 +48,7 @@ class _Budget(Exception):
     pass
 
 
-class _Sink:
+class _Sink(NullSink):
     def __init__(self):
         self.rows: list[dict] = []
 

@@ -17,8 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from sat_cli.tracking.sink import NullSink
 
-class _Sink:
+
+class _Sink(NullSink):
     def __init__(self):
         self.rows = []
 

@@ -12,6 +12,7 @@ import torch
 from sat_cli.engines.base import SamplingParams
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.lag_profile import (
+    PROFILE_TARGET_FILE,
     ProfileError,
     parse_profile,
     read_histogram,
@@ -136,7 +137,8 @@ def _expected_counts(lag: LagPolicy, steps: int) -> list[int]:
 def test_geometric_profile_short_run(tiny_dir, tmp_path, tiny_engine):
     """12 steps x 8 samples of geometric:0.5,max=3: every sample's realised lag is its draw
     (the loop's own bookkeeping), staleness/lag_profile_tv is their TV distance to the target,
-    the histogram holds one bin per lag and only the profile's version window stays on disk."""
+    the histogram holds one bin per lag, the target table is logged once and only the profile's
+    version window stays on disk."""
     prof = parse_profile("geometric:0.5,max=3")
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
     rec = Recorder()
@@ -150,6 +152,9 @@ def test_geometric_profile_short_run(tiny_dir, tmp_path, tiny_engine):
     assert len(hist) == 7 * 8 and sorted(set(hist)) <= [0.0, 1.0, 2.0, 3.0]
     kept = sorted(int(p.name[1:]) for p in (tmp_path / "run" / "weights").iterdir())
     assert kept == [0, 9, 10, 11]  # v12 is never needed (no batch 12): not published
+    # the target is logged once, at step 0, as the table empirical: reads back
+    assert list(rec.dicts) == [PROFILE_TARGET_FILE]
+    assert rec.dicts[PROFILE_TARGET_FILE] == prof.target_table()
 
 
 @pytest.mark.slow

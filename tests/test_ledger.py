@@ -14,6 +14,7 @@ from sat_cli.config.additions import ledger_versions
 from sat_cli.engines.base import Sample
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.rl.ledger import decompose
+from sat_cli.tracking.sink import NullSink
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
 
@@ -126,7 +127,7 @@ def test_parts_sum_to_the_divergence_in_trainer_steps(ckpt, num_minibatches):
 def test_the_step_histograms_carry_m_and_s(ckpt):
     from sat_cli.loop.steps import log_histograms
 
-    class Tracker:
+    class Tracker(NullSink):
         def __init__(self):
             self.hist = {}
 

@@ -12,6 +12,7 @@ import torch
 from sat_cli.engines.base import SamplingParams
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.train import ClipSchedule, LoopSettings, request_seed, train_loop
+from sat_cli.tracking.sink import NullSink
 
 # ----------------------------------------------------------------------------- lag policy
 
@@ -100,13 +101,14 @@ class SevensTask:
         return text.count("7") / max(len(text), 1)
 
 
-class Recorder:
+class Recorder(NullSink):
     """A metrics sink that keeps what the loop logs (the MLflow store is tested in test_train_cli)."""
 
     def __init__(self):
         self.metrics: dict[int, dict] = {}
         self.histograms: list[tuple[str, int]] = []
         self.values: dict[tuple[str, int], list] = {}
+        self.dicts: dict[str, object] = {}
 
     def log_metrics(self, m: dict, step: int) -> None:
         self.metrics.setdefault(step, {}).update(m)
@@ -115,8 +117,32 @@ class Recorder:
         self.histograms.append((key, step))
         self.values[(key, step)] = [float(v) for v in values]
 
+    def log_dict(self, obj, artifact_file: str) -> None:
+        self.dicts[artifact_file] = obj
+
 
 P, G, STEPS = 4, 4, 3
+
+
+def test_the_tracker_and_the_test_sinks_are_what_the_loop_logs_to():
+    """The loop calls its sink's five methods unconditionally (no ``hasattr`` probes): the MLflow
+    Tracker, NullSink and this module's Recorder all have them; an object without
+    ``outage_expired`` is not a sink."""
+    from sat_cli.tracking import Tracker
+    from sat_cli.tracking.sink import MetricSink
+
+    disabled = Tracker(None, "e", "r")
+    assert isinstance(disabled, MetricSink) and disabled.outage_expired() is False
+    assert isinstance(NullSink(), MetricSink) and isinstance(Recorder(), MetricSink)
+
+    class Partial:
+        def log_metrics(self, m, step): ...
+
+        def log_histogram(self, key, values, step, **kw): ...
+
+    assert not isinstance(Partial(), MetricSink)
+
+
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=6)
 
 

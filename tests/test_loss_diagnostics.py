@@ -16,6 +16,7 @@ from sat_cli.rl import registry
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import policy_loss
+from sat_cli.tracking.sink import NullSink
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
 
@@ -174,7 +175,7 @@ def test_minibatch_diagnostics_concatenate_in_row_order(ckpt):
     assert metrics["sat/q"] == pytest.approx(float(diag["q"].mean()), rel=1e-12)
 
 
-class _Tracker:
+class _Tracker(NullSink):
     def __init__(self):
         self.hist: dict[str, dict] = {}
         self.metrics: dict[str, float] = {}

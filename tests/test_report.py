@@ -14,6 +14,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +214,19 @@ def report(store):
     with contextlib.redirect_stdout(buf):
         run_report(SWEEP_ID, out=str(out), tracking_uri=store["uri"])
     return out, buf.getvalue()
+
+
+def test_the_report_names_the_file_that_defines_its_endpoints(report):
+    """The legend's "Endpoint definitions: `ENDPOINTS` in <file>" names a file of the package
+    that defines them (it once named a module that had moved)."""
+    import re
+
+    import sat_cli
+
+    md = (report[0] / "report.md").read_text()
+    name, rel = re.search(r"Endpoint definitions: `(\w+)` in (sat_cli/[\w/]+\.py)\.", md).groups()
+    src = Path(sat_cli.__file__).parent.parent / rel
+    assert re.search(rf"^{name} = ", src.read_text(), re.M)
 
 
 def test_table_cells_intervals_and_csv(report):

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sat_cli.tracking.sink import MetricSink
+
 PROFILE_TARGET_FILE = "tables/staleness/lag_profile_target.json"  # the target, once per run
 MAX_PROFILE_LAG = 1024  # a larger lag keeps that many weight versions on disk: refused
 
@@ -82,7 +84,9 @@ def tv_distance(pmf: tuple[float, ...], counts: list[int]) -> float:
     return 0.5 * sum(abs(a - b) for a, b in zip(p, q, strict=True))
 
 
-def log_profile_histogram(tracker, profile: LagProfile, counts: list[int], step: int) -> None:
+def log_profile_histogram(
+    tracker: MetricSink, profile: LagProfile, counts: list[int], step: int
+) -> None:
     """The realised lags so far (``staleness/lag_profile``), one integer per bin, with the
     target's mean marked; its table is one ``empirical:`` reads."""
     from sat_cli import metric_names as M

@@ -20,6 +20,7 @@ from sat_cli import metric_names as M
 from sat_cli.checkpoints.state import latest_checkpoint
 from sat_cli.engines.base import Sample
 from sat_cli.errors import RunFailed
+from sat_cli.tracking.sink import MetricSink
 
 MAX_CONSECUTIVE_NONFINITE = 5
 
@@ -108,7 +109,7 @@ def _oldest(smp: Sample) -> int:
     return min(smp.token_versions) if smp.token_versions else smp.weight_version
 
 
-def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: dict, tracker,
+def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: dict, tracker: MetricSink,
                  ckpt_root, diag: dict | None = None) -> None:  # fmt: skip
     """``trainer.step(batch, diag)`` into ``metrics``, with the non-finite policy (module
     docstring). ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in
@@ -171,7 +172,7 @@ def digest(texts: list[str]) -> float:
     return float(int.from_bytes(h[:3], "little"))
 
 
-def log_histograms(tracker, diag: dict, lags: dict, step: int) -> None:
+def log_histograms(tracker: MetricSink, diag: dict, lags: dict, step: int) -> None:
     """The step's histograms and ``|d|`` percentiles, from the per-token diagnostics the loss
     itself produced (``trainer.step(batch, diag)``; no second SAT computation, no extra
     forward):

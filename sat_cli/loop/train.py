@@ -63,6 +63,7 @@ from sat_cli.loop.steps import (
     trainer_step,
 )
 from sat_cli.loop.steps import digest as _digest
+from sat_cli.tracking.sink import MetricSink
 
 __all__ = [
     "MAX_CONSECUTIVE_NONFINITE",
@@ -133,7 +134,7 @@ def train_loop(
     tokenizer,
     engine,
     trainer,
-    tracker,
+    tracker: MetricSink,
     evaluator: Callable[[], dict[str, float]] | None = None,
     progress=None,
     resume_from: Path | None = None,
@@ -178,7 +179,7 @@ def train_loop(
             m0: dict[str, float] = {}
             evals.run(0, 0, m0)
             tracker.log_metrics(m0, step=0)
-        if s.lag.profile is not None and st["step"] == 0 and hasattr(tracker, "log_dict"):
+        if s.lag.profile is not None and st["step"] == 0:
             tracker.log_dict(s.lag.profile.target_table(), PROFILE_TARGET_FILE)
         guard = {"bad": 0}  # non-finite steps in a row
         for t in range(st["step"], s.max_steps):
@@ -237,7 +238,7 @@ def train_loop(
             if progress:
                 progress.step(t, metrics)
             # the tracking store unreachable for tracking.outage_timeout_s: checkpoint, stop
-            outage = new_version < s.max_steps and _outage_expired(tracker)
+            outage = new_version < s.max_steps and tracker.outage_expired()
             if outage or (
                 0 < new_version < s.max_steps
                 and s.checkpoint_every > 0
@@ -346,11 +347,6 @@ def _profile_metrics(s: LoopSettings, st: dict, lags: list[int], metrics: dict) 
         counts.extend([0] * (lag + 1 - len(counts)))
         counts[lag] += 1
     metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
-
-
-def _outage_expired(tracker) -> bool:
-    expired = getattr(tracker, "outage_expired", None)  # a Tracker; test doubles may lack it
-    return bool(expired and expired())
 
 
 def _skip_step(trainer, counters: dict) -> None:

@@ -160,7 +160,7 @@ def render_markdown(rep: dict, uri: str, plots: list[str], st: Settings) -> str:
         "eval, with the step where each seed first reached it (`a/b/…`); **last** = the last "
         f"in-training eval; **d̄π** = mean d̄π over the last {st.epoch_steps} steps (the paper's "
         "last-epoch d̄π; `|log π − log μ|`, for recompute runs `|log π_old − log μ|`). Endpoint "
-        "definitions: sat_cli/report_tables.py.",
+        "definitions: `ENDPOINTS` in sat_cli/report/tables.py.",
     ]
     lines += [f"> {n}" for n in sel.notes]
     lines += ["", paper_table(rows, lags, cells, st), ""]

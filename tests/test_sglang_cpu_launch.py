@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from sglang_real import REPO, sglang_python
@@ -13,11 +14,12 @@ from sglang_real import REPO, sglang_python
 pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
 
 LAUNCHER = REPO / "sat_cli" / "engines" / "sglang" / "cpu_launch.py"
-# argv: the launcher, the patches to apply, the checks to run; one RESULT line per check: what it
-# returned, or the exception it raised (each SGLang import costs 20-40 s on 2 cores: the three
-# processes below are all the patch tests need)
+# argv: the launcher, the patches to apply, the checks to run, and (JSON) the argument lists the
+# parser checks parse; one RESULT line per check: what it returned, or the exception it raised
+# (each SGLang import costs 20-40 s on 2 cores: the default suite runs one process, the slow tests
+# two more)
 CHECKS = """
-import importlib.util, json, sys
+import argparse, importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("cpu_launch", sys.argv[1])
 launch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(launch)  # importing applies nothing; only running it as a script does
@@ -58,6 +60,25 @@ def checksum_loaded():
     sums = checker._compute_checksum(role="target")["checksums"]
     return f"packed: {layer.weight.shape[0] == 64} reports the loaded: {sums['weight'] == loaded}"
 
+ARGV = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+
+def server_args():  # SGLang's own parser on the command sat builds
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(ARGV["server_args"])
+    return {k: str(getattr(ns, k)) for k in (
+        "model_path", "host", "port", "dtype", "device", "attention_backend", "tp_size",
+        "max_total_tokens", "enable_return_routed_experts", "weight_version",
+        "disable_overlap_schedule")}
+
+def router_args():
+    from sglang_router.launch_router import parse_router_args
+    ra = parse_router_args(ARGV["router_args"])
+    return {"worker_urls": ra.worker_urls, "port": ra.port, "policy": ra.policy,
+            "health_failure_threshold": ra.health_failure_threshold,
+            "health_check_timeout_secs": ra.health_check_timeout_secs}
+
 for check in sys.argv[3].split(","):
     try:
         found = {"returned": globals()[check]()}
@@ -66,11 +87,15 @@ for check in sys.argv[3].split(","):
     print("RESULT " + json.dumps({check: found}), flush=True)
 """
 ALL = ["torchvision", "state_capturer", "amx_pack", "checksum_loaded"]
+PARSERS = ["server_args", "router_args"]
 
 
-def run_checks(patches: list[str], checks: list[str]) -> dict[str, dict[str, str]]:
+def run_checks(
+    patches: list[str], checks: list[str], argv: dict[str, list[str]] | None = None
+) -> dict[str, dict]:
+    cmd = [sglang_python(), "-c", CHECKS, str(LAUNCHER), ",".join(patches), ",".join(checks)]
     out = subprocess.run(
-        [sglang_python(), "-c", CHECKS, str(LAUNCHER), ",".join(patches), ",".join(checks)],
+        [*cmd, json.dumps(argv or {})],
         capture_output=True,
         text=True,
         timeout=300,
@@ -92,15 +117,38 @@ def bare():
     return run_checks([], ["torchvision"]) | run_checks(["torchvision"], ALL[1:])
 
 
+def sat_commands(tmp: Path) -> dict[str, list[str]]:
+    """The arguments sat's server and router commands pass to SGLang's own entry points."""
+    from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+
+    server = SGLangServer(
+        "m", python="py", port=31000, device="cpu", dtype="bfloat16", max_total_tokens=4096,
+        enable_return_routed_experts=True, log_path=tmp / "s.log",
+    )  # fmt: skip
+    router = SGLangRouter(
+        ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], python="py", port=30999,
+        device="cpu", log_path=tmp / "r.log",
+    )  # fmt: skip
+
+    def after(command: list[str], module: str) -> list[str]:
+        return command[command.index(module) + 1 :]
+
+    return {
+        "server_args": after(server.command, "sglang.launch_server"),
+        "router_args": after(router.command, "sglang_router.launch_router"),
+    }
+
+
 @pytest.fixture(scope="module")
-def patched():
-    return run_checks(ALL, ALL)
+def patched(tmp_path_factory):
+    """Every patch applied, every check and SGLang's parsers on sat's commands: one process."""
+    return run_checks(ALL, ALL + PARSERS, sat_commands(tmp_path_factory.mktemp("commands")))
 
 
 def test_every_patch_takes_effect(patched):
     """The default suite's half: each patch does what it is for (the tests below also show each
     failure without its patch)."""
-    assert patched == {
+    assert {k: patched[k] for k in ALL} == {
         "torchvision": {"returned": "imported"},
         "state_capturer": {"returned": "buffer (4, 2, 2) False"},
         "amx_pack": {"returned": "packs gate: False up: True"},
@@ -136,69 +184,14 @@ def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare
     assert patched["checksum_loaded"] == {"returned": "packed: True reports the loaded: True"}
 
 
-PARSE = """
-import argparse, json, sys
-sys.argv = ["x"]
-kind, argv = sys.argv[0], json.loads(sys.stdin.read())
-import importlib.util
-spec = importlib.util.spec_from_file_location("cpu_launch", argv.pop(0))
-launch = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(launch)
-launch.patch_torchvision()
-which = argv.pop(0)
-if which == "server":
-    from sglang.srt.server_args import ServerArgs
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(argv)
-    print("RESULT", json.dumps({k: str(getattr(ns, k)) for k in (
-        "model_path", "host", "port", "dtype", "device", "attention_backend", "tp_size",
-        "max_total_tokens", "enable_return_routed_experts", "weight_version",
-        "disable_overlap_schedule")}))
-else:
-    from sglang_router.launch_router import parse_router_args
-    ra = parse_router_args(argv)
-    print("RESULT", json.dumps({"worker_urls": ra.worker_urls, "port": ra.port,
-        "policy": ra.policy, "health_failure_threshold": ra.health_failure_threshold,
-        "health_check_timeout_secs": ra.health_check_timeout_secs}))
-"""
-
-
-def parse_with_sglang(which: str, command: list[str], module: str) -> dict:
-    args = command[command.index(module) + 1 :]
-    out = subprocess.run(
-        [sglang_python(), "-c", PARSE],
-        input=json.dumps([str(LAUNCHER), which, *args]),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
-
-
-def test_sglangs_own_parsers_accept_the_commands_sat_builds(tmp_path):
-    from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
-
-    server = SGLangServer(
-        "m", python="py", port=31000, device="cpu", dtype="bfloat16", max_total_tokens=4096,
-        enable_return_routed_experts=True, log_path=tmp_path / "s.log",
-    )  # fmt: skip
-    ns = parse_with_sglang("server", server.command, "sglang.launch_server")
-    assert ns == {
+def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):
+    assert patched["server_args"] == {"returned": {
         "model_path": "m", "host": "127.0.0.1", "port": "31000", "dtype": "bfloat16",
         "device": "cpu", "attention_backend": "torch_native", "tp_size": "1",
         "max_total_tokens": "4096", "enable_return_routed_experts": "True",
         "weight_version": "0", "disable_overlap_schedule": "True",
-    }  # fmt: skip
-    router = SGLangRouter(
-        ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], python="py", port=30999,
-        device="cpu", log_path=tmp_path / "r.log",
-    )  # fmt: skip
-    ra = parse_with_sglang("router", router.command, "sglang_router.launch_router")
-    assert ra == {
+    }}  # fmt: skip
+    assert patched["router_args"] == {"returned": {
         "worker_urls": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], "port": 30999,
         "policy": "round_robin", "health_failure_threshold": 10, "health_check_timeout_secs": 60,
-    }  # fmt: skip
+    }}  # fmt: skip

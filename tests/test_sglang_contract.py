@@ -296,8 +296,9 @@ def test_cpu_server_command_runs_through_the_launcher_with_cpu_flags(tmp_path):
     assert cmd[1].endswith("sat_cli/engines/sglang/cpu_launch.py") and Path(cmd[1]).is_file()
     assert cmd[2:4] == ["-m", "sglang.launch_server"]
     i = cmd.index("--device")
-    assert cmd[i : i + 5] == [
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule"
+    assert cmd[i : i + 6] == [
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+        "--sleep-on-idle",
     ]  # fmt: skip
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--max-total-tokens") + 1] == "4096"

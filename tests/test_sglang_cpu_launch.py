@@ -70,7 +70,7 @@ def server_args():  # SGLang's own parser on the command sat builds
     return {k: str(getattr(ns, k)) for k in (
         "model_path", "host", "port", "dtype", "device", "attention_backend", "tp_size",
         "max_total_tokens", "enable_return_routed_experts", "weight_version",
-        "disable_overlap_schedule")}
+        "disable_overlap_schedule", "sleep_on_idle")}
 
 def router_args():
     from sglang_router.launch_router import parse_router_args
@@ -189,7 +189,7 @@ def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):
         "model_path": "m", "host": "127.0.0.1", "port": "31000", "dtype": "bfloat16",
         "device": "cpu", "attention_backend": "torch_native", "tp_size": "1",
         "max_total_tokens": "4096", "enable_return_routed_experts": "True",
-        "weight_version": "0", "disable_overlap_schedule": "True",
+        "weight_version": "0", "disable_overlap_schedule": "True", "sleep_on_idle": "True",
     }}  # fmt: skip
     assert patched["router_args"] == {"returned": {
         "worker_urls": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], "port": 30999,

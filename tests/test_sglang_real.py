@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from sglang_real import MODEL, launch, probe, require_cpu_all_reduce
+from sglang_real import MODEL, launch, metrics, probe, require_cpu_all_reduce, sat
 
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.models.tiny_moe import load_model, save_hf
@@ -81,6 +81,72 @@ def recompute(model_dir, batch, dtype="bfloat16", replay=False) -> torch.Tensor:
 
 def flat(groups):
     return [s for g in groups for s in g]
+
+
+def test_sat_train_with_r3_on_the_server_logs_the_real_mismatch_and_replays_its_routes(
+    engine, tmp_path
+):
+    """`sat train` end to end on this module's server (first, while it serves the base weights:
+    ``engine.urls`` accepts only version 0), then the base weights are loaded again under version
+    0 for the tests below. One SGLang start serves the CLI run and the engine tests; `sat train`
+    launching its own servers is in tests/test_sglang_real_cli.py (slow) and, with the stand-in
+    server, tests/test_ray_launcher.py; the commands it builds are checked against SGLang's own
+    parsers in tests/test_sglang_cpu_launch.py."""
+    url = engine.worker_urls[0]
+    small = [
+        "engine=sglang", "engine.device=cpu", f"engine.urls=[{url}]", "experiment=cpu_smoke",
+        "task.prompts_per_step=8", "task.samples_per_prompt=4", "eval.every=3", "eval.limit=16",
+        "eval.n=2", "run.dir=runs", "run.name=sg",
+    ]  # fmt: skip
+    log_path = engine.servers[0].log_path
+    before = len(log_path.read_text())
+    try:
+        out = sat("train", *small, "max_steps=3", "r3=true", "trainer.r3_audit=true", cwd=tmp_path)
+    finally:  # the base weights again, under version 0, whatever the run left
+        reset = {"model_path": str(MODEL), "weight_version": "0", "flush_cache": True}
+        answer = engine.client.post_json("/update_weights_from_disk", reset, url=url)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert answer.get("success") is True, answer
+    assert engine.served_versions() == [0]
+    # the run drove this server: generations and weight loads (then our reset)
+    log = log_path.read_text()[before:]
+    assert log.count('"POST /generate HTTP/1.1" 200') >= 1
+    assert log.count('"POST /update_weights_from_disk HTTP/1.1" 200') >= 2
+    runs = tmp_path / "runs"
+    dpi = metrics(runs, "staleness/abs_logratio_mean")
+    lag = metrics(runs, "staleness/version_lag_max")
+    assert sorted(dpi) == [1, 2, 3] and lag[1] == 0
+    # a bf16 engine against the fp32 trainer: a real mismatch even at lag 0 (fp32 local
+    # engines give ~1e-7), and no misalignment (that gives ~1)
+    assert 1e-3 < dpi[1] < 0.1
+    rows = metrics(runs, "r3/audit_rows")
+    bad = metrics(runs, "r3/audit_mismatched_rows")
+    assert sorted(rows) == [1, 2, 3] and min(rows.values()) > 0
+    assert set(bad.values()) == {0.0}
+    assert sorted(metrics(runs, "eval/toy/avg_at_2")) == [0, 3]
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of a process group (Linux /proc)."""
+    total = 0
+    for pid in live_group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_server_leaves_the_cpu_to_the_trainer(engine):
+    """--sleep-on-idle (CPU servers): an idle scheduler used to poll without pause, a whole core
+    (10 CPU-s in 10 s); now its group uses a few percent. Even on a loaded 2-core machine a
+    spinning scheduler gets well over a third of a core, so 1 CPU-s in 3 s separates the two."""
+    pgid = engine.servers[0].pgid
+    before = _group_cpu_s(pgid)
+    time.sleep(3.0)
+    assert _group_cpu_s(pgid) - before < 1.0
 
 
 def test_logprobs_equal_a_bf16_recompute_by_the_trainer(engine, prompts, tokenizer, capsys):

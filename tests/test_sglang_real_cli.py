@@ -1,7 +1,9 @@
 """`sat train` / `sat eval` with a REAL SGLang server on this CPU, end to end (tier ``sglang``).
 
 Each test starts its own servers through the CLI (about 20-30 s each on an idle machine) and
-reads what the run logged in its MLflow store.
+reads what the run logged in its MLflow store. All are slow (`make test-full`): the default
+suite's `sat train` on a real SGLang server with R3 runs on the server of
+tests/test_sglang_real.py (one SGLang start fewer).
 """
 
 from __future__ import annotations
@@ -32,27 +34,7 @@ def ok(out) -> None:
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
 
 
-def test_train_r3_on_sglang_logs_the_real_mismatch_and_replays_its_routes(tmp_path):
-    sglang_python()
-    out = sat("train", *SMALL, "max_steps=3", "r3=true", "trainer.r3_audit=true", cwd=tmp_path)
-    ok(out)
-    runs = tmp_path / "runs"
-    log = (runs / "sat" / "sg" / "logs" / "sglang_0.log").read_text()
-    assert "'--dtype', 'bfloat16'" in log and "cpu_launch.py" in log  # engine.dtype reached it
-    dpi = metrics(runs, "staleness/abs_logratio_mean")
-    lag = metrics(runs, "staleness/version_lag_max")
-    assert sorted(dpi) == [1, 2, 3] and lag[1] == 0
-    # a bf16 engine against the fp32 trainer: a real mismatch even at lag 0 (fp32 local
-    # engines give ~1e-7), and no misalignment (that gives ~1)
-    assert 1e-3 < dpi[1] < 0.1
-    rows = metrics(runs, "r3/audit_rows")
-    bad = metrics(runs, "r3/audit_mismatched_rows")
-    assert sorted(rows) == [1, 2, 3] and min(rows.values()) > 0
-    assert set(bad.values()) == {0.0}
-    assert sorted(metrics(runs, "eval/toy/avg_at_2")) == [0, 3]
-
-
-@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite's run: tests/test_sglang_real.py)
 def test_eval_toy_on_sglang(tmp_path):
     sglang_python()
     out = sat(
@@ -65,7 +47,7 @@ def test_eval_toy_on_sglang(tmp_path):
     assert re.search(r"32/32\s*│\s*2\s*│\s*\d+\.\d+\s*│", out.stdout), out.stdout[-2000:]
 
 
-@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite's run: tests/test_sglang_real.py)
 def test_two_servers_behind_the_router_serve_one_run(tmp_path):
     sglang_python()
     out = sat("train", *SMALL, "max_steps=3", "engine.num_servers=2", "eval.every=0",
@@ -81,7 +63,7 @@ def test_two_servers_behind_the_router_serve_one_run(tmp_path):
     assert sorted(metrics(tmp_path / "runs", "rollout/reward_mean")) == [1, 2, 3]
 
 
-@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite keeps the R3 training run)
+@pytest.mark.slow  # 40-70 s; `make test-full` (the default suite's run: tests/test_sglang_real.py)
 def test_the_papers_stack_in_miniature(tmp_path):
     # SGLang rollouts, the megatron-core trainer, SGLang's routed experts replayed in
     # megatron's RouterReplay: every replayed (token, layer) row uses SGLang's experts.

@@ -9,9 +9,10 @@ state)``. ``off_loopback(rows)`` keeps the rows that are not loopback-only: a li
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import struct
+
+from sat_cli.util.procs import socket_inodes
 
 TCP_LISTEN = "0A"
 
@@ -47,19 +48,10 @@ def sockets(pids) -> list[tuple]:
         tables.update(_table(proto))
     out = []
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                row = tables.get(target[8:-1])
-                if row is not None:
-                    out.append((pid, *row))
+        for inode in sorted(socket_inodes(pid)):
+            row = tables.get(str(inode))
+            if row is not None:
+                out.append((pid, *row))
     return out
 
 

@@ -20,8 +20,9 @@ import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.engines.sglang import SGLangEngine
+from sat_cli.engines.sglang.process import ManagedProcess
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
-from sat_cli.util.procs import live_group_members
+from sat_cli.util.procs import http_get_status, live_group_members
 
 STANDIN = Path(__file__).resolve().parent / "sglang_standin.py"
 PREFIX = [sys.executable, str(STANDIN)]
@@ -209,3 +210,62 @@ def test_launch_one_server_per_gpu_group_with_r3(model_dir, tmp_path):
         assert "--enable-return-routed-experts" in text
     # R3 dims come from config.json (2 layers, top-2): [3 + 4 - 1, 2, 2].
     assert [s.routed_experts.shape for s in groups[0]] == [(6, 2, 2), (6, 2, 2)]
+
+
+# a server that answers GET /health with 200 on the port given as argv[1] (until killed)
+HEALTHY = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+class _Script(ManagedProcess):
+    name = "script server"
+
+    def __init__(self, code: str, port: int, log_path: Path):
+        super().__init__(host="127.0.0.1", port=port, log_path=log_path, health_path="/health",
+                         startup_timeout_s=30.0, env=None)  # fmt: skip
+        self.code = code
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.code, str(self.port)]
+
+
+def test_a_port_taken_by_another_process_is_not_taken_for_the_server(tmp_path):
+    """The port is picked free and bound only when the server is up (SGLang: 20-40 s later). If
+    another process (a second run's server) took it meanwhile, its health answer must not pass
+    for this server's: EngineError naming the port, and this server is stopped. The same server
+    that binds the port itself is ready."""
+    import subprocess
+
+    from sat_cli.util.procs import free_port
+
+    port = free_port()
+    stranger = subprocess.Popen([sys.executable, "-c", HEALTHY, str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while http_get_status("127.0.0.1", port, "/health", 1.0) != 200:
+            assert time.monotonic() < deadline and stranger.poll() is None
+            time.sleep(0.1)
+        late = _Script("import time; time.sleep(60)", port, tmp_path / "late.log")  # never binds
+        late.start()
+        pgid = late.pgid
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match=f"is not what answers on port {port}: another"):
+            late.wait_ready()
+        assert time.monotonic() - t0 < 10 and live_group_members(pgid) == []
+        assert stranger.poll() is None  # the other process is left alone
+    finally:
+        stranger.kill()
+        stranger.wait()
+    own = _Script(HEALTHY, free_port(), tmp_path / "own.log")
+    with own:
+        own.start()
+        own.wait_ready()  # the answer comes from its own socket
+        assert own.alive()

@@ -77,3 +77,48 @@ def http_get_status(host: str, port: int, path: str, timeout_s: float) -> int | 
         return None
     finally:
         conn.close()
+
+
+def listening_inodes(port: int) -> set[int] | None:
+    """Inodes of the TCP sockets in LISTEN state on ``port`` (any address; Linux
+    ``/proc/net/tcp`` and ``tcp6``), or None where neither can be read."""
+    found: set[int] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:  # "sl local_address rem_address st ... uid timeout inode"
+            fields = row.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                found.add(int(fields[9]))
+    return found if readable else None
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process ``pid`` has open (empty where its fds cannot be read)."""
+    found: set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
+
+
+def group_holds_socket(pgid: int, inodes: set[int]) -> bool:
+    """Whether a live process of group ``pgid`` has one of the sockets ``inodes`` open."""
+    return any(socket_inodes(pid) & inodes for pid in live_group_members(pgid))

@@ -20,7 +20,9 @@ from sat_cli.engines.base import EngineError
 from sat_cli.util.procs import (
     LOG_TAIL_LINES,
     free_port,
+    group_holds_socket,
     http_get_status,
+    listening_inodes,
     live_group_members,
     tail_lines,
 )
@@ -30,6 +32,10 @@ class ManagedProcess:
     """A server subprocess in its own process group, logging to a file, with a health URL."""
 
     name = "process"
+    # whether the process itself binds the port (no launch prefix: a container or job launcher in
+    # front of it may run the server outside this process group), so that wait_ready can check
+    # that the answer came from it
+    binds_itself = True
 
     def __init__(
         self,
@@ -132,8 +138,27 @@ class ManagedProcess:
                 self.stop()
                 raise EngineError(message)
             if self.ready(timeout_s=min(max(remaining, 0.1), 30.0)):
+                self._check_listener()
                 return
             time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+    def _check_listener(self) -> None:
+        """The port was picked free, then released until the server binds it (SGLang: 20-40 s
+        of imports): another process can take it meanwhile, e.g. a second run's server. Its
+        health answer must not pass for this server's, or this run would generate with, and
+        load its weights into, the other one: EngineError unless a process of this group holds
+        a listening socket on the port."""
+        if not self.binds_itself or self.pgid is None:
+            return
+        inodes = listening_inodes(self.port)
+        if not inodes or group_holds_socket(self.pgid, inodes):
+            return  # cannot tell (no /proc), or ours
+        message = self.failure_message(
+            f"is not what answers on port {self.port}: another process took the port between "
+            "its pick and this server's bind (a second run on this machine?)"
+        )
+        self.stop()
+        raise EngineError(message)
 
     def ready(self, timeout_s: float) -> bool:
         """One readiness probe: ``GET health_path`` answers 200."""

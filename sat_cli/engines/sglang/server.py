@@ -131,6 +131,7 @@ class SGLangProcess(ManagedProcess):
             env=env,
         )
         self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
+        self.binds_itself = not launch_prefix
         self.device = device
         self.extra_args = list(extra_args)
 

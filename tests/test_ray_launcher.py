@@ -132,6 +132,26 @@ def test_two_ray_nodes_match_one_node_and_stay_on_loopback(ray_cluster, tmp_path
     assert "node 1 of 2 joining" in log
 
 
+@pytest.mark.slow  # ~40 s; the default suite keeps the SGLang servers on two nodes
+def test_one_trainer_node_on_ray_binds_the_port_the_os_picks(ray_cluster, tmp_path):
+    """One Megatron trainer node placed by Ray: torchrun gets ``<node ip>:0`` as its rendezvous
+    (a port picked on the node and bound later could be taken in between) and the run's losses
+    equal the same rank started here, bit for bit."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    common = ["train", *MEGATRON_SMOKE, "max_steps=2"]  # one rank: the test nodes have 1 CPU each
+    ref = run_sat(*common, "run.name=here", cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = run_sat(*common, "run.name=ray1", "launcher=ray",
+                  f"launcher.address={ray_cluster.address}", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ray: trainer node 0 on Ray node" in out.stdout + out.stderr
+    config = json.loads((tmp_path / "runs/sat/ray1/megatron/worker_config.json").read_text())
+    assert config["master"] == "127.0.0.1:0"  # the loopback cluster's node address, port 0
+    for key in ("loss/policy", "loss/grad_norm"):
+        want, got = _history(tmp_path, "here", key), _history(tmp_path, "ray1", key)
+        assert [s for s, _ in got] == [1, 2] and got == want, key
+
+
 def _standin_args(cluster) -> list[str]:
     standin = os.path.join(os.path.dirname(__file__), "sglang_standin.py")
     args = ["train", "experiment=cpu_smoke", "eval.every=0", "run.dir=runs", "launcher=ray"]

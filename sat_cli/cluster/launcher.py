@@ -283,13 +283,19 @@ class RayLauncher:
     def trainer_python(self) -> str:
         return self._trainers[0].node["python"]
 
-    def trainer_endpoint(self, requested: str | None) -> str:
-        """node 0's address and a port free there (or ``trainer.master_port`` when set)."""
+    def trainer_endpoint(self, requested: str | None, nnodes: int = 1) -> str:
+        """node 0's address and a port: ``trainer.master_port`` when set; on one node 0 (the OS
+        picks it at torchrun's bind: a port picked beforehand can be taken before the bind);
+        else a port free there now (the other nodes need it before node 0 binds it)."""
         node0 = self._trainers[0]
         ip = node0.node["ip"]
         port = requested.rpartition(":")[2] if requested else None
         if not port:
-            port = self.call(node0, node0.actor.free_port.remote(ip), "a free port")
+            port = (
+                0
+                if nnodes == 1
+                else self.call(node0, node0.actor.free_port.remote(ip), "a free port")
+            )
         return f"{ip}:{port}"
 
     def trainer_channel(self, command, env, **channel_args):

@@ -144,8 +144,8 @@ class MegatronTrainer:
         self.log_path = self.logs_dir / LOG_NAME
         (self.work_dir / "io").mkdir(exist_ok=True)
 
-        if placer is not None:  # node 0's address on the cluster, a port free there
-            endpoint = placer.trainer_endpoint(rdzv_endpoint)
+        if placer is not None:  # node 0's address on the cluster (port 0 on one node)
+            endpoint = placer.trainer_endpoint(rdzv_endpoint, nnodes)
         elif rdzv_endpoint:
             endpoint = rdzv_endpoint
         elif nnodes == 1:  # as `torchrun --standalone`: a port picked here could be taken

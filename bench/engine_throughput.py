@@ -39,11 +39,9 @@ from sat_cli.trainers.local import LocalTrainer
 
 def cpu_seconds(pid: int | None) -> float:
     """CPU time (user + system) of this process, or of process ``pid`` (Linux /proc)."""
-    if pid is None:
-        return time.process_time()
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from sat_cli.util.procs import cpu_seconds as process_cpu_seconds
+
+    return time.process_time() if pid is None else process_cpu_seconds(pid)
 
 
 def timed(fn, pid: int | None) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer, token_logprobs
 from sat_cli.trainers.step import topk_logprobs
-from sat_cli.util.procs import live_group_members
+from sat_cli.util.procs import cpu_seconds, live_group_members
 
 # one xdist worker runs the real-server tier (its module-scoped servers are started once)
 pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
@@ -128,15 +128,13 @@ def test_sat_train_with_r3_on_the_server_logs_the_real_mismatch_and_replays_its_
 
 def _group_cpu_s(pgid: int) -> float:
     """User + system CPU seconds of the live processes of a process group (Linux /proc)."""
-    total = 0
+    total = 0.0
     for pid in live_group_members(pgid):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+            total += cpu_seconds(pid)
+        except OSError:  # gone meanwhile
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def test_an_idle_server_leaves_the_cpu_to_the_trainer(engine):

@@ -65,6 +65,14 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` in seconds (Linux /proc; OSError when it is
+    gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # comm may contain spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def http_get_status(host: str, port: int, path: str, timeout_s: float) -> int | None:
     """Status code of ``GET path``, or None when the server cannot be reached."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)

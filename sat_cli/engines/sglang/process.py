@@ -3,8 +3,9 @@
 :class:`ManagedProcess` is the generic part of :class:`sat_cli.engines.sglang.server.SGLangServer`
 and ``SGLangRouter`` (see that module): ``start()`` (``start_new_session=True``, output appended
 to the log), ``wait_ready()`` (poll the health path until 200; EngineError quoting the log tail on
-exit, on timeout, or when what answers is another process on the port), ``stop()`` (SIGTERM to the group, SIGKILL after a grace period, return when no
-live process of the group is left). Subclasses give ``command``.
+exit, on timeout, or when what answers is another process on the port), ``stop()`` (SIGTERM to
+the group, SIGKILL after a grace period, return when no live process of the group is left).
+Subclasses give ``command``.
 """
 
 from __future__ import annotations

@@ -215,6 +215,48 @@ def test_a_failed_inflight_hand_over_is_raised_not_lost():
         thread.close()
 
 
+def test_pruning_keeps_what_an_inflight_hand_over_is_still_loading(tmp_path):
+    """The trainer publishes v1 and v2 while the engine is still taking v1 (it waits for a token
+    boundary), then ends its run without publishing v3: the prune after that last step must keep
+    v1 (being loaded) and v2 (the queued hand-over binds the newest), and every hand-over finds
+    its folder. (The end of a bounded in-flight run once deleted v2 under its queued hand-over.)"""
+    import threading
+
+    loading, release = threading.Event(), threading.Event()
+
+    class Slow(Recorder):
+        def update_weights(self, path, version):
+            if version == 1:
+                loading.set()
+                assert release.wait(10)
+            assert Path(path).is_dir(), f"{path} was pruned under the engine"
+            super().update_weights(path, version)
+
+    eng = Slow()
+    weights = tmp_path / "weights"
+    lag = LagPolicy(2, "bounded")
+    thread = RolloutThread(eng, weights, engine_version=0, inflight=True)
+    pub = WeightPublisher(Writer(), weights, tmp_path / "c", lag, published=[],
+                          on_publish=thread.published)  # fmt: skip
+    try:
+        pub.write(0)
+        pub.published.append(0)
+        pub.publish(1)
+        assert loading.wait(10)
+        pub.publish(2)  # queued behind the hand-over of v1
+        assert thread.in_use() == {1, 2}
+        # trainer at version 3 (not published: the last step), no batch pending
+        assert pub.keep(3, set(), since=3) == {0, 3}  # what the pending batches alone keep
+        assert pub.prune(3, thread.in_use(), since=3) == [0, 1, 2]
+        release.set()
+        thread.drain()
+        assert [e for e in eng.log if e[0] == "update"] == [("update", "v1", 1), ("update", "v2", 2)]
+        assert thread.in_use() == {2}
+    finally:
+        release.set()
+        thread.close()
+
+
 def test_publisher_tells_the_rollout_thread_and_keeps_versions_since_the_oldest_request(tmp_path):
     seen = []
     pub = WeightPublisher(Writer(), tmp_path / "w", tmp_path / "c", LagPolicy(2, "bounded"),

@@ -47,6 +47,9 @@ class RolloutThread:
         self.newest = engine_version  # the newest published version (late binding)
         self.inflight = inflight
         self._lock = threading.Lock()
+        # the versions being loaded now, held against pruning (with ``newest``: :meth:`in_use`)
+        self._loading: dict[int, int] = {}
+        self._held = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-rollout")
         # in-flight: the hand-over runs on its own thread, so the trainer never waits for the
         # engine's token boundary; a version still queued when a newer one comes is skipped
@@ -54,6 +57,26 @@ class RolloutThread:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-push") if inflight else None
         )
         self._pushed: Future | None = None
+
+    def _load(self, version: int | None) -> float:
+        """:meth:`_ensure` of ``version`` (``None``: the newest published, bound now), held in
+        :meth:`in_use` until it is loaded, so pruning cannot delete it under the engine."""
+        with self._held:
+            v = self.newest if version is None else version
+            self._loading[v] = self._loading.get(v, 0) + 1
+        try:
+            return self._ensure(v)
+        finally:
+            with self._held:
+                self._loading[v] -= 1
+                if not self._loading[v]:
+                    del self._loading[v]
+
+    def in_use(self) -> set[int]:
+        """Versions the engine may still load: the newest published (late binding and in-flight
+        hand-overs bind it when they run) and those being loaded now. Pruning keeps them."""
+        with self._held:
+            return {self.newest, *self._loading}
 
     def _ensure(self, version: int) -> float:
         with self._lock:
@@ -72,12 +95,13 @@ class RolloutThread:
         when they start; with in-flight updates it is handed to the engine at once, which
         takes it at the next token boundary (the trainer goes on meanwhile). A failed
         hand-over is raised here, at the next publish, or by :meth:`drain`."""
-        self.newest = max(self.newest, version)
+        with self._held:
+            self.newest = max(self.newest, version)
         if self._push is None:
             return
         if self._pushed is not None and self._pushed.done():
             self._pushed.result()
-        self._pushed = self._push.submit(lambda: self._ensure(self.newest))
+        self._pushed = self._push.submit(self._load, None)
 
     def drain(self) -> None:
         """Wait for the last in-flight hand-over (raises its error)."""
@@ -90,7 +114,7 @@ class RolloutThread:
         when the generation starts)."""
 
         def job():
-            update_s = self._ensure(self.newest if version is None else version)
+            update_s = self._load(version)
             t0 = time.perf_counter()
             groups = self.engine.generate(prompts, n, sampling)
             return groups, {"gen_s": time.perf_counter() - t0, "update_s": update_s}
@@ -108,7 +132,7 @@ class RolloutThread:
             timing = {"gen_s": 0.0, "update_s": 0.0}
             for v in sorted(set(versions)):
                 cells = [c for c, cv in enumerate(versions) if cv == v]
-                timing["update_s"] += self._ensure(v)
+                timing["update_s"] += self._load(v)
                 t0 = time.perf_counter()
                 out = self.engine.generate([prompts[c // n] for c in cells], 1,
                                            replace(sampling, seed=seed_of(v)))  # fmt: skip
@@ -123,7 +147,7 @@ class RolloutThread:
         """Run ``fn`` on the rollout thread with the engine at ``version`` (evaluation)."""
 
         def job():
-            self._ensure(version)
+            self._load(version)
             return fn()
 
         return self.pool.submit(job)

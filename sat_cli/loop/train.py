@@ -252,7 +252,8 @@ def train_loop(
                     f"answers, continue it with the same command and resume=auto ({s.run_dir})"
                 )
             since = st.get("min_needed", new_version)
-            st["published"] = pub.prune(new_version, buf.versions(), since)
+            in_use = buf.versions() | thread.in_use()  # an in-flight hand-over may be loading
+            st["published"] = pub.prune(new_version, in_use, since)
             if on_state:
                 on_state(st)
         thread.drain()  # an in-flight hand-over that failed after the last publish

@@ -250,7 +250,10 @@ def test_pruning_keeps_what_an_inflight_hand_over_is_still_loading(tmp_path):
         assert pub.prune(3, thread.in_use(), since=3) == [0, 1, 2]
         release.set()
         thread.drain()
-        assert [e for e in eng.log if e[0] == "update"] == [("update", "v1", 1), ("update", "v2", 2)]
+        assert [e for e in eng.log if e[0] == "update"] == [
+            ("update", "v1", 1),
+            ("update", "v2", 2),
+        ]
         assert thread.in_use() == {2}
     finally:
         release.set()

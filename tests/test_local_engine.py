@@ -35,6 +35,9 @@ def engine(ckpt, tmp_path_factory):
     eng = LocalEngine(str(ckpt), r3=True, seed=5, log_file=str(log))
     yield eng
     eng.close()
+    # the worker answered close and exited by itself (os._exit(0) after flushing its log), not
+    # by the finalizer's SIGTERM (exit code -15)
+    assert eng._proc.exitcode == 0
 
 
 def flat(groups):

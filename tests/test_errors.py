@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import typer
 
-from sat_cli.cli import _guard, _without_tracebacks
+from sat_cli.cli import _guard
 from sat_cli.commands.common import loading
 from sat_cli.engines.base import EngineError, EngineStartError
 from sat_cli.errors import RunFailed, TrainerError, UserError
+from sat_cli.errors import without_tracebacks as _without_tracebacks
 from sat_cli.models.r3 import R3Error
 from sat_cli.trainers.megatron.client import MegatronWorkerError
 

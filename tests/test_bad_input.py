@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 from typer.testing import CliRunner
 
 from sat_cli.cli import app
@@ -1275,7 +1276,7 @@ def _secret_params(tmp_path) -> dict[str, str]:
     from sat_cli.config import compose
     from sat_cli.tracking import Tracker, flatten_config
 
-    db = tmp_path / "mlflow.db"
+    db = seeded_store(tmp_path / "mlflow.db")
     cfg = compose(
         [
             "engine=sglang",

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.report.collapse import (
     StudyRow,
@@ -135,7 +136,7 @@ def test_report_collapse_from_mlflow_runs(tmp_path):
 
     from sat_cli.report import run_report
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("study")
     evals = {"1": [22, 30, 35, 38], "8": [22, 30, 8, 4]}

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import MEGATRON_SMOKE, run_sat
+from cli_helpers import MEGATRON_SMOKE, run_sat, seeded_store
 
 from sat_cli.numerics import (
     PORTABLE_ENV,
@@ -277,7 +277,7 @@ def test_report_warns_about_runs_of_different_machines(tmp_path, capsys):
 
     from sat_cli.report import run_report
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"
     client = MlflowClient(tracking_uri=uri)
     intel = {"env.cpu.model": "Intel X", "env.cpu.flags": "avx2 amx_tile",
              "env.torch.cpu_capability": "AVX512", "run.portable_numerics": "false"}  # fmt: skip

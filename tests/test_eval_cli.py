@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.tasks.data import SHIPPED_DIR
 
@@ -28,6 +29,7 @@ def _summary(root: Path) -> tuple[Path, dict]:
 
 def test_sat_eval_aime24_with_no_flags(tmp_path, sat_cli, monkeypatch):
     monkeypatch.delenv("SAT_DATA_DIR", raising=False)
+    seeded_store(tmp_path / "runs" / "mlflow.db")
     out = sat_cli("eval", "aime24", "eval.n=2", "eval.limit=6", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "avg@2" in out.stdout and "6/6" in out.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.commands.eval import Evaluator
 from sat_cli.config import load
@@ -40,7 +41,7 @@ class _Engine:
 
 def _run(tmp_path, monkeypatch, fail, *extra):
     runs = tmp_path / "runs"
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{seeded_store(runs / 'mlflow.db')}")
     engine = _Engine(fail, client)
     monkeypatch.setattr("sat_cli.build.build_engine", lambda *a, **k: engine)
     cfg, obj = load(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import fs_faults
 import pytest
-from cli_helpers import run_sat
+from cli_helpers import run_sat, seeded_store
 
 SMALL = [
     "experiment=cpu_smoke",
@@ -256,6 +256,7 @@ def test_sigterm_during_training_exits_143_killed(tmp_path, runs):
         "data.dir=https://user:DATAPW@example.org/d",
         "engine.extra_args=[--api-key,SECRET]",
     ]
+    seeded_store(tmp_path / "runs" / "mlflow.db")
     r = Run(tmp_path, "train", *args)
     runs.append(r)
     run_dir = tmp_path / "runs/sat/term"

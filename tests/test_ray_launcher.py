@@ -23,7 +23,7 @@ import sys
 import time
 
 import pytest
-from cli_helpers import MEGATRON_SMOKE, run_sat
+from cli_helpers import MEGATRON_SMOKE, run_sat, seeded_store
 
 from sat_cli.util.procs import free_port
 
@@ -356,6 +356,7 @@ def test_sglang_servers_on_two_nodes_and_a_dead_server_fails_the_run(ray_cluster
     args += [f"launcher.address={ray_cluster.address}", "engine=sglang", "engine.device=cpu"]
     args += [f"engine.launch_prefix=[{sys.executable},{standin}]", "engine.num_servers=2"]
     args += ["engine.use_router=false", "checkpoint.every=1", "max_steps=500", "run.name=sg"]
+    seeded_store(tmp_path / "runs" / "mlflow.db")
     with open(tmp_path / "sg.out", "w") as log:
         proc = _popen_sat(*args, cwd=tmp_path, log=log)
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_helpers import seeded_store
 
 from sat_cli.engines.base import Sample, SamplingParams
 from sat_cli.loop.lag import LagPolicy
@@ -303,7 +304,7 @@ def test_report_pairs_each_replay_with_its_recorded_run(tmp_path):
     from sat_cli.report.replays import replay_csv, replay_markdown, replay_rows
     from sat_cli.report.tables import RunData
 
-    c = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    c = MlflowClient(f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}")
     exp = c.create_experiment("x", artifact_location=str(tmp_path / "art"))
     orig = c.create_run(exp, run_name="rec").info.run_id
     rep = c.create_run(exp, run_name="rec-replay", tags={"replay_of": "rec",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 
 pytest.importorskip("mlflow")
 
@@ -80,7 +81,7 @@ def store(tmp_path_factory):
     write their reports to their own folders).
     """
     tmp_path = tmp_path_factory.mktemp("store")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("toy", artifact_location=str(tmp_path / "art"))
     parent = _run(

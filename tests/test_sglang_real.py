@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from cli_helpers import seeded_store
 from sglang_real import MODEL, launch, metrics, probe, require_cpu_all_reduce, sat
 
 from sat_cli.engines.base import EngineError, SamplingParams
@@ -100,6 +101,7 @@ def test_sat_train_with_r3_on_the_server_logs_the_real_mismatch_and_replays_its_
     ]  # fmt: skip
     log_path = engine.servers[0].log_path
     before = len(log_path.read_text())
+    seeded_store(tmp_path / "runs" / "mlflow.db")
     try:
         out = sat("train", *small, "max_steps=3", "r3=true", "trainer.r3_audit=true", cwd=tmp_path)
     finally:  # the base weights again, under version 0, whatever the run left

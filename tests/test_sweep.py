@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.errors import UserError
 from sat_cli.sweep import (
@@ -704,6 +705,7 @@ def test_sweep_tags_reach_the_child_as_config(tmp_path, method):
     from sat_cli.config import load
     from sat_cli.sweep import SweepRun, tag_overrides
 
+    seeded_store(tmp_path / "mlflow.db")  # a store already there (creating one: test_tracking)
     run = SweepRun("r", method, {}, 0, ["seed=0"], "h0123")
     cfg, obj = load([f"run.dir={tmp_path}", *tag_overrides("sw-1", run, "parent-9")])
     assert obj.tracking.tags == {

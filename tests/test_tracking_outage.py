@@ -12,6 +12,7 @@ import json
 import time
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.tracking import Tracker
 from sat_cli.tracking.outage import SPOOL_SUFFIX, send_spools
@@ -44,7 +45,7 @@ class _Outage:
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory) -> str:
     """One sqlite store for the module (creating one takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    return f"sqlite:///{seeded_store(tmp_path_factory.mktemp('store') / 'mlflow.db')}"
 
 
 def _steps(client: MlflowClient, run_id: str, key: str = "loss") -> list[int]:

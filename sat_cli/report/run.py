@@ -330,8 +330,6 @@ def run_report(
         raise UserError("--last-k and --epoch-steps must be >= 1")
     st = Settings(last_k=last_k, epoch_steps=epoch_steps, collapse_below=collapse_below)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
-
     from sat_cli.errors import os_error
     from sat_cli.util.fsio import check_output_dir
 
@@ -341,6 +339,8 @@ def run_report(
     check_output_dir(out_dir, "--out")  # a file, a read-only or too long path: exit 2 up front
     uri = tracking_uri or DEFAULT_URI
     _check_store(uri)
+    from mlflow import MlflowClient  # after the checks: refusing costs no mlflow import (2 s)
+
     client = MlflowClient(tracking_uri=uri)
     rep = build_report(client, target, pairs)
     try:

@@ -176,16 +176,33 @@ def test_slurm_sweep_through_submitit_survives_a_kill(tmp_path):
     [
         # the local store cannot be shared by the cluster's nodes
         (["--executor", "slurm"], "lives on this machine's disk"),
-        (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "sat mlflow-server"),
+        pytest.param(  # the slurm case above keeps the class (a store on this machine's disk)
+            ["--executor", "ray", "--ray-address", "127.0.0.1:1"],
+            "sat mlflow-server",
+            marks=pytest.mark.slow,
+        ),
         (
             ["--executor", "slurm", "tracking=mlflow_server", "tracking.uri=http://127.0.0.1:1"],
             "is not shared (it is under /tmp",
         ),
         (["--executor", "ray"], "--executor ray needs the cluster's address"),
         (["--executor", "mpi"], "--executor 'mpi': choose one of local, slurm, ray"),
-        (["--executor", "slurm", "--slurm-option", "account"], "expected KEY=VALUE"),
-        (["--executor", "slurm", "--slurm-cluster", "pbs"], "choose slurm or local"),
-        (["--executor", "ray", "--ray-address", "h:1", "--ray-resource", "x=-1"], "> 0"),
+        # option values: the two above keep the class; these run in make test-full
+        pytest.param(
+            ["--executor", "slurm", "--slurm-option", "account"],
+            "expected KEY=VALUE",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["--executor", "slurm", "--slurm-cluster", "pbs"],
+            "choose slurm or local",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["--executor", "ray", "--ray-address", "h:1", "--ray-resource", "x=-1"],
+            "> 0",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_cluster_sweep_refuses_before_submitting(tmp_path, args, message):

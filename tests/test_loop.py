@@ -321,6 +321,8 @@ def _digests(steps: int) -> list[float]:
     ]
 
 
+@pytest.mark.slow  # ~6 s; the in-flight bounded run below keeps the class (late binding alone:
+# test_loop_parts.py::test_bounded_requests_bind_their_version_when_generation_starts)
 def test_bounded_mode_keeps_staleness_within_n(tiny_dir, tmp_path):
     """Bounded (AReaL-style) lag 2, serial engine: each batch is generated from the newest
     weights published when its generation starts (late binding), so realised staleness depends

@@ -689,10 +689,11 @@ def test_ctrl_c_stops_children_and_marks_parent_killed(tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "method",
     [
-        "SAT-GSPO (anchored, beyond the paper)",
+        # quotes, braces, '=' and backslashes keep the class; the plainer names: make test-full
+        pytest.param("SAT-GSPO (anchored, beyond the paper)", marks=pytest.mark.slow),
         "it's a \\ name, lr=1e-3 {x: y}",
         "ends with a backslash \\",
-        "GRPO · trainer.lr=0.0003",
+        pytest.param("GRPO · trainer.lr=0.0003", marks=pytest.mark.slow),
     ],
 )
 def test_sweep_tags_reach_the_child_as_config(tmp_path, method):

@@ -6,7 +6,9 @@ from it or an evaluation needs it. After every step :meth:`WeightPublisher.prune
 versions nothing can ask for any more; kept are:
 
 * version 0 (a restarted engine holds the initial weights);
-* the versions of batches requested and not consumed;
+* the versions of batches requested and not consumed, and those the engine may still load
+  (the loop passes ``RolloutThread.in_use()`` with them: the newest published version, which
+  late binding and in-flight hand-overs bind when they run, and any version being loaded);
 * the versions the next two batches can be generated from (:func:`future_versions`);
 * every version from the last checkpoint's ``min_needed`` on, so that a resume from that
   checkpoint finds the weights its pending batches were requested with;

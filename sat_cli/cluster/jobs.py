@@ -35,12 +35,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _open_log(log_path: str, header: str):
+def _start_logged(cmd: list[str], log_path: str, header: str, env: dict[str, str],
+                  cwd: str | None, **popen) -> subprocess.Popen:  # fmt: skip
+    """Start ``cmd`` (no stdin, ``env`` over this environment) with its output appended to
+    ``log_path`` after a dated header line naming this node and the command."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed by the caller
-    log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n")
-    log.flush()
-    return log
+    with open(log_path, "a", buffering=1) as log:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"\n===== {stamp} {header} on {os.uname().nodename}\n$ {' '.join(cmd)}\n")
+        log.flush()
+        return subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **env}, **popen)  # fmt: skip
 
 
 def run_job(
@@ -48,29 +53,21 @@ def run_job(
 ) -> int:
     """Run ``cmd`` to its end inside a cluster job; returns its exit code (module docstring).
     ``cwd``: the folder ``sat sweep`` ran in (relative paths of the run mean the same there)."""
-    with _open_log(log_path, f"{header} on {os.uname().nodename}\n$ {' '.join(cmd)}") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - Linux only, as the cluster tier
-        )
+    proc = _start_logged(cmd, log_path, header, env, cwd,
+                         preexec_fn=_die_with_parent)  # fmt: skip
 
-        def forward(signum, frame):  # SIGINT/SIGUSR2 become SIGTERM: sat train's orderly stop
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM if signum != signal.SIGINT else signal.SIGINT)
+    def forward(signum, frame):  # SIGINT/SIGUSR2 become SIGTERM: sat train's orderly stop
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM if signum != signal.SIGINT else signal.SIGINT)
 
-        if threading.current_thread() is threading.main_thread():
-            for sig in FORWARDED:
-                signal.signal(sig, forward)
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:  # pragma: no cover - a handler above runs instead
-                forward(signal.SIGINT, None)
+    if threading.current_thread() is threading.main_thread():
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # pragma: no cover - a handler above runs instead
+            forward(signal.SIGINT, None)
 
 
 class RunHost:
@@ -83,17 +80,7 @@ class RunHost:
     def start(
         self, cmd: list[str], log_path: str, env: dict[str, str], header: str, cwd: str
     ) -> dict:
-        log = _open_log(log_path, f"{header} on {os.uname().nodename}\n$ {' '.join(cmd)}")
-        with log:
-            self._proc = subprocess.Popen(
-                cmd,
-                cwd=cwd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
-                start_new_session=True,
-            )
+        self._proc = _start_logged(cmd, log_path, header, env, cwd, start_new_session=True)
         owners = f"{os.getpid()},{os.getppid()}"  # this actor and its raylet
         self._guard = subprocess.Popen(
             [sys.executable, "-m", "sat_cli.cluster.guard", owners, str(self._proc.pid)],

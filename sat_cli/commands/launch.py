@@ -47,6 +47,8 @@ def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
     ``trainer_nodes=False``)."""
     if obj.launcher.name != "ray":
         return None
+    from dataclasses import fields
+
     from sat_cli.cluster.launcher import RayLauncher, RaySettings
 
     la = obj.launcher
@@ -54,18 +56,10 @@ def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
     nodes = nodes if trainer_nodes else 0
     if not nodes and not servers:
         return None
-    settings = RaySettings(
-        address=la.address,
-        namespace=la.namespace,
-        connect_timeout_s=la.connect_timeout_s,
-        placement_timeout_s=la.placement_timeout_s,
-        call_timeout_s=la.call_timeout_s,
-        health_interval_s=la.health_interval_s,
-        health_timeout_s=la.health_timeout_s,
-        strategy=la.strategy,
-        trainer_bundle=trainer,
-        server_bundle=server,
-    )
+    # every setting but the two bundles is the launcher config's key of the same name
+    bundles_ = ("trainer_bundle", "server_bundle")
+    same = {f.name: getattr(la, f.name) for f in fields(RaySettings) if f.name not in bundles_}
+    settings = RaySettings(**same, trainer_bundle=trainer, server_bundle=server)
     log_path = None if logs is None else logs / "ray.log"
     return RayLauncher(
         settings, trainer_nodes=nodes, servers=servers, log=log, log_path=log_path

@@ -410,3 +410,48 @@ def test_servers_started_elsewhere_must_serve_version_0(model_dir):
     with Standin(str(model_dir)) as s:
         with make_engine(model_dir, [s.url]) as engine:
             assert engine.served_versions() == [0]
+
+
+@pytest.mark.parametrize("settle_s", [10.0, 0.3])
+def test_a_flush_refused_for_a_request_not_yet_retired_is_retried(
+    model_dir, standin, tmp_path, monkeypatch, settle_s
+):
+    """A request this engine did not send (or one whose answer it has read, which SGLang's
+    scheduler retires only at its next loop turn) runs while the engine updates with a flush:
+    SGLang loads the weights and answers 400 "Weights were updated, but the cache was not
+    flushed", its tokenizer keeping the old version stamp. The engine retries /flush_cache until
+    it is accepted (the request finished), then loads the weights again so that the stamp moves;
+    after FLUSH_SETTLE_S the refusal counts (EngineError quoting SGLang's answer). A real run once
+    failed this way in tests/test_sglang_real.py, an update right after a /generate answered."""
+    from sat_cli.engines.sglang import control
+
+    monkeypatch.setattr(control, "FLUSH_SETTLE_S", settle_s)
+    weights = tmp_path / "v1"
+    weights.mkdir()
+    standin.configure(delay_s=1.0)
+    other = SGLangClient(standin.url)
+    busy = threading.Thread(target=other.post_json, args=("/generate", {"input_ids": [[1]]}))
+    with make_engine(model_dir, [standin.url]) as engine:
+        busy.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        if settle_s < 1.0:  # the request outlives the window: the refusal counts
+            with pytest.raises(
+                EngineError, match="/flush_cache answered HTTP 400: Flush cache failed"
+            ):
+                engine.update_weights(str(weights), 1)
+            assert time.monotonic() - t0 < 0.3 + 0.5 + 0.5  # the window and one last pause
+        else:
+            engine.update_weights(str(weights), 1)
+            assert 0.3 < time.monotonic() - t0 < settle_s  # it waited for the request, no more
+        busy.join(timeout=30)
+        flushes = standin.calls("/flush_cache")
+        assert len(flushes) >= 2  # refused at least once, retried
+        updates = standin.calls("/update_weights_from_disk")
+        if settle_s >= 1.0:  # loaded again once idle: the served stamp is the new version
+            assert len(updates) == 2 and engine.served_versions() == [1]
+            engine.flush_cache()  # idle: accepted at once
+            assert len(standin.calls("/flush_cache")) == len(flushes) + 1
+        else:  # SGLang's tokenizer kept the old stamp; the engine reports the failure
+            assert len(updates) == 1 and engine.served_versions() == [0]
+    other.close()

@@ -150,16 +150,16 @@ class SGLangClient:
         status, body, target = self._request(
             "POST", path, payload, url, kw.get("timeout_s"), kw.get("retries")
         )
-        return self._json_or_raise("POST", target, path, status, body)
+        return self.json_or_raise("POST", target, path, status, body)
 
     def get_json(self, path: str, *, url: str | None = None, **kw) -> Any:
         status, body, target = self._request(
             "GET", path, None, url, kw.get("timeout_s"), kw.get("retries")
         )
-        return self._json_or_raise("GET", target, path, status, body)
+        return self.json_or_raise("GET", target, path, status, body)
 
     @staticmethod
-    def _json_or_raise(method: str, url: str, path: str, status: int, body: bytes) -> Any:
+    def json_or_raise(method: str, url: str, path: str, status: int, body: bytes) -> Any:
         text = body.decode("utf-8", errors="replace")
         where = f"{method} {url}{path}"
         if status != 200:

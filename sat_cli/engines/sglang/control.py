@@ -27,9 +27,34 @@ update, in the mode that gives the engine's ``inflight_cache`` (the local engine
 from __future__ import annotations
 
 import contextlib
+import time
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.wire import wire_excerpt
+
+# A request whose answer this client has read can still sit in the scheduler's running batch
+# until its next loop turn, which on a loaded CPU can come after the next call arrives; SGLang
+# then refuses a flush (HTTP 400). Callers flush only when none of their requests runs, so a
+# refusal is retried for this long before it counts.
+FLUSH_SETTLE_S = 10.0
+
+
+def flush_settled(client, url: str, within_s: float | None = None) -> None:
+    """``POST /flush_cache`` on ``url``, retried with backoff while SGLang answers 400 (requests
+    still running or queued), for at most ``within_s`` (:data:`FLUSH_SETTLE_S`); EngineError
+    quoting the last answer."""
+    within_s = FLUSH_SETTLE_S if within_s is None else within_s
+    deadline, pause = time.monotonic() + within_s, 0.02
+    while True:
+        status, body = client.request("POST", "/flush_cache", None, url=url)
+        if status == 200:
+            return
+        if status != 400 or time.monotonic() + pause > deadline:
+            text = wire_excerpt(body.decode("utf-8", errors="replace"))
+            raise EngineError(f"{url}/flush_cache answered HTTP {status}: {text}")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
+
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 INFLIGHT_PAUSE = {"keep": "in_place", "recompute": "retract"}  # inflight_cache -> pause mode
@@ -93,12 +118,11 @@ class WorkerControl:
         self._paused = None
 
     def flush_cache(self) -> None:
-        """``/flush_cache`` on every worker; SGLang answers 400 while requests run or wait."""
+        """``/flush_cache`` on every worker (:func:`flush_settled`: SGLang answers 400 while
+        requests run or wait, also for a moment after the last one was answered)."""
         self._check_usable()
         for url in self.worker_urls:
-            status, body = self.client.request("POST", "/flush_cache", None, url=url)
-            if status != 200:
-                raise EngineError(f"{url}/flush_cache answered HTTP {status}: {wire_excerpt(body)}")
+            flush_settled(self.client, url)
 
     def health(self) -> bool:
         """All processes alive and every worker healthy: ``GET /health_generate`` answers 200.

@@ -20,7 +20,11 @@ from pathlib import Path
 
 from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.client import SGLangClient
+from sat_cli.engines.sglang.control import flush_settled
 from sat_cli.engines.sglang.wire import update_weights_payload, wire_excerpt
+
+# SGLang 0.5.23's answer when it loaded the weights but refused the flush (requests running)
+UPDATED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 
 
 class DiskWeightSync:
@@ -47,9 +51,17 @@ class DiskWeightSync:
             raise EngineError(f"weights directory {path} does not exist")
         payload = update_weights_payload(path, version, flush_cache=flush_cache)
         for url in worker_urls:
-            answer = client.post_json(
-                "/update_weights_from_disk", payload, url=url, timeout_s=self.timeout_s
+            status, body = client.request(
+                "POST", "/update_weights_from_disk", payload, url=url, timeout_s=self.timeout_s
             )
+            if flush_cache and status == 400 and UPDATED_NOT_FLUSHED in body.decode("latin-1"):
+                # loaded, but the flush met a request not yet retired, and SGLang's tokenizer
+                # kept the old version stamp: once a flush is accepted (idle), load it again
+                flush_settled(client, url)
+                status, body = client.request(
+                    "POST", "/update_weights_from_disk", payload, url=url, timeout_s=self.timeout_s
+                )
+            answer = client.json_or_raise("POST", url, "/update_weights_from_disk", status, body)
             if not isinstance(answer, dict) or answer.get("success") is not True:
                 raise EngineError(
                     f"{url}/update_weights_from_disk({path}, v{version}) failed: {wire_excerpt(answer)}"

@@ -6,7 +6,10 @@ moves its version stamp first, then flushes the prefix cache when asked; a flush
 requests still run (an ``in_place`` pause) fails the call *after* the weights changed
 (``scheduler_components/weight_updater.py``). The engine therefore never sends
 ``flush_cache=true`` while requests may be running, and it reads the served version back from
-``GET /model_info`` after a failed update instead of assuming a rollback.
+``GET /model_info`` after a failed update instead of assuming a rollback. The same refusal for a
+request the scheduler has not yet retired (answered, gone at its next loop turn) is waited out:
+the flush is retried until accepted, then the weights are loaded again so that the tokenizer
+manager's version stamp moves too.
 
 The path without the disk (``/init_weights_update_group`` + ``/update_weights_from_distributed``
 between ``/begin_weight_update`` and ``/end_weight_update``; gloo on CPU, NCCL on GPUs) is

@@ -362,6 +362,44 @@ def test_an_update_paused_in_place_keeps_versions_consistent(engine, prompts, to
         engine.pause(mode="retract")  # R3 is on
 
 
+@pytest.mark.slow  # ~15 s; tests/test_sglang_client.py keeps the class on the stand-in, whose
+# answers to a busy flush are the captured real ones (test_sglang_standin_fidelity.py)
+def test_an_update_whose_flush_is_refused_is_loaded_again_once_idle(
+    engine, prompts, tokenizer, monkeypatch
+):
+    """The real server's refusal of a flush after loading (requests still running: here paused in
+    place) is waited out by DiskWeightSync: /flush_cache retried until the requests finish, then
+    the weights loaded again, and the tokenizer's stamp (GET /model_info) is the new version."""
+    from sat_cli.engines.sglang import control
+    from sat_cli.engines.sglang.weights import DiskWeightSync
+
+    # this test's requests are long on purpose (200 tokens, paused 3 s): more than the 10 s that
+    # a request not yet retired needs
+    monkeypatch.setattr(control, "FLUSH_SETTLE_S", 300.0)
+    base, url = engine.version, engine.worker_urls[0]
+    log = engine.servers[0].log_path
+    before = len(log.read_text())
+    future = engine.generate_async(prompts * 4, 4, sampling(tokenizer, max_new_tokens=200))
+    time.sleep(2.0)
+    engine.pause(mode="in_place")
+    engine._max_version = base + 1  # what update_weights does before pushing
+    push = DiskWeightSync(timeout_s=120.0)
+    pushed = engine._executor.submit(
+        push.push, engine.client, [url], str(MODEL), base + 1, flush_cache=True
+    )
+    time.sleep(3.0)  # loaded and refused; the flush is being retried while requests run
+    engine.resume()
+    pushed.result(timeout=120)
+    flat(future.result(timeout=600))
+    engine._version = base + 1
+    assert engine.served_versions() == [base + 1]
+    text = log.read_text()[before:]
+    assert text.count('"POST /update_weights_from_disk HTTP/1.1" 400') == 1
+    assert text.count('"POST /update_weights_from_disk HTTP/1.1" 200') == 1  # loaded again
+    assert text.count('"POST /flush_cache HTTP/1.1" 400') >= 1
+    assert text.count('"POST /flush_cache HTTP/1.1" 200') == 1
+
+
 def test_the_servers_400_reaches_the_user_with_its_message(engine):
     with pytest.raises(EngineError, match=r"HTTP 400: .*unknown field `bogus`"):
         engine.client.post_json(

@@ -57,8 +57,8 @@ def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
     if not nodes and not servers:
         return None
     # every setting but the two bundles is the launcher config's key of the same name
-    bundles_ = ("trainer_bundle", "server_bundle")
-    same = {f.name: getattr(la, f.name) for f in fields(RaySettings) if f.name not in bundles_}
+    placed = ("trainer_bundle", "server_bundle")
+    same = {f.name: getattr(la, f.name) for f in fields(RaySettings) if f.name not in placed}
     settings = RaySettings(**same, trainer_bundle=trainer, server_bundle=server)
     log_path = None if logs is None else logs / "ray.log"
     return RayLauncher(

@@ -157,9 +157,17 @@ def exit_process(code: int | str | None) -> NoReturn:
         print(code, file=sys.stderr)  # sys.exit("message") prints it, exit 1
     shutdown()
     run_exitfuncs()
+    flush_std_streams()
+    os._exit(status)
+
+
+def flush_std_streams() -> None:
+    """Flush standard output and error before an ``os._exit``; a closed pipe or terminal has
+    nothing to flush into."""
+    import sys
+
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or terminal: nothing to flush into
+        except (OSError, ValueError):
             pass
-    os._exit(status)

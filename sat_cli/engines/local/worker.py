@@ -165,11 +165,9 @@ def _exit_now() -> None:
     """Exit at once, logs flushed: the worker holds nothing else to write, and the interpreter's
     teardown with torch and transformers loaded costs ~0.8 s (CPU) that every run waited for at
     close."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    from sat_cli.util.procs import flush_std_streams
+
+    flush_std_streams()
     os._exit(0)
 
 

@@ -146,7 +146,8 @@ def test_report_collapse_from_mlflow_runs(tmp_path):
         pts = [Metric("eval/toy/avg_at_4", v, 1, 10 * i) for i, v in enumerate(evals[lag])]
         pts += [Metric("rollout/reward_mean", v, 1, i + 1) for i, v in enumerate(rewards[lag])]
         pts += [Metric("staleness/q_shadow", 0.1 if i % 4 else 0.3, 1, i + 1) for i in range(30)]
-        tags = {"sat.method": "C1", "lag": lag, "seed": "1000", "git_commit": "f00"}
+        tags = {"sat.method": "C1", "lag": lag, "seed": "1000", "git_commit": "f00",
+                "collapse_late_gain": "0"}  # fmt: skip
         params = {"eval.name": "toy", "eval.n": "4", "algo.eps_low": "0.2", "algo.eps_high": "0.2"}
         client.log_batch(
             rid, metrics=pts, params=[Param(k, v) for k, v in params.items()],
@@ -162,6 +163,16 @@ def test_report_collapse_from_mlflow_runs(tmp_path):
     # q_shadow 0.3 on steps 1, 5, 9, 13, 17 (every 4th); before step 20: 19 steps, 5 >= 0.2231
     assert float(rows["8"].can_act_frac) == pytest.approx(14 / 19, abs=1e-6)
     assert float(rows["1"].can_act_frac) == pytest.approx(22 / 30, abs=1e-6)
+    # pilot 2's columns: best step, the tag, steps 1-32 (here 1-30: 8 of 30 at 0.3), start time
+    assert (rows["8"].best_step, rows["8"].late_gain, rows["8"].design) == ("10", "0", "")
+    assert float(rows["8"].can_act_early) == pytest.approx(22 / 30, abs=1e-6)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rows["8"].started)
+    from sat_cli.report.collapse_curves import read_curves
+
+    curves = read_curves((out / "collapse_curves.csv").read_text())
+    assert curves[("c1-lag8", "eval")] == [(10 * i, float(v)) for i, v in enumerate(evals["8"])]
+    assert curves[("c1-lag8", "reward")][-1] == (30, 0.05)
+    assert len(curves[("c1-lag1", "q")]) == 30
     md = (out / "collapse.md").read_text()
     assert md == study_markdown(read_rows((out / "collapse.csv").read_text()))
     assert "| C1 | 0/1 | 1/1 | 20 |" in md and "Selected: **C1**" in md
@@ -181,3 +192,126 @@ def test_report_of_a_csv_that_is_not_one_exits_2(tmp_path):
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr
         assert ("not a collapse-study CSV" in r.stderr) or ("no such file" in r.stderr)
+
+
+# ----------------------------------------------------------------------------- pilot 2
+
+
+def _row2(
+    method,
+    lag,
+    seed,
+    *,
+    coll=0,
+    first=20.0,
+    best=30.0,
+    best_step=60,
+    act="0.9",
+    gain="",
+    design="pilot2",
+    status="FINISHED",
+    t="",
+):
+    return StudyRow(
+        method=method, lag=str(lag), seed=str(seed), run=f"{method}-{lag}-{seed}",
+        status=status, commit="c0ffee", last_step=300, evals=16, eval_first=first,
+        eval_best=best, eval_last=2.0 if coll else best, collapsed=coll,
+        t_collapse=t or ("200" if coll else ""), min_ess="0.8", can_act_frac="", ledger_mismatch="",
+        ledger_staleness="", design=design, best_step=str(best_step), late_gain=gain,
+        can_act_early=act, started="2026-12-03T08:00:00Z",
+    )  # fmt: skip
+
+
+def test_pilot2_phenotype_late_or_early():
+    from sat_cli.report.collapse_pilot2 import phenotype
+
+    assert phenotype(_row2("D", 8, 0, coll=1, first=20, best=24, best_step=40)) == "late"
+    assert phenotype(_row2("D", 8, 0, coll=1, first=20, best=23.9, best_step=40)) == "early"
+    assert phenotype(_row2("D", 8, 0, coll=1, first=20, best=30, best_step=20)) == "early"
+    assert phenotype(_row2("D", 8, 0, coll=1, first=20, best=20, best_step=0)) == "early"
+    assert phenotype(_row2("D", 8, 0, coll=0, first=20, best=30, best_step=60)) == ""
+    # a learned start (tag collapse_late_gain=0): no further gain needed, the step rule stays
+    assert phenotype(_row2("D", 8, 0, coll=1, first=40, best=40, best_step=40, gain="0")) == "late"
+    assert phenotype(_row2("D", 8, 0, coll=1, first=40, best=41, best_step=20, gain="0")) == "early"
+
+
+def _cand(m, lag8_coll, lag1_coll=(0, 0, 0), act8=("0.9",) * 3, best_step=60, design="pilot2"):
+    rows = []
+    for i in range(3):
+        rows.append(_row2(m, 8, 3000 + i, coll=lag8_coll[i], best_step=best_step, act=act8[i],
+                          design=design))  # fmt: skip
+        rows.append(_row2(m, 1, 3000 + i, coll=lag1_coll[i], design=design))
+    return rows
+
+
+def _pilot2_md(rows):
+    # through the committed CSV format, exactly as `sat report <file>.csv` reads it
+    return study_markdown(read_rows(rows_csv(rows)))
+
+
+def test_pilot2_rules_outcomes_and_selection_from_a_hand_made_csv():
+    from sat_cli.report.collapse_pilot2 import outcome, rules
+
+    lag8 = [_row2("D", 8, s, coll=c) for s, c in ((0, 1), (1, 1), (2, 0))]
+    lag1 = [_row2("D", 1, s) for s in range(3)]
+    assert rules(lag1, lag8) == (True, True, True)  # 2 of 3 late collapses
+    one = [_row2("D", 8, 0, coll=1), *(_row2("D", 8, s) for s in (1, 2))]
+    assert rules(lag1, one)[0] is False
+    early = [_row2("D", 8, s, coll=1, best_step=20) for s in range(3)]  # early divergence
+    assert rules(lag1, early)[0] is False
+    assert rules([*lag1[:2], _row2("D", 1, 2, coll=1, best_step=0)], lag8)[1] is False
+    low_act = [*lag8[:2], _row2("D", 8, 2, act="0.79")]
+    assert rules(lag1, low_act)[2] is False
+    assert outcome((True, True, True), False) == "qualifies"
+    assert outcome((True, False, True), False) == "round 2 at 0.67 × lr"
+    assert outcome((True, True, False), False) == "round 2 at 0.67 × lr"  # a smaller q
+    assert outcome((False, True, True), False) == "round 2 at 600 steps"
+    assert outcome((False, True, True), True) == "does not qualify"
+
+    d1 = _cand("D1", (0, 0, 0))  # R1 fails only: 600 steps
+    d2 = _cand("D2", (1, 1, 1), best_step=20)  # early collapses only: R1 fails
+    d3 = _cand("D3", (1, 1, 0), act8=("0.9", "0.85", "0.8"))  # qualifies
+    d4 = _cand("D4", (1, 1, 1))  # would qualify too, but D3 comes first
+    md = _pilot2_md(d1 + d2 + d3 + d4)
+    assert "Selected: **D3**" in md
+    assert "| D1 | 0/3 (0 late, 0 early) | 0/3 (0 late, 0 early) |" in md
+    assert "| D2 | 0/3 (0 late, 0 early) | 3/3 (0 late, 3 early) |" in md
+    assert "| no / yes / yes | round 2 at 600 steps |" in md
+    assert (
+        "| D3 | 0/3 (0 late, 0 early) | 2/3 (2 late, 0 early) | 200, 200, — | 0.9, 0.85, 0.8 |"
+        in md
+    )
+    assert "Runs: 24; code: c0ffee (24 runs); first run started 2026-12-03T08:00:00Z" in md
+    # before the candidates have run: no verdict, whatever the earlier ones did
+    assert "No verdict yet: waiting for D2 (not yet run), D3" in _pilot2_md(d1)
+    start = [_row2("D1 start GRPO", 1, 3100)]
+    assert "No verdict yet: waiting for D1 (not yet run)" in _pilot2_md(start)
+    # none qualifies in round 1: the round-2 list, in order, until its runs have finished
+    no3, no4 = _cand("D3", (0, 0, 0)), _cand("D4", (1, 1, 1), act8=("0.9", "0.5", "0.9"))
+    lag1_fell = _cand("D2", (1, 1, 1), lag1_coll=(0, 1, 0))
+    md = _pilot2_md(d1 + lag1_fell + no3 + no4)
+    assert (
+        "Round 2: D1 at 600 steps (not yet run); D2 at 0.67 × lr (not yet run); D3 at 600 steps "
+        "(not yet run); D4 at 0.67 × lr (not yet run)." in md
+    )
+    # round 2 that qualifies nothing: the stop sentence, nothing broader; or its first qualifier
+    r2 = [_cand(f"D{i} r2", (0, 0, 0), design="pilot2-r2") for i in range(1, 5)]
+    md = _pilot2_md(d1 + lag1_fell + no3 + no4 + sum(r2, []))
+    assert "| does not qualify |" in md
+    assert "Pilot 2: **none of these candidates qualified**." in md
+    r2[1] = _cand("D2 r2", (1, 1, 0), design="pilot2-r2")
+    md = _pilot2_md(d1 + lag1_fell + no3 + no4 + sum(r2, []))
+    assert "Selected in round 2: **D2 r2**" in md
+    # an unfinished candidate before a qualifying one: pending, no selection yet
+    d1[0].status = "RUNNING"
+    md = _pilot2_md(d1 + d3)
+    assert "pending (5 of 6 runs finished)" in md and "No verdict yet" in md
+    assert "Selected" not in md
+
+
+def test_pilot1_csv_still_reads_and_pilot2_rows_round_trip():
+    pilot1 = (ROOT / "docs/results/collapse_cpu/pilot.csv").read_text()
+    rows = read_rows(pilot1)
+    assert rows and all(r.design == "" and r.started == "" for r in rows)
+    text = rows_csv(_cand("D1", (1, 0, 1)))
+    assert rows_csv(read_rows(text)) == text

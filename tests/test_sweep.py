@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,10 +136,22 @@ BIG_SWEEPS = {"sat_power_cpu.yaml", "paper_table1_cpu.yaml", "paper_table1.yaml"
     [pytest.param(p, marks=pytest.mark.slow) if p.name in BIG_SWEEPS else p for p in SWEEPS],
     ids=[p.name for p in SWEEPS],
 )
-def test_every_sweep_file_expands_and_composes(path):
+def test_every_sweep_file_expands_and_composes(path, tmp_path):
     head = path.read_text().splitlines()[0]
     assert head.startswith(f"# sat sweep sweeps/{path.name}"), head  # the command that uses it
-    sw = load_sweep(path)
+    cli = []
+    if path.name == "collapse_pilot2_d1_cpu.yaml":  # starts from the start sweep's final weights
+        start = tmp_path / "collapse_pilot2_start_cpu" / "d1-start-grpo-lag1-s3100"
+        model = start / "checkpoints" / "step_150" / "trainer" / "model"
+        shutil.copytree(REPO / "sat_cli" / "assets" / "tiny_moe_warm", model)
+        cli = [f"run.dir={tmp_path}"]
+        with pytest.raises(UserError, match="not an HF checkpoint folder"):
+            validate(load_sweep(path, [f"run.dir={tmp_path / 'elsewhere'}"]))
+    sw = load_sweep(path, cli)
+    if path.name == "collapse_pilot2_start_cpu.yaml":  # lag 1 only: the start of candidate D1
+        assert [r.name for r in sw.runs] == ["d1-start-grpo-lag1-s3100"]
+        validate(sw)
+        return
     plan = validate(sw)  # composes every run with sat_cli.config.load
     assert len(plan.run_dirs) == len(sw.runs)
     # lag is an axis, or (the powered test: lag 1 only for its reference arm) set per method

@@ -56,9 +56,17 @@ class StudyRow:
     can_act_frac: str
     ledger_mismatch: str  # mean over the run of the ledger's two parts of d̄π ("" if absent)
     ledger_staleness: str
+    # added for pilot 2 (docs/results/collapse_cpu.md); "" in pilot 1's CSV, which lacks them
+    design: str = ""  # the run's tag collapse_design: which rules apply (collapse_pilot2.py)
+    best_step: str = ""  # first evaluation step of the best evaluation
+    late_gain: str = ""  # the run's tag collapse_late_gain ("" = the design's default)
+    can_act_early: str = ""  # fraction of steps EARLY_WINDOW on which SAT can act
+    started: str = ""  # the MLflow run's start time, UTC (a resumed run keeps its first)
 
 
 COLUMNS = [f.name for f in fields(StudyRow)]
+COLUMNS_PILOT1 = COLUMNS[: COLUMNS.index("design")]  # the columns of pilot 1's CSV
+EARLY_WINDOW = (1, 32)  # pilot 2's rule 3 window: training steps 1..32, whatever happens later
 
 
 def _fmt(x: float | None) -> str:
@@ -99,6 +107,21 @@ def can_act_fraction(q: list[tuple[int, float]], threshold: float, until: int | 
     return sum(v < threshold for v in steps) / len(steps) if steps else None
 
 
+def window_fraction(q: list[tuple[int, float]], threshold: float, window=EARLY_WINDOW):
+    """Fraction of the logged steps ``window[0] <= step <= window[1]`` with ``q < threshold``."""
+    steps = [v for s, v in q if window[0] <= s <= window[1]]
+    return sum(v < threshold for v in steps) / len(steps) if steps else None
+
+
+def _utc(ms: int) -> str:
+    import datetime as dt
+
+    if not ms:
+        return ""
+    t = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _mean(series: list[tuple[int, float]]) -> float | None:
     return sum(v for _, v in series) / len(series) if series else None
 
@@ -130,11 +153,25 @@ def study_row(run) -> StudyRow:
         can_act_frac=_fmt(can_act_fraction(q, thr, t)),
         ledger_mismatch=_fmt(_mean(run.values(LEDGER_KEYS[0]))),
         ledger_staleness=_fmt(_mean(run.values(LEDGER_KEYS[1]))),
+        design=run.tags.get("collapse_design", ""),
+        best_step=str(next(s for s, v in ev if v == max(x for _, x in ev))) if ev else "",
+        late_gain=run.tags.get("collapse_late_gain", ""),
+        can_act_early=_fmt(window_fraction(q, thr)),
+        started=_utc(run.start_time),
     )
 
 
 def study_rows(runs) -> list[StudyRow]:
     return [study_row(r) for r in runs]
+
+
+def method_order(rows: list[StudyRow]) -> list[str]:
+    """The methods of ``rows`` in order of first appearance (the sweeps' order)."""
+    seen: list[str] = []
+    for r in rows:
+        if r.method not in seen:
+            seen.append(r.method)
+    return seen
 
 
 def rows_csv(rows: list[StudyRow]) -> str:
@@ -150,7 +187,7 @@ def rows_csv(rows: list[StudyRow]) -> str:
 def read_rows(text: str) -> list[StudyRow]:
     """The rows of a CSV written by ``rows_csv`` (a clear error for another file)."""
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames != COLUMNS:
+    if reader.fieldnames not in (COLUMNS, COLUMNS_PILOT1):
         raise ValueError(f"not a collapse-study CSV: columns {reader.fieldnames}, want {COLUMNS}")
     out = []
     for d in reader:

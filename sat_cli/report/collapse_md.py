@@ -8,17 +8,16 @@ import statistics
 from pathlib import Path
 
 from sat_cli.errors import UserError
-from sat_cli.report.collapse import CAN_ACT_MIN, StudyRow, read_rows, rows_csv, study_rows
+from sat_cli.report.collapse import (
+    CAN_ACT_MIN,
+    StudyRow,
+    method_order,
+    read_rows,
+    rows_csv,
+    study_rows,
+)
 
 BASE, SAT, CONTROL = "base", "SAT", "control"
-
-
-def _order(rows: list[StudyRow]) -> list[str]:
-    seen: list[str] = []
-    for r in rows:
-        if r.method not in seen:
-            seen.append(r.method)
-    return seen
 
 
 def _k(rows: list[StudyRow]) -> str:
@@ -56,7 +55,7 @@ def pilot_markdown(rows: list[StudyRow]) -> str:
         "| eval best→last, lag 8 | rules 1 / 2 / 3 | outcome |\n|---|---|---|---|---|---|---|---|---|"
     )
     lines, selected, round2 = [head], None, []
-    for m in _order(rows):
+    for m in method_order(rows):
         lag1 = [r for r in rows if r.method == m and r.lag == "1"]
         lag8 = [r for r in rows if r.method == m and r.lag == "8"]
         rules = pilot_rules(lag1, lag8)
@@ -134,7 +133,7 @@ def _arm_line(m: str, arm: list[StudyRow], base: list[StudyRow]) -> str:
 
 
 def confirm_markdown(rows: list[StudyRow]) -> str:
-    methods = _order(rows)
+    methods = method_order(rows)
     by = {m: [r for r in rows if r.method == m] for m in methods}
     base = by.get(BASE, [])
     head = (
@@ -160,7 +159,12 @@ def confirm_markdown(rows: list[StudyRow]) -> str:
 
 
 def study_markdown(rows: list[StudyRow]) -> str:
-    """The pilot table when the rows span lags 1 and 8, else the confirmatory table."""
+    """Pilot 2's table when its runs carry its design tag, else pilot 1's when the rows span
+    lags 1 and 8, else the confirmatory table."""
+    from sat_cli.report.collapse_pilot2 import ROUND1, ROUND2, pilot2_markdown
+
+    if any(r.design in (ROUND1, ROUND2) for r in rows):
+        return pilot2_markdown(rows)
     lags = {r.lag for r in rows}
     return pilot_markdown(rows) if {"1", "8"} <= lags else confirm_markdown(rows)
 
@@ -180,8 +184,11 @@ def study_from_csv(path: Path) -> str:
 
 def write_study(runs, out_dir: Path) -> None:
     """collapse.csv (one row per run, the sweep's order) and collapse.md (derived from it)."""
+    from sat_cli.report.collapse_curves import curves_csv
+
     text = rows_csv(study_rows(runs))
     (out_dir / "collapse.csv").write_text(text)
+    (out_dir / "collapse_curves.csv").write_text(curves_csv(runs))
     md = study_markdown(read_rows(text))  # from the CSV's text, exactly as a reader would
     (out_dir / "collapse.md").write_text(md)
-    print("\ncollapse study (collapse.csv, collapse.md):\n" + md)
+    print("\ncollapse study (collapse.csv, collapse_curves.csv, collapse.md):\n" + md)

@@ -207,6 +207,7 @@ def load_run(client, run, sweep_records: dict[str, dict] | None, axes: list[str]
         eps_high=_float(params, "algo.eps_high", 0.2),
         inert_recompute=_inert_recompute(tags, params),
         commit=tags.get("git_commit", ""),
+        tags=dict(tags),
     )
     keys = (data.eval_key, data.final_key, REWARD_KEY, GATE_KEY, Q_KEY, ESS_KEY, *STUDY_KEYS)
     for key in (*keys, *BAND_KEYS, *CLIP_KEYS):

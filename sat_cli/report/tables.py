@@ -75,6 +75,7 @@ class RunData:
     dpi_key: str = DPI_KEY  # the metric behind d̄π
     inert_recompute: bool = False  # SAT with a recompute denominator at 1 step/batch
     commit: str = ""  # the tag git_commit: the code the run ran
+    tags: dict[str, str] = field(default_factory=dict)  # the run's MLflow tags
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     def values(self, key: str) -> list[tuple[int, float]]:

@@ -112,6 +112,10 @@ def run_sweep(
     if dry_run:
         log(format_plan(plan, statuses))
         return
+    if sweep.clean_tree:  # a pre-registered study: committed code only
+        from sat_cli.sweep.clean_tree import require_clean_tree
+
+        log(f"clean_tree: the code is commit {require_clean_tree(sweep.file)}, with no changes")
     if jobs is None:  # local: one at a time; a cluster: every run submitted at once
         jobs = 1 if opts.name == "local" else len(sweep.runs)
     if jobs < 1:

@@ -15,7 +15,8 @@ from typing import Any
 
 from sat_cli.errors import UserError
 
-SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", "max_runs", "slurm", "ray", "replay")
+OPTIONAL_KEYS = ("max_runs", "slurm", "ray", "replay", "clean_tree")
+SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", *OPTIONAL_KEYS)
 REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
 RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
 # runs a grid may have unless its file says more (`max_runs:`): each is composed before the
@@ -64,6 +65,8 @@ class Sweep:
     # executor settings of `--executor slurm|ray` (sat_cli/sweep/executor.py); not in the id
     executors: dict[str, dict] = field(default_factory=dict)
     replay: str | None = None  # a recorded run: every run is `sat replay <it> …` (docs/replay.md)
+    # a pre-registered study: refuse to run from a git tree with changes (sat_cli/sweep/clean_tree.py)
+    clean_tree: bool = False
 
     @property
     def id(self) -> str:
@@ -328,6 +331,10 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     if replay is not None and (not isinstance(replay, str) or not replay.strip()):
         raise UserError(f"{p}: replay must be the folder of a recorded run, got {replay!r}")
     sweep.replay = replay
+    clean = doc.get("clean_tree", False)
+    if not isinstance(clean, bool):
+        raise UserError(f"{p}: clean_tree must be true or false, got {clean!r}")
+    sweep.clean_tree = clean
     sweep.runs = _expand(parser, sweep)
     return sweep
 

@@ -1,0 +1,149 @@
+"""Pilot 2 of the collapse study: its rules, fixed in docs/results/collapse_cpu.md (section
+"Pilot 2") before any of its runs, computed from the per-run rows only
+(``sat_cli.report.collapse``).
+
+* **Phenotype** of a collapsed run: **late** iff its best evaluation came at step >=
+  ``LATE_MIN_STEP`` and is at least ``late_gain`` points above its step-0 evaluation (the run
+  learned, then collapsed: the paper's claim); otherwise **early** (divergence, pilot 1's kind).
+  ``late_gain`` is the run's tag ``collapse_late_gain``, else ``LATE_GAIN``.
+* **R1** at least ``R1_FRACTION`` of the candidate's lag-8 runs collapse *late*;
+  **R2** none of its lag-1 runs collapses (late or early);
+  **R3** in every lag-8 run, SAT can act (``q`` below its threshold) on at least
+  ``R3_MIN`` of the steps of the fixed window 1-32 (column ``can_act_early``).
+* A candidate is decided once all its runs finished (``RUNS_PER_LAG`` per lag). Outcome: all
+  three rules → qualifies; R2 or R3 failing → round 2 at 0.67 × lr (a smaller step lowers both
+  the lag-1 collapse risk and ``q``); only R1 failing → round 2 at 600 steps. Round-2 runs
+  (tag ``collapse_design=pilot2-r2``) get no further round.
+* **Selection**: the first qualifying candidate in the order D1, D2, D3, D4 (a method's first
+  word names its candidate), once every candidate before it is decided; round 2 likewise over
+  the candidates sent to it; with every candidate decided and none qualifying, the stop rule.
+"""
+
+from __future__ import annotations
+
+from sat_cli.report.collapse import StudyRow, method_order
+
+LATE_MIN_STEP = 40
+LATE_GAIN = 4.0  # evaluation points (percent) above the step-0 evaluation
+R1_FRACTION = 2 / 3
+R3_MIN = 0.8
+RUNS_PER_LAG = 3
+ROUND1, ROUND2 = "pilot2", "pilot2-r2"
+NONE_QUALIFIED = "none of these candidates qualified"
+CANDIDATES = ("D1", "D2", "D3", "D4")  # the design's order; a method's first word names it
+
+
+def phenotype(r: StudyRow) -> str:
+    """``late``, ``early``, or ``""`` for a run that did not collapse (module doc)."""
+    if r.collapsed != 1:
+        return ""
+    gain = float(r.late_gain) if r.late_gain else LATE_GAIN
+    step_ok = r.best_step != "" and int(r.best_step) >= LATE_MIN_STEP
+    return "late" if step_ok and r.eval_best >= r.eval_first + gain else "early"
+
+
+def rules(lag1: list[StudyRow], lag8: list[StudyRow]) -> tuple[bool, bool, bool]:
+    r1 = bool(lag8) and sum(phenotype(r) == "late" for r in lag8) >= R1_FRACTION * len(lag8)
+    r2 = bool(lag1) and all(r.collapsed == 0 for r in lag1)
+    r3 = bool(lag8) and all(r.can_act_early and float(r.can_act_early) >= R3_MIN for r in lag8)
+    return r1, r2, r3
+
+
+def outcome(r: tuple[bool, bool, bool], round2: bool) -> str:
+    r1, r2, r3 = r
+    if all(r):
+        return "qualifies"
+    if round2:
+        return "does not qualify"
+    if not (r2 and r3):
+        return "round 2 at 0.67 × lr"
+    return "round 2 at 600 steps"
+
+
+def _done(rows: list[StudyRow]) -> bool:
+    return len(rows) >= RUNS_PER_LAG and all(
+        r.status == "FINISHED" and r.collapsed in (0, 1) for r in rows
+    )
+
+
+def _count(rows: list[StudyRow]) -> str:
+    kinds = [phenotype(r) for r in rows]
+    late, early = kinds.count("late"), kinds.count("early")
+    return f"{late + early}/{len(rows)} ({late} late, {early} early)"
+
+
+def _curve(rows: list[StudyRow]) -> str:
+    return ", ".join(
+        f"{r.eval_first:.1f}→{r.eval_best:.1f}@{r.best_step or '—'}→{r.eval_last:.1f}" for r in rows
+    )
+
+
+def _provenance(rows: list[StudyRow]) -> str:
+    commits: dict[str, int] = {}
+    for r in rows:
+        commits[r.commit or "?"] = commits.get(r.commit or "?", 0) + 1
+    starts = sorted(r.started for r in rows if r.started)
+    span = f"; first run started {starts[0]}, last {starts[-1]}" if starts else ""
+    code = ", ".join(f"{c[:12]} ({n} runs)" for c, n in commits.items())
+    return f"Runs: {len(rows)}; code: {code}{span}."
+
+
+def _verdict(outs: dict[tuple[str, bool], tuple[str, str]]) -> str:
+    """The selection, round 2 and stop rule over the candidates in the design's order; no verdict
+    while a candidate that could decide it has not finished (or not started)."""
+    waiting = []
+    for cid in CANDIDATES:  # round 1
+        m, out = outs.get((cid, False), (cid, "not yet run"))
+        if out == "qualifies" and not waiting:
+            return f"Selected: **{m}** (the first qualifying candidate in the design's order)."
+        if out.startswith(("pending", "not yet run")):
+            waiting.append(f"{cid} ({out})")
+    if waiting:
+        return "No verdict yet: waiting for " + ", ".join(waiting) + "."
+    to_r2 = [(cid, outs[(cid, False)][1]) for cid in CANDIDATES]
+    to_r2 = [(cid, out[len("round 2 ") :]) for cid, out in to_r2 if out.startswith("round 2")]
+    for cid, change in to_r2:
+        m, out = outs.get((cid, True), (cid, "not yet run"))
+        if out == "qualifies" and not waiting:
+            return f"Selected in round 2: **{m}** (the first qualifying candidate in order)."
+        if out.startswith(("pending", "not yet run")):
+            waiting.append(f"{cid} {change} ({out})")
+    if waiting:
+        return "No candidate qualifies in round 1. Round 2: " + "; ".join(waiting) + "."
+    return f"Pilot 2: **{NONE_QUALIFIED}**."
+
+
+def pilot2_markdown(rows: list[StudyRow]) -> str:
+    head = (
+        "| candidate | lag 1 collapsed | lag 8 collapsed | lag 8 time to collapse "
+        "| SAT can act, lag 8 (fraction of steps 1–32) | eval first→best@step→last, lag 1 "
+        "| eval first→best@step→last, lag 8 | R1 / R2 / R3 | outcome |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    lines, notes, outs = [head], [], {}
+    for m in method_order(rows):
+        lag1 = [r for r in rows if r.method == m and r.lag == "1"]
+        lag8 = [r for r in rows if r.method == m and r.lag == "8"]
+        if not lag8:  # the shared start of a candidate (one lag-1 run): context only
+            notes.append(f"{m}: {_curve(lag1)} (lag 1, the start of a candidate).")
+            continue
+        is_r2 = any(r.design == ROUND2 for r in lag1 + lag8)
+        if _done(lag1) and _done(lag8):
+            rule = rules(lag1, lag8)
+            out = outcome(rule, is_r2)
+            yn = " / ".join("yes" if x else "no" for x in rule)
+        else:
+            n_done = sum(r.status == "FINISHED" for r in lag1 + lag8)
+            out, yn = f"pending ({n_done} of {2 * RUNS_PER_LAG} runs finished)", "—"
+        outs[(m.split()[0], is_r2)] = (m, out)
+        t = ", ".join(r.t_collapse or "—" for r in lag8)
+        act = ", ".join(r.can_act_early or "—" for r in lag8)
+        lines.append(
+            f"| {m} | {_count(lag1)} | {_count(lag8)} | {t} | {act} | {_curve(lag1)} "
+            f"| {_curve(lag8)} | {yn} | {out} |"
+        )
+    verdict = _verdict(outs)
+    out_text = "\n".join(lines) + "\n\n" + verdict + "\n"
+    if notes:
+        out_text += "\n" + "\n".join(notes) + "\n"
+    return out_text + "\n" + _provenance(rows) + "\n"

@@ -97,13 +97,8 @@ def build_task(obj):
         )
     from sat_cli.tasks.dataset import DatasetTask
 
-    return DatasetTask.from_config(
-        obj.task.kind,
-        path=obj.task.path,
-        data_dir=obj.data.dir,
-        template=obj.task.template,
-        seed=obj.seed,
-    )
+    heldout = obj.eval.benchmark == "heldout"  # its own held-out rows, split off training
+    return DatasetTask.from_config(obj.task, data_dir=obj.data.dir, seed=obj.seed, heldout=heldout)
 
 
 def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
@@ -265,10 +260,10 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
     e = obj.eval
     limit = e.limit if limit is _CONFIGURED else limit
-    if e.benchmark == "toy":
+    if e.benchmark in ("toy", "heldout"):  # the training task's own held-out problems
         problems = task.heldout()
         grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
-        template = obj.task.template
+        template = obj.task.template if e.benchmark == "toy" else e.template
     else:
         import functools
 

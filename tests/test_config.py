@@ -36,7 +36,11 @@ def test_every_group_option_composes(group, option):
     else:
         node = OmegaConf.to_container(cfg[group])
     resolved = OmegaConf.to_container(
-        OmegaConf.create(values | {"run": {"dir": "runs"}}), resolve=True
+        # eval=heldout takes the task's template and length: ${task.…} resolves against it
+        OmegaConf.create(
+            values | {"run": {"dir": "runs"}, "task": OmegaConf.to_container(cfg.task)}
+        ),
+        resolve=True,
     )
 
     def check(expected, actual, where):
@@ -49,6 +53,8 @@ def test_every_group_option_composes(group, option):
             assert actual == expected, where
 
     resolved.pop("run")
+    if "task" not in values:
+        resolved.pop("task")
     check(resolved, node, group)
 
 

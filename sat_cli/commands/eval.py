@@ -77,6 +77,8 @@ def _data_file(obj) -> str | None:
     e = obj.eval
     if e.benchmark == "jsonl":
         return e.path
+    if e.benchmark == "heldout":
+        return obj.task.heldout_path or obj.task.path
     if e.benchmark in BENCHMARK_FILES:
         return str(benchmark_file(e.benchmark, obj.data.dir))
     return None
@@ -122,7 +124,7 @@ class Evaluator:
         self.obj, self.log, e = obj, log, obj.eval
         preflight.check_address_space("eval")  # ulimit -v too low: one clear line, nothing written
         check_devices(obj, trainer=False)
-        self.task = build_task(obj) if e.benchmark == "toy" else None
+        self.task = build_task(obj) if e.benchmark in ("toy", "heldout") else None
         self.spec = eval_problems(obj, self.task)
         self.data_file = _data_file(obj)
         self.path = _model_dir(obj)

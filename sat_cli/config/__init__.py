@@ -132,6 +132,15 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
     return ConfigError(msg.splitlines()[0] if msg else type(exc).__name__)
 
 
+def _heldout_by_default(cfg, overrides: list[str]) -> bool:
+    """True when no evaluation was chosen (``eval`` is the default ``toy``, no ``eval=`` override)
+    and the task is a data task (``task.kind`` other than ``toy``, or ``task.path`` set): its
+    evaluation is then ``eval=heldout``, the task's own held-out split."""
+    named = any(re.match(r"[+~]*eval(=|$)", ov.strip()) for ov in overrides)
+    data_task = cfg.task.kind != "toy" or cfg.task.get("path") is not None
+    return not named and data_task and cfg.eval.benchmark == "toy"
+
+
 def compose(overrides: list[str] | None = None):
     """Compose the config (an OmegaConf DictConfig, interpolations resolved) or raise ConfigError."""
     from hydra import compose as hydra_compose
@@ -151,6 +160,8 @@ def compose(overrides: list[str] | None = None):
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=overrides)
+            if _heldout_by_default(cfg, overrides):  # a data task evaluates its own held-out rows
+                cfg = hydra_compose(config_name="config", overrides=[*overrides, "eval=heldout"])
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _translate(exc, overrides) from None
@@ -192,6 +203,7 @@ def load(overrides: list[str] | None = None, command: str | None = None) -> tupl
         raise ConfigError(str(exc)) from None
     # values the schema derives (null = automatic) go back into the config that runs record
     cfg.trainer.nproc_per_node = obj.trainer.nproc_per_node
+    cfg.task.kind = obj.task.kind  # task.path with kind=toy: kind=file
     return cfg, obj
 
 

@@ -19,6 +19,9 @@ the same way (``ConfigError``, exit 2):
   ``trainer=local`` only (``trainer=megatron`` would need the kept sets and top-k through its
   pipeline stages and data-parallel gathers);
 * ``algo.ledger`` (weight snapshots of recent versions) is wired into ``trainer=local`` only;
+* ``eval=toy`` evaluates the toy task's held-out problems: a data task (``task.kind`` other than
+  ``toy``, or ``task.path``) evaluates its own held-out split (``eval=heldout``, chosen for it
+  when no evaluation is named) or a benchmark;
 * ``run.portable_numerics`` pins torch's CPU code paths: ``engine=local`` on the CPU only.
 """
 
@@ -51,6 +54,12 @@ def check_compat(c) -> None:
         raise ConfigError(
             f"model={m.name} is warm-started on the toy task only; task.kind={c.task.kind} needs "
             "model.path=<an HF folder or hub id> (e.g. model=qwen3_0_6b)"
+        )
+    if c.eval.benchmark == "toy" and c.task.kind != "toy":
+        raise ConfigError(
+            f"eval=toy evaluates the toy task's held-out problems, not task.kind={c.task.kind}'s: "
+            "use eval=heldout (the task's own held-out split, the default when no eval= is "
+            "given) or a benchmark (eval=gsm8k, eval=jsonl eval.path=<file>)"
         )
     if c.trainer.name == "megatron":
         from sat_cli.config.layout import model_config

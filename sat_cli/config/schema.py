@@ -19,6 +19,7 @@ from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.sat_scope import check_sat_scope
+from sat_cli.config.task import TaskConfig  # the task section (data files, fields)
 from sat_cli.config.trainer import TrainerConfig  # the trainer section
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
@@ -78,39 +79,6 @@ class ModelConfig:
             check_range(f"model.{k}", getattr(self, k), 1)
         if self.top_k > self.num_experts:
             raise ConfigError("model.top_k must be <= model.num_experts")
-
-
-@dataclass
-class TaskConfig:
-    name: str = "toy_add"
-    kind: str = "toy"  # toy | dapo_math | gsm8k | jsonl
-    path: str | None = None  # jsonl / local file for dapo_math
-    digits: int = 3  # toy difficulty: digits per operand
-    template: str = (
-        "plain"  # prompt template (sat_cli/tasks/prompts.py) or a literal with {problem}
-    )
-    prompts_per_step: int = 32
-    samples_per_prompt: int = 8  # group size G
-    max_new_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    heldout_size: int = 256
-
-    def __post_init__(self) -> None:
-        check_choice("task.kind", self.kind, ("toy", "dapo_math", "gsm8k", "jsonl"))
-        check_template("task.template", self.template)
-        check_range("task.digits", self.digits, 1, 9)
-        check_range("task.prompts_per_step", self.prompts_per_step, 1)
-        check_range("task.samples_per_prompt", self.samples_per_prompt, 1)
-        check_range("task.max_new_tokens", self.max_new_tokens, 1)
-        check_range("task.temperature", self.temperature, 0, lo_open=True)
-        check_range("task.top_p", self.top_p, 0, 1, lo_open=True)
-        if self.top_k != -1 and self.top_k < 1:
-            raise ConfigError("task.top_k must be -1 (off) or >= 1")
-        check_range("task.heldout_size", self.heldout_size, 1)
-        if self.kind == "jsonl" and not self.path:
-            raise ConfigError("task.kind=jsonl needs task.path=<file.jsonl> (the training prompts)")
 
 
 @dataclass
@@ -239,7 +207,9 @@ class LagConfig:
 @dataclass
 class EvalConfig:
     name: str = "toy"
-    benchmark: str = "toy"  # toy | aime24 | aime25 | math500 | gsm8k | jsonl
+    # toy | heldout (the training task's own held-out split; the default of a data task) | aime24 |
+    # aime25 | math500 | gsm8k | jsonl
+    benchmark: str = "toy"
     path: str | None = None  # eval=jsonl: the file
     every: int = 10  # in-training evaluation period in steps (0 = off)
     at_start: bool = True  # evaluate the initial model too

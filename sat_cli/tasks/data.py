@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from sat_cli.tasks.datafiles import (
     BENCHMARK_FILES,
@@ -81,8 +82,11 @@ def _checked(rows: list[dict[str, str]], wheres: list[str], empty: str) -> list[
     return rows
 
 
-def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dict[str, str]]:
-    """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
+def jsonl_records(
+    path: str | os.PathLike, *, max_line_bytes: int | None = None
+) -> Iterator[tuple[str, Any]]:
+    """``(file:line, value)`` of each non-blank line of a JSON Lines file, parsed defensively
+    (:func:`parse_row`); a line longer than ``max_line_bytes`` is refused unread."""
     from sat_cli.util.fsio import NotRegularFile, open_regular
 
     path = Path(path)
@@ -93,11 +97,16 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
     except NotRegularFile as exc:
         what = "a folder, not a JSONL file" if path.is_dir() else exc.strerror
         raise DataError(f"{path}: {what}") from None
-    rows: list[dict[str, str]] = []
-    wheres: list[str] = []
     with fh:
-        for lineno, raw_line in enumerate(fh, start=1):
+        lineno = 0
+        while True:
+            raw_line = fh.readline() if max_line_bytes is None else fh.readline(max_line_bytes + 1)
+            if not raw_line:
+                return
+            lineno += 1
             where = f"{path}:{lineno}"
+            if max_line_bytes is not None and len(raw_line.rstrip(b"\r\n")) > max_line_bytes:
+                raise DataError(f"{where}: the line is longer than {max_line_bytes} bytes")
             try:
                 line = raw_line.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -107,13 +116,21 @@ def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dic
                 ) from None
             if lineno == 1:
                 line = line.removeprefix("\ufeff")
-            if not line.strip():
-                continue
-            raw = parse_row(line, where)
-            rows.append(normalize_row(raw, where=where, default_id=f"{path.stem}-{lineno:05d}"))
-            wheres.append(where)
-            if limit is not None and len(rows) >= limit:
-                break
+            if line.strip():
+                yield where, parse_row(line, where)
+
+
+def load_jsonl(path: str | os.PathLike, *, limit: int | None = None) -> list[dict[str, str]]:
+    """Rows of a JSON Lines file (blank lines skipped), each mapped by :func:`normalize_row`."""
+    path = Path(path)
+    rows: list[dict[str, str]] = []
+    wheres: list[str] = []
+    for where, raw in jsonl_records(path):
+        lineno = int(where.rsplit(":", 1)[1])
+        rows.append(normalize_row(raw, where=where, default_id=f"{path.stem}-{lineno:05d}"))
+        wheres.append(where)
+        if limit is not None and len(rows) >= limit:
+            break
     return _checked(rows, wheres, f"{path}: empty file (no JSON rows)")
 
 
@@ -202,7 +219,8 @@ def load_benchmark(
     return load_jsonl(path, limit=limit)
 
 
-def _dedupe_by_problem(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+def dedupe_by_problem(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """The first row of each problem text (the DAPO-Math hub parquet repeats each prompt)."""
     seen: set[str] = set()
     out = []
     for row in rows:
@@ -232,10 +250,10 @@ def load_training_prompts(
         root = data_dir_from(data_dir)
         local = [root / f for f in DAPO_FILES if root is not None and (root / f).is_file()]
         if local:
-            rows = _dedupe_by_problem(load_jsonl(local[0]))
+            rows = dedupe_by_problem(load_jsonl(local[0]))
         elif allow_hub:
             try:
-                rows = _dedupe_by_problem(load_hf("hf:dapo_math"))
+                rows = dedupe_by_problem(load_hf("hf:dapo_math"))
             except DataError as err:
                 raise DataError(
                     f"task=dapo_math: {dapo_missing(root)} and the hub is not usable ({err}). "

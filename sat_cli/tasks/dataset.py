@@ -1,37 +1,85 @@
-"""A training task over a fixed prompt set (DAPO-Math, GSM8K, a JSONL file), graded by the
-math grader (`sat_cli.tasks.reward.grade`).
+"""A training task over a fixed prompt set (a user's file, GSM8K, DAPO-Math), graded by the math
+grader (`sat_cli.tasks.reward.grade`).
 
 Prompts are drawn in a seeded order that is a pure function of the data cursor: batch ``k``
 takes rows ``k·P .. k·P+P−1`` of an endless sequence of reshuffled epochs, so resume continues
 exactly where the interrupted run stopped.
+
+Held-out split (``eval=heldout``, a data task's default evaluation): the rows of
+``task.heldout_path``, else ``round(heldout_frac · N)`` rows (at least one) chosen by a hash of
+their problem text — the same rows whatever the file order or the seed — taken out of the
+training rows. :meth:`DatasetTask.heldout` gives the first ``heldout_size`` of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 
+from sat_cli.tasks.datafiles import DataError
 from sat_cli.tasks.prompts import render
 
 
+def split_heldout(rows: list[dict], frac: float, where: str) -> tuple[list[dict], list[dict]]:
+    """``(train, heldout)``: ``round(frac·N)`` rows (at least 1, at most N−1) with the lowest
+    SHA-256 of their problem text are held out; both lists keep the file order."""
+    if len(rows) < 2:
+        raise DataError(f"{where}: {len(rows)} row; a held-out split needs at least 2")
+    n = min(max(1, round(frac * len(rows))), len(rows) - 1)
+    ranked = sorted(
+        range(len(rows)),
+        key=lambda i: (hashlib.sha256(rows[i]["problem"].encode("utf-8")).digest(), i),
+    )
+    held = set(ranked[:n])
+    return (
+        [r for i, r in enumerate(rows) if i not in held],
+        [r for i, r in enumerate(rows) if i in held],
+    )
+
+
 class DatasetTask:
-    def __init__(self, rows: list[dict], *, template: str, seed: int = 0):
+    def __init__(
+        self,
+        rows: list[dict],
+        *,
+        template: str,
+        seed: int = 0,
+        heldout: list[dict] | None = None,
+        heldout_size: int = 256,
+    ):
         if not rows:
             raise ValueError("the training prompt set is empty")
         self.rows, self.template, self.seed = rows, template, seed
+        self._heldout, self.heldout_size = heldout, heldout_size
         self._orders: dict[int, list[int]] = {}
 
     @classmethod
     def from_config(
-        cls, kind: str, *, path: str | None, data_dir: str | None, template: str, seed: int
+        cls, task, *, data_dir: str | None, seed: int, heldout: bool = False
     ) -> DatasetTask:
-        from sat_cli.tasks.data import load_jsonl, load_training_prompts
+        """The task of a ``TaskConfig``; ``heldout``: split off the held-out rows (``eval=heldout``)."""
+        from sat_cli.tasks.data import dedupe_by_problem, load_training_prompts
+        from sat_cli.tasks.sources import read_rows
 
-        rows = (
-            load_jsonl(path)
-            if kind == "jsonl" or (path and kind != "dapo_math")
-            else (load_training_prompts(kind, data_dir))
-        )
-        return cls(rows, template=template, seed=seed)
+        if task.path:  # a user's file, whatever the kind (GSM8K and DAPO layouts are known)
+            rows = read_rows(task.path, task.fields)
+            if task.kind == "dapo_math":
+                rows = dedupe_by_problem(rows)
+        else:
+            rows = load_training_prompts(task.kind, data_dir)
+        held = None
+        if heldout and task.heldout_path:
+            held = read_rows(task.heldout_path, task.fields)
+        elif heldout:
+            rows, held = split_heldout(rows, task.heldout_frac, task.path or f"task={task.kind}")
+        size = task.heldout_size
+        return cls(rows, template=task.template, seed=seed, heldout=held, heldout_size=size)
+
+    def heldout(self) -> list[dict]:
+        """The held-out rows (at most ``heldout_size``), for ``eval=heldout``."""
+        if self._heldout is None:
+            raise DataError("this task was built without a held-out split (eval is not heldout)")
+        return [dict(r) for r in self._heldout[: self.heldout_size]]
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:

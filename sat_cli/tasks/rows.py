@@ -32,7 +32,7 @@ def _first(raw: Mapping[str, Any], *keys: str) -> tuple[str | None, Any]:
     return None, None
 
 
-def _as_text(value: Any, field: str, where: str) -> str:
+def as_text(value: Any, field: str, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
@@ -115,18 +115,18 @@ def normalize_row(raw: Any, *, where: str, default_id: str) -> dict[str, str]:
             if not prompt or not isinstance(prompt[0], Mapping) or "content" not in prompt[0]:
                 raise DataError(f"{where}: field 'prompt' must be a list of {{role, content}}")
             prompt = prompt[0]["content"]
-        problem = _strip_dapo_wrapper(_as_text(prompt, "prompt", where))
+        problem = _strip_dapo_wrapper(as_text(prompt, "prompt", where))
         if "reward_model" in raw:
             rm = raw["reward_model"]
             if not isinstance(rm, Mapping) or "ground_truth" not in rm:
                 raise DataError(f"{where}: field 'reward_model' lacks 'ground_truth'")
-            answer = _as_text(rm["ground_truth"], "reward_model.ground_truth", where)
+            answer = as_text(rm["ground_truth"], "reward_model.ground_truth", where)
         else:
-            answer = _as_text(raw["label"], "label", where)
+            answer = as_text(raw["label"], "label", where)
         extra = raw.get("extra_info")
         rid = raw.get("id") or (extra.get("index") if isinstance(extra, Mapping) else None)
         return {
-            "id": _as_text(rid, "id", where) if rid is not None else default_id,
+            "id": as_text(rid, "id", where) if rid is not None else default_id,
             "problem": problem,
             "answer": answer,
         }
@@ -139,8 +139,8 @@ def normalize_row(raw: Any, *, where: str, default_id: str) -> dict[str, str]:
             f"{where}: missing field(s) {missing} (have {sorted(raw)}); expected "
             "{id, problem, answer} or a known GSM8K/AIME/MATH-500/DAPO layout"
         )
-    problem_text = _as_text(problem, pkey, where)
-    answer_text = _as_text(answer, akey, where)
+    problem_text = as_text(problem, pkey, where)
+    answer_text = as_text(answer, akey, where)
     if pkey in ("question", "Question") and "####" in answer_text:
         # GSM8K upstream: the answer field is the worked solution ending in "#### 72".
         answer_text = answer_text.rsplit("####", 1)[1].strip().replace(",", "")
@@ -148,7 +148,7 @@ def normalize_row(raw: Any, *, where: str, default_id: str) -> dict[str, str]:
             raise DataError(f"{where}: nothing after '####' in the GSM8K answer")
     _, rid = _first(raw, "id", "ID", "unique_id", "idx")
     return {
-        "id": _as_text(rid, "id", where) if rid is not None else default_id,
+        "id": as_text(rid, "id", where) if rid is not None else default_id,
         "problem": problem_text,
         "answer": answer_text,
     }

@@ -1,0 +1,91 @@
+"""The ``task`` section of the schema: the toy generator or a data task (a user's file, GSM8K,
+DAPO-Math) with its field mapping and held-out split (:mod:`sat_cli.tasks.sources`,
+:mod:`sat_cli.tasks.dataset`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
+
+TASK_KINDS = ("toy", "file", "jsonl", "dapo_math", "gsm8k")
+
+
+@dataclass
+class FieldsConfig:
+    """Columns of a user's data file (``task.path``): null = the known layouts (``{id, problem,
+    answer}``, GSM8K, AIME/MATH-500, DAPO-Math). With ``prompt`` and ``answer`` set, every other
+    column is passed to the reward as part of the row."""
+
+    prompt: str | None = None  # the column holding the problem statement
+    answer: str | None = None  # the column holding the reference answer
+    system: str | None = None  # optional column: a per-row system prompt (task.template=chat)
+    id: str | None = None  # optional column: the row id (default: the file's name and row number)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) != (self.answer is None):
+            raise ConfigError(
+                "task.fields.prompt and task.fields.answer are set together (the columns of the "
+                "problem and of its reference answer), or neither (the known layouts)"
+            )
+        for key in ("prompt", "answer", "system", "id"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"task.fields.{key} is empty: name a column of the data file")
+
+
+@dataclass
+class TaskConfig:
+    name: str = "toy_add"
+    kind: str = "toy"  # toy | file (task.path) | jsonl (= file) | dapo_math | gsm8k
+    # the training prompts: a .jsonl or .parquet file or a Hugging Face `datasets` folder written
+    # by save_to_disk (local only); with kind=toy it makes the task kind=file
+    path: str | None = None
+    fields: FieldsConfig = field(default_factory=FieldsConfig)
+    digits: int = 3  # toy difficulty: digits per operand
+    template: str = (
+        "plain"  # prompt template (sat_cli/tasks/prompts.py) or a literal with {problem}
+    )
+    prompts_per_step: int = 32
+    samples_per_prompt: int = 8  # group size G
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    heldout_size: int = 256
+    # data tasks with eval=heldout (their default): this fraction of the rows (chosen by a hash
+    # of the problem text, at least one) is held out of training and evaluated, unless
+    # heldout_path names a file of held-out rows (same format and fields)
+    heldout_frac: float = 0.1
+    heldout_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is not None and self.kind == "toy":
+            self.kind = "file"  # a user's file: the data task of that file
+        check_choice("task.kind", self.kind, TASK_KINDS)
+        check_template("task.template", self.template)
+        check_range("task.digits", self.digits, 1, 9)
+        check_range("task.prompts_per_step", self.prompts_per_step, 1)
+        check_range("task.samples_per_prompt", self.samples_per_prompt, 1)
+        check_range("task.max_new_tokens", self.max_new_tokens, 1)
+        check_range("task.temperature", self.temperature, 0, lo_open=True)
+        check_range("task.top_p", self.top_p, 0, 1, lo_open=True)
+        if self.top_k != -1 and self.top_k < 1:
+            raise ConfigError("task.top_k must be -1 (off) or >= 1")
+        check_range("task.heldout_size", self.heldout_size, 1)
+        check_range("task.heldout_frac", self.heldout_frac, 0, 1, lo_open=True, hi_open=True)
+        for key in ("path", "heldout_path"):
+            if getattr(self, key) is not None and not getattr(self, key).strip():
+                raise ConfigError(f"task.{key} is empty: give a file or folder, or leave it unset")
+        if self.kind in ("file", "jsonl") and not self.path:
+            raise ConfigError(
+                f"task.kind={self.kind} needs task.path=<file.jsonl | file.parquet | datasets "
+                "folder> (the training prompts)"
+            )
+        if self.heldout_path is not None and self.kind == "toy":
+            raise ConfigError("task.heldout_path is for data tasks; the toy task holds out its own")
+
+    @property
+    def is_data(self) -> bool:
+        """A task over a fixed set of rows (not the toy generator)."""
+        return self.kind != "toy"

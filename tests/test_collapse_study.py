@@ -146,8 +146,13 @@ def test_report_collapse_from_mlflow_runs(tmp_path):
         pts = [Metric("eval/toy/avg_at_4", v, 1, 10 * i) for i, v in enumerate(evals[lag])]
         pts += [Metric("rollout/reward_mean", v, 1, i + 1) for i, v in enumerate(rewards[lag])]
         pts += [Metric("staleness/q_shadow", 0.1 if i % 4 else 0.3, 1, i + 1) for i in range(30)]
-        tags = {"sat.method": "C1", "lag": lag, "seed": "1000", "git_commit": "f00",
-                "collapse_late_gain": "0"}  # fmt: skip
+        tags = {
+            "sat.method": "C1",
+            "lag": lag,
+            "seed": "1000",
+            "git_commit": "f00",
+            "collapse_late_gain": "0",
+        }
         params = {"eval.name": "toy", "eval.n": "4", "algo.eps_low": "0.2", "algo.eps_high": "0.2"}
         client.log_batch(
             rid, metrics=pts, params=[Param(k, v) for k, v in params.items()],
@@ -213,13 +218,29 @@ def _row2(
     t="",
 ):
     return StudyRow(
-        method=method, lag=str(lag), seed=str(seed), run=f"{method}-{lag}-{seed}",
-        status=status, commit="c0ffee", last_step=300, evals=16, eval_first=first,
-        eval_best=best, eval_last=2.0 if coll else best, collapsed=coll,
-        t_collapse=t or ("200" if coll else ""), min_ess="0.8", can_act_frac="", ledger_mismatch="",
-        ledger_staleness="", design=design, best_step=str(best_step), late_gain=gain,
-        can_act_early=act, started="2026-12-03T08:00:00Z",
-    )  # fmt: skip
+        method=method,
+        lag=str(lag),
+        seed=str(seed),
+        run=f"{method}-{lag}-{seed}",
+        status=status,
+        commit="c0ffee",
+        last_step=300,
+        evals=16,
+        eval_first=first,
+        eval_best=best,
+        eval_last=2.0 if coll else best,
+        collapsed=coll,
+        t_collapse=t or ("200" if coll else ""),
+        min_ess="0.8",
+        can_act_frac="",
+        ledger_mismatch="",
+        ledger_staleness="",
+        design=design,
+        best_step=str(best_step),
+        late_gain=gain,
+        can_act_early=act,
+        started="2026-12-03T08:00:00Z",
+    )
 
 
 def test_pilot2_phenotype_late_or_early():
@@ -238,8 +259,11 @@ def test_pilot2_phenotype_late_or_early():
 def _cand(m, lag8_coll, lag1_coll=(0, 0, 0), act8=("0.9",) * 3, best_step=60, design="pilot2"):
     rows = []
     for i in range(3):
-        rows.append(_row2(m, 8, 3000 + i, coll=lag8_coll[i], best_step=best_step, act=act8[i],
-                          design=design))  # fmt: skip
+        rows.append(
+            _row2(
+                m, 8, 3000 + i, coll=lag8_coll[i], best_step=best_step, act=act8[i], design=design
+            )
+        )
         rows.append(_row2(m, 1, 3000 + i, coll=lag1_coll[i], design=design))
     return rows
 

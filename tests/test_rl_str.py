@@ -212,7 +212,7 @@ def test_config_settings_and_refusals():
         load(["algo.str_delta=0"])
     with pytest.raises(ConfigError, match="score_centering_topk"):
         load(["algo.score_centering=true"])
-    with pytest.raises(ConfigError, match="token-level TIS"):
-        load(["algo.score_centering=true", "algo.score_centering_topk=4", "algo.correction=mis"])
+    with pytest.raises(ConfigError, match="no estimator for algo=gspo"):
+        load(["algo=gspo", "algo.score_centering=true", "algo.score_centering_topk=4"])
     _, obj = load(["algo.score_centering=true", "algo.score_centering_topk=4"])
     assert loss_config(obj).score_centering

@@ -2,8 +2,10 @@
 
 * ``algo.str_delta`` (the sequence trust region) and ``algo.score_centering`` compose with the
   clipped algorithms that carry no behaviour weight of their own (``rl.names.TRUST_ALGOS``);
-* score centering is defined without importance sampling (``algo.correction=none``) or with
-  token-level TIS (``tis``), and needs the sampler's top-k (``algo.score_centering_topk >= 1``).
+* score centering has no estimator for a sequence-level ratio against ``mu`` (GSPO and
+  GSPO-token with ``algo.correction=none`` and ``algo.ratio_denominator=rollout``;
+  ``rl.score_centering.weight_for``), and needs the sampler's top-k
+  (``algo.score_centering_topk >= 1``).
 
 The loss (``rl.registry.compute``) refuses the same combinations with ``ValueError``; here they
 fail at compose time, like every other setting.
@@ -12,7 +14,7 @@ fail at compose time, like every other setting.
 from __future__ import annotations
 
 from sat_cli.config.checks import ConfigError, check_range
-from sat_cli.rl.names import CENTERING_CORRECTIONS, TRUST_ALGOS
+from sat_cli.rl.names import SEQUENCE_ALGOS, TRUST_ALGOS
 
 
 def check_loss_additions(algo) -> None:
@@ -27,10 +29,12 @@ def check_loss_additions(algo) -> None:
         )
     if not algo.score_centering:
         return
-    if algo.correction not in CENTERING_CORRECTIONS:
+    seq_ratio = algo.name in SEQUENCE_ALGOS and algo.correction == "none"
+    if seq_ratio and algo.ratio_denominator == "rollout":
         raise ConfigError(
-            "algo.score_centering=true is defined without importance sampling "
-            f"(algo.correction=none) or with token-level TIS (tis); got {algo.correction}"
+            f"algo.score_centering=true has no estimator for algo={algo.name} with the ratio "
+            "against mu (its token weight is the response's ratio); set "
+            "algo.ratio_denominator=recompute or algo.correction=tis|mis|icepop"
         )
     if algo.score_centering_topk < 1:
         raise ConfigError(

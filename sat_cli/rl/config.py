@@ -55,7 +55,7 @@ class LossConfig:
     # KL(mu || pi) exceeds str_delta (None = off); clipped algorithms only
     str_delta: float | None = None
     # score centering (rl/score_centering.py): + A * sum_H sg(c_v) log p_v per token; needs
-    # LossInputs.policy_topk_logp / sampler_topk_logp / topk_valid; correction none or tis
+    # LossInputs.policy_topk_logp / sampler_topk_logp / topk_valid; coefficients per token weight
     score_centering: bool = False
 
     def replace(self, **changes) -> LossConfig:

@@ -13,7 +13,8 @@ UNCLIPPED_ALGOS = ("m2po", "vcpo")  # no clip interval: SAT (clip.adaptive) cann
 # clipped algorithms without a behaviour weight of their own: the sequence trust region
 # (str_delta) and score centering compose with these only
 TRUST_ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv")
-CENTERING_CORRECTIONS = ("none", "tis")  # score centering's coefficients exist for these
+# sequence-level ratios: with the ratio against mu (no correction) score centering has no estimator
+SEQUENCE_ALGOS = ("gspo", "gspo_token")
 CORRECTIONS = ("none", "tis", "mis", "icepop")
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 DENOMINATORS = ("rollout", "recompute")

@@ -40,7 +40,7 @@ Two additions compose with the clipped algorithms without a behaviour weight of 
 (``names.TRUST_ALGOS``: ppo, grpo, gspo, gspo_token, dppo_tv): the sequence trust region
 (``str_delta``, ``rl.seq_trust``) multiplies the per-token factor by 0 on every token of a
 response whose mean Bernoulli ``KL(mu || pi)`` exceeds ``str_delta``; score centering
-(``score_centering``, ``rl.score_centering``, correction ``none`` or ``tis`` only) adds
+(``score_centering``, ``rl.score_centering``; coefficients for the loss's token weight) adds
 ``A * sum_H sg(c_v) log p_v`` per token, aggregated like the policy loss, from the
 ``LossInputs`` top-k fields (a response the trust region drops carries no centering either).
 
@@ -66,8 +66,8 @@ from sat_cli.rl import offpolicy as off
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs, LossOutputs
 from sat_cli.rl.losses import aggregate, policy_loss
-from sat_cli.rl.names import CENTERING_CORRECTIONS, DENOMINATORS, TRUST_ALGOS
-from sat_cli.rl.score_centering import score_centering_term
+from sat_cli.rl.names import DENOMINATORS, TRUST_ALGOS
+from sat_cli.rl.score_centering import score_centering_term, weight_for
 from sat_cli.rl.seq_trust import str_keep
 
 __all__ = ["LossInputs", "LossOutputs", "compute", "resolve", "valid_names"]
@@ -290,7 +290,8 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
     )  # fmt: skip
     if cfg.score_centering:
         agg = settings.agg if a.level == "token" else "seq-mean-token-mean"  # as policy_loss
-        term, centering_metrics = _centering(x, cfg, advantages, keep, agg)
+        token_weight = weight_for(spec.level, spec.denominator, spec.correction, cfg)
+        term, centering_metrics = _centering(x, token_weight, advantages, keep, agg)
         loss = loss + term
         extra.update(centering_metrics)
     metrics.update(extra)
@@ -303,7 +304,7 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
 
 def _check_additions(cfg: LossConfig) -> None:
     """The sequence trust region and score centering compose with ``TRUST_ALGOS`` only (clipped,
-    no behaviour weight of their own); score centering with ``CENTERING_CORRECTIONS`` only."""
+    no behaviour weight of their own); score centering's own refusals: ``weight_for``."""
     on = [k for k, v in (("str_delta", cfg.str_delta is not None),
                          ("score_centering", cfg.score_centering)) if v]  # fmt: skip
     if on and cfg.algo not in TRUST_ALGOS:
@@ -311,17 +312,12 @@ def _check_additions(cfg: LossConfig) -> None:
             f"{' and '.join(on)} compose with the algorithms {', '.join(TRUST_ALGOS)} only; "
             f"got {cfg.algo!r}"
         )
-    if cfg.score_centering and cfg.correction not in CENTERING_CORRECTIONS:
-        raise ValueError(
-            f"score centering is defined without importance sampling (correction 'none') or with "
-            f"token-level TIS ('tis'); got correction {cfg.correction!r}"
-        )
 
 
-def _centering(x: LossInputs, cfg: LossConfig, advantages, keep, agg: str):
+def _centering(x: LossInputs, token_weight, advantages, keep, agg: str):
     """``(A * C aggregated like the policy loss, metrics)`` (``rl.score_centering``): per active
-    token of a kept response (``keep``: the trust region's factor or None), ``A`` its advantage;
-    with ``tis`` the coefficients use ``(lo, hi) = (0, tis_cap)``."""
+    token of a kept response (``keep``: the trust region's factor or None), ``A`` its advantage,
+    the coefficients those of the loss's token weight ``token_weight``."""
     tk = (x.policy_topk_logp, x.sampler_topk_logp, x.topk_valid)
     if any(t is None for t in tk):
         raise ValueError(
@@ -330,8 +326,7 @@ def _centering(x: LossInputs, cfg: LossConfig, advantages, keep, agg: str):
         )
     m = x.mask.bool()  # [B, T]
     valid = tk[2].bool() & m[..., None]  # [B, T, K]: nothing at masked positions
-    bounds = (0.0, cfg.tis_cap) if cfg.correction == "tis" else None
-    term, stats = score_centering_term(tk[0], tk[1], valid, bounds)  # [B, T]
+    term, stats = score_centering_term(tk[0], tk[1], valid, token_weight)  # [B, T]
     adv = advantages.detach().to(term.dtype)
     adv = adv[:, None].expand_as(term) if adv.dim() == 1 else adv  # [B, T]
     weight = adv if keep is None else adv * keep

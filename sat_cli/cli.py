@@ -315,7 +315,7 @@ def mlflow_server_cmd(
 ) -> None:
     """One MLflow tracking server for every node (PostgreSQL store, shared artifacts); prints
     the tracking URI for `tracking=mlflow_server tracking.uri=…` (docs/cluster.md)."""
-    from sat_cli.cluster.mlflow_server import run_server
+    from sat_cli.commands.mlflow_server import run_server
 
     _exit_with(lambda env: run_server(backend_store_uri, artifacts_destination, host=host,
                                       port=port, workers=workers, telemetry=telemetry,

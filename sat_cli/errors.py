@@ -1,8 +1,10 @@
 """Errors that reach the user as a one-paragraph message and an exit code (no traceback).
 
-``UserError`` (exit 2) and ``RunFailed`` (exit 1) with its ``TrainerError`` family here; the
-engines' ``EngineError`` (exit 1) and ``EngineStartError`` (a model the engine could not load:
-exit 2) live in ``sat_cli.engines.base``. The CLI catches them by type (``sat_cli.cli._guard``).
+``UserError`` (exit 2) and ``RunFailed`` (exit 1) with its ``TrainerError`` family; the rollout
+engines' ``EngineError`` (exit 1) with ``EngineStartError`` (a model the engine could not load:
+exit 2), ``WeightSyncError`` and ``WeightsMismatch`` (here, below the engines, the weight sync
+and the loop that all raise or catch them; ``sat_cli.engines.base`` re-exports them). The CLI
+catches them by type (``sat_cli.cli._guard``).
 """
 
 import errno
@@ -31,6 +33,27 @@ class TrainerError(RunFailed, RuntimeError):
     failed a command (``MegatronWorkerError``), R3 routes that do not fit (``R3Error``). The CLI
     prints its message (the worker's log tail, tracebacks cut to their exception line) and exits
     1; it is never reported as a model that cannot be loaded."""
+
+
+# --- the rollout engines' errors (exit 1; a model the engine could not load: exit 2) -----------
+class EngineError(RuntimeError):
+    """The rollout engine failed (process died, server unreachable, bad response): exit 1."""
+
+
+class EngineStartError(EngineError):
+    """The engine process started but reported that its model failed to load: the user's input
+    (`sat train` / `sat eval` say "cannot load the model", exit 2)."""
+
+
+class WeightSyncError(EngineError):
+    """A weight sync that did not complete: an HTTP error or ``success: false`` from a server, a
+    collective that did not finish in time, a group that did not form. The training loop sends
+    that version again through the disk path once (``sat_cli.loop.weightsync``)."""
+
+
+class WeightsMismatch(EngineError):
+    """The weights an engine serves differ from what the trainer sent (``engine.verify_weights``):
+    never a warning, the version is sent again from disk once, then the run fails."""
 
 
 # errno values that mean "the disk refused the write" (a runtime fault, exit 1); every other

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli import metric_names as M
-from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
+from sat_cli.engines.base import RolloutEngine
+from sat_cli.errors import EngineError
+from sat_cli.samples import SamplingParams
 from sat_cli.tasks.prompts import render
 from sat_cli.tasks.reward import extract_answer, grade
 from sat_cli.util.fsio import atomic_write_text

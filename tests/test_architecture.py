@@ -15,10 +15,11 @@ EDGE = ("cli.py", "build.py", "commands/", "config/", "sweep/")  # may import om
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = PKG) -> dict[str, Path]:
+    """Every module of the package at ``root`` by its dotted name (``sat_cli.…``)."""
     out = {}
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG).with_suffix("")
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("")
         parts = ["sat_cli", *rel.parts]
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -67,20 +68,15 @@ def test_only_the_edge_reads_the_config_library():
     assert offenders == []
 
 
-def test_no_import_cycle_between_modules():
-    mods = _modules()
-    known = set(mods)
-    graph = {n: _imports(n, p, known) for n, p in mods.items()}
-    # a package's __init__ that re-exports its submodules is not a cycle with them
-    for n in graph:
-        graph[n] = {m for m in graph[n] if not n.startswith(m + ".")}
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of ``graph`` meets (each as ``[a, …, a]``); [] if none."""
     state: dict[str, int] = {}
     cycles = []
 
     def visit(n, stack):
         state[n] = 1
         stack.append(n)
-        for m in sorted(graph[n]):
+        for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
                 cycles.append(stack[stack.index(m) :] + [m])
             elif m not in state:
@@ -91,7 +87,19 @@ def test_no_import_cycle_between_modules():
     for n in sorted(graph):
         if n not in state:
             visit(n, [])
-    assert cycles == []
+    return cycles
+
+
+def _module_graph(root: Path = PKG) -> dict[str, set[str]]:
+    mods = _modules(root)
+    known = set(mods)
+    graph = {n: _imports(n, p, known) for n, p in mods.items()}
+    # a package's __init__ that re-exports its submodules is not a cycle with them
+    return {n: {m for m in ms if not n.startswith(m + ".")} for n, ms in graph.items()}
+
+
+def test_no_import_cycle_between_modules():
+    assert _cycles(_module_graph()) == []
 
 
 def test_the_graph_sees_real_edges():
@@ -263,3 +271,135 @@ def test_loss_functions_stay_small():
                         f"rl/{path.name}:{node.lineno} {name}: {n_params} params, {n_lines} lines"
                     )
     assert big == []
+
+
+# Packages in layers, lowest first (docs/ARCHITECTURE.md, "Layers"). A module imports only its own
+# package and packages of lower layers; the packages of one layer are independent of each other.
+# A loose module (``errors.py``, ``cli.py``, ...) is a package of its own, ``sat_cli/__init__.py``
+# is ``sat_cli``. The imports counted are those of the cycle rule (relative and lazy ones too).
+LAYERS = (
+    {"sat_cli", "errors", "metric_names", "numerics", "samples"},  # import no other sat_cli module
+    {"util"},  # files, processes, signals
+    {"records", "rl", "tasks", "tracking"},  # state schemas, the loss math, tasks, MLflow
+    {"models"},  # the model, its weights on disk, R3
+    {"checkpoints", "replay", "weightsync"},  # what a run keeps and sends
+    {"engines", "trainers"},  # the two components, independent of each other
+    {"evaluation", "loop", "report", "cluster"},  # what drives the components
+    {"config"},  # the edge: the typed config (it checks lag profiles with loop/lag_profile.py)
+    {"build"},  # config in, components out
+    {"commands"},
+    {"sweep"},  # runs `sat train` as children, reuses `sat replay`'s preparation
+    {"cli"},
+)
+# (importing package, imported package) edges that break the layers and are known, with why;
+# each one also stays out of the package cycle rule
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("build", "commands"): "build.py uses commands/weight_sync.py and commands/common.py until "
+    "the build/ package replaces them (issue 40)",
+}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _package_graph(root: Path = PKG) -> dict[str, dict[str, list[str]]]:
+    """package → imported package → the module imports behind that edge (``a -> b``)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for n, ms in _module_graph(root).items():
+        edges = out.setdefault(_package(n), {})
+        for m in sorted(ms):
+            if _package(m) != _package(n):
+                edges.setdefault(_package(m), []).append(f"{n} -> {m}")
+    return out
+
+
+def _package_cycles(root: Path = PKG, exceptions=()) -> list[list[str]]:
+    graph = _package_graph(root)
+    return _cycles({a: {b for b in bs if (a, b) not in exceptions} for a, bs in graph.items()})
+
+
+def _upward_imports(root: Path = PKG, layers=LAYERS, exceptions=()) -> dict[str, list[str]]:
+    """``"a -> b"`` (packages) → its module imports, for every import of a package that is not
+    in a lower layer than the importer's (packages missing from ``layers`` are reported by
+    ``test_every_package_has_a_layer``)."""
+    layer = {p: i for i, ps in enumerate(layers) for p in ps}
+    return {
+        f"{a} -> {b}": why
+        for a, bs in _package_graph(root).items()
+        for b, why in bs.items()
+        if a in layer and b in layer and layer[b] >= layer[a] and (a, b) not in exceptions
+    }
+
+
+def test_every_package_has_a_layer():
+    packages = set(_package_graph())
+    listed = set().union(*LAYERS)
+    assert sum(map(len, LAYERS)) == len(listed), "a package is in two layers"
+    assert packages - listed == set(), "add the new package to LAYERS (and docs/ARCHITECTURE.md)"
+    assert listed - packages == set(), "LAYERS names a package that does not exist"
+
+
+def test_no_import_cycle_between_packages():
+    assert _package_cycles(exceptions=LAYER_EXCEPTIONS) == []
+
+
+def test_no_upward_import():
+    assert _upward_imports(exceptions=LAYER_EXCEPTIONS) == {}
+
+
+def test_the_layer_exceptions_are_still_needed():
+    """An exception that no import needs any more is removed, so that it cannot come back."""
+    graph = _package_graph()
+    assert [e for e in LAYER_EXCEPTIONS if e[1] not in graph.get(e[0], {})] == []
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_package_rules_catch_a_violation(tmp_path):
+    """A package cycle no module cycle shows (util/a.py → engines/e.py, engines/f.py →
+    util/b.py; the second import lazy, inside a function) is found by the package rules and
+    missed by the module rule; the upward import is named with its module import."""
+    root = _write(
+        tmp_path / "sat_cli",
+        {
+            "__init__.py": "",
+            "errors.py": "",
+            "util/__init__.py": "",
+            "util/a.py": "from sat_cli.engines import e\n",
+            "util/b.py": "from .. import errors\n",
+            "engines/__init__.py": "",
+            "engines/e.py": "",
+            "engines/f.py": "def g():\n    from ..util import b\n",
+        },
+    )
+    layers = ({"sat_cli", "errors"}, {"util"}, {"engines"})
+    assert _cycles(_module_graph(root)) == []
+    assert _package_cycles(root) == [["engines", "util", "engines"]]
+    assert _upward_imports(root, layers) == {
+        "util -> engines": ["sat_cli.util.a -> sat_cli.engines.e"]
+    }
+    # the same import listed as an exception is let through by both rules
+    assert _package_cycles(root, {("util", "engines")}) == []
+    assert _upward_imports(root, layers, {("util", "engines")}) == {}
+
+
+def test_packages_of_one_layer_may_not_import_each_other(tmp_path):
+    root = _write(
+        tmp_path / "sat_cli",
+        {
+            "__init__.py": "",
+            "engines/__init__.py": "import sat_cli.trainers\n",
+            "trainers/__init__.py": "",
+        },
+    )
+    assert _upward_imports(root, ({"sat_cli"}, {"engines", "trainers"})) == {
+        "engines -> trainers": ["sat_cli.engines -> sat_cli.trainers"]
+    }
+    assert _upward_imports(root, ({"sat_cli"}, {"trainers"}, {"engines"})) == {}

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning:megatron.*", "ignore::DeprecationWarning:megatron.*"
 )
 
+from sat_cli.models import hf_checkpoint  # noqa: E402
 from sat_cli.models.r3 import RouteReplay  # noqa: E402
 from sat_cli.models.tiny_moe import build_tiny_moe, save_hf  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
@@ -83,7 +84,7 @@ def test_round_trip_exact(megatron_dist, tiny_dir, tmp_path, hf_model):
     assert set(back) == set(src)
     for k in src:
         assert torch.equal(back[k], src[k]), k
-    out = convert.save_hf_checkpoint(back, tmp_path / "export", tiny_dir)
+    out = hf_checkpoint.save_hf_checkpoint(back, tmp_path / "export", tiny_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning:megatron.*", "ignore::DeprecationWarning:megatron.*"
 )
 
+from sat_cli.models import hf_checkpoint  # noqa: E402
 from sat_cli.trainers.megatron import convert, hf_io, pipeline  # noqa: E402
 
 CAP = 1_000_000  # bytes: the tiny model (4.1 MB) in five shards
@@ -28,7 +29,7 @@ CAP = 1_000_000  # bytes: the tiny model (4.1 MB) in five shards
 @pytest.fixture(scope="module")
 def sharded_dir(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded") / "model"
-    convert.save_hf_checkpoint(convert.load_hf_state(tiny_dir), out, tiny_dir, CAP)
+    hf_checkpoint.save_hf_checkpoint(convert.load_hf_state(tiny_dir), out, tiny_dir, CAP)
     return out
 
 
@@ -80,7 +81,7 @@ def test_fused_expert_layout_reads_only_owned_experts(tiny_dir, tmp_path):
         )
         fused[h + "down_proj"] = torch.stack([state[f"{h}{i}.down_proj.weight"] for i in e])
     out = tmp_path / "fused"
-    convert.save_hf_checkpoint(fused, out, tiny_dir, CAP)
+    hf_checkpoint.save_hf_checkpoint(fused, out, tiny_dir, CAP)
     reader = hf_io.CheckpointReader(out)
     plan = hf_io.rank_plan(reader, cfg, ep_rank=1, ep_size=2)
     lazy = {k: f() for k, f in plan.items()}
@@ -154,13 +155,13 @@ def test_sharded_export_is_transformers_layout(tiny_dir, sharded_dir, tmp_path):
 
 
 def test_shard_size_parsing():
-    assert hf_io.parse_size("5GB") == hf_io.DEFAULT_MAX_SHARD_SIZE == 5 * 10**9
-    assert hf_io.parse_size("500MB") == 5 * 10**8
-    assert hf_io.parse_size("2GiB") == 2 << 30
-    assert hf_io.parse_size(1234) == 1234
+    assert hf_checkpoint.parse_size("5GB") == hf_checkpoint.DEFAULT_MAX_SHARD_SIZE == 5 * 10**9
+    assert hf_checkpoint.parse_size("500MB") == 5 * 10**8
+    assert hf_checkpoint.parse_size("2GiB") == 2 << 30
+    assert hf_checkpoint.parse_size(1234) == 1234
     for bad in ("lots", "0", -1, "5 parsecs"):
         with pytest.raises(ValueError):
-            hf_io.parse_size(bad)
+            hf_checkpoint.parse_size(bad)
 
 
 def test_config_checks_the_shard_size():

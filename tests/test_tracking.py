@@ -1,4 +1,4 @@
-"""Tests of sat_cli.tracking and sat_cli.report.plots against a real MLflow sqlite store (no mocks).
+"""Tests of sat_cli.tracking and sat_cli.tracking.histograms against a real MLflow sqlite store (no mocks).
 
 One store per module (creating the sqlite schema takes ~1.5 s); each test uses its own
 experiment/run. Values are read back with ``MlflowClient`` and compared with what was logged.
@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sat_cli.report.plots import histogram_png, histogram_stats
 from sat_cli.tracking import (
     MAX_PARAM_VALUE_LEN,
     NONFINITE_KEY,
@@ -31,6 +30,7 @@ from sat_cli.tracking import (
     redact_uri,
     ui_command,
 )
+from sat_cli.tracking.histograms import histogram_png, histogram_stats
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402

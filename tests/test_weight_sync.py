@@ -179,7 +179,7 @@ class _WrongBytes(WeightSender):
     def write_hf(self, version, folder):
         if not self.disk:
             return super().write_hf(version, folder)
-        from sat_cli.trainers.megatron.convert import save_hf_checkpoint
+        from sat_cli.models.hf_checkpoint import save_hf_checkpoint
 
         damaged = {k: v + 1 for k, v in self._get(version)}
         return save_hf_checkpoint(damaged, folder, self.source_dir)

@@ -43,7 +43,7 @@ if fault:
         S.WeightSender.send = send
     if fault == "wire+disk":
         def write_hf(self, version, folder):
-            from sat_cli.trainers.megatron.convert import save_hf_checkpoint
+            from sat_cli.models.hf_checkpoint import save_hf_checkpoint
             damaged = {k: v + 1 for k, v in self._get(version)}
             return save_hf_checkpoint(damaged, folder, self.source_dir)
         S.WeightSender.write_hf = write_hf

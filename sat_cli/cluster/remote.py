@@ -18,7 +18,7 @@ the launcher's failure, which ``MegatronTrainer`` and the engine check while the
 from __future__ import annotations
 
 from sat_cli.cluster.ray_env import ClusterError
-from sat_cli.engines.base import EngineError
+from sat_cli.errors import EngineError
 from sat_cli.util.procs import LOG_TAIL_LINES, tail_lines
 
 LOST_EXIT = -9  # the returncode a RemoteServer reports once its node is lost

@@ -119,7 +119,7 @@ def prepare(run: str, given: list[str]):
         raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
     # the default name, filled in once algo and clip are known
     name = f"{run_dir.name}-replay-{{algo}}-{{clip}}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from sat_cli.sweep.children import hydra_quote
+    from sat_cli.config.quoting import hydra_quote
 
     tags = [f"++tracking.tags.{REPLAY_OF}={hydra_quote(run_dir.name)}",
             f"++tracking.tags.{REPLAY_OF_ID}={hydra_quote(header.get('mlflow_run_id') or '')}"]  # fmt: skip

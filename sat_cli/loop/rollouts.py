@@ -25,8 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sat_cli.engines.base import SamplingParams
 from sat_cli.loop.lag import LagPolicy
+from sat_cli.samples import SamplingParams
 
 
 def request_seed(seed: int, *key: Any) -> int:

@@ -18,8 +18,8 @@ import math
 
 from sat_cli import metric_names as M
 from sat_cli.checkpoints.state import latest_checkpoint
-from sat_cli.engines.base import Sample
 from sat_cli.errors import RunFailed
+from sat_cli.samples import Sample
 from sat_cli.tracking.sink import MetricSink
 
 MAX_CONSECUTIVE_NONFINITE = 5

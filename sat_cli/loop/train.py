@@ -49,7 +49,6 @@ from sat_cli.checkpoints.state import (
     read_loop_state,
     save_checkpoint,
 )
-from sat_cli.engines.base import SamplingParams
 from sat_cli.errors import RunFailed
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
@@ -63,6 +62,7 @@ from sat_cli.loop.steps import (
     trainer_step,
 )
 from sat_cli.loop.steps import digest as _digest
+from sat_cli.samples import SamplingParams
 from sat_cli.tracking.sink import MetricSink
 
 __all__ = [

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sat_cli import metric_names as M
-from sat_cli.engines.base import EngineError, WeightsMismatch, WeightSyncError
-from sat_cli.errors import RunFailed
+from sat_cli.errors import EngineError, RunFailed, WeightsMismatch, WeightSyncError
 
 MODES = ("disk", "distributed")
 VERIFY = ("first", "every", "off")

@@ -107,7 +107,7 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
     """``(groups, rows, rewards per group or None)`` from :func:`encode_step`'s bytes."""
     from safetensors.numpy import load
 
-    from sat_cli.engines.base import Sample
+    from sat_cli.samples import Sample
 
     try:
         (hlen,) = struct.unpack("<Q", data[:8])

@@ -49,7 +49,6 @@ others are done.
 from sat_cli.sweep.children import (
     Child,
     SweepInterrupted,
-    hydra_quote,
     stop_children,
     tag_overrides,
 )
@@ -82,7 +81,6 @@ __all__ = [
     "Child",
     "checkpoint_status",
     "format_plan",
-    "hydra_quote",
     "load_sweep",
     "override_hash",
     "read_state",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sat_cli.config.quoting import hydra_quote
 from sat_cli.sweep.spec import SweepRun
 
 
@@ -47,13 +47,6 @@ class Child:
 
 def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-def hydra_quote(text: str) -> str:
-    """``text`` as a Hydra quoted value that composes back to exactly ``text`` (names with
-    spaces, commas, quotes or backslashes; ``${`` is refused where the names are read)."""
-    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
-    return "'" + text.replace("'", "\\'") + "'"
 
 
 def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> list[str]:

@@ -54,7 +54,7 @@ class ArtifactLog:
         """
         if not self.tracker.active():
             return None
-        from sat_cli.report.plots import histogram_image, histogram_stats
+        from sat_cli.tracking.histograms import histogram_image, histogram_stats
 
         step = check_step(step)
         if self.tracker.relogged(step):  # already logged before the resume

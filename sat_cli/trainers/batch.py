@@ -28,8 +28,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from sat_cli.engines.base import Sample
 from sat_cli.models.r3 import R3Error
+from sat_cli.samples import Sample
 
 
 @dataclass

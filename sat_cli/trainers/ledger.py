@@ -78,7 +78,7 @@ class VersionLedger:
             at = active & (tv == v)  # [B, S]
             rows = at.any(1).nonzero().view(-1)
             model = self._model(v, trainer.model)
-            lp = trainer._model_forward(model, batch.select(rows))[0].float().cpu()  # [r, S]
+            lp = trainer.forward_logp(model, batch.select(rows))  # [r, S]
             gen[rows] = torch.where(at[rows], lp, gen[rows])
             held |= at
         return gen, held

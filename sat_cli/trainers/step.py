@@ -6,7 +6,8 @@
    recompute the batch's log-probs once, without gradient (``logprobs``, with R3 replay when
    on) and report ``staleness/mismatch_abs_logratio_mean`` (mean ``|log pi_old - log mu|``);
 2. with ``loss.kl_coef > 0``, the reference policy's log-probs (``_ref_logprobs``); with
-   ``ledger_keep`` (``algo.ledger``) each token's under its own version (``trainers/ledger.py``);
+   ``ledger_keep`` (``algo.ledger``) each token's under its own version (``trainers/ledger.py``,
+   through the public ``forward_logp``);
 3. split the batch into ``num_minibatches`` contiguous row chunks; per chunk: forward
    (``_model_forward``: token log-probs of ``logits / temperature`` and their entropy; with
    ``replay_sampling_mask`` renormalised on the engine's kept sets, with ``score_centering_topk``
@@ -212,17 +213,18 @@ class PolicyTrainer:
         return batch.sampling_mask.to(self.device)
 
     @torch.no_grad()
+    def forward_logp(self, model, batch: TrainBatch) -> torch.Tensor:
+        """``logp [B, S]`` of ``model`` on ``batch`` (no grad, float32 on the CPU), aligned like
+        ``rollout_logp``: the policy, the reference, or a held version (``trainers/ledger.py``)."""
+        return self._model_forward(model, batch)[0].float().cpu()
+
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU), aligned like
-        ``rollout_logp``."""
-        return self._model_forward(self.model, batch)[0].float().cpu()
+        """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU)."""
+        return self.forward_logp(self.model, batch)
 
     def _ref_logprobs(self, batch: TrainBatch) -> torch.Tensor | None:
         """The reference policy's ``logp [B, S]`` (CPU), or None without a reference."""
-        if self.ref_model is None:
-            return None
-        with torch.no_grad():
-            return self._model_forward(self.ref_model, batch)[0].float().cpu()
+        return None if self.ref_model is None else self.forward_logp(self.ref_model, batch)
 
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Reduce the gradients (if several ranks) and clip them; the norm before clipping."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 
-from sat_cli.engines.base import WeightSyncError
+from sat_cli.errors import WeightSyncError
 
 
 def listen(master_addr: str, port: int, world_size: int, timeout_s: float):

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from sat_cli.engines.base import WeightSyncError
+from sat_cli.errors import WeightSyncError
 from sat_cli.weightsync import buckets as B
 
 
@@ -126,7 +126,7 @@ class WeightSender:
     def write_hf(self, version: int, folder: str | Path) -> Path:
         """``version`` as an HF checkpoint at ``folder`` (atomic; config and tokenizer files
         from ``source_dir``), as the disk export writes it."""
-        from sat_cli.trainers.megatron.convert import save_hf_checkpoint
+        from sat_cli.models.hf_checkpoint import save_hf_checkpoint
 
         state = dict(self._get(version))
         return save_hf_checkpoint(state, folder, self.source_dir or folder, self.max_shard_size)

@@ -21,7 +21,7 @@ import json
 import socket
 import threading
 
-from sat_cli.engines.base import WeightSyncError
+from sat_cli.errors import WeightSyncError
 from sat_cli.weightsync import buckets as B
 
 OPS = ("listen", "connect", "connected", "send", "abort", "plan", "checksums", "write_hf",

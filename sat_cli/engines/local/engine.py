@@ -43,8 +43,9 @@ from dataclasses import asdict
 
 import numpy as np
 
-from sat_cli.engines.base import EngineError, EngineStartError, Sample, SamplingParams
 from sat_cli.engines.local.worker import worker_main
+from sat_cli.errors import EngineError, EngineStartError
+from sat_cli.samples import Sample, SamplingParams
 
 _POLL_S = 0.1
 
@@ -121,7 +122,7 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._ctrl_lock = threading.Lock()  # one in-flight update at a time, in call order
         self._ctrl_seq = 0
-        self._sync_group: str | None = None  # the weight-sync group the worker joined
+        self.sync_channel = SyncChannel(self)  # engines/local/sync.py talks through it
         self._closed = False
         self._dead: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
@@ -311,7 +312,7 @@ class LocalEngine:
         def job():
             with self._lock:
                 self._check_usable()
-                return sync_weights(self, sender, int(version), spec)
+                return sync_weights(self.sync_channel, sender, int(version), spec)
 
         self._check_usable()
         return self._executor.submit(job).result()
@@ -322,16 +323,6 @@ class LocalEngine:
         self._check_usable()
         sums = self._executor.submit(self._call, "weight_checksums", None, 600.0).result()
         return {"the local engine": sums}
-
-    def _send_only(self, cmd: str, payload) -> None:
-        try:
-            self._conn.send((cmd, payload))
-        except (BrokenPipeError, OSError) as e:
-            self._dead = f"engine process {self._proc.pid} is gone"
-            raise EngineError(self._dead) from e
-
-    def _reply(self, what: str, timeout: float):
-        return self._recv(timeout, what=what)
 
     def health(self) -> bool:
         return not self._closed and self._dead is None and self._proc.is_alive()
@@ -354,3 +345,35 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class SyncChannel:
+    """The part of a ``LocalEngine`` its distributed weight sync (``engines/local/sync.py``)
+    uses: one message to the worker and its reply on the request pipe (the caller holds the
+    engine's request lock), why the worker is gone (``dead``), the weight-sync group it joined
+    (``group``) and what a completed sync leaves on the engine (``took``)."""
+
+    def __init__(self, engine: LocalEngine):
+        self._engine = engine
+        self.group: str | None = None  # the weight-sync group the worker joined
+
+    def send(self, cmd: str, payload) -> None:
+        e = self._engine
+        try:
+            e._conn.send((cmd, payload))
+        except (BrokenPipeError, OSError) as exc:
+            e._dead = f"engine process {e._proc.pid} is gone"
+            raise EngineError(e._dead) from exc
+
+    def reply(self, what: str, timeout: float):
+        return self._engine._recv(timeout, what=what)
+
+    @property
+    def dead(self) -> str | None:
+        return self._engine._dead
+
+    def took(self, version: int, zero_copy: bool) -> None:
+        """The worker serves ``version`` (``zero_copy``: it took the received buffers as its
+        weights)."""
+        self._engine.weight_version = int(version)
+        self._engine.sync_zero_copy = bool(zero_copy)

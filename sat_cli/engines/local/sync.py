@@ -31,7 +31,7 @@ import re
 import time
 import weakref
 
-from sat_cli.engines.base import EngineError, WeightSyncError
+from sat_cli.errors import EngineError, WeightSyncError
 from sat_cli.weightsync import buckets as B
 
 _FUSED = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
@@ -194,28 +194,29 @@ class WorkerSync:
 
 
 # --- the client's side (LocalEngine) --------------------------------------------------------------
-def sync_weights(engine, sender, version: int, spec) -> dict[str, float]:
-    """Bring ``version`` from ``sender`` into the engine's worker (module docstring); returns
-    ``{"pause_s", "wire_s", "assemble_s", "bytes"}``. ``spec``: a ``loop.weightsync.GroupSpec``.
-    The caller holds the engine's request lock."""
+def sync_weights(channel, sender, version: int, spec) -> dict[str, float]:
+    """Bring ``version`` from ``sender`` into the engine's worker (module docstring) through
+    the engine's ``channel`` (``engine.SyncChannel``); returns ``{"pause_s", "wire_s",
+    "assemble_s", "bytes"}``. ``spec``: a ``loop.weightsync.GroupSpec``. The caller holds the
+    engine's request lock."""
     t0 = time.perf_counter()
     deadline = spec.timeout_s + 30.0  # the worker's own waits end within the group timeout
     try:
-        if not sender.connected or engine._sync_group is None:
+        if not sender.connected or channel.group is None:
             port = sender.listen(spec.master_addr, spec.port, 2, spec.timeout_s)
             name = f"sat_weights_local_{next(_names)}"
-            engine._send_only("join_group", {
+            channel.send("join_group", {
                 "master_addr": spec.master_addr, "port": port, "rank": 1, "world_size": 2,
                 "group_name": name, "backend": spec.backend, "timeout_s": spec.timeout_s,
             })  # fmt: skip
             _together(
-                engine, sender, "join_group", deadline, lambda: sender.connect(name, spec.backend)
+                channel, sender, "join_group", deadline, lambda: sender.connect(name, spec.backend)
             )
-            engine._sync_group = name
+            channel.group = name
         t1 = time.perf_counter()
         plan = sender.plan(version)
         rows = [[m.as_json() for m in b.metas] for b in plan]
-        engine._send_only("receive_weights", {"version": int(version), "buckets": rows})
+        channel.send("receive_weights", {"version": int(version), "buckets": rows})
         sent = {"wire": 0.0, "assemble": 0.0, "bytes": 0}
 
         def broadcast() -> None:
@@ -224,21 +225,20 @@ def sync_weights(engine, sender, version: int, spec) -> dict[str, float]:
                 sent["wire"] += sender.last_send_s
                 sent["assemble"] += sender.last_flatten_s
 
-        reply = _together(engine, sender, f"receive_weights(v{version})", deadline, broadcast)
+        reply = _together(channel, sender, f"receive_weights(v{version})", deadline, broadcast)
     except (WeightSyncError, EngineError) as exc:
         sender.abort()
-        engine._sync_group = None
-        if engine._dead:
+        channel.group = None
+        if channel.dead:
             raise
         raise WeightSyncError(f"distributed sync of weights v{version} failed: {exc}") from None
-    engine.weight_version = int(reply["weight_version"])
-    engine.sync_zero_copy = bool(reply.get("zero_copy"))  # the worker took its buffers as weights
+    channel.took(reply["weight_version"], bool(reply.get("zero_copy")))
     took = time.perf_counter() - t1
     return {"pause_s": t1 - t0, "wire_s": took - sent["assemble"], "assemble_s": sent["assemble"],
             "bytes": float(sent["bytes"])}  # fmt: skip
 
 
-def _together(engine, sender, what: str, deadline: float, act):
+def _together(channel, sender, what: str, deadline: float, act):
     """Run the sender's half (``act``) while the worker runs its half, then take the worker's
     reply. A failing sender closes the group first, so the worker's wait ends at once."""
     try:
@@ -246,8 +246,8 @@ def _together(engine, sender, what: str, deadline: float, act):
     except WeightSyncError:
         sender.abort()
         try:
-            engine._reply(what, deadline)
+            channel.reply(what, deadline)
         except EngineError:
             pass  # the worker's own failure follows from ours
         raise
-    return engine._reply(what, deadline)
+    return channel.reply(what, deadline)

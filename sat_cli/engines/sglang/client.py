@@ -21,8 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
-from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.wire import wire_excerpt
+from sat_cli.errors import EngineError
 
 # Errors before any response byte arrives: safe to retry on this or another server.
 _RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,

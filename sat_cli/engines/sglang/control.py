@@ -29,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.wire import wire_excerpt
+from sat_cli.errors import EngineError
 
 # A request whose answer this client has read can still sit in the scheduler's running batch
 # until its next loop turn, which on a loaded CPU can come after the next call arrives; SGLang

@@ -32,8 +32,8 @@ import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sat_cli.engines.base import EngineError, WeightSyncError
 from sat_cli.engines.sglang.wire import wire_excerpt
+from sat_cli.errors import EngineError, WeightSyncError
 
 _names = itertools.count()
 GRACE_S = 3.0  # after a server failed: how long the sender's half may take to notice

@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.control import (  # noqa: F401
     PAUSE_MODES,
@@ -54,6 +53,8 @@ from sat_cli.engines.sglang.wire import (
     sampling_params_to_wire,
     wire_excerpt,
 )
+from sat_cli.errors import EngineError
+from sat_cli.samples import Sample, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.errors import EngineError
+from sat_cli.samples import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sat_cli.engines.base import EngineError
+from sat_cli.errors import EngineError
 from sat_cli.util.procs import (
     LOG_TAIL_LINES,
     free_port,

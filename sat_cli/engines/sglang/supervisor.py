@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+from sat_cli.errors import EngineError
 from sat_cli.util.procs import free_port
 
 log = logging.getLogger(__name__)

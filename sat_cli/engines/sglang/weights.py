@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sat_cli.engines.base import EngineError
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.control import flush_settled
 from sat_cli.engines.sglang.wire import update_weights_payload, wire_excerpt
+from sat_cli.errors import EngineError
 
 # SGLang 0.5.23's answer when it loaded the weights but refused the flush (requests running)
 UPDATED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"

@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from sat_cli.engines.base import EngineError, Sample, SamplingParams
 from sat_cli.engines.sglang.masks import Extras, parse_extras
+from sat_cli.errors import EngineError
+from sat_cli.samples import Sample, SamplingParams
 
 BODY_EXCERPT_CHARS = 500
 FINISH_TYPES = ("stop", "length", "abort")

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from sat_cli.models.hf_checkpoint import DEFAULT_MAX_SHARD_SIZE, save_hf_checkpoint
 from sat_cli.models.r3 import check_routes
 from sat_cli.models.tiny_moe import torch_dtype
 from sat_cli.rl.config import LossConfig
@@ -276,8 +277,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
             dtype = self.export_dtype
         state = {k: v.to(dtype) for k, v in state.items()}
         if self.rank == 0:
-            shard = getattr(self, "max_shard_size", convert.hf_io.DEFAULT_MAX_SHARD_SIZE)
-            convert.save_hf_checkpoint(state, out_dir, self.model_path, shard)
+            shard = getattr(self, "max_shard_size", DEFAULT_MAX_SHARD_SIZE)
+            save_hf_checkpoint(state, out_dir, self.model_path, shard)
         self._barrier()
         return Path(out_dir)
 

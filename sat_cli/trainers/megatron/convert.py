@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +52,6 @@ import torch
 from . import hf_io
 from .hf_io import SAME_TENSORS, hf_dims
 from .model import hf_get
-
-# Files copied next to exported weights so that transformers / SGLang can load the directory.
-HF_SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 
 
 # --------------------------------------------------------------------------- HF checkpoints
@@ -90,31 +77,6 @@ def unfuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             else:  # [E, H, I]
                 out[f"{prefix}.{e}.down_proj.weight"] = t[e].contiguous()
     return out
-
-
-def save_hf_checkpoint(
-    state: dict[str, torch.Tensor],
-    out_dir: str | os.PathLike,
-    source_dir: str | os.PathLike,
-    max_shard_size: int | str = hf_io.DEFAULT_MAX_SHARD_SIZE,
-) -> Path:
-    """Write the weights (``model.safetensors``, or shards of at most ``max_shard_size`` bytes
-    plus ``model.safetensors.index.json``: ``hf_io.save_sharded``) and the config/tokenizer
-    files of ``source_dir``.
-
-    The directory appears atomically: everything is written to a temporary sibling which is
-    then renamed to ``out_dir`` (an existing ``out_dir`` is replaced).
-    """
-    from sat_cli.util.fsio import staged_dir
-
-    out_dir = Path(out_dir)
-    with staged_dir(out_dir, prefix=f".{out_dir.name}.") as tmp:
-        hf_io.save_sharded(state, tmp, max_shard_size)
-        for name in HF_SIDE_FILES:
-            src = Path(source_dir) / name
-            if src.exists():
-                shutil.copyfile(src, tmp / name)
-    return out_dir
 
 
 def read_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:

@@ -12,12 +12,7 @@ keeps the thunks of its layers (``pipeline.select_stage`` works on any mapping),
 materialises a tensor it does not own. The result equals ``split_tp(hf_to_megatron(full))``
 bit for bit (tests/test_megatron_shard.py). The reader counts what it read (``read_log``).
 
-Writing (``save_sharded``): transformers' layout: tensors in name order, a new shard whenever
-the next tensor would take the current one past ``max_shard_size`` bytes (a tensor larger than
-the cap gets a shard of its own); one shard is written as ``model.safetensors`` without an
-index, several as ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``
-(``{"metadata": {"total_parameters": n, "total_size": bytes}, "weight_map": {name: file}}``,
-as transformers 5 writes it).
+Writing: ``sat_cli.models.hf_checkpoint`` (``save_sharded``, ``save_hf_checkpoint``).
 """
 
 from __future__ import annotations
@@ -30,13 +25,9 @@ from typing import Any
 
 import torch
 
-from sat_cli.util.fsio import parse_size
+from sat_cli.models.hf_checkpoint import INDEX_NAME
 
 from .model import hf_get
-
-INDEX_NAME = "model.safetensors.index.json"
-DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # transformers' default "5GB"
-
 
 # per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
 # order both conversions write them
@@ -256,41 +247,3 @@ def rank_plan(
     if unknown:
         raise KeyError(f"HF checkpoint has tensors the converter does not map: {unknown[:5]}")
     return plan
-
-
-def save_sharded(
-    tensors: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str
-) -> list[str]:
-    """Write ``tensors`` into ``folder`` in transformers' sharded layout (module doc); returns
-    the file names written."""
-    from safetensors.torch import save_file
-
-    cap = parse_size(max_shard_size)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    total = params = 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > cap:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-        total += nbytes
-        params += t.numel()
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
-        return ["model.safetensors"]
-    n = len(shards)
-    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    weight_map = {}
-    for fname, shard in zip(names, shards, strict=True):
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, fname))
-    index = {
-        "metadata": {"total_parameters": params, "total_size": total},
-        "weight_map": weight_map,
-    }
-    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return [*names, INDEX_NAME]

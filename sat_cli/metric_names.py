@@ -123,10 +123,29 @@ def avg_key(task: str, n: int, final: bool = False) -> str:
 
 # every loss/ sat/ staleness/ name a trainer step with SAT on a token-ratio algorithm reports
 STEP_NAMES = (
-    LOSS_POLICY, CLIPFRAC, CLIPFRAC_LOW, CLIPFRAC_HIGH, KL_K3, ENTROPY, GRAD_NORM, LOSS_TOTAL,
-    SAT_Q, SAT_GATE_RATE, SAT_EPS_LOW_EFF, SAT_EPS_HIGH_EFF, SAT_C_MIN, SAT_BAND, SAT_BAND_LOW,
-    SAT_BAND_HIGH, SAT_ACTIVE, SAT_ACTIVE_LOW, SAT_ACTIVE_HIGH, DPI, DPI_MU, ESS,
-)  # fmt: skip
+    LOSS_POLICY,
+    CLIPFRAC,
+    CLIPFRAC_LOW,
+    CLIPFRAC_HIGH,
+    KL_K3,
+    ENTROPY,
+    GRAD_NORM,
+    LOSS_TOTAL,
+    SAT_Q,
+    SAT_GATE_RATE,
+    SAT_EPS_LOW_EFF,
+    SAT_EPS_HIGH_EFF,
+    SAT_C_MIN,
+    SAT_BAND,
+    SAT_BAND_LOW,
+    SAT_BAND_HIGH,
+    SAT_ACTIVE,
+    SAT_ACTIVE_LOW,
+    SAT_ACTIVE_HIGH,
+    DPI,
+    DPI_MU,
+    ESS,
+)
 
 # --- lag profiles (loop/train.py, loop/lag_profile.py) ------------------------------------------
 LAG_PROFILE_TV = "staleness/lag_profile_tv"  # TV(realised lags so far, the profile's target)

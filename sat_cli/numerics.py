@@ -51,8 +51,19 @@ NUMERIC_VARS = (
 
 
 # the CPU flags that decide torch's code paths, as /proc/cpuinfo spells them
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")  # fmt: skip
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def cpu_info(path: str = "/proc/cpuinfo") -> dict:
@@ -72,8 +83,10 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
                     break
     except OSError:
         pass
-    return {"model": model or platform.processor() or platform.machine() or "unknown",
-            "flags": flags}  # fmt: skip
+    return {
+        "model": model or platform.processor() or platform.machine() or "unknown",
+        "flags": flags,
+    }
 
 
 def isa_summary(flags: set[str]) -> dict[str, str]:

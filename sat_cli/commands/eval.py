@@ -190,9 +190,14 @@ class Evaluator:
             numerics = getattr(engine, "numerics", {})  # the engine worker's view (local engine)
             tracker.log_params({f"env.engine.{k}": v for k, v in numerics.items()})
             run = eval_runner(
-                obj, engine, self.tokenizer, self.task, spec=self.spec, overlong=self.overlong,
+                obj,
+                engine,
+                self.tokenizer,
+                self.task,
+                spec=self.spec,
+                overlong=self.overlong,
                 max_new_tokens=self.max_new_tokens,
-            )  # fmt: skip
+            )
             data = f", data {self.data_file}" if self.data_file else ""
             self.log(f"eval {e.name}: {e.n} samples per problem, model {path}{data}")
             return run()

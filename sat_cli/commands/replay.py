@@ -20,8 +20,17 @@ from sat_cli.replay import REPLAY_OF, REPLAY_OF_ID
 
 # what a replay may override: it changes the loss, not the stream
 # (seed, run.experiment and resume are what a sweep sets; the seed must be the recorded one)
-ALLOWED = ("algo", "clip", "run.name", "tracking", "max_steps", "trainer.num_threads",
-           "seed", "run.experiment", "resume")  # fmt: skip
+ALLOWED = (
+    "algo",
+    "clip",
+    "run.name",
+    "tracking",
+    "max_steps",
+    "trainer.num_threads",
+    "seed",
+    "run.experiment",
+    "resume",
+)
 # sections of the recorded config a replay must match: they make the data
 DATA_KEYS = ("model", "task", "lag", "engine", "seed", "r3", "data", "eval")
 DROPPED = ("run.name", "resume", "replay.record")  # taken from the recording, then replaced
@@ -121,8 +130,10 @@ def prepare(run: str, given: list[str]):
     name = f"{run_dir.name}-replay-{{algo}}-{{clip}}-{time.strftime('%Y%m%d-%H%M%S')}"
     from sat_cli.config.quoting import hydra_quote
 
-    tags = [f"++tracking.tags.{REPLAY_OF}={hydra_quote(run_dir.name)}",
-            f"++tracking.tags.{REPLAY_OF_ID}={hydra_quote(header.get('mlflow_run_id') or '')}"]  # fmt: skip
+    tags = [
+        f"++tracking.tags.{REPLAY_OF}={hydra_quote(run_dir.name)}",
+        f"++tracking.tags.{REPLAY_OF_ID}={hydra_quote(header.get('mlflow_run_id') or '')}",
+    ]
     try:
         cfg, obj = load(replay_overrides(overrides, given, "replay-tmp", tags), "train")
         if not any(_key(ov) == "run.name" for ov in given):

@@ -95,8 +95,9 @@ def log_profile_histogram(
     top = max(len(counts), len(profile.pmf))
     mean = sum(j * p for j, p in enumerate(profile.pmf))
     edges = [j - 0.5 for j in range(top + 1)]
-    tracker.log_histogram(M.HIST_LAG_PROFILE, values, step=step, bins=edges,
-                          marks={"target mean": mean})  # fmt: skip
+    tracker.log_histogram(
+        M.HIST_LAG_PROFILE, values, step=step, bins=edges, marks={"target mean": mean}
+    )
 
 
 def parse_profile(spec: str) -> LagProfile:

@@ -51,8 +51,16 @@ class WeightPublisher:
     resumed run knows what it has); :meth:`publish` is idempotent per version.
     """
 
-    def __init__(self, trainer, weights_dir: Path, ckpt_root: Path, lag: LagPolicy,
-                 published: list[int], on_publish=None, sync=None):  # fmt: skip
+    def __init__(
+        self,
+        trainer,
+        weights_dir: Path,
+        ckpt_root: Path,
+        lag: LagPolicy,
+        published: list[int],
+        on_publish=None,
+        sync=None,
+    ):
         self.trainer, self.weights_dir, self.ckpt_root, self.lag = (
             trainer,
             weights_dir,

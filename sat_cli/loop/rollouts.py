@@ -38,8 +38,9 @@ def request_seed(seed: int, *key: Any) -> int:
 class RolloutThread:
     """The rollout thread: weight updates and generation requests, in program order."""
 
-    def __init__(self, engine, weights_dir: Path, engine_version: int, inflight: bool = False,
-                 sync=None):  # fmt: skip
+    def __init__(
+        self, engine, weights_dir: Path, engine_version: int, inflight: bool = False, sync=None
+    ):
         self.engine = engine
         self.sync = sync  # a loop.weightsync.WeightSync (the path, verification, fallback)
         self.weights_dir = weights_dir
@@ -108,8 +109,9 @@ class RolloutThread:
         if self._pushed is not None:
             self._pushed.result()
 
-    def submit(self, version: int | None, prompts: list[list[int]], n: int,
-               sampling: SamplingParams):  # fmt: skip
+    def submit(
+        self, version: int | None, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ):
         """Generate on the rollout thread from ``version`` (``None``: the newest published
         when the generation starts)."""
 
@@ -121,8 +123,14 @@ class RolloutThread:
 
         return self.pool.submit(job)
 
-    def submit_mixed(self, versions: list[int], prompts: list[list[int]], n: int,
-                     sampling: SamplingParams, seed_of: Callable[[int], int]):  # fmt: skip
+    def submit_mixed(
+        self,
+        versions: list[int],
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seed_of: Callable[[int], int],
+    ):
         """Generate sample ``j`` of prompt ``i`` from ``versions[i * n + j]`` (a lag profile):
         one request per version, oldest first, seeded by ``seed_of(version)``; the samples go
         back to their prompt's group in their place."""
@@ -134,8 +142,9 @@ class RolloutThread:
                 cells = [c for c, cv in enumerate(versions) if cv == v]
                 timing["update_s"] += self._load(v)
                 t0 = time.perf_counter()
-                out = self.engine.generate([prompts[c // n] for c in cells], 1,
-                                           replace(sampling, seed=seed_of(v)))  # fmt: skip
+                out = self.engine.generate(
+                    [prompts[c // n] for c in cells], 1, replace(sampling, seed=seed_of(v))
+                )
                 timing["gen_s"] += time.perf_counter() - t0
                 for c, group in zip(cells, out, strict=True):
                     groups[c // n][c % n] = group[0]
@@ -169,8 +178,19 @@ class RolloutBuffer:
     so every prompt is consumed exactly once) and generates them anew.
     """
 
-    def __init__(self, thread: RolloutThread, task, tokenizer, *, per_step: int, group_size: int,
-                 sampling: SamplingParams, seed: int, lag: LagPolicy, max_steps: int):  # fmt: skip
+    def __init__(
+        self,
+        thread: RolloutThread,
+        task,
+        tokenizer,
+        *,
+        per_step: int,
+        group_size: int,
+        sampling: SamplingParams,
+        seed: int,
+        lag: LagPolicy,
+        max_steps: int,
+    ):
         self.thread, self.task, self.tokenizer = thread, task, tokenizer
         self.per_step, self.group_size = per_step, group_size
         self.sampling, self.seed, self.lag, self.max_steps = sampling, seed, lag, max_steps

@@ -41,8 +41,17 @@ def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, reward_fn) -
     return kept, rewards
 
 
-def score_batch(s, t: int, groups, rows, tokenizer, task, counters: dict, timing: dict,
-                scored: dict | None = None):  # fmt: skip
+def score_batch(
+    s,
+    t: int,
+    groups,
+    rows,
+    tokenizer,
+    task,
+    counters: dict,
+    timing: dict,
+    scored: dict | None = None,
+):
     """``(samples, advantages, lags, metrics)`` of batch ``t``; ``s`` is the LoopSettings.
     ``scored``: ``{"rewards": per group a list or None}`` — given (a replay), those rewards are
     used; an empty dict (a recording) receives them."""
@@ -109,8 +118,17 @@ def _oldest(smp: Sample) -> int:
     return min(smp.token_versions) if smp.token_versions else smp.weight_version
 
 
-def trainer_step(trainer, batch, t: int, counters: dict, guard: dict, metrics: dict, tracker: MetricSink,
-                 ckpt_root, diag: dict | None = None) -> None:  # fmt: skip
+def trainer_step(
+    trainer,
+    batch,
+    t: int,
+    counters: dict,
+    guard: dict,
+    metrics: dict,
+    tracker: MetricSink,
+    ckpt_root,
+    diag: dict | None = None,
+) -> None:
     """``trainer.step(batch, diag)`` into ``metrics``, with the non-finite policy (module
     docstring). ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in
     checkpoints); ``diag``: see ``log_histograms``."""
@@ -210,8 +228,10 @@ def log_histograms(tracker: MetricSink, diag: dict, lags: dict, step: int) -> No
         q = float((diag["q"] * w).sum() / w.sum().clamp_min(1))
     else:
         q = float(abs_d.kthvalue(order_statistic_k(0.9, abs_d.numel())).values) if n else 0.0
-    for key, values in ((M.HIST_VERSION_LAG, lags["sample"]),
-                        (M.HIST_TOKEN_VERSION_LAG, lags["token"])):  # fmt: skip
+    for key, values in (
+        (M.HIST_VERSION_LAG, lags["sample"]),
+        (M.HIST_TOKEN_VERSION_LAG, lags["token"]),
+    ):
         tracker.log_histogram(key, values, step=step, bins=max(values) + 1 or 1)
     tracker.log_histogram(
         M.HIST_ABS_LOGRATIO,

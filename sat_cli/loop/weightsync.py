@@ -161,14 +161,21 @@ class WeightSync:
                 raise  # a dead engine is no sync failure: the run stops on it
             raise WeightSyncError(f"loading {path} failed: {exc}") from None
         nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        timing = {"pause_s": 0.0, "wire_s": time.perf_counter() - t1, "assemble_s": written,
-                  "bytes": float(nbytes)}  # fmt: skip
+        timing = {
+            "pause_s": 0.0,
+            "wire_s": time.perf_counter() - t1,
+            "assemble_s": written,
+            "bytes": float(nbytes),
+        }
         if self._wants("disk", forced):
             # what the trainer sent: its sender's copy when it has one (a fallback), else the
             # published folder's files
             held = self.sender is not None and self.sender.has(version)
-            expected_of = self.sender.checksums if held else (
-                lambda v, layout: _disk_sums(path, layout, self.s.dtype))  # fmt: skip
+            expected_of = (
+                self.sender.checksums
+                if held
+                else (lambda v, layout: _disk_sums(path, layout, self.s.dtype))
+            )
             timing["verify_s"] = self._verify(version, "disk", expected_of)
         return timing
 
@@ -185,8 +192,9 @@ class WeightSync:
         for where, served in self.engine.served_checksums().items():
             problems = compare(expected, served)
             if problems:
-                shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(
-                    problems) > 3 else "")  # fmt: skip
+                shown = "; ".join(problems[:3]) + (
+                    f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+                )
                 raise WeightsMismatch(
                     f"{where} does not serve the weights v{version} it was sent ({kind}): "
                     f"{len(problems)} of {len(expected)} tensors differ: {shown}"

@@ -89,8 +89,10 @@ def encode_step(t: int, groups: list[list[Any]], rows: list[dict], rewards: list
     routed = [s.routed_experts for s in samples]
     if any(r is not None for r in routed):
         shape = next(r for r in routed if r is not None).shape[1:]
-        parts = [np.asarray(r, np.int32) if r is not None else np.zeros((0, *shape), np.int32)
-                 for r in routed]  # fmt: skip
+        parts = [
+            np.asarray(r, np.int32) if r is not None else np.zeros((0, *shape), np.int32)
+            for r in routed
+        ]
         arrays["routes"] = np.concatenate(parts).astype(np.int32)
         arrays["route_off"] = offsets([len(p) for p in parts])
         arrays["has_routes"] = np.array([r is not None for r in routed], np.uint8)
@@ -135,16 +137,18 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
                 if a["has_token_versions"][i]
                 else None
             )
-            samples.append(Sample(
-                **_sampler_fields(a, i, rs, re_),
-                prompt_ids=[int(x) for x in a["prompt_ids"][int(po[i]) : int(po[i + 1])]],
-                response_ids=[int(x) for x in a["response_ids"][rs:re_]],
-                rollout_logp=[float(x) for x in a["rollout_logp"][rs:re_]],
-                finish_reason=FINISH[int(a["finish"][i])],
-                weight_version=int(a["weight_version"][i]),
-                routed_experts=routes,
-                token_versions=tv,
-            ))  # fmt: skip
+            samples.append(
+                Sample(
+                    **_sampler_fields(a, i, rs, re_),
+                    prompt_ids=[int(x) for x in a["prompt_ids"][int(po[i]) : int(po[i + 1])]],
+                    response_ids=[int(x) for x in a["response_ids"][rs:re_]],
+                    rollout_logp=[float(x) for x in a["rollout_logp"][rs:re_]],
+                    finish_reason=FINISH[int(a["finish"][i])],
+                    weight_version=int(a["weight_version"][i]),
+                    routed_experts=routes,
+                    token_versions=tv,
+                )
+            )
     except (KeyError, ValueError, IndexError, TypeError, struct.error) as exc:
         raise RecordingError(f"{where} is damaged: {exc}") from None
     groups = [samples[i * g : (i + 1) * g] for i in range(len(rows))]
@@ -200,9 +204,15 @@ class StreamWriter:
         from sat_cli.util.fsio import atomic_write_json
 
         self.folder, self._write_json = Path(folder), atomic_write_json
-        self.manifest = {"format": FORMAT, "version": VERSION, "steps": 0,
-                         "prompts_per_step": prompts_per_step, "group_size": group_size,
-                         "header": header, "files": {}}  # fmt: skip
+        self.manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "steps": 0,
+            "prompts_per_step": prompts_per_step,
+            "group_size": group_size,
+            "header": header,
+            "files": {},
+        }
         old = self.folder / "manifest.json"
         if old.is_file():  # a resumed run: keep what was recorded before the interruption
             try:

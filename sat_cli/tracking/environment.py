@@ -33,9 +33,24 @@ from sat_cli.numerics import cpu_info, isa_summary, numeric_env
 
 UNKNOWN = "unknown"
 # mkl_cbwr.h: MKL_CBWR_* branch codes (MKL_CBWR_STRICT is a bit on top)
-MKL_BRANCHES = {0: "OFF", 1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 5: "SSE3", 6: "SSSE3",
-                7: "SSE4_1", 8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512",
-                13: "AVX512_MIC_E1", 14: "AVX512_E1", 15: "AVX10"}  # fmt: skip
+MKL_BRANCHES = {
+    0: "OFF",
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    5: "SSE3",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+    15: "AVX10",
+}
 _MKL_STRICT = 0x10000
 _MKL_CBWR_BRANCH = 1
 
@@ -45,9 +60,12 @@ def parse_library_versions(config_text: str) -> dict[str, str]:
     when torch was built without the library, ``"unknown"`` when the text does not say."""
     out = {}
     patterns = {
-        "mkl": (r"Math Kernel Library Version\s+v?([0-9][0-9.]*)", r"\bMKL Version\s+v?([0-9][0-9.]*)"),
+        "mkl": (
+            r"Math Kernel Library Version\s+v?([0-9][0-9.]*)",
+            r"\bMKL Version\s+v?([0-9][0-9.]*)",
+        ),
         "onednn": (r"(?:MKL-DNN|oneDNN|DNNL)\s+v?([0-9]+(?:\.[0-9]+)+)",),
-    }  # fmt: skip
+    }
     flags = {"mkl": "USE_MKL=OFF", "onednn": "USE_MKLDNN=OFF"}
     for lib, pats in patterns.items():
         found = next((m.group(1) for p in pats if (m := re.search(p, config_text))), None)
@@ -154,10 +172,19 @@ def environment_params(sglang: str | None = None) -> dict[str, str]:
 
 # what makes two runs' numbers comparable bit for bit: the machine, and the numeric settings
 HARDWARE_KEYS = ("env.cpu.model", "env.cpu.flags", "env.gpu")
-NUMERIC_KEYS = ("env.torch.version", "env.torch.cpu_capability", "env.torch.num_threads",
-                "env.mkl.version", "env.mkl.cbwr", "env.onednn.version", "env.numeric_env",
-                "env.sglang.version", "env.engine.cpu_capability", "env.engine.num_threads",
-                "run.portable_numerics")  # fmt: skip
+NUMERIC_KEYS = (
+    "env.torch.version",
+    "env.torch.cpu_capability",
+    "env.torch.num_threads",
+    "env.mkl.version",
+    "env.mkl.cbwr",
+    "env.onednn.version",
+    "env.numeric_env",
+    "env.sglang.version",
+    "env.engine.cpu_capability",
+    "env.engine.num_threads",
+    "run.portable_numerics",
+)
 
 
 def compare_environments(runs: Sequence[tuple[str, Mapping[str, str]]]) -> list[str]:

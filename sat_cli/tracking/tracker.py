@@ -344,8 +344,11 @@ class Tracker:
             self.flush()
             spool = self.guard.spool
             if spool is not None and len(spool):
-                log.warning("%d metric points wait in %s for the next sat command that reaches "
-                            "the store", len(spool), spool.path)  # fmt: skip
+                log.warning(
+                    "%d metric points wait in %s for the next sat command that reaches the store",
+                    len(spool),
+                    spool.path,
+                )
             if self._buffer:
                 self.dropped_metrics += len(self._buffer)
                 log.warning(

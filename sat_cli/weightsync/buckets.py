@@ -114,8 +114,10 @@ def unflatten(flat, bucket: Bucket) -> list[tuple[str, object]]:
 
     if bucket.nbytes != flat.numel():
         raise ValueError(f"bucket of {flat.numel()} bytes, its tensors take {bucket.nbytes}")
-    return [(m.name, flat[off : off + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
-            for m, off in offsets(bucket)]  # fmt: skip
+    return [
+        (m.name, flat[off : off + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
+        for m, off in offsets(bucket)
+    ]
 
 
 def tensor_hash(t) -> str:

@@ -66,8 +66,17 @@ class Group:
         gc.collect()
 
 
-def open_group(*, store=None, master_addr: str, port: int, rank: int, world_size: int,
-               group_name: str, backend: str, timeout_s: float) -> Group:  # fmt: skip
+def open_group(
+    *,
+    store=None,
+    master_addr: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout_s: float,
+) -> Group:
     """Join the group as ``rank`` (the sender passes the store :func:`listen` made). Blocks until
     every rank has joined; ``WeightSyncError`` after ``timeout_s``."""
     import datetime
@@ -83,8 +92,9 @@ def open_group(*, store=None, master_addr: str, port: int, rank: int, world_size
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
         if store is None:
-            store = dist.TCPStore(master_addr, int(port), int(world_size), is_master=False,
-                                  timeout=timeout)  # fmt: skip
+            store = dist.TCPStore(
+                master_addr, int(port), int(world_size), is_master=False, timeout=timeout
+            )
         pg, _ = _new_process_group_helper(
             int(world_size),
             int(rank),

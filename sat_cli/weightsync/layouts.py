@@ -40,8 +40,9 @@ def _hash_parts(parts: list) -> str:
     return f"{int.from_bytes(h.digest()[:8], 'big'):016x}"
 
 
-def served_parts(named: Iterable[tuple[str, object]], layout: str,
-                 tied: bool = False) -> dict[str, list]:  # fmt: skip
+def served_parts(
+    named: Iterable[tuple[str, object]], layout: str, tied: bool = False
+) -> dict[str, list]:
     """``{served name: [the sent tensors whose bytes it holds, in order]}``."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown weight layout {layout!r}; known: {LAYOUTS}")
@@ -82,8 +83,9 @@ def _need(parts: dict, key, where: str):
     return parts[key]
 
 
-def expected_checksums(named: Iterable[tuple[str, object]], layout: str, dtype: str | None = None,
-                       tied: bool = False) -> dict[str, str]:  # fmt: skip
+def expected_checksums(
+    named: Iterable[tuple[str, object]], layout: str, dtype: str | None = None, tied: bool = False
+) -> dict[str, str]:
     """The checksums an engine of ``layout`` must report after loading ``named`` (cast to
     ``dtype`` first when given: the engine's dtype)."""
     import torch

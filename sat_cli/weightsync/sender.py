@@ -36,9 +36,16 @@ class WeightSender:
     written straight into them; the broadcast sends them as they are); the buffers of dropped
     versions are reused by the next capture of the same size."""
 
-    def __init__(self, *, dtype: str = "float32", device: str = "cpu",
-                 bucket_bytes: int = 512 * 2**20, source_dir: str | None = None,
-                 max_shard_size: int | str = "5GB", tied: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        bucket_bytes: int = 512 * 2**20,
+        source_dir: str | None = None,
+        max_shard_size: int | str = "5GB",
+        tied: bool = False,
+    ):
         self.dtype, self.device, self.bucket_bytes = dtype, device, int(bucket_bytes)
         self.source_dir, self.max_shard_size, self.tied = source_dir, max_shard_size, tied
         self._versions: dict[int, tuple[list[B.Bucket], list]] = {}
@@ -59,8 +66,9 @@ class WeightSender:
 
         cast = getattr(torch, self.dtype)
         items = [(str(k), v) for k, v in (named.items() if isinstance(named, dict) else named)]
-        metas = [B.TensorMeta(k, self.dtype, tuple(v.shape), v.numel() * cast.itemsize)
-                 for k, v in items]  # fmt: skip
+        metas = [
+            B.TensorMeta(k, self.dtype, tuple(v.shape), v.numel() * cast.itemsize) for k, v in items
+        ]
         plan = B.plan_metas(metas, self.bucket_bytes)
         flats, tensors = [], iter(v for _, v in items)
         with torch.no_grad():
@@ -149,9 +157,16 @@ class WeightSender:
 
         if self._store is None:
             raise WeightSyncError("WeightSender.connect before listen")
-        self._group = open_group(store=self._store, master_addr=self._addr, port=self.port,
-                                 rank=0, world_size=self._world, group_name=group_name,
-                                 backend=backend, timeout_s=self._timeout)  # fmt: skip
+        self._group = open_group(
+            store=self._store,
+            master_addr=self._addr,
+            port=self.port,
+            rank=0,
+            world_size=self._world,
+            group_name=group_name,
+            backend=backend,
+            timeout_s=self._timeout,
+        )
 
     @property
     def connected(self) -> bool:

@@ -24,8 +24,20 @@ import threading
 from sat_cli.errors import WeightSyncError
 from sat_cli.weightsync import buckets as B
 
-OPS = ("listen", "connect", "connected", "send", "abort", "plan", "checksums", "write_hf",
-       "has", "keep", "nbytes", "versions")  # fmt: skip
+OPS = (
+    "listen",
+    "connect",
+    "connected",
+    "send",
+    "abort",
+    "plan",
+    "checksums",
+    "write_hf",
+    "has",
+    "keep",
+    "nbytes",
+    "versions",
+)
 
 
 class SenderService:
@@ -81,8 +93,9 @@ class SenderService:
 class RemoteSender:
     """The driver's proxy of a :class:`SenderService` (the sender's methods, module doc)."""
 
-    def __init__(self, host: str, port: int, *, op_timeout_s: float = 600.0,
-                 write_timeout_s: float = 3600.0):  # fmt: skip
+    def __init__(
+        self, host: str, port: int, *, op_timeout_s: float = 600.0, write_timeout_s: float = 3600.0
+    ):
         self.address = (host, int(port))
         self.op_timeout_s, self.write_timeout_s = op_timeout_s, write_timeout_s
         self._lock = threading.Lock()
@@ -99,8 +112,9 @@ class RemoteSender:
                     self._file = self._sock.makefile("rwb")
                 self._sock.settimeout(_wait or self.op_timeout_s)
                 self._id += 1
-                self._file.write((json.dumps({"id": self._id, "op": op, "args": args}) + "\n")
-                                 .encode())  # fmt: skip
+                self._file.write(
+                    (json.dumps({"id": self._id, "op": op, "args": args}) + "\n").encode()
+                )
                 self._file.flush()
                 line = self._file.readline()
             except OSError as exc:
@@ -129,8 +143,15 @@ class RemoteSender:
     # --- the sender's methods ------------------------------------------------------------------
     def listen(self, master_addr: str, port: int, world_size: int, timeout_s: float) -> int:
         self._group_timeout_s = float(timeout_s)  # a send ends within it (the group's timeout)
-        return int(self._call("listen", master_addr=master_addr, port=port,
-                              world_size=world_size, timeout_s=timeout_s))  # fmt: skip
+        return int(
+            self._call(
+                "listen",
+                master_addr=master_addr,
+                port=port,
+                world_size=world_size,
+                timeout_s=timeout_s,
+            )
+        )
 
     def connect(self, group_name: str, backend: str) -> None:
         self._call("connect", group_name=group_name, backend=backend)
@@ -161,8 +182,12 @@ class RemoteSender:
     def write_hf(self, version: int, folder) -> str:
         from pathlib import Path
 
-        return self._call("write_hf", self.write_timeout_s, version=int(version),
-                          folder=str(Path(folder).resolve()))  # fmt: skip
+        return self._call(
+            "write_hf",
+            self.write_timeout_s,
+            version=int(version),
+            folder=str(Path(folder).resolve()),
+        )
 
     def has(self, version: int) -> bool:
         return bool(self._call("has", version=int(version)))

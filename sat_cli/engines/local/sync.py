@@ -126,10 +126,14 @@ class WorkerSync:
 
         self.abort()
         self.group = open_group(
-            master_addr=req["master_addr"], port=req["port"], rank=req["rank"],
-            world_size=req["world_size"], group_name=req["group_name"],
-            backend=req["backend"], timeout_s=req["timeout_s"],
-        )  # fmt: skip
+            master_addr=req["master_addr"],
+            port=req["port"],
+            rank=req["rank"],
+            world_size=req["world_size"],
+            group_name=req["group_name"],
+            backend=req["backend"],
+            timeout_s=req["timeout_s"],
+        )
         return {"group": req["group_name"]}
 
     def _free_set(self) -> int:
@@ -152,8 +156,9 @@ class WorkerSync:
 
         if self.group is None:
             raise WeightSyncError("receive before the weight-sync group was joined")
-        buckets = [B.Bucket(tuple(B.TensorMeta.from_json(r) for r in rows))
-                   for rows in req["buckets"]]  # fmt: skip
+        buckets = [
+            B.Bucket(tuple(B.TensorMeta.from_json(r) for r in rows)) for rows in req["buckets"]
+        ]
         received: list = []
         s = self._free_set()
         try:
@@ -168,8 +173,10 @@ class WorkerSync:
         names = [n for n, _ in received]
         if sorted(names) != sorted(dest):
             missing, extra = sorted(set(dest) - set(names)), sorted(set(names) - set(dest))
-            raise WeightSyncError(f"received weights do not fit the model: missing {missing[:3]}, "
-                                  f"unexpected {extra[:3]}")  # fmt: skip
+            raise WeightSyncError(
+                f"received weights do not fit the model: missing {missing[:3]}, "
+                f"unexpected {extra[:3]}"
+            )
         flats = self.sets[s][: len(buckets)]
         located = {m.name: (k, off, m) for k, b in enumerate(buckets) for m, off in B.offsets(b)}
         own = {f.untyped_storage().data_ptr() for f in self.sets[0] + self.sets[1] if f is not None}
@@ -205,10 +212,18 @@ def sync_weights(channel, sender, version: int, spec) -> dict[str, float]:
         if not sender.connected or channel.group is None:
             port = sender.listen(spec.master_addr, spec.port, 2, spec.timeout_s)
             name = f"sat_weights_local_{next(_names)}"
-            channel.send("join_group", {
-                "master_addr": spec.master_addr, "port": port, "rank": 1, "world_size": 2,
-                "group_name": name, "backend": spec.backend, "timeout_s": spec.timeout_s,
-            })  # fmt: skip
+            channel.send(
+                "join_group",
+                {
+                    "master_addr": spec.master_addr,
+                    "port": port,
+                    "rank": 1,
+                    "world_size": 2,
+                    "group_name": name,
+                    "backend": spec.backend,
+                    "timeout_s": spec.timeout_s,
+                },
+            )
             _together(
                 channel, sender, "join_group", deadline, lambda: sender.connect(name, spec.backend)
             )
@@ -234,8 +249,12 @@ def sync_weights(channel, sender, version: int, spec) -> dict[str, float]:
         raise WeightSyncError(f"distributed sync of weights v{version} failed: {exc}") from None
     channel.took(reply["weight_version"], bool(reply.get("zero_copy")))
     took = time.perf_counter() - t1
-    return {"pause_s": t1 - t0, "wire_s": took - sent["assemble"], "assemble_s": sent["assemble"],
-            "bytes": float(sent["bytes"])}  # fmt: skip
+    return {
+        "pause_s": t1 - t0,
+        "wire_s": took - sent["assemble"],
+        "assemble_s": sent["assemble"],
+        "bytes": float(sent["bytes"]),
+    }
 
 
 def _together(channel, sender, what: str, deadline: float, act):

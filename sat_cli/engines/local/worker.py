@@ -20,8 +20,12 @@ import torch
 from sat_cli.models.sampling import filtered_logprobs, sample_batch  # noqa: F401
 
 # commands of the distributed weight sync -> WorkerSync methods (engines/local/sync.py)
-SYNC_COMMANDS = {"join_group": "join", "receive_weights": "receive",
-                 "weight_checksums": "checksums", "abort_group": "abort"}  # fmt: skip
+SYNC_COMMANDS = {
+    "join_group": "join",
+    "receive_weights": "receive",
+    "weight_checksums": "checksums",
+    "abort_group": "abort",
+}
 
 
 class _Worker:

@@ -25,8 +25,13 @@ from sat_cli.engines.sglang.wire import wire_excerpt
 from sat_cli.errors import EngineError
 
 # Errors before any response byte arrives: safe to retry on this or another server.
-_RETRYABLE = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError,
-              BrokenPipeError, http.client.RemoteDisconnected)  # fmt: skip
+_RETRYABLE = (
+    ConnectionRefusedError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+    http.client.RemoteDisconnected,
+)
 
 
 class _ConnectTimeout(Exception):

@@ -58,9 +58,12 @@ class DistributedSync:
         0.5.23; 404 where the route is missing)."""
         for url in self.worker_urls:
             status, body = self.client.request(
-                "POST", "/destroy_weights_update_group", {"group_name": "sat_probe"}, url=url,
+                "POST",
+                "/destroy_weights_update_group",
+                {"group_name": "sat_probe"},
+                url=url,
                 timeout_s=30.0,
-            )  # fmt: skip
+            )
             if status == 404:
                 return (
                     f"the server at {url} has no /destroy_weights_update_group (HTTP 404: "
@@ -77,8 +80,9 @@ class DistributedSync:
         def one(i, url):
             body = payload(i) if callable(payload) else payload
             try:
-                return url, self.client.post_json(path, body, url=url, timeout_s=timeout_s,
-                                                  retries=0)  # fmt: skip
+                return url, self.client.post_json(
+                    path, body, url=url, timeout_s=timeout_s, retries=0
+                )
             except EngineError as exc:
                 return url, exc
 
@@ -101,11 +105,18 @@ class DistributedSync:
         port = sender.listen(spec.master_addr, spec.port, world, spec.timeout_s)
         name = f"sat_weights_{next(_names)}"
         path = "/init_weights_update_group"
-        posts = self._post_all(path, lambda i: {
-            "master_address": spec.master_addr, "master_port": port,
-            "rank_offset": 1 + i * self.server_ranks, "world_size": world,
-            "group_name": name, "backend": spec.backend,
-        }, spec.timeout_s + 10.0)  # fmt: skip
+        posts = self._post_all(
+            path,
+            lambda i: {
+                "master_address": spec.master_addr,
+                "master_port": port,
+                "rank_offset": 1 + i * self.server_ranks,
+                "world_size": world,
+                "group_name": name,
+                "backend": spec.backend,
+            },
+            spec.timeout_s + 10.0,
+        )
         joined = self._pool().submit(sender.connect, name, spec.backend)
         self._await(sender, joined, posts, spec.timeout_s + 10.0, path)
         self._sync_group = name
@@ -146,10 +157,12 @@ class DistributedSync:
         for k, bucket in enumerate(plan):
             last = k == len(plan) - 1
             payload = {
-                **bucket.request(), "group_name": self._sync_group,
-                "load_format": "flattened_bucket", "flush_cache": bool(flush and last),
+                **bucket.request(),
+                "group_name": self._sync_group,
+                "load_format": "flattened_bucket",
+                "flush_cache": bool(flush and last),
                 "weight_version": str(version) if last else None,
-            }  # fmt: skip
+            }
             t0 = time.perf_counter()
             posts = self._post_all("/update_weights_from_distributed", payload, wait)
             sent = self._pool().submit(sender.send, version, k)
@@ -201,8 +214,10 @@ class DistributedSync:
         """After a failure: close the group, end the session, drop the servers' group."""
         sender.abort()
         name, self._sync_group = self._sync_group, None
-        for path, payload in (("/end_weight_update", {}),
-                              ("/destroy_weights_update_group", {"group_name": name})):  # fmt: skip
+        for path, payload in (
+            ("/end_weight_update", {}),
+            ("/destroy_weights_update_group", {"group_name": name}),
+        ):
             if path.startswith("/destroy") and name is None:
                 continue
             for f in self._post_all(path, payload, wait):

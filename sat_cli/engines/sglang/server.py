@@ -40,9 +40,13 @@ CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
 # (measured: 10 CPU-seconds in 10 idle seconds) that the trainer on the same CPU needs; it waits
 # on its zmq sockets instead and wakes when a request or a weight update arrives.
 CPU_ARGS = (
-    "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-overlap-schedule",
     "--sleep-on-idle",
-)  # fmt: skip
+)
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # SGLang's CPU all-reduce (sgl_kernel shm.cpp) keeps 259 MB segments in /dev/shm named
 # deepspeed_allreduce_buffer_<i>_<MASTER_ADDR>_<MASTER_PORT>_<rank>, and nothing removes them when

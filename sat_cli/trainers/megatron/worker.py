@@ -265,8 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     if replies is not None:
         # the client watches the processes of its own node (ranks 0 .. local world - 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        replies.send({"event": "ready", "ok": True, "step_count": 0, "pids": pids[:local],
-                      "sender_port": service.port if service else None})  # fmt: skip
+        replies.send(
+            {
+                "event": "ready",
+                "ok": True,
+                "step_count": 0,
+                "pids": pids[:local],
+                "sender_port": service.port if service else None,
+            }
+        )
     from sat_cli.tracking.environment import process_numerics
 
     numerics = " ".join(f"{k}={v}" for k, v in process_numerics().items())

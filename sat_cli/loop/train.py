@@ -7,12 +7,17 @@ One step ``t`` (the trainer holds weight version ``t``):
    generation requests in order, so generation of batch ``t+1`` overlaps training on batch ``t``
    and the sequence of engine commands (hence every sample, for a seed) is deterministic
    (``sat_cli/loop/rollouts.py``: the rollout thread and the buffer of requested batches);
-2. wait for batch ``t``; score each response (task reward) → group advantages
-   (``sat_cli/loop/steps.py``);
+   wait for batch ``t`` (``sat replay``: the recorded batch and its rewards instead);
+2. score each response (task reward) → group advantages (``sat_cli/loop/steps.py``);
 3. collate → ``trainer.step`` (the policy loss with SAT and R3 replay lives in the trainer);
 4. publish weights ``t+1`` when a later batch needs them (atomic HF checkpoint;
-   ``sat_cli/loop/publisher.py`` also prunes the versions nothing needs any more);
-5. evaluate / histograms / MLflow metrics (one batch per step) / checkpoint, as scheduled.
+   ``sat_cli/loop/publisher.py``);
+5. evaluate as scheduled; log the MLflow metrics (one batch per step) and histograms;
+6. checkpoint as scheduled (``sat_cli/loop/state.py``: the loop's state on disk), or stop
+   after a tracking outage (below);
+7. prune the weight versions nothing needs any more.
+
+The settings the loop takes are ``sat_cli/loop/settings.py``'s ``LoopSettings``.
 
 Staleness is carried with the data (each sample's ``weight_version``) and logged as
 ``staleness/version_lag_*``; the engine↔trainer log-ratio ``d̄π`` comes from the loss.
@@ -35,25 +40,19 @@ and stops with ``RunFailed`` (exit 1) saying where the metrics wait and how to r
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sat_cli import metric_names as M
-from sat_cli.checkpoints.state import (
-    CheckpointError,
-    prune_checkpoints,
-    read_loop_state,
-    save_checkpoint,
-)
-from sat_cli.errors import RunFailed
-from sat_cli.loop.lag import LagPolicy
+from sat_cli.checkpoints.state import read_loop_state
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
-from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError, min_needed
+from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
+from sat_cli.loop.settings import ClipSchedule, LoopSettings
+from sat_cli.loop.state import checkpoint, checkpoint_or_stop, initial_state, start
 from sat_cli.loop.steps import (
     MAX_CONSECUTIVE_NONFINITE,
     NonFiniteLoss,
@@ -62,7 +61,6 @@ from sat_cli.loop.steps import (
     trainer_step,
 )
 from sat_cli.loop.steps import digest as _digest
-from sat_cli.samples import SamplingParams
 from sat_cli.tracking.sink import MetricSink
 
 __all__ = [
@@ -75,56 +73,6 @@ __all__ = [
     "request_seed",
     "train_loop",
 ]
-
-
-@dataclass(frozen=True)
-class ClipSchedule:
-    """Nominal PPO radii over steps: constant, or decayed to ``final_scale`` × eps (linear/cosine)."""
-
-    eps_low: float
-    eps_high: float
-    schedule: str = "constant"
-    final_scale: float = 1.0
-
-    def scale(self, step: int, max_steps: int) -> float:
-        if self.schedule == "constant" or max_steps <= 1:
-            return 1.0
-        frac = min(max(step / (max_steps - 1), 0.0), 1.0)
-        if self.schedule == "linear":
-            return 1.0 + (self.final_scale - 1.0) * frac
-        if self.schedule == "cosine":
-            return self.final_scale + (1.0 - self.final_scale) * 0.5 * (
-                1 + math.cos(math.pi * frac)
-            )
-        raise ValueError(f"unknown clip schedule {self.schedule!r}")
-
-    def radii(self, step: int, max_steps: int) -> tuple[float, float]:
-        s = self.scale(step, max_steps)
-        return self.eps_low * s, self.eps_high * s
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """What the loop needs of the run's settings, built at the edge (``commands/train.py``)."""
-
-    max_steps: int
-    prompts_per_step: int
-    group_size: int
-    sampling: SamplingParams
-    lag: LagPolicy
-    run_dir: Path
-    seed: int = 0
-    adv_std_norm: bool = True
-    drop_zero_adv_groups: bool = False
-    r3: bool = False
-    clip: ClipSchedule = field(default_factory=lambda: ClipSchedule(0.2, 0.2))
-    eval_every: int = 0
-    eval_at_start: bool = False
-    checkpoint_every: int = 0
-    checkpoint_keep: int = 2
-    histogram_every: int = 10
-    inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
-    weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
 
 
 def train_loop(
@@ -150,34 +98,18 @@ def train_loop(
     (a ``replay.store.StreamWriter``) stores every batch as generated and scored; ``replay``
     (a ``replay.store.Recording``) replaces the engine's batches by recorded ones (the engine
     then only evaluates)."""
-    from sat_cli.trainers.batch import collate
-
-    weights_dir, ckpt_root = s.run_dir / "weights", s.run_dir / "checkpoints"
-    st = _initial_state()
+    st = initial_state()
     if resume_from is not None:
         st.update(read_loop_state(resume_from))
         trainer.load(resume_from / "trainer")
     st.update(meta or {})
-    sync = None  # the weight path, its verification and fallback (loop/weightsync.py)
-    if s.weight_sync is not None:
-        from sat_cli.loop.weightsync import WeightSync
-
-        sync = WeightSync(s.weight_sync, engine, trainer, weights_dir)
-    # a (re)started engine holds the initial weights: version 0, also kept on disk
-    thread = RolloutThread(engine, weights_dir, engine_version=0, inflight=s.inflight_updates,
-                           sync=sync)  # fmt: skip
-    pub = WeightPublisher(trainer, weights_dir, ckpt_root, s.lag, st["published"],
-                          on_publish=thread.published, sync=sync)  # fmt: skip
-    buf = RolloutBuffer(thread, task, tokenizer, per_step=s.prompts_per_step,
-                        group_size=s.group_size, sampling=s.sampling, seed=s.seed, lag=s.lag,
-                        max_steps=s.max_steps)  # fmt: skip
-    evals = _Evals(st["eval"], thread, pub, evaluator, progress)
+    p = _Parts.open(s, st, engine, trainer, task, tokenizer, evaluator, progress)
     try:
-        _start(s, st, pub, thread, resume_from is not None)
-        buf.restore(st["pending"])  # requested before an interruption: again, same versions
+        start(s, st, p.pub, p.thread, resume_from is not None)
+        p.buf.restore(st["pending"])  # requested before an interruption: again, same versions
         if st["step"] == 0 and s.eval_at_start and evaluator is not None:
             m0: dict[str, float] = {}
-            evals.run(0, 0, m0)
+            p.evals.run(0, 0, m0)
             tracker.log_metrics(m0, step=0)
         if s.lag.profile is not None and st["step"] == 0:
             tracker.log_dict(s.lag.profile.target_table(), PROFILE_TARGET_FILE)
@@ -185,13 +117,7 @@ def train_loop(
         for t in range(st["step"], s.max_steps):
             t_step = time.perf_counter()
             # 1. keep the engine busy as far as the lag policy allows; wait for batch t
-            if replay is None:
-                buf.request_ahead(t)
-                _, groups, timing, wait_s = buf.take(t)
-                rows, scored = buf.prompts_for(t), ({} if recorder is not None else None)
-            else:  # sat replay: the recorded batch, its rewards
-                groups, rows, rewards = replay.batch(t)
-                timing, wait_s, scored = {"gen_s": 0.0, "update_s": 0.0}, 0.0, {"rewards": rewards}
+            groups, rows, timing, wait_s, scored = _take(t, p.buf, replay, recorder)
             # 2. score → advantages
             samples, adv, lags, metrics = score_batch(
                 s, t, groups, rows, tokenizer, task, st["counters"], timing, scored
@@ -202,102 +128,159 @@ def train_loop(
             if s.lag.profile is not None:  # realised lags against the profile's target
                 _profile_metrics(s, st, lags["sample"] if samples else [], metrics)
             # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
-            eps_low, eps_high = s.clip.radii(t, s.max_steps)
-            trainer.set_clip_radii(eps_low, eps_high)
-            metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
-            diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
-            if samples:
-                batch = collate(samples, adv, tokenizer.pad_token_id, need_routes=s.r3,
-                                need_mask=s.sampling.sampling_mask and s.sampling.filtering,
-                                need_topk=s.sampling.topk_logprobs)  # fmt: skip
-                trainer_step(trainer, batch, t, st["counters"], guard, metrics, tracker, ckpt_root,
-                             diag)  # fmt: skip
-            else:
-                _skip_step(trainer, st["counters"])
-            metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
+            diag = _train(s, t, st, trainer, samples, adv, tokenizer, guard, metrics, tracker)
             # 4. publish the new weights when a later batch will be generated from them
             new_version = t + 1
             if replay is None and s.lag.publish_after(new_version, s.max_steps):
-                pub.publish(new_version)
+                p.pub.publish(new_version)
             st["step"] = new_version
-            # 5. evaluate, metrics, histograms, checkpoint; prune weights nothing needs
-            if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
-                evals.run(new_version, new_version, metrics)
-            if final_evaluator is not None and new_version == s.max_steps:
-                pub.publish(new_version)  # a larger evaluation of the final weights: final/*
-                metrics.update(thread.call(new_version, final_evaluator).result())
+            # 5. evaluate; log metrics and histograms
+            _evaluate(s, new_version, p, final_evaluator, metrics)
             _perf(metrics, t_step, timing)
-            if sync is not None:
-                metrics.update(sync.metrics())  # weights/*: the versions loaded since last step
-            tracker.log_metrics(metrics, step=new_version)
-            if diag:
-                log_histograms(tracker, diag, lags, new_version)
-                if s.lag.profile is not None:
-                    log_profile_histogram(tracker, s.lag.profile, st["lag_profile_counts"],
-                                          new_version)  # fmt: skip
+            _log(s, st, new_version, p.sync, tracker, metrics, diag, lags)
             if progress:
                 progress.step(t, metrics)
-            # the tracking store unreachable for tracking.outage_timeout_s: checkpoint, stop
-            outage = new_version < s.max_steps and tracker.outage_expired()
-            if outage or (
-                0 < new_version < s.max_steps
-                and s.checkpoint_every > 0
-                and (new_version % s.checkpoint_every == 0)
-            ):
-                _checkpoint(s, st, new_version, trainer, buf, thread, pub)
-            if outage:
-                raise RunFailed(
-                    f"{tracker.outage_message()}. The run stopped after step {new_version} with "
-                    f"the checkpoint {ckpt_root / f'step_{new_version}'}; once the store "
-                    f"answers, continue it with the same command and resume=auto ({s.run_dir})"
-                )
+            # 6. checkpoint as scheduled, or stop when the tracking store is gone too long
+            checkpoint_or_stop(s, st, new_version, trainer, p, tracker)
+            # 7. prune the weights nothing needs any more
             since = st.get("min_needed", new_version)
-            in_use = buf.versions() | thread.in_use()  # an in-flight hand-over may be loading
-            st["published"] = pub.prune(new_version, in_use, since)
+            in_use = p.buf.versions() | p.thread.in_use()  # an in-flight hand-over may load
+            st["published"] = p.pub.prune(new_version, in_use, since)
             if on_state:
                 on_state(st)
-        thread.drain()  # an in-flight hand-over that failed after the last publish
+        p.thread.drain()  # an in-flight hand-over that failed after the last publish
         st["finished"] = True
-        _checkpoint(s, st, s.max_steps, trainer, buf, thread, pub)
+        checkpoint(s, st, s.max_steps, trainer, p.buf, p.thread, p.pub)
     finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
-        thread.close()
+        p.thread.close()
     return st
 
 
-def _initial_state() -> dict[str, Any]:
-    return {
-        "step": 0,  # next step to run; the trainer holds this weight version
-        "pending": [],  # [[batch, version], ...] requested, not consumed (resume re-requests)
-        "published": [0],
-        "engine_version": 0,
-        "eval": {"best": None, "best_step": None, "last": None, "last_step": None, "key": None},
-        "counters": {
-            "skipped_steps": 0,
-            "dropped_groups": 0,
-            "sat_active_steps": 0,
-            "sat_steps": 0,
-            "nonfinite_steps": 0,
-            "stale_dropped": 0,
-        },
-        "finished": False,
-    }
+@dataclass
+class _Parts:
+    """The loop's moving parts: the rollout thread and its buffer of requested batches, the
+    weight publisher, the weight path (``sync``; None: plain disk loads) and the evaluations."""
+
+    thread: RolloutThread
+    pub: WeightPublisher
+    buf: RolloutBuffer
+    evals: _Evals
+    sync: Any
+
+    @classmethod
+    def open(
+        cls, s: LoopSettings, st: dict, engine, trainer, task, tokenizer, evaluator, progress
+    ) -> _Parts:
+        weights_dir, ckpt_root = s.run_dir / "weights", s.run_dir / "checkpoints"
+        sync = None  # the weight path, its verification and fallback (loop/weightsync.py)
+        if s.weight_sync is not None:
+            from sat_cli.loop.weightsync import WeightSync
+
+            sync = WeightSync(s.weight_sync, engine, trainer, weights_dir)
+        # a (re)started engine holds the initial weights: version 0, also kept on disk
+        thread = RolloutThread(
+            engine, weights_dir, engine_version=0, inflight=s.inflight_updates, sync=sync
+        )
+        pub = WeightPublisher(
+            trainer,
+            weights_dir,
+            ckpt_root,
+            s.lag,
+            st["published"],
+            on_publish=thread.published,
+            sync=sync,
+        )
+        buf = RolloutBuffer(
+            thread,
+            task,
+            tokenizer,
+            per_step=s.prompts_per_step,
+            group_size=s.group_size,
+            sampling=s.sampling,
+            seed=s.seed,
+            lag=s.lag,
+            max_steps=s.max_steps,
+        )
+        evals = _Evals(st["eval"], thread, pub, evaluator, progress)
+        return cls(thread, pub, buf, evals, sync)
 
 
-def _start(s: LoopSettings, st: dict, pub: WeightPublisher, thread: RolloutThread,
-           resumed: bool) -> None:  # fmt: skip
-    """Before the first step: v0 on disk; a resumed run's current version published; the
-    rollout thread told the newest published version (bounded mode's late binding)."""
-    if not (pub.weights_dir / "v0").is_dir():
-        if st["step"] != 0:
-            raise CheckpointError(f"{pub.weights_dir / 'v0'} is missing: cannot resume this run")
-        pub.write(0)
-    if resumed and st["step"] < s.max_steps:
-        # a finished run extended with a larger max_steps: its last weights were never
-        # published (no batch needed them then); the trainer holds exactly that version
-        st["finished"] = False
-        if s.lag.publish_after(st["step"], s.max_steps):
-            pub.publish(st["step"])
-    thread.newest = max((v for v in pub.published if v <= st["step"]), default=0)
+def _take(t: int, buf: RolloutBuffer, replay, recorder):
+    """Batch ``t``: ``(groups, rows, timing, wait_s, scored)`` from the engine (requesting
+    ahead first), or, under ``sat replay``, the recorded batch with its rewards."""
+    if replay is None:
+        buf.request_ahead(t)
+        _, groups, timing, wait_s = buf.take(t)
+        return groups, buf.prompts_for(t), timing, wait_s, ({} if recorder is not None else None)
+    groups, rows, rewards = replay.batch(t)
+    return groups, rows, {"gen_s": 0.0, "update_s": 0.0}, 0.0, {"rewards": rewards}
+
+
+def _train(
+    s: LoopSettings,
+    t: int,
+    st: dict,
+    trainer,
+    samples,
+    adv,
+    tokenizer,
+    guard: dict,
+    metrics: dict,
+    tracker,
+) -> dict | None:
+    """The trainer's step on the scored samples at this step's clip radii (a skipped step when
+    none survived); returns the histogram channel ``diag`` (None on steps without histograms)."""
+    from sat_cli.trainers.batch import collate
+
+    eps_low, eps_high = s.clip.radii(t, s.max_steps)
+    trainer.set_clip_radii(eps_low, eps_high)
+    metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
+    diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
+    if samples:
+        batch = collate(
+            samples,
+            adv,
+            tokenizer.pad_token_id,
+            need_routes=s.r3,
+            need_mask=s.sampling.sampling_mask and s.sampling.filtering,
+            need_topk=s.sampling.topk_logprobs,
+        )
+        trainer_step(
+            trainer,
+            batch,
+            t,
+            st["counters"],
+            guard,
+            metrics,
+            tracker,
+            s.run_dir / "checkpoints",
+            diag,
+        )
+    else:
+        _skip_step(trainer, st["counters"])
+    metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
+    return diag
+
+
+def _evaluate(s: LoopSettings, new_version: int, p: _Parts, final_evaluator, metrics: dict) -> None:
+    """The scheduled evaluation of ``new_version``; after the last step also ``final/*``."""
+    if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
+        p.evals.run(new_version, new_version, metrics)
+    if final_evaluator is not None and new_version == s.max_steps:
+        p.pub.publish(new_version)  # a larger evaluation of the final weights: final/*
+        metrics.update(p.thread.call(new_version, final_evaluator).result())
+
+
+def _log(s: LoopSettings, st: dict, new_version: int, sync, tracker, metrics: dict, diag, lags):
+    """The step's metrics (with ``weights/*``: the versions loaded since the last step) and, on
+    histogram steps, its histograms."""
+    if sync is not None:
+        metrics.update(sync.metrics())
+    tracker.log_metrics(metrics, step=new_version)
+    if diag:
+        log_histograms(tracker, diag, lags, new_version)
+        if s.lag.profile is not None:
+            log_profile_histogram(tracker, s.lag.profile, st["lag_profile_counts"], new_version)
 
 
 class _Evals:
@@ -323,22 +306,6 @@ class _Evals:
                 ev["best"], ev["best_step"] = res[head], step
         if self.progress:
             self.progress.eval(step, res)
-
-
-def _checkpoint(s: LoopSettings, st: dict, step_done: int, trainer, buf: RolloutBuffer,
-                thread: RolloutThread, pub: WeightPublisher) -> None:  # fmt: skip
-    ckpt_root = s.run_dir / "checkpoints"
-    st["pending"] = buf.snapshot()
-    st["engine_version"] = thread.engine_version
-    st["min_needed"] = min_needed(s.lag, step_done, st["pending"])
-    st["published"] = pub.published
-    if pub.sync is not None:  # distributed: what a resume can ask for goes to disk now
-        for v in pub.published:
-            if v >= st["min_needed"]:
-                pub.sync.to_disk(v)
-        st["published"] = [v for v in pub.published if (pub.weights_dir / f"v{v}").is_dir()]
-    save_checkpoint(ckpt_root, step_done, trainer, st)
-    prune_checkpoints(ckpt_root, s.checkpoint_keep)
 
 
 def _profile_metrics(s: LoopSettings, st: dict, lags: list[int], metrics: dict) -> None:

@@ -1,0 +1,62 @@
+"""What the training loop takes of the run's settings: ``LoopSettings`` (built at the edge,
+``commands/train.py``) and the clip radii's schedule over steps (``ClipSchedule``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.samples import SamplingParams
+
+
+@dataclass(frozen=True)
+class ClipSchedule:
+    """Nominal PPO radii over steps: constant, or decayed to ``final_scale`` × eps (linear/cosine)."""
+
+    eps_low: float
+    eps_high: float
+    schedule: str = "constant"
+    final_scale: float = 1.0
+
+    def scale(self, step: int, max_steps: int) -> float:
+        if self.schedule == "constant" or max_steps <= 1:
+            return 1.0
+        frac = min(max(step / (max_steps - 1), 0.0), 1.0)
+        if self.schedule == "linear":
+            return 1.0 + (self.final_scale - 1.0) * frac
+        if self.schedule == "cosine":
+            return self.final_scale + (1.0 - self.final_scale) * 0.5 * (
+                1 + math.cos(math.pi * frac)
+            )
+        raise ValueError(f"unknown clip schedule {self.schedule!r}")
+
+    def radii(self, step: int, max_steps: int) -> tuple[float, float]:
+        s = self.scale(step, max_steps)
+        return self.eps_low * s, self.eps_high * s
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop needs of the run's settings, built at the edge (``commands/train.py``)."""
+
+    max_steps: int
+    prompts_per_step: int
+    group_size: int
+    sampling: SamplingParams
+    lag: LagPolicy
+    run_dir: Path
+    seed: int = 0
+    adv_std_norm: bool = True
+    drop_zero_adv_groups: bool = False
+    r3: bool = False
+    clip: ClipSchedule = field(default_factory=lambda: ClipSchedule(0.2, 0.2))
+    eval_every: int = 0
+    eval_at_start: bool = False
+    checkpoint_every: int = 0
+    checkpoint_keep: int = 2
+    histogram_every: int = 10
+    inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
+    weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)

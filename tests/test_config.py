@@ -30,7 +30,7 @@ def test_every_group_option_composes(group, option):
     cfg, obj = load(overrides)
     text = (conf_dir() / group / f"{option}.yaml").read_text()
     values = yaml.safe_load(text) or {}
-    if group == "experiment" or text.startswith("# @package _global_"):  # clip=ppo_tight too
+    if group == "experiment" or text.startswith("# @package _global_"):
         values = {k: v for k, v in values.items() if k != "defaults"}
         node = OmegaConf.to_container(cfg)
     else:

@@ -204,7 +204,22 @@ def load(overrides: list[str] | None = None, command: str | None = None) -> tupl
     # values the schema derives (null = automatic) go back into the config that runs record
     cfg.trainer.nproc_per_node = obj.trainer.nproc_per_node
     cfg.task.kind = obj.task.kind  # task.path with kind=toy: kind=file
+    _scale_radii(cfg, obj)
     return cfg, obj
+
+
+def _scale_radii(cfg, obj) -> None:
+    """``clip.radius_scale``: the algorithm's radii (``algo.eps_low``, ``algo.eps_high``, as
+    composed: the algorithm's, or given on the command line) times the factor, once, here, so
+    the config a run records and logs holds the radii it trains with. 12 significant digits:
+    0.2 x 0.75 is 0.15, not 0.15000000000000002."""
+    scale = obj.clip.radius_scale
+    if scale == 1.0:
+        return
+    for key in ("eps_low", "eps_high"):
+        value = float(f"{getattr(obj.algo, key) * scale:.12g}")
+        setattr(obj.algo, key, value)
+        cfg.algo[key] = value
 
 
 def to_yaml(cfg) -> str:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 
 from sat_cli.config.checks import ConfigError
-from sat_cli.rl.names import UNCLIPPED_ALGOS
 
-# ratio level "sequence" / "sequence_token" in sat_cli/rl/registry.py (a test keeps them in step)
-SEQUENCE_ALGOS = ("gspo", "gspo_token")
+# SEQUENCE_ALGOS: ratio level "sequence" / "sequence_token" in sat_cli/rl/registry.py (a test
+# keeps them in step)
+from sat_cli.rl.names import SEQUENCE_ALGOS, UNCLIPPED_ALGOS
+
+__all__ = ["SEQUENCE_ALGOS", "check_sat_scope"]
 
 
 def check_sat_scope(algo: str, clip) -> None:
@@ -23,6 +25,11 @@ def check_sat_scope(algo: str, clip) -> None:
     gradient changes: a run labelled SAT-GSPO would train exactly like GSPO, silently."""
     if algo in UNCLIPPED_ALGOS and clip.adaptive:
         raise ConfigError(f"algo={algo} has no clip interval for SAT to contract; use clip=ppo")
+    if algo in UNCLIPPED_ALGOS and clip.radius_scale != 1.0:
+        raise ConfigError(
+            f"clip={clip.name} scales the clip radii by clip.radius_scale={clip.radius_scale:g}, "
+            f"but algo={algo} has no clip interval; use clip=ppo"
+        )
     if not (clip.adaptive and algo in SEQUENCE_ALGOS):
         return
     if clip.q_scope == "micro_batch" and clip.micro_batch_size == 1:

@@ -152,6 +152,9 @@ class ClipConfig:
     )
     schedule: str = "constant"  # schedule of the nominal radii over steps
     final_scale: float = 1.0  # radii at max_steps = eps * final_scale (linear/cosine)
+    # the algorithm's own radii times this factor, applied once when the config is composed
+    # (clip=ppo_tight: 0.75, the "smaller step" control); 1 = the algorithm's radii
+    radius_scale: float = 1.0
     # scope of SAT's order statistic q: batch = over the whole optimizer minibatch (default);
     # micro_batch = per block of micro_batch_size rows, the paper's per-micro-batch-per-rank scope
     q_scope: str = "batch"
@@ -165,6 +168,7 @@ class ClipConfig:
         check_choice("clip.anchor", self.anchor, ANCHORS)
         check_choice("clip.schedule", self.schedule, SCHEDULES)
         check_range("clip.final_scale", self.final_scale, 0, 1, lo_open=True)
+        check_range("clip.radius_scale", self.radius_scale, 0, 1, lo_open=True)
 
 
 @dataclass

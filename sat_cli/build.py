@@ -199,6 +199,8 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         replay_sampling_mask=obj.algo.replay_sampling_mask,
         score_centering_topk=obj.algo.score_centering_topk,
         ledger_keep=ledger_versions(obj.algo.ledger, obj.lag.n, obj.lag.profile),
+        max_tokens_per_row=obj.trainer.max_tokens_per_row or 0,  # null: off
+        max_tokens_per_micro_batch=obj.trainer.max_tokens_per_micro_batch or 0,
     )
     t = obj.trainer
     from sat_cli.commands.weight_sync import sender_spec, weight_sender  # weight_sync=distributed

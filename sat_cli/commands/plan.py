@@ -54,12 +54,29 @@ def _engine_lines(obj, arch) -> list[str]:
 def _trainer_lines(obj, lay: Layout) -> list[str]:
     t = obj.trainer
     if t.name == "local":
-        return ["trainer   local: in the orchestrator process (CPU, float32, torch AdamW)"]
+        return [
+            "trainer   local: in the orchestrator process (CPU, float32, torch AdamW)",
+            _throughput_line(t),
+        ]
     return [
         f"trainer   megatron: {lay.nnodes} node(s) × {lay.nproc_per_node} processes = "
         f"{lay.world} ranks under torchrun; tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, ep {lay.ep}, "
         f"etp {lay.etp} → dp {lay.dp}, expert dp {lay.edp}; {lay.dtype}",
+        _throughput_line(t),
     ]
+
+
+def _throughput_line(t) -> str:
+    """How the trainer lays out its forwards: packing and the micro-batch token budget."""
+    micro = (
+        f"micro-batches of at most {t.max_tokens_per_micro_batch} tokens"
+        if t.max_tokens_per_micro_batch
+        else "one forward per minibatch"
+    )
+    if t.max_tokens_per_row:
+        return f"          packed rows of at most {t.max_tokens_per_row} tokens; {micro}"
+    why = " (megatron-core packs only with Transformer Engine)" if t.name == "megatron" else ""
+    return f"          padded rows, no packing{why}; {micro}"
 
 
 def _gpu_line(obj, lay: Layout) -> list[str]:

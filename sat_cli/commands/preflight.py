@@ -170,6 +170,31 @@ def check_prompt_lengths(task, tokenizer, path: str, log=print) -> int:
     return len(bad)
 
 
+def check_token_budget(task, tokenizer, budget: int | None, max_new_tokens: int) -> None:
+    """**Token budgets** (``trainer.max_tokens_per_row``, ``trainer.max_tokens_per_micro_batch``;
+    ``budget`` the smaller): the longest training prompt plus ``max_new_tokens`` must fit, or
+    ``UserError`` naming how many prompts do not (compose time checked one prompt token)."""
+    if budget is None:
+        return
+    room = budget - max_new_tokens  # prompt tokens a sample may have
+
+    def tokenize(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    rows = getattr(task, "rows", None)
+    if rows is None:  # the toy task: every prompt has the same length
+        texts = [r["prompt"] for r in task.sample_prompts(1, 0)]
+    else:
+        texts = _render_all(task.template, [r["problem"] for r in rows], "task.template")
+    bad = _too_long(tokenize, texts, room, _max_token_bytes(tokenizer))
+    if bad:
+        raise UserError(
+            f"{len(bad)} of {len(texts)} training prompts have more than {room} tokens: with "
+            f"task.max_new_tokens={max_new_tokens} their samples are longer than the trainer's "
+            f"token budget of {budget} (trainer.max_tokens_per_row / max_tokens_per_micro_batch)"
+        )
+
+
 def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print) -> frozenset:
     """Indices of the evaluation problems too long for the model's context (see the module
     docstring: they are scored as wrong, not generated); refuses when every problem is."""

@@ -172,6 +172,11 @@ def _train(cfg, obj, stream: dict) -> dict:
     path = model_path(obj, log=log)
     tokenizer = preflight.load_tokenizer(path)
     dropped = preflight.check_prompt_lengths(task, tokenizer, path, log)
+    t = obj.trainer
+    budget = min(
+        (b for b in (t.max_tokens_per_row, t.max_tokens_per_micro_batch) if b), default=None
+    )
+    preflight.check_token_budget(task, tokenizer, budget, obj.task.max_new_tokens)
     overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
         key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
         for key, s in (("eval", spec), ("final", final_spec))

@@ -20,7 +20,7 @@ from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine 
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.sat_scope import check_sat_scope
 from sat_cli.config.task import TaskConfig  # the task section (data files, fields)
-from sat_cli.config.trainer import TrainerConfig  # the trainer section
+from sat_cli.config.trainer import TrainerConfig, check_token_budgets  # the trainer section
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
     ANCHORS,
@@ -357,6 +357,7 @@ class SatConfig:
         check_placement(self.launcher, self.trainer.name, self.engine)
         check_weight_sync(self)  # engine.weight_sync across sections (config/engine.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
+        check_token_budgets(self.trainer, self.task.max_new_tokens)  # config/trainer.py
         check_sat_scope(self.algo.name, self.clip)  # SAT needs a clip and a q that can gate
 
 

@@ -10,6 +10,26 @@ from sat_cli.config.checks import ConfigError, check_choice, check_range
 from sat_cli.util.fsio import parse_size
 
 TRAINERS = ("local", "megatron")
+# why trainer=megatron does not pack (also printed by `sat plan`)
+MEGATRON_PACKING = (
+    "trainer.max_tokens_per_row (sequence packing) is the local trainer's: megatron-core packs "
+    "sequences only through Transformer Engine attention (PackedSeqParams, thd format), which "
+    "this build's local layer spec has not; trainer=megatron takes "
+    "trainer.max_tokens_per_micro_batch (token-budget micro-batches, unpacked)"
+)
+
+
+def check_token_budgets(trainer: TrainerConfig, max_new_tokens: int) -> None:
+    """A token budget below the longest sample is refused: every sample holds one prompt token
+    at least and up to ``task.max_new_tokens`` response tokens (the prompts themselves are
+    checked against it before the run starts: ``commands/preflight.check_token_budget``)."""
+    for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
+        budget = getattr(trainer, key)
+        if budget is not None and budget < max_new_tokens + 1:
+            raise ConfigError(
+                f"trainer.{key}={budget} is below the longest sample: a prompt token and "
+                f"task.max_new_tokens={max_new_tokens} response tokens need {max_new_tokens + 1}"
+            )
 
 
 @dataclass
@@ -45,6 +65,12 @@ class TrainerConfig:
     r3_audit: bool = False
     # megatron: exported HF weights in safetensors shards of at most this size (+ index.json)
     max_shard_size: str = "5GB"
+    # throughput (sat_cli/trainers/packing.py): null = off. local: pack samples into rows of at
+    # most this many tokens (block-diagonal attention, positions restarting per sample)
+    max_tokens_per_row: int | None = None
+    # both trainers: each forward of a minibatch holds at most this many tokens (padded: rows x
+    # longest; packed: the samples' tokens); the loss stays the whole minibatch's
+    max_tokens_per_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("trainer.name", self.name, TRAINERS)
@@ -72,6 +98,17 @@ class TrainerConfig:
             parse_size(self.max_shard_size)
         except ValueError as exc:
             raise ConfigError(f"trainer.max_shard_size: {exc}") from None
+        for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
+            if getattr(self, key) is not None:
+                check_range(f"trainer.{key}", getattr(self, key), 1)
+        if self.name == "megatron" and self.max_tokens_per_row is not None:
+            raise ConfigError(MEGATRON_PACKING)
+        row, micro = self.max_tokens_per_row, self.max_tokens_per_micro_batch
+        if row is not None and micro is not None and micro < row:
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={micro} is below trainer.max_tokens_per_row="
+                f"{row}: a packed row would not fit a micro-batch"
+            )
         check_range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
         for key in ("optimizer_offload", "recompute"):
             if self.name == "local" and getattr(self, key):

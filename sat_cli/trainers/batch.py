@@ -70,6 +70,15 @@ class TrainBatch:
             out[f.name] = None if value is None else value[rows]
         return TrainBatch(**out)
 
+    def columns(self, n: int) -> TrainBatch:
+        """The first ``n`` columns of every per-token tensor (a micro-batch cut to its longest
+        sample: right padding only, so no real token is lost)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value if value is None or value.dim() < 2 else value[:, :n]
+        return TrainBatch(**out)
+
 
 def collate(
     samples: list[Sample],

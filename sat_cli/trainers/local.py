@@ -44,6 +44,7 @@ from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
+from sat_cli.trainers.packing import PackPlan, sample_lengths
 from sat_cli.trainers.step import PolicyTrainer, topk_logprobs
 from sat_cli.trainers.step import token_logprobs as token_logprobs
 from sat_cli.util.fsio import staged_dir
@@ -93,45 +94,75 @@ class LocalTrainer(PolicyTrainer):
 
     # --- forward ---------------------------------------------------------------------------
     def _model_forward(self, model, batch: TrainBatch):
-        logits = self._logits(model, batch)
-        return token_logprobs(logits, batch.input_ids.to(self.device), self.temperature,
-                              self._kept(batch))  # fmt: skip
+        return self._scored(model, batch, topk=False)
 
     def _model_forward_topk(self, model, batch: TrainBatch):
-        logits, kept = self._logits(model, batch), self._kept(batch)
-        logp, entropy = token_logprobs(logits, batch.input_ids.to(self.device),
-                                       self.temperature, kept)  # fmt: skip
-        ids = batch.topk_ids.to(self.device)
-        return logp, entropy, topk_logprobs(logits, ids, self.temperature, kept)
+        return self._scored(model, batch, topk=True)
 
-    def _logits(self, model, batch: TrainBatch) -> torch.Tensor:
-        """``[B, S, V]`` logits of ``model`` (R3 replay, the route audit, bf16 autocast)."""
+    def _scored(self, model, batch: TrainBatch, topk: bool) -> tuple:
+        """``(logp, entropy[, topk_logp])`` ``[B, S]`` of ``model`` on ``batch``; with
+        ``max_tokens_per_row`` from one forward of its packed rows (``packing.PackPlan``)."""
+        cap = self.settings.max_tokens_per_row
+        dev, kept = self.device, self._kept(batch)
+        if cap <= 0:
+            inputs = (batch.input_ids, batch.position_ids, batch.attention_mask)
+            logits = self._logits(model, batch, *inputs)
+            ids, topk_ids, plan = batch.input_ids.to(dev), batch.topk_ids, None
+        else:
+            lengths = sample_lengths(batch.attention_mask)
+            plan = PackPlan.build(lengths, batch.input_ids.shape[1], cap)
+            ids = plan.pack(batch.input_ids)
+            inputs = (ids, plan.position_ids, plan.attention_mask())
+            logits = self._logits(model, batch, *inputs, plan)
+            ids = ids.to(dev)
+            kept = None if kept is None else plan.pack(kept, -1)
+            topk_ids = None if batch.topk_ids is None else plan.pack(batch.topk_ids, -1)
+        out = token_logprobs(logits, ids, self.temperature, kept)
+        if topk:
+            out = (*out, topk_logprobs(logits, topk_ids.to(dev), self.temperature, kept))
+        return tuple(out) if plan is None else tuple(plan.unpack_scored(t) for t in out)
+
+    def _logits(
+        self, model, batch: TrainBatch, input_ids, position_ids, attention_mask, plan=None
+    ) -> torch.Tensor:
+        """Logits of ``model`` on the given (packed or padded) inputs of ``batch``: R3 replay,
+        the route audit (the routes packed like the tokens), bf16 autocast. A packed
+        ``attention_mask`` is the block-diagonal ``[R, 1, L, L]`` (``PackPlan``); the flash
+        kernels take packed rows from the restarting position ids instead (varlen)."""
+        routes, recorded = batch.routed_experts, None
+        if plan is not None and routes is not None:
+            k = routes.shape[-1]
+            routes = plan.pack(routes, torch.arange(k, dtype=routes.dtype))
         if self.r3:
-            check_routes(batch.routed_experts, batch.input_ids)
+            check_routes(routes, input_ids)
         dev = self.device
-        audit = (
-            RouteAudit(model, batch.routed_experts, batch.recorded_routes)
-            if self.r3_audit and model is self.model
-            else contextlib.nullcontext()
-        )
+        auditing = self.r3_audit and model is self.model and not self._audit_paused
+        if auditing:
+            recorded = batch.recorded_routes
+            recorded = recorded if plan is None else plan.pack(recorded, False)
+        audit = RouteAudit(model, routes, recorded) if auditing else contextlib.nullcontext()
         autocast = (
             torch.autocast(dev.type, dtype=torch.bfloat16)
             if self.dtype == "bfloat16"
             else contextlib.nullcontext()
         )
+        if plan is not None:
+            impl = str(getattr(model.config, "_attn_implementation", "sdpa"))
+            if impl.startswith("flash"):
+                attention_mask = None
+            elif impl == "eager":
+                attention_mask = torch.zeros(attention_mask.shape).masked_fill(
+                    ~attention_mask, torch.finfo(torch.float32).min
+                )
         with (
-            maybe_replay(
-                model,
-                None if batch.routed_experts is None else batch.routed_experts.to(dev),
-                self.r3,
-            ),
+            maybe_replay(model, None if routes is None else routes.to(dev), self.r3),
             audit,
             autocast,
         ):
             out = model(
-                input_ids=batch.input_ids.to(dev),
-                attention_mask=batch.attention_mask.to(dev),
-                position_ids=batch.position_ids.to(dev),
+                input_ids=input_ids.to(dev),
+                attention_mask=None if attention_mask is None else attention_mask.to(dev),
+                position_ids=position_ids.to(dev),
                 use_cache=False,
             )
         if isinstance(audit, RouteAudit):

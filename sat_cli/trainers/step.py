@@ -34,8 +34,8 @@ minibatches, plus ``loss/grad_norm`` (before clipping), ``loss/entropy``, ``loss
 ``loss/kl_ref`` (with a reference), ``r3/audit_*`` (with the R3 audit), ``perf/train_s`` and
 ``perf/optimizer_steps`` (names: ``sat_cli.metric_names``).
 
-Also here: ``token_logprobs`` (the log-prob definition both backends use) and the optimizer
-state <-> safetensors helpers of their checkpoints.
+``token_logprobs`` and ``topk_logprobs`` (the log-prob definition both backends use) live in
+``trainers/logprobs.py`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -51,72 +51,14 @@ from sat_cli.rl import registry
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import kl_k3_penalty
+from sat_cli.trainers import micro
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.ledger import VersionLedger, ledger_metrics
+from sat_cli.trainers.logprobs import token_logprobs as token_logprobs
+from sat_cli.trainers.logprobs import topk_logprobs as topk_logprobs
+from sat_cli.trainers.packing import micro_batches, sample_lengths
 
 NONFINITE_METRIC = M.NONFINITE_SKIPPED
-
-
-def token_logprobs(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    temperature: float,
-    kept: torch.Tensor | None = None,
-):
-    """``logp [B, S]`` aligned to the token it scores and ``entropy [B, S]`` of the same
-    distribution (column 0: 0). ``logits``: ``[B, S, V]``.
-
-    ``kept`` (``[B, S, K]`` int, -1 padding, aligned like ``logp``: the engine's kept set for
-    the token at ``s``; ``algo.replay_sampling_mask``): at positions with a kept set the
-    distribution is renormalised on it, ``logp = z[y] - logsumexp(z[kept])`` with ``z = logits /
-    T``, and the entropy is that distribution's; elsewhere (prompt, padding) the full softmax.
-    Without ``kept`` the arithmetic is exactly the plain one."""
-    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
-    logsm = torch.log_softmax(z, dim=-1)  # [B, S-1, V]
-    lp = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
-    with torch.no_grad():
-        ent = -(logsm.exp() * logsm).sum(-1)  # [B, S-1]
-    if kept is not None:
-        lse, has, zk = _kept_logsumexp(z, kept[:, 1:])  # [B, S-1], [B, S-1], [B, S-1, K]
-        zy = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, S-1]
-        lp = torch.where(has, zy - lse, lp)
-        with torch.no_grad():
-            lpk = zk - lse[..., None]  # [B, S-1, K], -inf on padding
-            ent_k = -(lpk.exp() * lpk.masked_fill(torch.isinf(lpk), 0.0)).sum(-1)
-            ent = torch.where(has, ent_k, ent)
-    zero = lp.new_zeros((lp.shape[0], 1))
-    return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
-
-
-def _kept_logsumexp(z: torch.Tensor, kept: torch.Tensor):
-    """``(logsumexp(z[kept]) [B, S], has [B, S], z[kept] [B, S, K] with -inf padding)`` for
-    ``z [B, S, V]`` and ``kept [B, S, K]`` (-1 padding); a row without kept ids (``has``
-    False) gets the finite ``z[..., 0]`` as its logsumexp, so no NaN reaches a gradient."""
-    valid = kept >= 0  # [B, S, K]
-    has = valid.any(-1)  # [B, S]
-    zk = z.gather(-1, kept.long().clamp(min=0)).masked_fill(~valid, float("-inf"))
-    lse = torch.logsumexp(torch.where(has[..., None], zk, z[..., :1]), dim=-1)  # [B, S]
-    return lse, has, zk
-
-
-def topk_logprobs(
-    logits: torch.Tensor, topk_ids: torch.Tensor, temperature: float, kept: torch.Tensor | None
-) -> torch.Tensor:
-    """The trainer's log-probs ``[B, S, K]`` at the sampler's top-k ids (``topk_ids [B, S, K]``,
-    -1 padding, aligned like ``logp``; column 0 and padding: 0), with gradient: of
-    ``log_softmax(logits / T)``, or with ``kept`` of the distribution renormalised on it
-    (``z[id] - logsumexp(z[kept])``, as :func:`token_logprobs`; the sampler's top-k ids lie in
-    its kept set). Score centering's policy side."""
-    z = logits[:, :-1].float() / temperature  # [B, S-1, V]
-    ids = topk_ids[:, 1:].long()  # [B, S-1, K]
-    valid = ids >= 0
-    zi = z.gather(-1, ids.clamp(min=0))  # [B, S-1, K]
-    lp = zi - torch.logsumexp(z, dim=-1, keepdim=True)
-    if kept is not None:
-        lse, has, _ = _kept_logsumexp(z, kept[:, 1:])
-        lp = torch.where(has[..., None], zi - lse[..., None], lp)
-    lp = torch.where(valid, lp, torch.zeros_like(lp))
-    return torch.cat([lp.new_zeros((lp.shape[0], 1, lp.shape[2])), lp], dim=1)
 
 
 @dataclass(frozen=True)
@@ -136,6 +78,8 @@ class TrainerSettings:
     replay_sampling_mask: bool = False
     score_centering_topk: int = 0  # > 0: the policy's log-probs at the sampler's top-k ids
     ledger_keep: int = 0  # > 0: the three-log-prob ledger, holding this many versions' weights
+    max_tokens_per_row: int = 0  # > 0: pack samples into rows of this many tokens (local only)
+    max_tokens_per_micro_batch: int = 0  # > 0: forwards of at most this many tokens (packing.py)
 
 
 # every keyword a trainer constructor accepts besides its backend's own (device, dtype)
@@ -165,6 +109,9 @@ class PolicyTrainer:
             raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
         if settings.temperature <= 0:
             raise ValueError(f"trainer temperature must be > 0, got {settings.temperature}")
+        for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
+            if getattr(settings, key) < 0:
+                raise ValueError(f"{key} must be >= 0 (0: off), got {getattr(settings, key)}")
         if settings.score_centering_topk < 0:
             raise ValueError(
                 f"score_centering_topk must be >= 0, got {settings.score_centering_topk}"
@@ -183,6 +130,7 @@ class PolicyTrainer:
         self.score_centering_topk = settings.score_centering_topk
         self.ledger = VersionLedger(settings.ledger_keep) if settings.ledger_keep > 0 else None
         self._audit = [0, 0]  # (token, layer) rows checked, rows whose experts differed
+        self._audit_paused = False  # a micro-batch's gradient forward: audited already
         self.step_count = 0
         torch.manual_seed(settings.seed)
 
@@ -216,7 +164,7 @@ class PolicyTrainer:
     def forward_logp(self, model, batch: TrainBatch) -> torch.Tensor:
         """``logp [B, S]`` of ``model`` on ``batch`` (no grad, float32 on the CPU), aligned like
         ``rollout_logp``: the policy, the reference, or a held version (``trainers/ledger.py``)."""
-        return self._model_forward(model, batch)[0].float().cpu()
+        return self.forward_nograd(model, batch)[0].float().cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Recomputed ``logp [B, S]`` of the current weights (no grad, CPU)."""
@@ -265,14 +213,20 @@ class PolicyTrainer:
             mask = mb.loss_mask.to(dev)
             if int(mask.sum()) == 0:
                 continue
-            topk = None
-            if self.score_centering_topk > 0 and mb.topk_ids is not None:
+            topk, replay = None, None
+            use_topk = self.score_centering_topk > 0 and mb.topk_ids is not None
+            groups = self._micro_groups(mb)
+            if groups is not None:  # token budget: the loss over the whole minibatch, as one
+                logp, entropy, *topk_logp = micro.leaves(self, mb, groups, use_topk)
+                replay = micro.Replay(self, mb, groups, [logp, *topk_logp])
+                topk = self._topk_inputs(mb, topk_logp[0], mask) if use_topk else None
+            elif use_topk:
                 logp, entropy, topk_logp = self._model_forward_topk(self.model, mb)
                 topk = self._topk_inputs(mb, topk_logp, mask)
             else:
                 logp, entropy = self._model_forward(self.model, mb)  # [b, S]
             part = None if diag is None else {}
-            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part, topk)
+            metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part, topk, replay)
             if ledger is not None:
                 metrics.update(ledger_metrics(ledger, rows, logp, mb, part))
             if part is not None:
@@ -293,6 +247,26 @@ class PolicyTrainer:
             diag.update({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
         return out
 
+    def _micro_groups(self, mb: TrainBatch) -> list[list[int]] | None:
+        """``mb``'s micro-batches under ``max_tokens_per_micro_batch`` (``packing.
+        micro_batches``), or None when it is off or they are one."""
+        s = self.settings
+        if s.max_tokens_per_micro_batch <= 0:
+            return None
+        lengths = sample_lengths(mb.attention_mask)
+        groups = micro_batches(lengths, s.max_tokens_per_micro_batch, s.max_tokens_per_row)
+        return groups if len(groups) > 1 else None
+
+    def forward_nograd(self, model, batch: TrainBatch, topk: bool = False) -> tuple:
+        """``_model_forward`` (``topk``: ``_model_forward_topk``) of ``batch`` without gradient,
+        micro-batch by micro-batch under the token budget; ``[B, S]`` results on the device."""
+        with torch.no_grad():
+            groups = self._micro_groups(batch)
+            if groups is None:
+                fwd = self._model_forward_topk if topk else self._model_forward
+                return tuple(fwd(model, batch))
+            return micro.stitched(self, model, batch, groups, topk)
+
     def _topk_inputs(self, mb: TrainBatch, topk_logp: torch.Tensor, mask: torch.Tensor) -> dict:
         """Score centering's ``LossInputs`` fields: the policy's log-probs at the sampler's
         top-k (with grad), the sampler's own (detached) and which entries are real (an id on a
@@ -305,10 +279,12 @@ class PolicyTrainer:
         }
 
     def _update(
-        self, mb, rows, logp, mask, old_logp, ref_logp, diag=None, topk=None
+        self, mb, rows, logp, mask, old_logp, ref_logp, diag=None, topk=None, replay=None
     ) -> dict[str, float]:
         """Loss, backward, clip and optimizer step of one minibatch (or the non-finite skip);
-        ``topk``: score centering's inputs (``_topk_inputs``) or None."""
+        ``topk``: score centering's inputs (``_topk_inputs``) or None; ``replay``: a
+        ``micro.Replay`` when the log-probs are leaves of micro-batch forwards (it carries
+        their gradients into the weights)."""
         dev, cfg = self.device, self.loss
         inputs = LossInputs(
             logp=logp,
@@ -333,6 +309,8 @@ class PolicyTrainer:
         grad_norm = torch.tensor(float("nan"))
         if torch.isfinite(total):
             total.backward()
+            if replay is not None:
+                replay()
             max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
             grad_norm = self._clip_gradients(max_norm)
         if torch.isfinite(grad_norm):
@@ -368,6 +346,3 @@ class PolicyTrainer:
     def skip_step(self) -> None:
         """Count a step that had no samples (keeps ``step_count`` equal to the loop's step)."""
         self.step_count += 1
-
-
-# --- optimizer state in checkpoints --------------------------------------------------------------

@@ -98,6 +98,8 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
         torch_dtype(dtype)  # refuses an unknown name before anything is built
         self.export_dtype = torch_dtype(export_dtype or dtype)
         self._init_step(loss, options)
+        if self.settings.max_tokens_per_row:
+            raise ValueError("sequence packing needs Transformer Engine attention (not here)")
         self.model_path = str(model_path)
         self.hf_config = convert.read_hf_config(model_path)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -201,7 +203,7 @@ class MegatronActor(ParallelMixin, PolicyTrainer):
                 layers=self._stage_layers(),
             )
         audit = None
-        if self.r3_audit and model is self.model:
+        if self.r3_audit and model is self.model and not self._audit_paused:
             # each TP rank's routers see its own block of positions, each stage its layers
             cols = runtime.seq_block(batch.input_ids.shape[1], self.tp_rank, self.tp)
             valid = batch.recorded_routes[:, cols].clone()

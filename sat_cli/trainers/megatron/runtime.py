@@ -22,7 +22,7 @@ import torch
 
 from sat_cli.models.r3 import R3Error as R3Error  # one class; importable from here too
 from sat_cli.models.r3 import RouteAudit as HFRouteAudit
-from sat_cli.trainers.step import token_logprobs as logits_to_logprobs
+from sat_cli.trainers.logprobs import token_logprobs as logits_to_logprobs
 
 from .cpu_shims import apply_cpu_shims
 

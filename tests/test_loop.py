@@ -36,6 +36,23 @@ def test_fixed_mode_is_exactly_n_after_warmup():
     assert all(p.publish_after(v, 100) for v in range(1, 10))
 
 
+@pytest.mark.parametrize("n,mode", [(3, "fixed"), (8, "fixed"), (1, "fixed"), (4, "interval")])
+def test_pruning_keeps_every_version_a_later_batch_needs(n, mode):
+    """After each step ``v`` the publisher keeps the version of every batch not yet requested
+    whose version already exists (batch ``k`` is requested at trainer version ``>= k - n``).
+    Fixed mode used to keep only the next two batches' versions, so ``lag=8 lag.mode=fixed``
+    pruned v1 at step 2 and failed when batch 9 asked for it."""
+    from sat_cli.loop.publisher import future_versions
+
+    lag = LagPolicy(n, mode)
+    for v in range(0, 30):
+        keep = future_versions(lag, v) | {0}
+        for k in range(v, v + 2 * n + 2):  # batches requested at version v or later
+            need = lag.version_for(k, v)
+            if need <= v:
+                assert need in keep, (v, k, need, sorted(keep))
+
+
 def test_lag0_is_synchronous():
     p = LagPolicy(0, "interval")
     assert staleness(p, 5) == [0, 0, 0, 0, 0]

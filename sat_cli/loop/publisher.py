@@ -32,9 +32,13 @@ class WeightsWriteError(RunFailed):
 
 def future_versions(lag: LagPolicy, version: int) -> set[int]:
     """Weight versions the next batches (requested at trainer ``version``) can be generated from
-    (a lag profile: any of the last ``max_lag + 1``)."""
+    (a lag profile: any of the last ``max_lag + 1``; fixed mode: the last ``n + 1``, since batch
+    ``k`` needs ``k - n`` and batches up to ``version + n`` can still be requested from versions
+    that exist now)."""
     if lag.profile is not None:
         return set(range(max(0, version - lag.profile.max_lag), version + 1))
+    if lag.mode == "fixed":
+        return set(range(max(0, version - lag.n), version + 1))
     return {lag.version_for(k, version) for k in (version, version + 1)} | {version}
 
 

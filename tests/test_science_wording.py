@@ -161,3 +161,41 @@ def test_the_gspo_tis_collapse_is_not_attributed_to_the_paper():
     text = _text(RESULTS / "README.md")
     assert "This is **not** a failure the paper reports" in text
     assert "marks only plain GRPO and plain GSPO as collapsing later at lag 8" in text
+
+
+COLLAPSE_WRITE_UP = [ROOT / "README.md", RESULTS / "README.md", RESULTS / "collapse_cpu.md"]
+
+
+@pytest.mark.parametrize(
+    "phrase",
+    [
+        "the CPU toy cannot test",  # pilot 1 ruled out its four candidates, not the toy
+        "cannot test the collapse claim",
+        "not specific to lag",  # lag sped the divergence up (C4: step 100 at lag 1, 10-20 at 8)
+        "SAT could not have changed a gradient",
+        "are implemented and compose",  # score centering was anti-centred on the default ratio
+    ],
+)
+def test_the_collapse_write_up_claims_only_what_pilot_1_shows(phrase):
+    hits = [
+        str(p.relative_to(ROOT)) for p in COLLAPSE_WRITE_UP if phrase.lower() in _text(p).lower()
+    ]
+    assert hits == []
+
+
+def test_the_collapse_write_up_names_the_phenotype():
+    import csv
+
+    rows = list(csv.DictReader((RESULTS / "collapse_cpu" / "pilot.csv").open()))
+    fell = [r for r in rows if r["collapsed"] == "1"]
+    # every pilot-1 collapse peaked at step 0, most fell by the first evaluation: early divergence
+    assert all(r["eval_best"] == r["eval_first"] for r in fell)
+    first = sum(r["t_collapse"] == "10" for r in fell)
+    assert (len(fell), first) == (11, 8)
+    for path in COLLAPSE_WRITE_UP:
+        text = _text(path)
+        assert "early divergence" in text and "late collapse" in text, path
+    assert f"{first} of {len(fell)} below half of it by step 10" in _text(ROOT / "README.md")
+    assert (
+        f"All {len(fell)} runs\n  counted as collapsed" in (RESULTS / "collapse_cpu.md").read_text()
+    )

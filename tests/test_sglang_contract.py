@@ -32,16 +32,14 @@ import numpy as np
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.engines.sglang.routes import MoEDims, decode_routed_experts, read_moe_dims
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.wire import (
-    MoEDims,
     build_generate_payload,
-    decode_routed_experts,
     entry_seeds,
     parse_finish_reason,
     parse_generate_item,
     parse_weight_version_spans,
-    read_moe_dims,
     sampling_params_to_wire,
     update_weights_payload,
 )

@@ -70,19 +70,15 @@ from sat_cli.tracking.params import (
     redact_uri,
 )
 from sat_cli.tracking.store import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     TrackingError,
     default_artifact_root,
     mlflow_executable,
     sqlite_db_path,
     ui_command,
 )
-from sat_cli.tracking.tracker import (
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
-    METRICS_PER_BATCH,
-    NONFINITE_KEY,
-    Tracker,
-)
+from sat_cli.tracking.tracker import METRICS_PER_BATCH, NONFINITE_KEY, Tracker
 
 __all__ = [
     "EXPERIMENT_KIND",

@@ -1,4 +1,5 @@
-"""The :class:`Tracker` (one MLflow run): start and resume, failure handling, metrics, end. It is
+"""The :class:`Tracker` (one MLflow run): start and resume (the store's side in
+:mod:`~sat_cli.tracking.start`), failure handling, metrics, end. It is
 composed of two parts it delegates to: :class:`~sat_cli.tracking.artifacts.ArtifactLog`
 (histograms, artifacts, params, tags) and :class:`~sat_cli.tracking.outage.OutageGuard` (the
 metrics spool and the outage limit); ``call``, ``client``, ``lock`` and ``flush`` are what the
@@ -19,22 +20,13 @@ from typing import Any
 from sat_cli import metric_names as M
 from sat_cli.tracking.artifacts import ArtifactLog
 from sat_cli.tracking.outage import METRICS_PER_BATCH, OutageGuard
-from sat_cli.tracking.params import (
-    MAX_PARAM_VALUE_LEN,
-    PARAMS_PER_BATCH,
-    chunked,
-    mlflow_key,
-    redact_uri,
-    truncate,
-)
-from sat_cli.tracking.store import (  # noqa: F401 - EXPERIMENT_KIND* re-exported
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
+from sat_cli.tracking.params import mlflow_key, redact_uri
+from sat_cli.tracking.start import log_new_params, open_run
+from sat_cli.tracking.store import (
     TrackingError,
     acquire_http_env,
     check_step,
     default_artifact_root,
-    experiment_id,
     is_caller_error,
     is_disabled_uri,
     is_http,
@@ -152,45 +144,12 @@ class Tracker:
     # ----------------------------------------------------------------- start / resume
 
     def _start(self, run_id: str | None, tags: dict[str, Any], params: dict[str, str]) -> None:
-        from mlflow.entities import Param
-
-        client = self.client
-        existing: dict[str, str] = {}
-        if run_id:
-            try:
-                run = client.get_run(run_id)
-            except self._errors as exc:
-                if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
-                    raise
-                raise TrackingError(
-                    f"cannot resume MLflow run {run_id}: it does not exist in {redact_uri(self.uri)}"
-                ) from exc
-            self.run_id = run.info.run_id
-            self.experiment_id = run.info.experiment_id
-            self.resumed_status = run.info.status
-            existing = dict(run.data.params)
-            latest = getattr(run.data, "_metric_objs", None)
-            if latest is None:  # the latest point per key is a private field of RunData
-                latest = [client.get_metric_history(self.run_id, k)[-1] for k in run.data.metrics]
-            self._resume_last_step = {m.key: int(m.step) for m in latest}
-            self._resume_max_step = max(self._resume_last_step.values(), default=-1)
-            client.update_run(self.run_id, status="RUNNING")
-        else:
-            self.experiment_id = experiment_id(
-                client, self.experiment, self.artifact_root, self._errors
-            )
-            run = client.create_run(self.experiment_id, run_name=self.run_name)
-            self.run_id = run.info.run_id
-        self.artifact_uri = run.info.artifact_uri
-
-        params = {mlflow_key(k): truncate(str(v), MAX_PARAM_VALUE_LEN) for k, v in params.items()}
-        changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v)
-        if changed:
-            log.warning("resumed run %s: params changed since it started: %s", run_id, changed)
-            tags["sat.resume.changed_params"] = ",".join(changed)
-        new = [Param(k, v) for k, v in params.items() if k not in existing]
-        for chunk in chunked(new, PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=list(chunk), synchronous=True)
+        run = open_run(self, self._errors, run_id)
+        self.run_id, self.experiment_id = run.run_id, run.experiment_id
+        self.artifact_uri, self.resumed_status = run.artifact_uri, run.resumed_status
+        self._resume_last_step = run.last_steps
+        self._resume_max_step = max(self._resume_last_step.values(), default=-1)
+        log_new_params(self.client, self.run_id, params, run.params, tags)
         self.artifacts.log_tags(tags)
 
     # ----------------------------------------------------------------- failure handling

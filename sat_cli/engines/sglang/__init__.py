@@ -13,6 +13,6 @@
 
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.engine import SGLangEngine
-from sat_cli.engines.sglang.wire import read_moe_dims
+from sat_cli.engines.sglang.routes import read_moe_dims
 
 __all__ = ["SGLangClient", "SGLangEngine", "read_moe_dims"]

@@ -40,16 +40,15 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
 )
 from sat_cli.engines.sglang.dist_sync import DistributedSync
 from sat_cli.engines.sglang.masks import Extras
+from sat_cli.engines.sglang.routes import MoEDims, read_moe_dims
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
 from sat_cli.engines.sglang.wire import (
-    MoEDims,
     build_generate_payload,
     entry_seeds,
     parse_generate_item,
     parse_weight_version,
-    read_moe_dims,
     sampling_params_to_wire,
     wire_excerpt,
 )

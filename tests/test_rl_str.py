@@ -21,32 +21,57 @@ LN = math.log
 
 
 def _kl_ref(lmu: float, lp: float) -> float:
-    """KL(Bern(mu) || Bern(p)) in Python floats from the definition (1 - x as -expm1(log x))."""
-    mu, one_m_mu, one_m_p = math.exp(lmu), -math.expm1(lmu), -math.expm1(lp)
-    out = mu * (lmu - lp)
-    if one_m_mu > 0.0:
-        out += one_m_mu * (math.log(one_m_mu) - math.log(one_m_p))
-    return out
+    """The reference's gate (FlashREINFORCE ``flashreinforce_loss``) in Python floats: both
+    probabilities clamped to [1e-6, 1 - 1e-6], then KL(Bern(mu) || Bern(p))."""
+    mu = min(max(math.exp(lmu), 1e-6), 1 - 1e-6)
+    p = min(max(math.exp(lp), 1e-6), 1 - 1e-6)
+    return mu * (math.log(mu) - math.log(p)) + (1 - mu) * (math.log1p(-mu) - math.log1p(-p))
 
 
 def test_bernoulli_kl_hand_cases():
-    lmu = torch.tensor([LN(0.5), 0.0, LN(0.9), LN(0.25)], dtype=F64)
-    lp = torch.tensor([LN(0.25), LN(0.5), LN(0.9), LN(0.5)], dtype=F64)
+    lmu = torch.tensor([LN(0.5), LN(0.9), LN(0.25)], dtype=F64)
+    lp = torch.tensor([LN(0.25), LN(0.9), LN(0.5)], dtype=F64)
     # mu=.5, p=.25: .5 ln(.5/.25) + .5 ln(.5/.75) = .5 ln(4/3)
-    # mu=1,  p=.5:  1 ln(1/.5) + 0 = ln 2             (0 log 0 = 0)
     # mu=p=.9:      0
     # mu=.25, p=.5: .25 ln(.5) + .75 ln(.75/.5) = .75 ln 3 - ln 2
-    want = torch.tensor([0.5 * LN(4 / 3), LN(2), 0.0, 0.75 * LN(3) - LN(2)], dtype=F64)
+    want = torch.tensor([0.5 * LN(4 / 3), 0.0, 0.75 * LN(3) - LN(2)], dtype=F64)
     torch.testing.assert_close(bernoulli_kl(lmu, lp), want, rtol=1e-14, atol=1e-15)
-    # p = 1 with mu < 1 would be +inf: 1 - p is clamped, so the KL is large and finite
-    big = bernoulli_kl(torch.tensor([LN(0.5)], dtype=F64), torch.tensor([0.0], dtype=F64))
-    assert torch.isfinite(big).all() and float(big) > 100
-    # near p = 1, 1 - p must not be 1 - exp(lp) (which loses ~4 digits at lp = -1e-12):
-    # KL = .5 (ln .5 + 1e-12) + .5 (ln .5 - ln(1e-12 - 5e-25)) = ln .5 + 6 ln 10 + O(1e-12)
-    near = bernoulli_kl(torch.tensor([LN(0.5)], dtype=F64), torch.tensor([-1e-12], dtype=F64))
-    torch.testing.assert_close(
-        near, torch.tensor([LN(0.5) + 6 * LN(10)], dtype=F64), rtol=1e-12, atol=0
+    # near-certain tokens: both probabilities clamp to 1 - 1e-6, as the reference's gate does.
+    # mu = .5, p = 1 (or 1 - 1e-12): .5 ln(.5 / (1 - 1e-6)) + .5 ln(.5 / 1e-6), about 6.21
+    clamp_case = 0.5 * LN(0.5 / (1 - 1e-6)) + 0.5 * LN(0.5 / 1e-6)
+    for lp1 in (0.0, -1e-12):
+        got = bernoulli_kl(torch.tensor([LN(0.5)], dtype=F64), torch.tensor([lp1], dtype=F64))
+        assert float(got) == pytest.approx(clamp_case, rel=1e-9)  # 1 - (1 - 1e-6) rounds
+        assert float(got) == pytest.approx(_kl_ref(LN(0.5), lp1), rel=1e-12)
+    # mu = 1 and p = 1 - 1e-9: both clamp to 1 - 1e-6, KL 0 (unclamped it would be ~2e-8);
+    # mu = 1 - 1e-3, p = 1 - 1e-9: unclamped (1 - mu) ln((1 - mu)/(1 - p)) = 1e-3 ln 1e6 = .0138
+    # plus mu ln(mu/p) = -.0010: .0128; clamped, (1 - p) = 1e-6 gives 1e-3 ln 1e3 - .0010 = .0059
+    both = bernoulli_kl(
+        torch.tensor([0.0, math.log1p(-1e-3)], dtype=F64),
+        torch.tensor([math.log1p(-1e-9), math.log1p(-1e-9)], dtype=F64),
     )
+    assert float(both[0]) == pytest.approx(0.0, abs=1e-18)
+    want1 = _kl_ref(math.log1p(-1e-3), math.log1p(-1e-9))
+    assert float(both[1]) == pytest.approx(want1, rel=1e-12)
+    assert want1 == pytest.approx(1e-3 * LN(1e3) - 1e-3 + 5e-7, rel=1e-3)
+
+
+def test_str_follows_the_reference_gate_with_its_delta():
+    """A response of near-certain tokens, where the clamp decides: the reference's gate keeps it
+    at its default delta 3e-3; the unclamped KL of the first version dropped it."""
+    from sat_cli.rl.seq_trust import REFERENCE_DELTA
+
+    assert REFERENCE_DELTA == 3e-3
+    lmu = torch.tensor([[math.log1p(-1e-3), LN(0.6), LN(0.3)]], dtype=F64)
+    lp = torch.tensor([[math.log1p(-1e-10), LN(0.6), LN(0.3)]], dtype=F64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    ref = sum(_kl_ref(float(a), float(b)) for a, b in zip(lmu[0], lp[0], strict=True)) / 3
+    # unclamped: (1 - mu) ln((1 - mu)/(1 - p)) + mu ln(mu/p) = 1e-3 ln 1e7 - 1e-3 (to 1e-9)
+    unclamped = (1e-3 * LN(1e7) - 1e-3) / 3
+    assert ref < REFERENCE_DELTA < unclamped  # about 1.97e-3 against 5.04e-3
+    keep, metrics = str_keep(lp, lmu, mask, REFERENCE_DELTA)
+    assert keep.tolist() == [[1.0, 1.0, 1.0]]
+    assert metrics[M.STR_SEQ_KL_MEAN] == pytest.approx(ref, rel=1e-9)
 
 
 def _random(seed, B=5, T=7, spread=0.6):

@@ -102,7 +102,10 @@ def build_task(obj):
 
 
 def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
-    e = obj.engine
+    from sat_cli.config.devices import device_plan
+    from sat_cli.devices.apply import server_groups, server_mem_fraction
+
+    e, plan = obj.engine, device_plan(obj)  # the GPUs each process gets (sat_cli/devices)
     inflight = (
         {"inflight_updates": True, "inflight_cache": obj.lag.inflight_cache}
         if obj.lag.inflight_updates
@@ -114,7 +117,7 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
         return LocalEngine(
             path,
             dtype=e.dtype,
-            device=e.device,
+            device=plan.find("local engine").device,  # cuda:K of the device plan
             r3=r3,
             seed=obj.seed,
             num_threads=e.num_threads,
@@ -154,14 +157,14 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
         python=python,
         launch_prefix=list(e.launch_prefix) or None,
         num_servers=e.servers,
-        gpu_groups=list(e.gpu_groups) or None,
+        gpu_groups=server_groups(plan),  # CUDA_VISIBLE_DEVICES per server (None: CPU or Ray)
         use_router=e.router,
         device=e.device,
         dtype=e.dtype,
         tp=e.tp,
         dp=e.dp,
         ep=e.ep,
-        mem_fraction_static=e.mem_fraction_static,
+        mem_fraction_static=server_mem_fraction(plan, e.mem_fraction_static),
         max_total_tokens=e.max_total_tokens or (4096 if e.device == "cpu" else None),
         extra_args=list(e.extra_args),
         log_dir=logs,
@@ -204,12 +207,16 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
     )
     t = obj.trainer
     from sat_cli.commands.weight_sync import sender_spec, weight_sender  # weight_sync=distributed
+    from sat_cli.config.devices import device_plan
+    from sat_cli.devices.apply import trainer_env
 
+    plan = device_plan(obj)  # the GPUs each process gets (sat_cli/devices)
     if t.name == "local":
         from sat_cli.trainers.local import LocalTrainer
 
         sender = weight_sender(obj, path)  # None with engine.weight_sync=disk
-        return LocalTrainer(path, device=t.device, dtype=t.dtype, weight_sender=sender, **kwargs)
+        device = plan.find("local trainer").device  # cuda:K of the device plan
+        return LocalTrainer(path, device=device, dtype=t.dtype, weight_sender=sender, **kwargs)
     from sat_cli.trainers.megatron.client import MegatronTrainer
 
     rdzv = f"{t.master_addr}:{t.master_port}" if t.master_port else None
@@ -220,6 +227,7 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
         rdzv_endpoint=rdzv,
         export_dtype=obj.engine.dtype,
         placer=placer,  # launcher=ray: the nodes run on the cluster
+        env=trainer_env(plan) if placer is None else None,  # node 0's CUDA_VISIBLE_DEVICES
         weight_sync=sender_spec(obj),  # engine.weight_sync=distributed: rank 0's sender
         # the layout and precision keys have the schema's names
         **{k: getattr(t, k) for k in ("nproc_per_node", "nnodes", "tp", "pp", "ep", "cp")},

@@ -74,14 +74,19 @@ def config_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)
     typer.echo(to_yaml(cfg), nl=False)
 
 
+_GPUS = typer.Option(None, "--gpus-per-node", min=1, help="check the plan on nodes of N GPUs")
+
+
 @app.command("plan", context_settings=_EXTRA)
-def plan_cmd(overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP)) -> None:
-    """Print the layout a `sat train` would start (processes, parallel sizes) and the trainer's
-    per-GPU memory estimate; starts nothing. Impossible layouts exit 2 naming the key."""
+def plan_cmd(
+    overrides: list[str] = typer.Argument(None, help=_OVERRIDES_HELP), gpus_per_node: int = _GPUS
+) -> None:
+    """Print the layout a `sat train` would start (processes, parallel sizes, each process's
+    GPUs) and the trainer's per-GPU memory estimate; starts nothing. Impossible layouts exit 2."""
     _, obj = _load(overrides or [], "plan")
     from sat_cli.commands.plan import plan_text
 
-    typer.echo(plan_text(obj), nl=False)
+    _guard(lambda: typer.echo(plan_text(obj, gpus_per_node), nl=False))
 
 
 @app.command("train", context_settings=_EXTRA)
@@ -90,21 +95,15 @@ def train_cmd(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the layout and memory estimate (as `sat plan`) and exit"
     ),
+    gpus_per_node: int = _GPUS,
 ) -> None:
     """Run one asynchronous RL training run (embedded CPU default with no overrides)."""
     cfg, obj = _load(overrides or [], "plan" if dry_run else "train")
+    from sat_cli.commands.plan import check_implemented, plan_text
+
     if dry_run:
-        from sat_cli.commands.plan import plan_text
-
-        typer.echo(plan_text(obj), nl=False)
-        return
-    if obj.trainer.name == "megatron":  # before any process starts or model loads
-        from sat_cli.commands.plan import not_yet_message
-        from sat_cli.config.layout import Layout, unimplemented
-
-        missing = unimplemented(Layout.of(obj.trainer))
-        if missing:
-            fail(not_yet_message(missing))
+        return _guard(lambda: typer.echo(plan_text(obj, gpus_per_node), nl=False))
+    _guard(lambda: check_implemented(obj))  # before any process starts or model loads
     _pin_numerics(obj)
     from sat_cli.commands.train import train
 

@@ -200,6 +200,8 @@ def evals(text: str) -> dict[int, float]:
 def check_cli(dev: str, tmp: Path, smoke: bool) -> None:
     common = [f"engine.device={dev}", f"trainer.device={dev}", "engine.dtype=bfloat16",
               "trainer.dtype=bfloat16", "tracking=none", f"run.dir={tmp / 'runs'}"]  # fmt: skip
+    if dev == "cuda":  # engine and trainer share the one GPU (the device plan, docs/gpus.md)
+        common.append("engine.colocate=true")
     args = [*common, "experiment=cpu_smoke"] if smoke else [*common, "max_steps=50",
                                                              "eval.every=25", "checkpoint.every=0"]  # fmt: skip
     code, text, secs = sat_train(args, tmp, timeout=240)
@@ -217,6 +219,7 @@ def check_cli(dev: str, tmp: Path, smoke: bool) -> None:
 
 def check_real(path: str, tmp: Path) -> None:
     args = ["model=qwen3_0_6b", f"model.path={path}", "engine.device=cuda", "trainer.device=cuda",
+            "engine.colocate=true",
             "engine.dtype=bfloat16", "trainer.dtype=bfloat16", "tracking=none", "trainer.lr=1e-6",
             "max_steps=10", "eval.every=10", "eval.limit=64", "eval.n=4", "checkpoint.every=0",
             f"run.dir={tmp / 'runs_real'}"]  # fmt: skip

@@ -101,8 +101,9 @@ def test_builders_hand_device_and_dtype_to_engine_and_trainer(monkeypatch, tmp_p
     _, obj = load([*CUDA, "engine.dtype=bfloat16", "trainer.dtype=bfloat16"])
     build_engine(obj, "model", tmp_path, r3=False)
     build_trainer(obj, "model", tmp_path)
-    assert (seen["engine"]["device"], seen["engine"]["dtype"]) == ("cuda", "bfloat16")
-    assert (seen["trainer"]["device"], seen["trainer"]["dtype"]) == ("cuda", "bfloat16")
+    # the device plan's GPUs (tests/test_device_plan.py): the engine's, then the trainer's
+    assert (seen["engine"]["device"], seen["engine"]["dtype"]) == ("cuda:0", "bfloat16")
+    assert (seen["trainer"]["device"], seen["trainer"]["dtype"]) == ("cuda:1", "bfloat16")
     seen.clear()
     _, obj = load([])
     build_engine(obj, "model", tmp_path, r3=False)

@@ -75,7 +75,17 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     assert "30,532,122,624 (30.53 B) parameters" in text
     assert "sglang: 1 server(s) × tp 4 × dp 1 (ep 4) = 4 GPUs" in text
     assert "1 node(s) × 4 processes = 4 ranks" in text and "tp 4, pp 1, cp 1, ep 4, etp 1" in text
-    assert "GPUs      4 rollout + 4 training = 8" in text
+    assert (
+        "GPUs      4 rollout + 4 training, disjoint (engine.colocate=false): node 0 needs 8" in text
+    )
+    assert (
+        "  node 0     sglang server 0   GPU 0,1,2,3      cuda, bfloat16; CUDA_VISIBLE_DEVICES=0,1,2,3"
+        in text
+    )
+    assert (
+        "  node 0     megatron node 0   GPU 4,5,6,7      cuda, bfloat16; CUDA_VISIBLE_DEVICES=4,5,6,7"
+        in text
+    )
     n = PAPER_DENSE + PAPER_EXPERT  # 7,642,626,048 per trainer GPU
     assert f"parameters        {n:,}" in text and f"dense {PAPER_DENSE:,}" in text
     assert _row(text, "weights") == round(2 * n / 1e9, 1)  # bf16: 15.3
@@ -94,7 +104,7 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
 def test_plan_tiny_megatron_default(tmp_path):
     text = _plan("trainer=megatron", cwd=tmp_path)
     assert "the tiny model (model.*): 1,021,312 parameters" in text
-    assert "engines   local: one engine process on the CPU" in text
+    assert "engines   local: one engine process on the CPU (cpu, float32)" in text
     assert "1 node(s) × 1 processes = 1 ranks" in text
     assert _row(text, "weights") == 0.0 and _row(text, "overhead") == 4.0
     assert "cannot run" not in text  # the worker runs this layout

@@ -29,7 +29,8 @@ from sat_cli.util.procs import free_port
 
 pytestmark = pytest.mark.xdist_group("ray")
 
-NODES2 = ["trainer.ep=2", "trainer.nnodes=2", "launcher=ray"]
+# the test cluster has no GPUs: the Megatron ranks run on the CPU (gloo), their bundles ask for none
+NODES2 = ["trainer.ep=2", "trainer.nnodes=2", "launcher=ray", "launcher.trainer_gpus=0"]
 
 
 def _history(root, name: str, key: str) -> list[tuple[int, float]]:
@@ -141,7 +142,7 @@ def test_one_trainer_node_on_ray_binds_the_port_the_os_picks(ray_cluster, tmp_pa
     common = ["train", *MEGATRON_SMOKE, "max_steps=2"]  # one rank: the test nodes have 1 CPU each
     ref = run_sat(*common, "run.name=here", cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    out = run_sat(*common, "run.name=ray1", "launcher=ray",
+    out = run_sat(*common, "run.name=ray1", "launcher=ray", "launcher.trainer_gpus=0",
                   f"launcher.address={ray_cluster.address}", cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "ray: trainer node 0 on Ray node" in out.stdout + out.stderr
@@ -309,8 +310,18 @@ def test_without_the_ray_extra_exit_2_names_the_install_line(tmp_path):
         (["launcher=ray", "launcher.address=head"], "is not HOST:PORT"),
         (["launcher=ray", "launcher.address=h:1"], "there is nothing to place"),
         (
-            ["launcher=ray", "launcher.address=h:1", "trainer=megatron", "launcher.trainer_cpus=0"],
+            ["launcher=ray", "launcher.address=h:1", "trainer=megatron", "launcher.trainer_cpus=0"]
+            + ["launcher.trainer_gpus=0"],
             "a Ray bundle must ask for some resource",
+        ),
+        (
+            ["launcher=ray", "launcher.address=h:1", "engine=sglang", "launcher.server_gpus=0"],
+            "launcher.server_gpus=0 but each SGLang server uses engine.tp × engine.dp = 1 GPU(s)",
+        ),
+        (
+            ["launcher=ray", "launcher.address=h:1", "trainer=megatron", "trainer.nproc_per_node=2"]
+            + ["trainer.ep=2", "launcher.trainer_gpus=1"],
+            "launcher.trainer_gpus=1 but each trainer node runs trainer.nproc_per_node = 2 ranks",
         ),
         (["launcher.health_timeout_s=1", "launcher.health_interval_s=2"], "a node would count"),
         (["launcher.strategy=RANDOM"], "launcher.strategy='RANDOM' is not valid"),
@@ -340,7 +351,7 @@ def test_plan_shows_the_placement(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     want = (
-        "launcher: ray at head:6379, one placement group (STRICT_SPREAD): 2 trainer node "
+        "launcher: ray at head:6379, one placement group (SPREAD): 2 trainer node "
         "bundle(s) [CPU: 1, GPU: 8]"
     )
     assert want in res.stdout, res.stdout

@@ -4,8 +4,8 @@
 
 1. **connects** to ``launcher.address`` (``sat_cli.cluster.ray_env.connect``: never starts a
    cluster; a deadline on the TCP probe and on ``ray.init``);
-2. **places**: one placement group (``launcher.strategy``, STRICT_SPREAD by default) with one
-   bundle per trainer node (``trainer=megatron``) and one per SGLang server, waited for at most
+2. **places**: one placement group (``launcher.strategy``; unset: PACK for one trainer node,
+   SPREAD for several) with one bundle per trainer node (``trainer=megatron``) and one per SGLang server, waited for at most
    ``launcher.placement_timeout_s``; an infeasible or busy cluster fails naming what was asked
    and what the cluster has free;
 3. **starts one actor per bundle** (:class:`~sat_cli.cluster.hosts.NodeHost`, ``max_restarts=0``:

@@ -58,20 +58,41 @@ def run_environment(obj) -> dict[str, str]:
     return environment_params(sglang=version)
 
 
+def _node_plan(obj, trainer: bool):
+    """The device plan of the processes this command starts on this machine."""
+    from dataclasses import replace
+
+    from sat_cli.config.devices import device_plan, specs
+    from sat_cli.devices import DevicePlan, TrainerSpec, make_plan
+
+    if obj.launcher.name != "local":
+        return DevicePlan(())  # Ray places the processes on its nodes
+    if trainer:
+        return device_plan(obj)
+    return make_plan(replace(specs(obj)[0], colocate=False), TrainerSpec())  # the engine alone
+
+
 def check_devices(obj, *, trainer: bool = True) -> None:
     """``engine.device=cuda`` / ``trainer.device=cuda`` of the local engine and trainer: a CUDA
-    device must be visible now, with bf16 where a dtype asks for it; else ``UserError`` (one
-    line, exit 2), raised before anything is written or started. ``trainer``: whether the
+    device must be visible now, with bf16 where a dtype asks for it; the device plan's node 0
+    must fit this machine's GPUs (``sat_cli.devices``); else ``UserError`` (one line, exit 2),
+    raised before anything is written or started. ``trainer``: whether the
     command trains (``sat eval`` runs the engine only)."""
     wanted = []
     if obj.engine.name == "local" and obj.engine.device == "cuda":
         wanted.append(("engine", obj.engine.dtype))
     if trainer and obj.trainer.name == "local" and obj.trainer.device == "cuda":
         wanted.append(("trainer", obj.trainer.dtype))
-    if not wanted:
+    plan = _node_plan(obj, trainer)
+    if not wanted and not plan.needed():
         return
     import torch
 
+    if torch.cuda.is_available():  # the machine's GPUs hold the plan's node 0 (exit 2 if not)
+        count = torch.cuda.device_count()
+        plan.check(count, f"torch sees {count} GPU(s) on this machine")
+    if not wanted:
+        return  # Megatron ranks take the CPU (gloo) where no GPU is visible
     keys = " and ".join(f"{who}.device=cuda" for who, _ in wanted)
     if not torch.cuda.is_available():
         build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"

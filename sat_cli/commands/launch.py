@@ -10,13 +10,17 @@ from __future__ import annotations
 
 
 def bundles(obj) -> tuple[int, dict[str, float], int, dict[str, float]]:
-    """(trainer nodes, trainer bundle, servers, server bundle) that ``launcher=ray`` places."""
+    """(trainer nodes, trainer bundle, servers, server bundle) that ``launcher=ray`` places; GPU
+    counts are the launcher's or, unset, the device plan's (``sat_cli.config.devices``)."""
+    from sat_cli.config.devices import ray_gpus
+
     la, t, e = obj.launcher, obj.trainer, obj.engine
+    trainer_gpus, server_gpus = ray_gpus(obj)
     nodes = t.nnodes if t.name == "megatron" else 0
     servers = e.num_servers if e.name == "sglang" and not e.urls else 0
     cpus = la.trainer_cpus if la.trainer_cpus is not None else float(t.nproc_per_node or 1)
-    trainer = {"CPU": cpus, "GPU": la.trainer_gpus, **la.trainer_resources}
-    server = {"CPU": la.server_cpus, "GPU": la.server_gpus, **la.server_resources}
+    trainer = {"CPU": cpus, "GPU": trainer_gpus, **la.trainer_resources}
+    server = {"CPU": la.server_cpus, "GPU": server_gpus, **la.server_resources}
     return (
         nodes,
         {k: float(v) for k, v in trainer.items() if v},
@@ -28,6 +32,7 @@ def bundles(obj) -> tuple[int, dict[str, float], int, dict[str, float]]:
 def placement_text(obj) -> str:
     """One line for `sat plan`: what ``launcher=ray`` would ask the cluster for."""
     from sat_cli.cluster.launcher import bundle_text
+    from sat_cli.config.devices import ray_strategy
 
     nodes, trainer, servers, server = bundles(obj)
     parts = []
@@ -36,7 +41,7 @@ def placement_text(obj) -> str:
     if servers:
         parts.append(f"{servers} SGLang server bundle(s) [{bundle_text(server)}]")
     return (
-        f"launcher: ray at {obj.launcher.address}, one placement group ({obj.launcher.strategy}): "
+        f"launcher: ray at {obj.launcher.address}, one placement group ({ray_strategy(obj)}): "
         + " + ".join(parts)
     )
 
@@ -50,6 +55,7 @@ def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
     from dataclasses import fields
 
     from sat_cli.cluster.launcher import RayLauncher, RaySettings
+    from sat_cli.config.devices import ray_strategy
 
     la = obj.launcher
     nodes, trainer, servers, server = bundles(obj)
@@ -57,9 +63,11 @@ def build_launcher(obj, log=print, logs=None, *, trainer_nodes: bool = True):
     if not nodes and not servers:
         return None
     # every setting but the two bundles is the launcher config's key of the same name
-    placed = ("trainer_bundle", "server_bundle")
+    placed = ("trainer_bundle", "server_bundle", "strategy")
     same = {f.name: getattr(la, f.name) for f in fields(RaySettings) if f.name not in placed}
-    settings = RaySettings(**same, trainer_bundle=trainer, server_bundle=server)
+    settings = RaySettings(
+        **same, trainer_bundle=trainer, server_bundle=server, strategy=ray_strategy(obj)
+    )
     log_path = None if logs is None else logs / "ray.log"
     return RayLauncher(
         settings, trainer_nodes=nodes, servers=servers, log=log, log_path=log_path

@@ -25,21 +25,23 @@ def _b(n: int) -> str:
     return f"{n:,} ({n / 1e9:.2f} B)" if n >= 1e8 else f"{n:,}"
 
 
-def _engine_lines(obj, arch) -> list[str]:
+def _engine_lines(obj, arch, plan) -> list[str]:
     e = obj.engine
+    procs = plan.of("engine")
+    where = "GPU" if any(p.gpus for p in procs) else "CPU"
     if e.name == "local":
-        return [f"engines   local: one engine process on the CPU ({e.dtype})"]
+        return [
+            f"engines   local: one engine process on the {where} ({procs[0].device}, {e.dtype})"
+        ]
     if e.urls:
         return [
             f"engines   sglang: {len(e.urls)} server(s) started elsewhere ({', '.join(e.urls)})"
         ]
     per_server = e.tp * e.dp
-    where = "GPUs" if e.device == "cuda" else "CPU processes"
     line = (
         f"engines   sglang: {e.servers} server(s) × tp {e.tp} × dp {e.dp} (ep {e.ep}) = "
-        f"{e.servers * per_server} {where}"
+        f"{e.servers * per_server} {'GPUs' if where == 'GPU' else 'CPU processes'}, {e.dtype}"
         + (" behind sglang-router" if e.router else "")
-        + (f"; gpu_groups {list(e.gpu_groups)}" if e.gpu_groups else "")
     )
     lines = [line]
     if arch is not None:
@@ -51,13 +53,17 @@ def _engine_lines(obj, arch) -> list[str]:
     return lines
 
 
-def _trainer_lines(obj, lay: Layout) -> list[str]:
+def _trainer_lines(obj, lay: Layout, arch, plan) -> list[str]:
     t = obj.trainer
     if t.name == "local":
-        return [
-            "trainer   local: in the orchestrator process (CPU, float32, torch AdamW)",
-            _throughput_line(t),
-        ]
+        p = plan.of("trainer")[0]
+        where = "GPU" if p.gpus else "CPU"
+        line = (
+            f"trainer   local: in the orchestrator process on the {where} ({p.device}, {p.dtype})"
+        )
+        if arch is not None:  # fp32 weights + grads + AdamW m, v
+            line += f"; fp32 weights, gradients, AdamW ≈ {arch.total() * 16 / 1e9:.1f} GB"
+        return [line, _throughput_line(t)]
     return [
         f"trainer   megatron: {lay.nnodes} node(s) × {lay.nproc_per_node} processes = "
         f"{lay.world} ranks under torchrun; tp {lay.tp}, pp {lay.pp}, cp {lay.cp}, ep {lay.ep}, "
@@ -79,16 +85,20 @@ def _throughput_line(t) -> str:
     return f"          padded rows, no packing{why}; {micro}"
 
 
-def _gpu_line(obj, lay: Layout) -> list[str]:
-    e = obj.engine
-    rollout = e.servers * e.tp * e.dp if e.name == "sglang" and e.device == "cuda" else 0
-    train = lay.world if obj.trainer.name == "megatron" else 0
+def _device_lines(obj, plan) -> list[str]:
+    rollout, train = plan.total()
     if not rollout and not train:
-        return []
-    return [
-        f"GPUs      {rollout} rollout + {train} training = {rollout + train}"
-        + (" (a megatron rank runs on the CPU where CUDA is absent)" if not rollout else "")
-    ]
+        return ["devices   every process on the CPU", *plan.lines()]
+    share = "shared (engine.colocate=true)" if plan.colocate else "disjoint (engine.colocate=false)"
+    if plan.launcher == "ray":
+        head = f"GPUs      {rollout} rollout + {train} training, in Ray bundles"
+    else:
+        need = ", ".join(f"node {n} needs {k}" for n, k in sorted(plan.needed().items()))
+        head = f"GPUs      {rollout} rollout + {train} training, {share}: {need}"
+    note = []
+    if obj.trainer.name == "megatron" and train:
+        note = ["          (a megatron rank runs on the CPU, gloo, where no GPU is visible)"]
+    return [head, *plan.lines(), *note]
 
 
 def _memory_lines(obj, arch, lay: Layout) -> list[str]:
@@ -129,8 +139,14 @@ def _memory_lines(obj, arch, lay: Layout) -> list[str]:
     return out
 
 
-def plan_text(obj) -> str:
-    """The plan as printed (one string)."""
+def plan_text(obj, gpus_per_node: int | None = None) -> str:
+    """The plan as printed (one string); ``gpus_per_node`` (``--gpus-per-node``): the device
+    plan is checked against nodes of that many GPUs (``DevicePlanError``, exit 2)."""
+    from sat_cli.config.devices import device_plan
+
+    plan = device_plan(obj)
+    if gpus_per_node is not None:
+        plan.check(gpus_per_node, "--gpus-per-node")
     lay = Layout.of(obj.trainer)
     arch, source = architecture(obj)
     lines = []
@@ -142,7 +158,8 @@ def plan_text(obj) -> str:
         )
     else:
         lines.append(f"model     {obj.model.path}: architecture unknown ({source})")
-    lines += _engine_lines(obj, arch) + _trainer_lines(obj, lay) + _gpu_line(obj, lay)
+    lines += _engine_lines(obj, arch, plan) + _trainer_lines(obj, lay, arch, plan)
+    lines += _device_lines(obj, plan)
     if obj.launcher.name == "ray":
         from sat_cli.commands.launch import placement_text
 
@@ -157,6 +174,16 @@ def plan_text(obj) -> str:
     if missing:
         lines += ["", not_yet_message(missing, plan=True)]
     return "\n".join(lines) + "\n"
+
+
+def check_implemented(obj) -> None:
+    """``trainer=megatron``: a layout the worker cannot run yet is refused (``UserError``)."""
+    from sat_cli.errors import UserError
+
+    if obj.trainer.name == "megatron":
+        missing = unimplemented(Layout.of(obj.trainer))
+        if missing:
+            raise UserError(not_yet_message(missing))
 
 
 def not_yet_message(missing: list[str], plan: bool = False) -> str:

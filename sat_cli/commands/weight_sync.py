@@ -15,11 +15,13 @@ def weight_sender(obj, path: str):
     """The local trainer's weight sender (``engine.weight_sync=distributed``), else None."""
     if obj.engine.weight_sync != "distributed":
         return None
+    from sat_cli.config.devices import device_plan
     from sat_cli.weightsync.sender import WeightSender
 
+    device = device_plan(obj).find("local trainer").device  # the trainer's GPU (cuda:K)
     config = Path(path) / "config.json"
     tied = config.is_file() and bool(json.loads(config.read_text()).get("tie_word_embeddings"))
-    return WeightSender(dtype=obj.engine.dtype, device=obj.trainer.device, source_dir=path,
+    return WeightSender(dtype=obj.engine.dtype, device=device, source_dir=path,
                         bucket_bytes=obj.engine.weight_sync_bucket_mb * 2**20, tied=tied)  # fmt: skip
 
 

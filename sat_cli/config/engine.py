@@ -34,6 +34,9 @@ class EngineConfig:
     )  # sglang: one server per group, e.g. ["0,1", "2,3"]
     use_router: bool | None = None  # sglang: sglang-router in front; null = when num_servers > 1
     mem_fraction_static: float | None = None
+    # the engine shares its GPUs with the trainer (docs/gpus.md); SGLang then takes
+    # mem_fraction_static of each (sat_cli.devices.COLOCATE_MEM_FRACTION when null)
+    colocate: bool = False
     max_total_tokens: int | None = None  # sglang: KV pool size in tokens (cpu: 4096 when null)
     # sglang: --enable-deterministic-inference, so sampling seeds are honoured; null = on for
     # cuda, off for cpu (SGLang's deterministic mode needs a GPU attention backend)

@@ -45,18 +45,23 @@ class LauncherConfig:
     # ray: an actor that has not answered a ping for this long counts as lost with its node
     # (Ray itself declares a node dead after its own health checks; whichever comes first)
     health_timeout_s: float = 20.0
-    strategy: str = "STRICT_SPREAD"  # ray: placement group strategy over all bundles
+    # ray: placement group strategy over all bundles; null: PACK for one trainer node, SPREAD
+    # for several (sat_cli/config/devices.py)
+    strategy: str | None = None
     trainer_cpus: float | None = None  # CPUs per trainer-node bundle; null: nproc_per_node
-    trainer_gpus: float = 0.0  # GPUs per trainer-node bundle (8 on an 8-GPU node)
+    # GPUs per trainer-node / SGLang-server bundle; null: what the device plan needs
+    # (nproc_per_node; tp × dp); trainer_gpus=0 runs the Megatron ranks on the CPU (gloo)
+    trainer_gpus: float | None = None
     server_cpus: float = 1.0  # CPUs per SGLang-server bundle
-    server_gpus: float = 0.0  # GPUs per SGLang-server bundle (the server's tp × dp)
+    server_gpus: float | None = None
     # custom Ray resources added to every trainer / server bundle, e.g. {node_type_gpu: 1}
     trainer_resources: dict[str, float] = field(default_factory=dict)
     server_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("launcher.name", self.name, LAUNCHERS)
-        check_choice("launcher.strategy", self.strategy, STRATEGIES)
+        if self.strategy is not None:
+            check_choice("launcher.strategy", self.strategy, STRATEGIES)
         for key in (
             "connect_timeout_s",
             "placement_timeout_s",
@@ -94,7 +99,7 @@ class LauncherConfig:
             cpus = getattr(self, f"{side}_cpus")
             if (
                 cpus == 0
-                and not getattr(self, f"{side}_gpus")
+                and getattr(self, f"{side}_gpus") == 0
                 and not getattr(self, f"{side}_resources")
             ):
                 raise ConfigError(

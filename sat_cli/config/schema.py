@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sat_cli.config.additions import check_loss_additions  # STR, score centering
 from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
 from sat_cli.config.compat import check_compat  # rules across sections
+from sat_cli.config.devices import check_device_plan
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
 from sat_cli.config.sat_scope import check_sat_scope
@@ -355,6 +356,7 @@ class SatConfig:
 
             check_config(self)
         check_placement(self.launcher, self.trainer.name, self.engine)
+        check_device_plan(self)  # GPU ids per process, Ray's GPU requests (config/devices.py)
         check_weight_sync(self)  # engine.weight_sync across sections (config/engine.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         check_token_budgets(self.trainer, self.task.max_new_tokens)  # config/trainer.py

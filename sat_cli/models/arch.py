@@ -36,7 +36,15 @@ QWEN3_30B_A3B: dict = json.loads(
     (Path(__file__).parent.parent / "assets" / "arch" / "qwen3_30b_a3b.json").read_text()
 )
 
+# Qwen/Qwen3-0.6B-Base (model=qwen3_0_6b; and Qwen/Qwen3-0.6B, same shapes): dense, tied
+# embeddings, ~0.60 B parameters (0.44 B without the embedding). Data: assets/arch/qwen3_0_6b.json.
+QWEN3_0_6B: dict = json.loads(
+    (Path(__file__).parent.parent / "assets" / "arch" / "qwen3_0_6b.json").read_text()
+)
+
 KNOWN_HF_CONFIGS: dict[str, dict] = {
+    "Qwen/Qwen3-0.6B-Base": QWEN3_0_6B,
+    "Qwen/Qwen3-0.6B": QWEN3_0_6B,
     "Qwen/Qwen3-30B-A3B-Base": QWEN3_30B_A3B,
     "Qwen/Qwen3-30B-A3B": QWEN3_30B_A3B,
 }

@@ -1,0 +1,89 @@
+"""The edge of the device plan (``sat_cli.devices``): the composed config → plain specs → the
+plan, its compose-time check (``SatConfig`` calls :func:`check_device_plan`) and the GPU
+requests of ``launcher=ray`` checked against it."""
+
+from __future__ import annotations
+
+from sat_cli.config.checks import ConfigError
+
+
+def specs(obj):
+    """(EngineSpec, TrainerSpec) of a composed config."""
+    from sat_cli.devices import EngineSpec, TrainerSpec
+
+    e, t, la = obj.engine, obj.trainer, obj.launcher
+    engine = EngineSpec(
+        name=e.name,
+        device=e.device,
+        dtype=e.dtype,
+        servers=e.servers if e.name == "sglang" else 1,
+        tp=e.tp,
+        dp=e.dp,
+        ep=e.ep,
+        gpu_groups=tuple(e.gpu_groups),
+        mem_fraction=e.mem_fraction_static,
+        colocate=e.colocate,
+    )
+    if t.name == "megatron":  # GPU ranks unless their Ray bundles explicitly ask for none
+        cpu = la.name == "ray" and la.trainer_gpus == 0
+        device = "cpu" if cpu else "cuda"
+    else:
+        device = t.device
+    trainer = TrainerSpec(
+        name=t.name,
+        device=device,
+        dtype=t.dtype,
+        nnodes=t.nnodes if t.name == "megatron" else 1,
+        nproc_per_node=(t.nproc_per_node or 1) if t.name == "megatron" else 1,
+    )
+    return engine, trainer
+
+
+def device_plan(obj):
+    """The run's ``DevicePlan`` (``DevicePlanError``, exit 2, for an impossible one)."""
+    from sat_cli.devices import make_plan
+
+    return make_plan(*specs(obj), launcher=obj.launcher.name)
+
+
+def check_device_plan(cfg) -> None:
+    """Compose time: the plan can be made, and explicit Ray GPU requests cover it."""
+    from sat_cli.devices import DevicePlanError
+
+    try:
+        plan = device_plan(cfg)
+    except DevicePlanError as exc:
+        raise ConfigError(str(exc)) from None
+    la = cfg.launcher
+    if la.name != "ray":
+        return
+    need = plan.bundle_gpus("engine")
+    if la.server_gpus is not None and plan.of("engine") and la.server_gpus < need:
+        raise ConfigError(
+            f"launcher.server_gpus={la.server_gpus:g} but each SGLang server uses engine.tp × "
+            f"engine.dp = {need} GPU(s) (engine.device=cuda): set launcher.server_gpus={need} or "
+            "leave it unset (the device plan's count)"
+        )
+    need = plan.bundle_gpus("trainer")
+    if la.trainer_gpus and la.trainer_gpus < need:
+        raise ConfigError(
+            f"launcher.trainer_gpus={la.trainer_gpus:g} but each trainer node runs "
+            f"trainer.nproc_per_node = {need} ranks, one GPU each: set launcher.trainer_gpus="
+            f"{need}, leave it unset, or 0 for ranks on the CPU (gloo)"
+        )
+
+
+def ray_gpus(obj) -> tuple[float, float]:
+    """(GPUs per trainer-node bundle, GPUs per server bundle): explicit or the plan's."""
+    plan, la = device_plan(obj), obj.launcher
+    trainer = la.trainer_gpus if la.trainer_gpus is not None else plan.bundle_gpus("trainer")
+    server = la.server_gpus if la.server_gpus is not None else plan.bundle_gpus("engine")
+    return float(trainer), float(server)
+
+
+def ray_strategy(obj) -> str:
+    """``launcher.strategy``, or from the layout: one trainer node PACK, several SPREAD."""
+    t = obj.trainer
+    if obj.launcher.strategy is not None:
+        return obj.launcher.strategy
+    return "SPREAD" if t.name == "megatron" and t.nnodes > 1 else "PACK"

@@ -137,7 +137,11 @@ def check_parity(name: str, ckpt: Path, dev: str, dtype: str, shape) -> None:
 
 def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
     with LocalEngine(str(ckpt), dtype="bfloat16", device=dev, seed=0) as engine:
+        sample_batch(engine, *shape, seed=9)  # warm-up: the tokens/s below exclude the first call
+        t0 = time.perf_counter()
         batches = [sample_batch(engine, *shape, seed=10 + i) for i in range(steps)]
+        gen_s = time.perf_counter() - t0
+    generated = sum(float(b.loss_mask.sum()) for b in batches)  # response tokens sampled
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = LocalTrainer(str(ckpt), device=dev, dtype="bfloat16", lr=1e-5,
@@ -162,6 +166,10 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
     row("train bf16", name, "non-finite loss or grad norm", nonfinite, hi=0)
     row("train bf16", name, "max abs dweight", moved, lo=1e-12)
     row("train bf16", name, "weights and Adam fp32 (1 = yes)", float(fp32), lo=1)
+    # one GPU's throughput, generation and training apart (bench/README.md when run on a GPU)
+    row("train bf16", name, "generation tokens/s (engine, bf16)", generated / gen_s)
+    tokens = sum(float(b.loss_mask.sum()) for b in batches[1:])
+    row("train bf16", name, "training tokens/s (after the first)", tokens / max(sum(times[1:]), 1e-9))
     row("train bf16", name, "s per step (after the first)",
         sum(times[1:]) / max(len(times) - 1, 1))  # fmt: skip
     if dev == "cuda":

@@ -246,3 +246,50 @@ def test_stand_ins_match_the_sources():
         "get_device().base_gpu_id + ((pp_rank % pp_size_per_node) * tp_size_per_node) + "
         "(tp_rank % tp_size_per_node) * get_device().gpu_id_step"
     ) in text
+
+
+SWEEP = """name: gpu_sweep
+base: [experiment=paper_qwen3_30b_a3b]
+axes: {}
+seeds: [0]
+methods:
+  GRPO: [algo=grpo, clip=ppo]
+  SAT-GRPO: [algo=grpo, clip=sat]
+"""
+
+
+def _sweep(tmp_path, capsys, *overrides, **opts):
+    from sat_cli.sweep.executor import ExecutorOptions
+    from sat_cli.sweep.run import run_sweep
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(SWEEP)
+    options = ExecutorOptions(**opts)
+    run_sweep(
+        str(spec),
+        [f"run.dir={tmp_path}/runs", *overrides],
+        jobs=None,
+        dry_run=True,
+        executor=options,
+    )
+    return capsys.readouterr().out
+
+
+def test_slurm_and_ray_sweep_jobs_ask_for_the_plans_gpus(tmp_path, capsys):
+    """`sat sweep --dry-run --executor slurm|ray`: each job's GPUs default to the device plan's;
+    an explicit count below it, and a 2-node launcher=local run in a one-node job, are refused."""
+    from sat_cli.errors import UserError
+    from sat_cli.sweep.executor import ExecutorOptions, slurm_settings
+
+    out = _sweep(tmp_path, capsys, name="slurm")
+    assert "resources (--executor slurm): 1 node and 8 GPU(s) per job" in out
+    out = _sweep(tmp_path, capsys, name="ray", ray_gpus=8.0)
+    assert "resources (--executor ray): 1 node and 8 GPU(s) per job" in out
+    with pytest.raises(UserError, match=r"--slurm-gpus=4 but run 'grpo-s0' needs 8 GPU\(s\)"):
+        _sweep(tmp_path, capsys, name="slurm", slurm_gpus=4)
+    with pytest.raises(UserError, match=r"--ray-gpus=0 but run 'grpo-s0' needs 8"):
+        _sweep(tmp_path, capsys, "engine.device=cuda", name="ray", ray_gpus=0.0)
+    with pytest.raises(UserError, match="has trainer.nnodes=2, and a sweep job is one node"):
+        _sweep(tmp_path, capsys, "trainer.nnodes=2", name="slurm")
+    # submitit gets the plan's count (SlurmSettings.gpus_per_node → gpus_per_node=)
+    assert slurm_settings({}, ExecutorOptions(name="slurm"), 8).gpus_per_node == 8

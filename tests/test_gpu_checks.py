@@ -101,3 +101,68 @@ def test_gpu_check_local_cpu_smoke():
     # fp32 engine and trainer on one device agree to float rounding (the CPU tests' 1e-5)
     fp32 = float(rows[("parity fp32", "tiny", "max abs dlogp engine-trainer")].split("|")[4])
     assert fp32 <= 1e-5
+
+
+def _gpu_check(out, *args, env=None):
+    env = {"PYTHON": sys.executable, **(env or {})}
+    return _run(["bash", "scripts/gpu_check.sh", str(out), *args], env=env, timeout=300)
+
+
+def test_gpu_check_cpu_dry_run_writes_the_summary(tmp_path):
+    """scripts/gpu_check.sh --cpu-dry-run: the device plans of the GPU layouts (the paper preset's
+    0-3 / 4-7 split), the nvidia-smi parser, every GPU step recorded as skipped."""
+    import json
+
+    rc, text = _gpu_check(tmp_path / "out", "--cpu-dry-run")
+    assert rc == 0, text[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["status"] == "PASS" and summary["cpu_dry_run"] is True
+    paper = steps["plan"]["layouts"]["paper 1x8"]
+    assert paper["procs"] == {
+        "sglang server 0": [0, [0, 1, 2, 3]],
+        "megatron node 0": [0, [4, 5, 6, 7]],
+    }
+    two = steps["plan"]["layouts"]["paper 2x8"]
+    assert two["needed"] == {"0": 8, "1": 4}
+    shared = steps["plan"]["layouts"]["sglang+local 1 GPU"]["procs"]
+    assert shared == {"sglang server 0": [0, [0]], "local trainer": [0, [0]]}
+    assert steps["nvidia_smi_parser"]["status"] == "PASS"
+    for name in ("local", "sglang", "megatron", "weight_sync", "placement"):
+        assert steps[name]["status"] == "SKIPPED", name
+
+
+def test_gpu_check_without_a_gpu_exits_2(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    rc, text = _gpu_check(tmp_path / "out", env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert rc == 2, text
+    assert "gpu_check.sh: no GPU here (nvidia-smi finds none)" in text and "--cpu-dry-run" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_processes_are_mapped_to_their_role_through_the_process_tree():
+    """The placement step's mapping: a GPU process (here a grandchild, as SGLang's scheduler is
+    of the server) counts for the nearest ancestor named in pids.json (real /proc)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_check import gpu_of_pids, roles_on_gpus
+
+    code = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code + "; time.sleep(30)"], stdout=subprocess.PIPE, text=True
+    )
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        seen = gpu_of_pids(f"{child}, GPU-b\n{os.getpid()}, GPU-a\n", "0, GPU-a\n1, GPU-b\n")
+        roles = roles_on_gpus({"orchestrator": os.getpid(), "engine": parent.pid}, seen)
+        assert roles == {"orchestrator": [0], "engine": [1]}
+    finally:
+        if child is not None:
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait(timeout=10)

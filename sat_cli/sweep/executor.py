@@ -113,11 +113,64 @@ def _number(what: str, value, lo: float, integer: bool):
     return int(value) if integer else float(value)
 
 
-def slurm_settings(section: dict, opts: ExecutorOptions):
+def job_gpus(plan, name: str, explicit, key: str) -> int:
+    """GPUs each job of a cluster sweep asks for: ``explicit`` (``--slurm-gpus`` /
+    ``--ray-gpus`` or the sweep file's), checked against every run's device plan, or the most
+    any run needs. UserError (exit 2) for too few, a CUDA run with none, or a run over several
+    nodes (a job is one node)."""
+    need = max(plan.gpus.values(), default=0)
+    for run, nodes in plan.nodes.items():
+        if nodes > 1:
+            raise UserError(
+                f"--executor {name}: run {run!r} has trainer.nnodes={nodes}, and a sweep job is "
+                "one node; run it with `sat train launcher=ray …` on a Ray cluster (inside a SLURM "
+                "allocation: scripts/ray_in_slurm.sh, docs/gpus.md)"
+            )
+    if explicit is None:
+        return need
+    for run, gpus in plan.gpus.items():
+        if explicit < gpus and (explicit > 0 or plan.cuda[run]):
+            raise UserError(
+                f"{key}={explicit:g} but run {run!r} needs {gpus} GPU(s) on its node (its device "
+                f"plan: `sat plan` with its overrides); set {key}={gpus} or leave it unset"
+            )
+    return explicit
+
+
+def resources_text(plan, name: str, gpus: int) -> str:
+    """The line ``--dry-run`` and each start print: what every job asks for."""
+    per_run = sorted(set(plan.gpus.values()))
+    return (
+        f"resources (--executor {name}): 1 node and {gpus:g} GPU(s) per job; the runs' device "
+        f"plans need {', '.join(map(str, per_run)) or 0} GPU(s)"
+        + (" (0: Megatron ranks on the CPU)" if gpus == 0 and any(plan.gpus.values()) else "")
+    )
+
+
+def cluster_gpus(plan, section: dict, opts: ExecutorOptions) -> int:
+    """GPUs per job of ``--executor slurm|ray`` (:func:`job_gpus`)."""
+    if opts.name == "slurm":
+        value, key, integer = (
+            pick_value(section, "gpus_per_node", opts.slurm_gpus),
+            "--slurm-gpus",
+            True,
+        )
+    else:
+        value, key, integer = pick_value(section, "num_gpus", opts.ray_gpus), "--ray-gpus", False
+    if value is not None:
+        value = _number(key, value, 0, integer)
+    return job_gpus(plan, opts.name, value, key)
+
+
+def pick_value(section: dict, key: str, cli):
+    return cli if cli is not None else section.get(key)
+
+
+def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
     from sat_cli.cluster.executors import SlurmSettings
 
     def pick(key, cli):
-        return cli if cli is not None else section.get(key)
+        return pick_value(section, key, cli)
 
     cluster = pick("cluster", opts.slurm_cluster) or "slurm"
     if cluster not in ("slurm", "local"):
@@ -127,7 +180,6 @@ def slurm_settings(section: dict, opts: ExecutorOptions):
         out["partition"] = str(partition)
     for key, cli, lo, integer in (
         ("time_min", opts.slurm_time, 1, True),
-        ("gpus_per_node", opts.slurm_gpus, 0, True),
         ("cpus_per_task", opts.slurm_cpus, 1, True),
         ("mem_gb", opts.slurm_mem_gb, 0, False),
     ):
@@ -137,14 +189,14 @@ def slurm_settings(section: dict, opts: ExecutorOptions):
     setup = list(section.get("setup") or []) + list(opts.slurm_setup)
     if not all(isinstance(line, str) for line in setup):
         raise UserError("slurm.setup: a list of shell lines, e.g. ['module load cuda']")
-    out["setup"] = tuple(setup)
+    out["setup"], out["gpus_per_node"] = tuple(setup), gpus
     extra = {**_pairs(section.get("additional") or {}, "slurm.additional", False)}
     extra.update(_pairs(opts.slurm_options, "--slurm-option", False))
     out["additional"] = extra
     return SlurmSettings(**out)
 
 
-def ray_settings(section: dict, opts: ExecutorOptions):
+def ray_settings(section: dict, opts: ExecutorOptions, gpus: float = 0.0):
     from sat_cli.cluster.executors import RaySweepSettings
     from sat_cli.config.launcher import parse_address
 
@@ -161,10 +213,9 @@ def ray_settings(section: dict, opts: ExecutorOptions):
     except ConfigError as exc:
         raise UserError(str(exc)) from None
     out = {"address": str(address)}
-    for key, cli, lo in (("num_cpus", opts.ray_cpus, 0), ("num_gpus", opts.ray_gpus, 0)):
-        value = cli if cli is not None else section.get(key)
-        if value is not None:
-            out[key] = _number(f"ray.{key}", value, lo, False)
+    out["num_gpus"] = float(gpus)
+    if (value := pick_value(section, "num_cpus", opts.ray_cpus)) is not None:
+        out["num_cpus"] = _number("ray.num_cpus", value, 0, False)
     resources = _pairs(section.get("resources") or {}, "ray.resources", True)
     resources.update(_pairs(opts.ray_resources, "--ray-resource", True))
     out["resources"] = resources

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sat_cli.errors import UserError
@@ -25,6 +25,11 @@ class Plan:
     tracking_uri: str | None  # None: tracking off
     run_dirs: dict[str, Path]
     needs_warm_start: list[SweepRun]  # one representative run per distinct warm-start config
+    # per run, from its device plan (sat_cli.devices): GPUs on its node, whether it needs CUDA
+    # (a local engine/trainer or SGLang on cuda; Megatron alone also runs on the CPU), nodes
+    gpus: dict[str, int] = field(default_factory=dict)
+    cuda: dict[str, bool] = field(default_factory=dict)
+    nodes: dict[str, int] = field(default_factory=dict)
 
 
 def validate(sweep: Sweep, log=None) -> Plan:
@@ -36,6 +41,9 @@ def validate(sweep: Sweep, log=None) -> Plan:
     uris: dict[str | None, str] = {}
     warm: dict[str, SweepRun] = {}
     seen: dict[str, SweepRun] = {}  # composed config -> the first run with it
+    gpus: dict[str, int] = {}
+    cuda: dict[str, bool] = {}
+    nodes: dict[str, int] = {}
     for i, run in enumerate(sweep.runs):
         if log and len(sweep.runs) > 20 and i and i % 20 == 0:
             log(f"  composed {i}/{len(sweep.runs)} runs")
@@ -60,6 +68,7 @@ def validate(sweep: Sweep, log=None) -> Plan:
         uris.setdefault(uri, run.name)
         run_dirs[run.name] = Path(obj.run.dir) / obj.run.experiment / obj.run.name
         _check_model_path(sweep, run, obj)
+        gpus[run.name], cuda[run.name], nodes[run.name] = _devices(obj)
         if obj.model.kind == "tiny" and not obj.model.path and not sweep.replay:
             key = json.dumps([obj.run.dir, repr(obj.model), obj.task.digits])
             warm.setdefault(key, run)
@@ -81,7 +90,21 @@ def validate(sweep: Sweep, log=None) -> Plan:
         tracking_uri=next(iter(uris)),
         run_dirs=run_dirs,
         needs_warm_start=list(warm.values()),
+        gpus=gpus,
+        cuda=cuda,
+        nodes=nodes,
     )
+
+
+def _devices(obj) -> tuple[int, bool, int]:
+    """(GPUs on node 0, needs CUDA, nodes) of a run's device plan."""
+    from sat_cli.config.devices import device_plan
+
+    plan = device_plan(obj)
+    cuda = any(p.gpus for p in plan.procs if not p.name.startswith("megatron"))
+    local = obj.trainer.name == "megatron" and obj.launcher.name == "local"
+    nodes = obj.trainer.nnodes if local else 1  # launcher=ray: the run places its own nodes
+    return plan.needed().get(0, 0), cuda, nodes
 
 
 def _config_key(cfg) -> str:

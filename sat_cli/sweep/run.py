@@ -24,8 +24,10 @@ from sat_cli.sweep.executor import (
     EXECUTORS,
     ExecutorOptions,
     check_cluster_plan,
+    cluster_gpus,
     open_executor,
     ray_settings,
+    resources_text,
     slurm_settings,
 )
 from sat_cli.sweep.jobs import CHILD_LOG, adopt_jobs, finish_run, start_run, warm_start
@@ -109,8 +111,13 @@ def run_sweep(
     plan = validate(sweep, log=log)
     state = read_state(plan.root)
     statuses = {r.name: run_status(r, plan.run_dirs[r.name], state) for r in sweep.runs}
+    gpus = 0
+    if opts.name != "local":  # GPUs per job: the runs' device plans, or checked against them
+        gpus = cluster_gpus(plan, sweep.executors.get(opts.name, {}), opts)
     if dry_run:
         log(format_plan(plan, statuses))
+        if opts.name != "local":
+            log(resources_text(plan, opts.name, gpus))
         return
     if sweep.clean_tree:  # a pre-registered study: committed code only
         from sat_cli.sweep.clean_tree import require_clean_tree
@@ -122,12 +129,13 @@ def run_sweep(
         raise UserError(f"--jobs must be >= 1, got {jobs}")
     settings = None
     if opts.name == "slurm":
-        settings = slurm_settings(sweep.executors.get("slurm", {}), opts)
+        settings = slurm_settings(sweep.executors.get("slurm", {}), opts, gpus)
     elif opts.name == "ray":
-        settings = ray_settings(sweep.executors.get("ray", {}), opts)
+        settings = ray_settings(sweep.executors.get("ray", {}), opts, gpus)
     if opts.name != "local":
         _require_extra(opts.name, settings)
         check_cluster_plan(plan, opts.name, settings)
+        log(resources_text(plan, opts.name, gpus))
     from sat_cli.util.fsio import check_output_dir
 
     check_output_dir(plan.root, "sweep folder")

@@ -78,7 +78,8 @@ class Proc:
         trainer) or ``cuda`` (its ranks' ``cuda:0..n-1`` of its own CUDA_VISIBLE_DEVICES)."""
         if not self.gpus:
             return "cpu"
-        return "cuda" if self.own_visible or self.node is None else f"cuda:{self.gpus[0]}"
+        one = len(self.gpus) == 1 and not self.own_visible and self.node is not None
+        return f"cuda:{self.gpus[0]}" if one else "cuda"
 
 
 def _ids(gpus: tuple[int, ...]) -> str:
@@ -259,6 +260,8 @@ def _trainer_procs(t: TrainerSpec, engine_ids: set[int], colocate: bool, ray: bo
         else:
             gpus = tuple(range(count))
         detail = ranks + (", set_device(LOCAL_RANK)" if count else ", gloo")
+        if node and not ray:  # `sat worker --join` on that node: its GPUs from 0, no env set
+            detail += " (sat worker --join)"
         procs.append(
             Proc(
                 f"megatron node {node}",
@@ -267,7 +270,7 @@ def _trainer_procs(t: TrainerSpec, engine_ids: set[int], colocate: bool, ray: bo
                 gpus,
                 t.dtype,
                 detail,
-                own_visible=True,
+                own_visible=ray or node == 0,
             )
         )
     return procs

@@ -279,7 +279,7 @@ def test_loss_functions_stay_small():
 # is ``sat_cli``. The imports counted are those of the cycle rule (relative and lazy ones too).
 LAYERS = (
     {"sat_cli", "errors", "metric_names", "numerics", "samples"},  # import no other sat_cli module
-    {"util"},  # files, processes, signals
+    {"util", "devices"},  # files, processes, signals; the device plan (plain values in)
     {"records", "rl", "tasks", "tracking"},  # state schemas, the loss math, tasks, MLflow
     {"models"},  # the model, its weights on disk, R3
     {"checkpoints", "replay", "weightsync"},  # what a run keeps and sends

@@ -35,8 +35,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _start_logged(cmd: list[str], log_path: str, header: str, env: dict[str, str],
-                  cwd: str | None, **popen) -> subprocess.Popen:  # fmt: skip
+def _start_logged(
+    cmd: list[str], log_path: str, header: str, env: dict[str, str], cwd: str | None, **popen
+) -> subprocess.Popen:
     """Start ``cmd`` (no stdin, ``env`` over this environment) with its output appended to
     ``log_path`` after a dated header line naming this node and the command."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +45,15 @@ def _start_logged(cmd: list[str], log_path: str, header: str, env: dict[str, str
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"\n===== {stamp} {header} on {os.uname().nodename}\n$ {' '.join(cmd)}\n")
         log.flush()
-        return subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **env}, **popen)  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            **popen,
+        )
 
 
 def run_job(
@@ -53,8 +61,7 @@ def run_job(
 ) -> int:
     """Run ``cmd`` to its end inside a cluster job; returns its exit code (module docstring).
     ``cwd``: the folder ``sat sweep`` ran in (relative paths of the run mean the same there)."""
-    proc = _start_logged(cmd, log_path, header, env, cwd,
-                         preexec_fn=_die_with_parent)  # fmt: skip
+    proc = _start_logged(cmd, log_path, header, env, cwd, preexec_fn=_die_with_parent)
 
     def forward(signum, frame):  # SIGINT/SIGUSR2 become SIGTERM: sat train's orderly stop
         with contextlib.suppress(ProcessLookupError):

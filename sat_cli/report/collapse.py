@@ -193,9 +193,13 @@ def read_rows(text: str) -> list[StudyRow]:
     for d in reader:
         out.append(
             StudyRow(
-                **{**d, "last_step": int(d["last_step"]), "evals": int(d["evals"]),
-                   "collapsed": int(d["collapsed"]),
-                   **{k: float(d[k] or "nan") for k in ("eval_first", "eval_best", "eval_last")}}
+                **{
+                    **d,
+                    "last_step": int(d["last_step"]),
+                    "evals": int(d["evals"]),
+                    "collapsed": int(d["collapsed"]),
+                    **{k: float(d[k] or "nan") for k in ("eval_first", "eval_best", "eval_last")},
+                }
             )
-        )  # fmt: skip
+        )
     return out

@@ -75,9 +75,24 @@ def requested_pairs(specs: list[str], rows: list[str], cells: dict) -> list[Pair
 
 
 PAIR_COLS = (
-    "kind", "a", "lag_a", "b", "lag_b", "endpoint", "n", "mean_diff", "ci95_lo", "ci95_hi",
-    "t", "p_t", "wilcoxon_w", "p_wilcoxon", "a_greater", "b_greater", "seeds",
-)  # fmt: skip
+    "kind",
+    "a",
+    "lag_a",
+    "b",
+    "lag_b",
+    "endpoint",
+    "n",
+    "mean_diff",
+    "ci95_lo",
+    "ci95_hi",
+    "t",
+    "p_t",
+    "wilcoxon_w",
+    "p_wilcoxon",
+    "a_greater",
+    "b_greater",
+    "seeds",
+)
 
 
 def pair_rows(pairs: list[PairSpec], cells: dict, st: Settings, names) -> list[list[Any]]:
@@ -89,9 +104,26 @@ def pair_rows(pairs: list[PairSpec], cells: dict, st: Settings, names) -> list[l
             if res is None:
                 continue
             out.append(
-                [p.kind, p.a, p.lag_a, p.b, p.lag_b, k, res.n, res.mean, res.lo, res.hi, res.t,
-                 res.p_t, res.w, res.p_w, res.a_wins, res.b_wins, "/".join(res.seeds)]
-            )  # fmt: skip
+                [
+                    p.kind,
+                    p.a,
+                    p.lag_a,
+                    p.b,
+                    p.lag_b,
+                    k,
+                    res.n,
+                    res.mean,
+                    res.lo,
+                    res.hi,
+                    res.t,
+                    res.p_t,
+                    res.w,
+                    res.p_w,
+                    res.a_wins,
+                    res.b_wins,
+                    "/".join(res.seeds),
+                ]
+            )
     return out
 
 
@@ -109,8 +141,15 @@ def _p(x: float) -> str:
 
 
 def pairs_markdown(table: list[list[Any]], st: Settings) -> str:
-    head = ["comparison (a − b)", "endpoint", "n", "mean diff [95 % CI]", "paired t p",
-            "Wilcoxon p", "a > b / a < b"]  # fmt: skip
+    head = [
+        "comparison (a − b)",
+        "endpoint",
+        "n",
+        "mean diff [95 % CI]",
+        "paired t p",
+        "Wilcoxon p",
+        "a > b / a < b",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         kind, a, la, b, lb, k, n, mean, lo, hi, _t, p_t, _w, p_w, aw, bw, _ = r

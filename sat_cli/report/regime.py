@@ -22,11 +22,30 @@ from sat_cli.report.tables import (
 )
 
 REGIME_COLS = (
-    "run", "method", "lag", "seed", "status", "last step", "mean sat/q", "ln(1+eps_high)",
-    "-ln(1-eps_low)", "SAT can act (either side)", "can act low", "can act high",
-    "mean sat/gate_rate", "mean sat/clipfrac_sat_band", "band low", "band high",
-    "mean loss/clipfrac", "clip low", "clip high", "mean ESS", "min ESS", "mean d̄π", "flag",
-)  # fmt: skip
+    "run",
+    "method",
+    "lag",
+    "seed",
+    "status",
+    "last step",
+    "mean sat/q",
+    "ln(1+eps_high)",
+    "-ln(1-eps_low)",
+    "SAT can act (either side)",
+    "can act low",
+    "can act high",
+    "mean sat/gate_rate",
+    "mean sat/clipfrac_sat_band",
+    "band low",
+    "band high",
+    "mean loss/clipfrac",
+    "clip low",
+    "clip high",
+    "mean ESS",
+    "min ESS",
+    "mean d̄π",
+    "flag",
+)
 INERT_FLAG = "SAT inert: recompute denominator, 1 step/batch"
 
 
@@ -63,10 +82,15 @@ def _regime_values(r: RunData) -> list[float | None]:
     act = can_act_fractions(r) or (None, None, None)
     ess = [v for _, v in r.values(ESS_KEY) if not math.isnan(v)]
     return [
-        r.mean(Q_KEY), *act, r.mean(GATE_KEY), *(r.mean(k) for k in BAND_KEYS),
-        *(r.mean(k) for k in CLIP_KEYS), r.mean(ESS_KEY), min(ess) if ess else None,
+        r.mean(Q_KEY),
+        *act,
+        r.mean(GATE_KEY),
+        *(r.mean(k) for k in BAND_KEYS),
+        *(r.mean(k) for k in CLIP_KEYS),
+        r.mean(ESS_KEY),
+        min(ess) if ess else None,
         r.mean(DPI_KEY),
-    ]  # fmt: skip
+    ]
 
 
 _REGIME_ND = (4, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 3, 3, 4)
@@ -80,16 +104,41 @@ def regime_rows(runs: list[RunData], rows: list[str]) -> list[list[str]]:
         hi, lo = _ells(r)
         vals = [_opt(v, nd) for v, nd in zip(_regime_values(r), _REGIME_ND, strict=True)]
         out.append(
-            [r.name, r.row, r.lag, r.seed, r.status, "" if r.last_step is None else str(r.last_step),
-             vals[0], f"{hi:.4f}", f"{lo:.4f}", *vals[1:], INERT_FLAG if r.inert_recompute else ""]
-        )  # fmt: skip
+            [
+                r.name,
+                r.row,
+                r.lag,
+                r.seed,
+                r.status,
+                "" if r.last_step is None else str(r.last_step),
+                vals[0],
+                f"{hi:.4f}",
+                f"{lo:.4f}",
+                *vals[1:],
+                INERT_FLAG if r.inert_recompute else "",
+            ]
+        )
     return out
 
 
 def regime_cells(rows: list[str], lags: list[str], cells: dict) -> str:
     """Per cell: the regime numbers averaged over seeds (min ESS: the minimum)."""
-    head = ["method", "lag", "n", "mean q", "SAT can act", "low", "high", "gate rate",
-            "SAT band", "band low", "band high", "PPO clipfrac", "ESS mean", "ESS min"]  # fmt: skip
+    head = [
+        "method",
+        "lag",
+        "n",
+        "mean q",
+        "SAT can act",
+        "low",
+        "high",
+        "gate rate",
+        "SAT band",
+        "band low",
+        "band high",
+        "PPO clipfrac",
+        "ESS mean",
+        "ESS min",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         for lag in lags:
@@ -169,9 +218,10 @@ def render_markdown(rep: dict, uri: str, plots: list[str], st: Settings) -> str:
         lines += [f"### Endpoints at lag {lag}", ""]
         lines += [endpoint_table(rows, lag, cells, st, names), ""]
     thr = (
-        f"{st.collapse_below:g}" if st.collapse_below is not None
+        f"{st.collapse_below:g}"
+        if st.collapse_below is not None
         else "half of the run's own step-0 score"
-    )  # fmt: skip
+    )
     lines += [f"**collapsed** = runs whose last eval is below {thr}.", ""]
     table = pair_rows(rep["pairs"], cells, st, [k for k in names if k != "ess"])
     if table:
@@ -198,8 +248,10 @@ def render_markdown(rep: dict, uri: str, plots: list[str], st: Settings) -> str:
         "",
     ]
     if flagged:
-        lines += [f"> **{INERT_FLAG}**: {', '.join(flagged)}. d = 0, q = 0: these are the base "
-                  "method.", ""]  # fmt: skip
+        lines += [
+            f"> **{INERT_FLAG}**: {', '.join(flagged)}. d = 0, q = 0: these are the base method.",
+            "",
+        ]
     lines += [regime_cells(rows, lags, cells), "", "Per run:", ""]
     lines += [regime_markdown(regime_rows(runs, rows)), ""]
     if plots:

@@ -41,8 +41,15 @@ def replay_rows(client, runs) -> list[dict]:
             mine = _last(client, r.run_id, key)
             theirs = _last(client, orig_id, key) if orig_id else None
             diff = mine - theirs if mine is not None and theirs is not None else None
-            rows.append(dict(zip(COLUMNS, (r.name, r.method, tags.get(REPLAY_OF, "?"), key,
-                                           mine, theirs, diff), strict=True)))  # fmt: skip
+            rows.append(
+                dict(
+                    zip(
+                        COLUMNS,
+                        (r.name, r.method, tags.get(REPLAY_OF, "?"), key, mine, theirs, diff),
+                        strict=True,
+                    )
+                )
+            )
     return rows
 
 

@@ -285,9 +285,15 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
             weight = factor if weight is None else weight * factor
     diag = {} if x.diagnostics else None
     loss, metrics = policy_loss(
-        x.logp, denom_logp, advantages, x.mask, settings, level=a.level, token_weights=weight,
+        x.logp,
+        denom_logp,
+        advantages,
+        x.mask,
+        settings,
+        level=a.level,
+        token_weights=weight,
         diag=diag,
-    )  # fmt: skip
+    )
     if cfg.score_centering:
         agg = settings.agg if a.level == "token" else "seq-mean-token-mean"  # as policy_loss
         token_weight = weight_for(spec.level, spec.denominator, spec.correction, cfg)
@@ -305,8 +311,14 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
 def _check_additions(cfg: LossConfig) -> None:
     """The sequence trust region and score centering compose with ``TRUST_ALGOS`` only (clipped,
     no behaviour weight of their own); score centering's own refusals: ``weight_for``."""
-    on = [k for k, v in (("str_delta", cfg.str_delta is not None),
-                         ("score_centering", cfg.score_centering)) if v]  # fmt: skip
+    on = [
+        k
+        for k, v in (
+            ("str_delta", cfg.str_delta is not None),
+            ("score_centering", cfg.score_centering),
+        )
+        if v
+    ]
     if on and cfg.algo not in TRUST_ALGOS:
         raise ValueError(
             f"{' and '.join(on)} compose with the algorithms {', '.join(TRUST_ALGOS)} only; "
@@ -336,9 +348,11 @@ def _centering(x: LossInputs, token_weight, advantages, keep, agg: str):
     with torch.no_grad():
         d = max(n, 1)
         metrics = {M.CENTERING_TERM: float(out.detach())}
-        for name, key in ((M.CENTERING_SAMPLER_HEAD, "sampler_head"),
-                          (M.CENTERING_POLICY_HEAD, "policy_head"),
-                          (M.CENTERING_ALPHA_MEAN, "alpha")):  # fmt: skip
+        for name, key in (
+            (M.CENTERING_SAMPLER_HEAD, "sampler_head"),
+            (M.CENTERING_POLICY_HEAD, "policy_head"),
+            (M.CENTERING_ALPHA_MEAN, "alpha"),
+        ):
             metrics[name] = float(stats[key][m].sum()) / d
     return out, metrics
 

@@ -188,8 +188,10 @@ def _collate_sampler(samples: list[Sample], lengths: list[int], S: int, need_mas
         for b, s in enumerate(samples):
             P = lengths[b] - s.response_len
             if len(s.sampling_mask) != s.response_len:
-                raise ValueError(f"sample {b}: {len(s.sampling_mask)} kept sets for "
-                                 f"{s.response_len} response tokens")  # fmt: skip
+                raise ValueError(
+                    f"sample {b}: {len(s.sampling_mask)} kept sets for "
+                    f"{s.response_len} response tokens"
+                )
             lens = np.array([len(ids) for ids in s.sampling_mask], dtype=np.int64)
             if lens.size:
                 rows = np.repeat(np.arange(lens.size), lens)  # token of each kept id
@@ -210,8 +212,10 @@ def _collate_sampler(samples: list[Sample], lengths: list[int], S: int, need_mas
         for b, s in enumerate(samples):
             ids, lp = np.asarray(s.topk_ids, np.int32), np.asarray(s.topk_logp, np.float32)
             if ids.shape != lp.shape or ids.ndim != 2 or ids.shape[0] != s.response_len:
-                raise ValueError(f"sample {b}: top-k of shape {ids.shape} / {lp.shape} for "
-                                 f"{s.response_len} response tokens")  # fmt: skip
+                raise ValueError(
+                    f"sample {b}: top-k of shape {ids.shape} / {lp.shape} for "
+                    f"{s.response_len} response tokens"
+                )
             ids, lp = ids[:, :K], lp[:, :K]
             P = lengths[b] - s.response_len
             topk_ids[b, P : lengths[b], : ids.shape[1]] = torch.from_numpy(ids)

@@ -283,12 +283,12 @@ def _sweep(tmp_path: Path, axes: str = "{}", base: str = "", methods: str = "{A:
      "range(1.0,2.0,0.25)", "range(0,0)", "7"],
 )  # fmt: skip
 def test_axis_sizes_are_computed_without_enumerating(value):
-    from sat_cli.sweep.spec import _axis_size, override_parser
+    from sat_cli.sweep.overrides import axis_size, override_parser
 
     parser = override_parser()
     ov = parser.parse_override(f"x={value}")
     n = len(list(ov.sweep_string_iterator())) if ov.is_sweep_override() else 1
-    assert _axis_size(parser, "x", value, "w") == n
+    assert axis_size(parser, "x", value, "w") == n
 
 
 @pytest.mark.parametrize(

@@ -128,7 +128,7 @@ def _sources(sweep: Sweep, run: SweepRun) -> list[tuple[str, str]]:
 def _collision_message(sweep: Sweep, a: SweepRun, b: SweepRun) -> str:
     """Two runs of the grid compose to one config: name what differs between them and what
     makes the difference void (a later or more specific override of the same setting)."""
-    from sat_cli.sweep.spec import override_key, override_parser
+    from sat_cli.sweep.overrides import override_key, override_parser
 
     parser = override_parser()
     src_a, src_b = _sources(sweep, a), _sources(sweep, b)

@@ -1,5 +1,6 @@
-"""Sweep files: reading, checking and expanding them into runs (``load_sweep``), and the run
-record (``SweepRun``) with its override hash and name slug.
+"""Sweep files: reading, checking and expanding them into runs (``load_sweep``; the overrides
+and axes are parsed in :mod:`sat_cli.sweep.overrides`), and the run record (``SweepRun``) with
+its override hash and name slug.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.errors import UserError
+from sat_cli.sweep.overrides import (
+    axis_size,
+    expand_axis,
+    merge_overrides,
+    override_key,
+    override_list,
+    override_parser,
+)
 
 OPTIONAL_KEYS = ("max_runs", "slurm", "ray", "replay", "clean_tree")
 SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", *OPTIONAL_KEYS)
@@ -86,116 +95,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.+]+", "-", text.lower()).strip("-")
 
 
-# ----------------------------------------------------------------------------- parse / expand
-
-
-def override_parser():
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create()
-
-
-def override_key(parser, text: str, where: str) -> str:
-    """The key an override sets (``algo``, ``trainer.lr``, ``algo@pkg``); UserError if unparsable."""
-    from hydra.errors import HydraException
-
-    try:
-        ov = parser.parse_override(text)
-    except HydraException as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{where}: cannot parse override {text!r}: {first}") from None
-    if ov.is_sweep_override():
-        raise UserError(
-            f"{where}: {text!r} is a sweep (several values); put it under `axes:` instead"
-        )
-    return ov.key_or_group + (f"@{ov.package}" if ov.package else "")
-
-
-def _override_list(value: Any, where: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str) or not isinstance(value, list):
-        raise UserError(
-            f"{where}: expected a list of overrides (e.g. [algo=grpo, clip=ppo]), got {value!r}"
-        )
-    out = []
-    for item in value:
-        if not isinstance(item, str) or "=" not in item and not item.startswith("~"):
-            raise UserError(f"{where}: {item!r} is not an override of the form key=value")
-        out.append(item.strip())
-    return out
-
-
-def _axis_size(parser, key: str, value: Any, where: str) -> int:
-    """How many values an axis has, from Hydra's parsed sweep object (a range is never
-    enumerated); UserError for an axis that is not a finite, reproducible list."""
-    import math
-
-    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-    from hydra.errors import HydraException
-
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        return 1  # refused with its own message by _expand_axis
-    try:
-        ov = parser.parse_override(f"{key}={value}")
-        sweep = ov.value() if ov.is_sweep_override() else None
-    except HydraException:
-        return 1  # _expand_axis names the parse error
-    if sweep is None:
-        return 1
-    if getattr(sweep, "shuffle", False):
-        raise UserError(f"{where}: shuffle() gives another order each time; a sweep's runs must "
-                        "be the same at every invocation (resume, the sweep id)")  # fmt: skip
-    if isinstance(sweep, IntervalSweep):
-        raise UserError(f"{where}: interval() is a continuous range, not a list of values")
-    if isinstance(sweep, ChoiceSweep):
-        return len(sweep.list)
-    if isinstance(sweep, RangeSweep):
-        start, stop, step = sweep.start, sweep.stop, sweep.step
-        nums = (start, stop, step)
-        if step == 0 or not all(math.isfinite(x) for x in nums):
-            raise UserError(f"{where}: range({start}, {stop}, {step}) has no finite list of values")
-        if all(isinstance(x, int) for x in nums):
-            return len(range(start, stop, step))
-        return max(0, math.ceil((stop - start) / step))
-    return 1  # glob(): bounded by the option files; expanded (or refused) by _expand_axis
-
-
-def _expand_axis(parser, key: str, value: Any, where: str) -> list[str]:
-    from hydra.errors import HydraException
-
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise UserError(
-            f'{where}: give a Hydra sweep string such as "1,8" or "range(0,3)", got {value!r}'
-        )
-    text = f"{key}={value}"
-    try:
-        ov = parser.parse_override(text)
-        if ov.is_sweep_override():
-            values = list(ov.sweep_string_iterator())
-        else:
-            values = [str(value)]
-    except HydraException as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{where}: cannot expand {text!r}: {first}") from None
-    if not values:
-        raise UserError(f"{where}: {text!r} expands to no values")
-    if len(set(values)) != len(values):
-        raise UserError(f"{where}: {text!r} repeats a value")
-    return values
-
-
-def _merge(parser, layers: list[tuple[str, list[str]]]) -> tuple[list[str], dict[str, str]]:
-    """Concatenate override layers; a later override of the same key replaces the earlier one."""
-    merged: dict[str, str] = {}
-    source: dict[str, str] = {}
-    for where, overrides in layers:
-        for ov in overrides:
-            key = override_key(parser, ov, where)
-            merged.pop(key, None)  # keep the order in which the final values were given
-            merged[key] = ov
-            source[key] = where
-    return list(merged.values()), source
+# ----------------------------------------------------------------------------- load
 
 
 def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
@@ -226,8 +126,8 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise UserError(f"{p}: name must be a folder-safe word ([A-Za-z0-9_.-]), got {name!r}")
     parser = override_parser()
-    base = _override_list(doc.get("base"), f"{p}: base")
-    cli = _override_list(list(cli_overrides or []), "command-line overrides")
+    base = override_list(doc.get("base"), f"{p}: base")
+    cli = override_list(list(cli_overrides or []), "command-line overrides")
 
     axes_doc = doc["axes"]
     if axes_doc is None:
@@ -244,7 +144,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
                 f"{p}: axes.{k} sets {key!r}, which the sweep sets for each run "
                 "(use seeds: [..] for seeds)"
             )
-    sizes = {str(k): _axis_size(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
+    sizes = {str(k): axis_size(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 
     methods_doc = doc["methods"]
     if not isinstance(methods_doc, dict) or not methods_doc:
@@ -252,7 +152,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
             f"{p}: methods must be a non-empty mapping name -> overrides, "
             "e.g. {GRPO: [algo=grpo, clip=ppo]}"
         )
-    methods = {str(m): _override_list(v, f"{p}: methods.{m}") for m, v in methods_doc.items()}
+    methods = {str(m): override_list(v, f"{p}: methods.{m}") for m, v in methods_doc.items()}
     for m in methods:
         if not m.strip() or "${" in m or any(ord(c) < 32 or ord(c) == 127 for c in m):
             raise UserError(
@@ -287,7 +187,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
             "is composed and checked before the sweep starts. Narrow an axis, or set "
             f"max_runs: {total} in the sweep file if you mean it"
         )
-    axes = {str(k): _expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
+    axes = {str(k): expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 
     # keys the sweep owns, and axis keys that would be silently overridden
     axis_keys: dict[str, str] = {}
@@ -370,7 +270,7 @@ def _expand(parser, sweep: Sweep) -> list[SweepRun]:
                         f"{desc}); rename a method"
                     )
                 names[name] = desc
-                overrides, _ = _merge(
+                overrides, _ = merge_overrides(
                     parser,
                     [
                         ("base", sweep.base),

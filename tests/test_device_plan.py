@@ -293,3 +293,34 @@ def test_slurm_and_ray_sweep_jobs_ask_for_the_plans_gpus(tmp_path, capsys):
         _sweep(tmp_path, capsys, "trainer.nnodes=2", name="slurm")
     # submitit gets the plan's count (SlurmSettings.gpus_per_node → gpus_per_node=)
     assert slurm_settings({}, ExecutorOptions(name="slurm"), 8).gpus_per_node == 8
+
+
+def test_run_time_check_uses_the_gpus_torch_sees(monkeypatch):
+    """`sat train` / `sat eval` (commands/common.check_devices): node 0 of the plan must fit the
+    GPUs torch sees here; a one-GPU machine refuses local engine + trainer unless colocated."""
+    import torch
+
+    from sat_cli.commands.common import check_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda **kw: True)
+    _, obj = load(["engine.device=cuda", "trainer.device=cuda"])
+    with pytest.raises(DevicePlanError, match=r"torch sees 1 GPU\(s\) on this machine.*colocate"):
+        check_devices(obj)
+    check_devices(obj, trainer=False)  # sat eval starts the engine only: GPU 0
+    _, obj = load(["engine.device=cuda", "trainer.device=cuda", "engine.colocate=true"])
+    check_devices(obj)
+    _, obj = load(PAPER)  # the paper layout on a one-GPU machine
+    with pytest.raises(DevicePlanError, match="needs 8 GPUs on node 0"):
+        check_devices(obj)
+
+
+def test_plan_command_refuses_a_layout_over_the_node(tmp_path):
+    from cli_helpers import run_sat
+
+    res = run_sat("plan", "experiment=paper_qwen3_30b_a3b", "--gpus-per-node", "4", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("sat: error: the device plan needs 8 GPUs on node 0")
+    res = run_sat("plan", "--gpus-per-node", "0", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "--gpus-per-node" in res.stderr

@@ -86,6 +86,7 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
         "  node 0     megatron node 0   GPU 4,5,6,7      cuda, bfloat16; CUDA_VISIBLE_DEVICES=4,5,6,7"
         in text
     )
+    assert "requests  a sweep job (--executor slurm|ray): 1 node, 8 GPU(s)" in text
     n = PAPER_DENSE + PAPER_EXPERT  # 7,642,626,048 per trainer GPU
     assert f"parameters        {n:,}" in text and f"dense {PAPER_DENSE:,}" in text
     assert _row(text, "weights") == round(2 * n / 1e9, 1)  # bf16: 15.3

@@ -98,6 +98,13 @@ def _device_lines(obj, plan) -> list[str]:
     note = []
     if obj.trainer.name == "megatron" and train:
         note = ["          (a megatron rank runs on the CPU, gloo, where no GPU is visible)"]
+    if plan.launcher == "local":  # what a `sat sweep --executor slurm|ray` job of it asks for
+        needed = plan.needed()
+        note.append(
+            f"requests  a sweep job (--executor slurm|ray): 1 node, {needed.get(0, 0)} GPU(s)"
+            if len(needed) <= 1
+            else f"requests  {len(needed)} nodes: under SLURM through Ray, scripts/ray_in_slurm.sh"
+        )
     return [head, *plan.lines(), *note]
 
 

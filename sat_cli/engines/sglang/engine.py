@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from sat_cli.engines.sglang.batching import Batching
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.control import (  # noqa: F401
     PAUSE_MODES,
@@ -39,18 +40,12 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
     inflight_pause_mode,
 )
 from sat_cli.engines.sglang.dist_sync import DistributedSync
-from sat_cli.engines.sglang.masks import Extras
 from sat_cli.engines.sglang.routes import MoEDims, read_moe_dims
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
 from sat_cli.engines.sglang.wire import (
-    build_generate_payload,
-    entry_seeds,
-    parse_generate_item,
     parse_weight_version,
-    sampling_params_to_wire,
-    wire_excerpt,
 )
 from sat_cli.errors import EngineError
 from sat_cli.samples import Sample, SamplingParams
@@ -58,7 +53,7 @@ from sat_cli.samples import Sample, SamplingParams
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine(WorkerControl, DistributedSync):
+class SGLangEngine(Batching, WorkerControl, DistributedSync):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an
@@ -259,65 +254,6 @@ class SGLangEngine(WorkerControl, DistributedSync):
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
-
-    def _generate(self, prompts, n: int, sampling: SamplingParams) -> list[list[Sample]]:
-        version_at_submit = self._version
-        entries = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]  # prompt-major
-        seeds = entry_seeds(sampling.seed if self.deterministic else None, len(prompts), n)
-        params = [sampling_params_to_wire(sampling, s) for s in seeds]
-        extras = Extras.of(sampling)  # kept sets / top-k asked for (masks.py)
-        # sglang_router takes one sampling_params dict per request: entries with their own
-        # seeds go one per request through it
-        size = 1 if self.router is not None and seeds[0] is not None else self.max_batch_size
-        chunks = [
-            range(start, min(start + size, len(entries))) for start in range(0, len(entries), size)
-        ]
-        payloads = [
-            build_generate_payload(
-                [entries[k][1] for k in chunk],
-                [params[k] for k in chunk],
-                return_routed_experts=self.moe is not None,
-                return_sampling_mask=extras.filtering,
-            )
-            | extras.payload_fields()
-            for chunk in chunks
-        ]
-        futures = self.client.map_post("/generate", payloads)
-        out: list[list[Sample]] = [[] for _ in prompts]
-        try:
-            for chunk, future in zip(chunks, futures, strict=True):
-                answer = future.result()
-                if not isinstance(answer, list) or len(answer) != len(chunk):
-                    got = len(answer) if isinstance(answer, list) else type(answer).__name__
-                    raise EngineError(
-                        f"/generate answered {got} items for a batch of {len(chunk)}: "
-                        f"{wire_excerpt(answer)}"
-                    )
-                for k, item in zip(chunk, answer, strict=True):
-                    prompt_index, prompt_ids = entries[k]
-                    sample = parse_generate_item(item, prompt_ids, moe=self.moe, extras=extras)
-                    self._check_version(sample, version_at_submit)
-                    sample.meta["version_at_submit"] = version_at_submit
-                    out[prompt_index].append(sample)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-        return out
-
-    def _check_version(self, sample: Sample, version_at_submit: int) -> None:
-        if sample.finish_reason == "abort":
-            return
-        current = self._max_version
-        versions = sample.token_versions or [sample.weight_version]
-        if not version_at_submit <= min(versions) <= max(versions) <= current:
-            reported = sorted(set(versions))
-            reported = reported[0] if len(reported) == 1 else reported
-            raise EngineError(
-                f"SGLang reports weight_version {reported} but this engine set "
-                f"versions {version_at_submit}..{current} while the request ran (did a server "
-                "restart from the base checkpoint, or an update go elsewhere?)"
-            )
 
     def update_weights(self, path: str, version: int) -> None:
         """Load a published HF checkpoint directory on every worker; later samples carry

@@ -211,7 +211,7 @@ def test_one_gpu_sglang_and_local_trainer_colocated(tmp_path, boundary):
     [
         (
             ["engine.colocate=true"],
-            "engine.colocate=true shares GPUs .* the engine and the trainer run",
+            "engine.colocate=true shares GPUs .* the engine and the trainer get\\(s\\) no GPU",
         ),
         (
             ["engine=sglang", "engine.gpu_groups=['0,1']"],

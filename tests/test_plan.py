@@ -115,6 +115,26 @@ def test_plan_tiny_megatron_default(tmp_path):
     )
 
 
+def test_plan_single_gpu_prints_cuda_and_the_dtypes_used(tmp_path):
+    """The one-GPU layouts as they will run: devices and dtypes from the device plan, Qwen3-0.6B's
+    architecture known (it was "one engine process on the CPU", "(CPU, float32…)",
+    "1 rollout + 0 training" and "architecture unknown")."""
+    cuda = ["model=qwen3_0_6b", "engine.device=cuda", "trainer.device=cuda"]
+    text = _plan(*cuda, "trainer.dtype=bfloat16", cwd=tmp_path)
+    assert "Qwen/Qwen3-0.6B-Base (sat_cli/models/arch.py): 596,049,920 (0.60 B) parameters" in text
+    assert "engines   local: one engine process on the GPU (cuda:0, float32)" in text
+    assert (
+        "trainer   local: in the orchestrator process on the GPU "
+        "(cuda:1, bfloat16 autocast (fp32 weights, AdamW))"
+    ) in text
+    assert (
+        "GPUs      1 rollout + 1 training, disjoint (engine.colocate=false): node 0 needs 2" in text
+    )
+    text = _plan("engine=sglang", "trainer.device=cuda", "engine.colocate=true", cwd=tmp_path)
+    assert "GPUs      1 rollout + 1 training, shared (engine.colocate=true): node 0 needs 1" in text
+    assert "CUDA_VISIBLE_DEVICES=0; tp 1 × dp 1, ep 1; 0.4 of each GPU's memory" in text
+
+
 IMPOSSIBLE = {
     "tp-heads": (
         ["trainer=megatron", "trainer.nproc_per_node=3", "trainer.tp=3"],

@@ -292,7 +292,7 @@ def make_plan(engine: EngineSpec, trainer: TrainerSpec, launcher: str = "local")
             why = (
                 "with launcher=ray each process gets the GPUs of its own bundle"
                 if ray
-                else f"the {' and the '.join(on_cpu)} run(s) on the CPU"
+                else f"the {' and the '.join(on_cpu)} get(s) no GPU in this run (on the CPU or elsewhere)"
             )
             raise DevicePlanError(
                 f"engine.colocate=true shares GPUs between the engine and the trainer, but {why}; "

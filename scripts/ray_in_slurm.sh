@@ -14,6 +14,10 @@ PORT="${RAY_PORT:-6379}"
 DEADLINE_S="${RAY_START_TIMEOUT_S:-120}"
 SAT="${SAT:-sat}"
 RAY="${RAY:-ray}"
+if ! [[ "$PORT" =~ ^[0-9]+$ && "$PORT" -ge 1 && "$PORT" -le 65535 && "$DEADLINE_S" =~ ^[0-9]+$ ]]; then
+  echo "ray_in_slurm.sh: RAY_PORT=$PORT must be a port (1-65535) and RAY_START_TIMEOUT_S=$DEADLINE_S whole seconds" >&2
+  exit 2
+fi
 if [[ -z "${SLURM_JOB_NODELIST:-}" ]]; then
   echo "ray_in_slurm.sh: not inside a SLURM allocation (no SLURM_JOB_NODELIST): run it with sbatch or salloc" >&2
   exit 2

@@ -209,6 +209,7 @@ def test_one_gpu_sglang_and_local_trainer_colocated(tmp_path, boundary):
 @pytest.mark.parametrize(
     "overrides, message",
     [
+        (["engine.colocate=maybe"], "engine.colocate: expected a boolean"),
         (
             ["engine.colocate=true"],
             "engine.colocate=true shares GPUs .* the engine and the trainer get\\(s\\) no GPU",

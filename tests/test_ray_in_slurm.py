@@ -37,7 +37,7 @@ STANDINS = {
 
 def _standins(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     for name, body in STANDINS.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
@@ -77,10 +77,17 @@ def test_ray_in_slurm_starts_the_cluster_runs_sat_and_stops(tmp_path):
     assert after.count("ray stop") == 2 and "srun gpu-a" in after and "srun gpu-b" in after
 
 
-def test_ray_in_slurm_outside_an_allocation_exits_2(tmp_path):
+def test_ray_in_slurm_bad_input_exits_2(tmp_path):
     env = {k: v for k, v in _standins(tmp_path).items() if k != "SLURM_JOB_NODELIST"}
     out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30, env=env)
     assert out.returncode == 2 and "not inside a SLURM allocation" in out.stderr
+    for bad in ({"RAY_PORT": "70000"}, {"RAY_START_TIMEOUT_S": "soon"}):
+        env = {**_standins(tmp_path / next(iter(bad))), **bad}
+        out = subprocess.run(
+            ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert out.returncode == 2 and "must be a port (1-65535)" in out.stderr, bad
+    assert (tmp_path / "calls").read_text() == ""  # nothing was started
 
 
 def test_ray_status_format():

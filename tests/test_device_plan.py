@@ -255,7 +255,6 @@ axes: {}
 seeds: [0]
 methods:
   GRPO: [algo=grpo, clip=ppo]
-  SAT-GRPO: [algo=grpo, clip=sat]
 """
 
 

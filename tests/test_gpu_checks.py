@@ -1,5 +1,7 @@
 """The one-call GPU checks of scripts/ as pytest tests (marker ``gpu``; skipped without CUDA),
-and the CPU smoke of the single-GPU check (marker ``slow``: it runs here, about 2 minutes).
+the CPU smoke of the single-GPU check (marker ``slow``: it runs here, about 2 minutes), and the
+CPU-only parts of ``scripts/gpu_check.sh`` (``--cpu-dry-run``, its no-GPU refusal, the
+placement step's process-tree mapping).
 
 ``make test`` deselects them (``-m "not slow and not gpu"``); on a GPU machine run
 ``python -m pytest -m gpu tests/test_gpu_checks.py``. Each test runs its script as a real

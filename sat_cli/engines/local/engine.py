@@ -43,6 +43,8 @@ from dataclasses import asdict
 
 import numpy as np
 
+from sat_cli.engines.local.inflight import InflightUpdates
+from sat_cli.engines.local.sync import LocalSync
 from sat_cli.engines.local.worker import worker_main
 from sat_cli.errors import EngineError, EngineStartError
 from sat_cli.samples import Sample, SamplingParams
@@ -65,7 +67,7 @@ def _shutdown(proc, conn, ctrl=None) -> None:
         proc.join(5)
 
 
-class LocalEngine:
+class LocalEngine(InflightUpdates, LocalSync):
     """HF-transformers rollout engine in its own process (implements ``RolloutEngine``)."""
 
     def __init__(
@@ -271,58 +273,6 @@ class LocalEngine:
         ).result()
         self.weight_version = int(reply["weight_version"])
         self.model_path = str(path)
-
-    def _update_inflight(self, path: str, version: int) -> None:
-        with self._ctrl_lock:
-            self._check_usable()
-            if version < self.weight_version:
-                raise ValueError(
-                    f"weight version went backwards: {self.weight_version} -> {version}"
-                )
-            self._ctrl_seq += 1
-            msg = {"path": path, "version": version, "id": self._ctrl_seq}
-            try:
-                self._ctrl.send(("update_weights", msg))
-            except (BrokenPipeError, OSError) as e:
-                self._dead = f"engine process {self._proc.pid} is gone"
-                raise EngineError(self._dead) from e
-            what = f"update_weights(v{version})"
-            reply = self._recv(None, what=what, conn=self._ctrl)
-            while reply["id"] != msg["id"]:  # the answer to a call that stopped waiting
-                reply = self._recv(None, what=what, conn=self._ctrl)
-            if reply["error"] is not None:
-                raise EngineError(f"engine failed during {what}:\n{reply['error']}")
-            self.weight_version = int(reply["weight_version"])
-            self.model_path = path
-
-    # --- distributed weight sync (engines/local/sync.py) ------------------------------------
-    checksum_layout = "hf"  # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
-
-    def distributed_sync_unsupported(self) -> str | None:
-        """Why this engine cannot take ``engine.weight_sync=distributed`` (None: it can)."""
-        if self.inflight_updates:
-            return "the local engine takes in-flight updates (lag.inflight_updates=true) from disk only"
-        return None
-
-    def sync_weights(self, sender, version: int, spec) -> dict[str, float]:
-        """Receive ``version`` from ``sender``'s broadcast (after the requests already queued);
-        ``WeightSyncError`` if it did not arrive (the worker keeps its weights and version)."""
-        from sat_cli.engines.local.sync import sync_weights
-
-        def job():
-            with self._lock:
-                self._check_usable()
-                return sync_weights(self.sync_channel, sender, int(version), spec)
-
-        self._check_usable()
-        return self._executor.submit(job).result()
-
-    def served_checksums(self) -> dict[str, dict[str, str]]:
-        """``{"the local engine": {tensor: checksum}}`` of the served weights (in HF names, the
-        engine's dtype: ``local_sync.WorkerSync.checksums``), after the queued requests."""
-        self._check_usable()
-        sums = self._executor.submit(self._call, "weight_checksums", None, 600.0).result()
-        return {"the local engine": sums}
 
     def health(self) -> bool:
         return not self._closed and self._dead is None and self._proc.is_alive()

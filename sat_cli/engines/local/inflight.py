@@ -1,4 +1,5 @@
-"""In-flight weight updates of the local engine's worker (``LocalEngine(inflight_updates=True)``).
+"""In-flight weight updates of the local engine (``LocalEngine(inflight_updates=True)``): the
+worker's side, and the engine's end of the control pipe (:class:`InflightUpdates`).
 
 The worker takes a new weight version *between decode steps* of a running request, so one
 response can carry tokens from several versions:
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import os
 import traceback
+
+from sat_cli.errors import EngineError
 
 CACHE_MODES = ("recompute", "keep")
 
@@ -140,6 +143,34 @@ class ControlChannel:
             except (BrokenPipeError, OSError):
                 self.conn = None
         return changed
+
+
+class InflightUpdates:
+    """The engine's end of the control pipe (a mixin of ``LocalEngine``, which holds the pipe,
+    the worker process and ``_recv``): one update at a time, in call order, answered by id."""
+
+    def _update_inflight(self, path: str, version: int) -> None:
+        with self._ctrl_lock:
+            self._check_usable()
+            if version < self.weight_version:
+                raise ValueError(
+                    f"weight version went backwards: {self.weight_version} -> {version}"
+                )
+            self._ctrl_seq += 1
+            msg = {"path": path, "version": version, "id": self._ctrl_seq}
+            try:
+                self._ctrl.send(("update_weights", msg))
+            except (BrokenPipeError, OSError) as e:
+                self._dead = f"engine process {self._proc.pid} is gone"
+                raise EngineError(self._dead) from e
+            what = f"update_weights(v{version})"
+            reply = self._recv(None, what=what, conn=self._ctrl)
+            while reply["id"] != msg["id"]:  # the answer to a call that stopped waiting
+                reply = self._recv(None, what=what, conn=self._ctrl)
+            if reply["error"] is not None:
+                raise EngineError(f"engine failed during {what}:\n{reply['error']}")
+            self.weight_version = int(reply["weight_version"])
+            self.model_path = path
 
 
 def check_update(path: str, version: int, current: int) -> None:

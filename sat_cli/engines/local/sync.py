@@ -1,7 +1,7 @@
 """Distributed weight sync of the local engine: its worker joins a gloo group with the trainer.
 
 The same path as SGLang's (``engine.weight_sync=distributed``), so the mode runs on every
-machine. The client (:func:`sync_weights`, called by ``LocalEngine.sync_weights`` on the
+machine. The client (:func:`run_sync`, called by ``LocalEngine.sync_weights`` on the
 engine's request thread, so between generation requests like a disk update):
 
 1. once: the sender listens, the worker is told to join as rank 1 (``join_group``) while the
@@ -201,7 +201,39 @@ class WorkerSync:
 
 
 # --- the client's side (LocalEngine) --------------------------------------------------------------
-def sync_weights(channel, sender, version: int, spec) -> dict[str, float]:
+class LocalSync:
+    """The distributed weight sync's part of ``LocalEngine`` (a mixin: the engine holds the
+    request lock, the request thread and ``sync_channel``); it runs :func:`run_sync`."""
+
+    checksum_layout = "hf"  # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
+
+    def distributed_sync_unsupported(self) -> str | None:
+        """Why this engine cannot take ``engine.weight_sync=distributed`` (None: it can)."""
+        if self.inflight_updates:
+            return "the local engine takes in-flight updates (lag.inflight_updates=true) from disk only"
+        return None
+
+    def sync_weights(self, sender, version: int, spec) -> dict[str, float]:
+        """Receive ``version`` from ``sender``'s broadcast (after the requests already queued);
+        ``WeightSyncError`` if it did not arrive (the worker keeps its weights and version)."""
+
+        def job():
+            with self._lock:
+                self._check_usable()
+                return run_sync(self.sync_channel, sender, int(version), spec)
+
+        self._check_usable()
+        return self._executor.submit(job).result()
+
+    def served_checksums(self) -> dict[str, dict[str, str]]:
+        """``{"the local engine": {tensor: checksum}}`` of the served weights (in HF names, the
+        engine's dtype: ``local_sync.WorkerSync.checksums``), after the queued requests."""
+        self._check_usable()
+        sums = self._executor.submit(self._call, "weight_checksums", None, 600.0).result()
+        return {"the local engine": sums}
+
+
+def run_sync(channel, sender, version: int, spec) -> dict[str, float]:
     """Bring ``version`` from ``sender`` into the engine's worker (module docstring) through
     the engine's ``channel`` (``engine.SyncChannel``); returns ``{"pause_s", "wire_s",
     "assemble_s", "bytes"}``. ``spec``: a ``loop.weightsync.GroupSpec``. The caller holds the

@@ -255,6 +255,19 @@ def replay_cmd(
     _guard(lambda: replay(run, overrides or []))
 
 
+@app.command("calibrate-control")
+def calibrate_control_cmd(
+    run: str = typer.Argument(..., help="a run folder recorded with replay.record=true"),
+    iters: int = typer.Option(6, "--iters", help="replays of the control in the search"),
+    steps: int = typer.Option(None, "--steps", help="replay only the first N recorded steps"),
+) -> None:
+    """The dose-matched control: replay RUN with SAT and with PPO at scaled radii, and pick the
+    scale whose clipped fraction matches SAT's clipped + banded one (docs/replay.md)."""
+    from sat_cli.commands.calibrate import calibrate_control
+
+    _guard(lambda: calibrate_control(run, iters, steps))
+
+
 @app.command("worker")
 def worker_cmd(
     join: str = typer.Option(..., "--join", help="HOST:PORT of the job's rendezvous (node 0)"),
@@ -337,26 +350,13 @@ def version_cmd() -> None:
     typer.echo(f"sat {__version__}")
 
 
-def _quiet_libraries() -> None:
-    """MLflow/alembic INFO lines (database migrations, telemetry) are noise on a console."""
-    import logging
-    import os
-
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in ("mlflow", "alembic", "alembic.runtime.migration"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # logs a full traceback for every failed sqlite write (locked, disk full) before raising it;
-    # the tracker reports the raised error once, in one line, and carries on
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-
-
 def _guard(fn) -> None:
     """Run a command body: user errors → message + exit 2; runtime faults (a dead or failing
     trainer or engine, a failed checkpoint write) → message + exit 1; Ctrl-C → exit 130. By
     exception type; the library modules that define them import no heavy library."""
-    _quiet_libraries()
+    from sat_cli.util.quiet import quiet_libraries
+
+    quiet_libraries()
     from sat_cli.checkpoints.state import CheckpointError
     from sat_cli.config import ConfigError
     from sat_cli.engines.base import EngineError

@@ -339,3 +339,33 @@ def test_pilot1_csv_still_reads_and_pilot2_rows_round_trip():
     assert rows and all(r.design == "" and r.started == "" for r in rows)
     text = rows_csv(_cand("D1", (1, 0, 1)))
     assert rows_csv(read_rows(text)) == text
+
+
+PILOT2_DESIGN = "5649828d4362c6b2b5850434c9ee2830387b8c9c"  # the commit of pilot 2's design
+
+
+def test_pilot2_design_commit_precedes_every_run():
+    """Every pilot-2 run ran the design's commit or a later one, and started after the design
+    was committed (columns commit and started of the committed CSV, against git)."""
+    import datetime as dt
+    import shutil
+    import subprocess
+
+    path = ROOT / "docs/results/collapse_cpu/pilot2.csv"
+    if not path.exists():
+        pytest.skip("pilot 2 has no exported runs yet")
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the repository's git history")
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30
+        )
+
+    rows = read_rows(path.read_text())
+    assert rows and all(r.design.startswith("pilot2") for r in rows)
+    made = dt.datetime.fromisoformat(git("log", "-1", "--format=%cI", PILOT2_DESIGN).stdout.strip())
+    for r in rows:
+        started = dt.datetime.fromisoformat(r.started.replace("Z", "+00:00"))
+        assert started > made, r.run
+        assert git("merge-base", "--is-ancestor", PILOT2_DESIGN, r.commit).returncode == 0, r.run

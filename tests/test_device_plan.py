@@ -126,6 +126,9 @@ def test_inherited_visible_devices_are_mapped(tmp_path, boundary, monkeypatch):
     _, obj = load(PAPER)
     engine, trainer = _launch(obj, tmp_path, boundary)
     assert _gpus(engine, 16) == [8, 9, 10, 11] and _gpus(trainer, 16) == [12, 13, 14, 15]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for sat: none for its children
+    engine, trainer = _launch(obj, tmp_path, boundary)
+    assert engine["env"]["CUDA_VISIBLE_DEVICES"] == trainer["env"]["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_two_nodes_of_8(tmp_path, boundary):

@@ -12,11 +12,14 @@ from sat_cli.devices.plan import DevicePlan, DevicePlanError
 def visible_devices(gpus: tuple[int, ...], parent: str | None = None) -> str:
     """``CUDA_VISIBLE_DEVICES`` for a child that uses the plan's ``gpus``: the ids mapped
     through the parent's own ``CUDA_VISIBLE_DEVICES`` (``parent``; default: this process's),
-    since a child's value names physical GPUs while the plan's ids index what this process sees."""
+    since a child's value names physical GPUs while the plan's ids index what this process sees;
+    empty when this process sees none (``CUDA_VISIBLE_DEVICES=""``: a CPU run stays one)."""
     parent = os.environ.get("CUDA_VISIBLE_DEVICES") if parent is None else parent
-    seen = [x.strip() for x in parent.split(",") if x.strip()] if parent else None
-    if seen is None:
+    if parent is None:
         return ",".join(map(str, gpus))
+    seen = [x.strip() for x in parent.split(",") if x.strip()]
+    if not seen:  # this process sees no GPU (CUDA_VISIBLE_DEVICES=""): neither does the child
+        return ""
     if max(gpus) >= len(seen):
         raise DevicePlanError(
             f"the device plan gives GPU {max(gpus)} but CUDA_VISIBLE_DEVICES={parent} shows "

@@ -327,3 +327,18 @@ def test_plan_command_refuses_a_layout_over_the_node(tmp_path):
     assert res.stderr.startswith("sat: error: the device plan needs 8 GPUs on node 0")
     res = run_sat("plan", "--gpus-per-node", "0", cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "--gpus-per-node" in res.stderr
+
+
+def test_colocation_is_suggested_only_where_it_fits():
+    from sat_cli.devices import EngineSpec, TrainerSpec, make_plan
+
+    engine = EngineSpec(name="sglang", device="cuda", dtype="bfloat16", servers=2, tp=4)
+    plan = make_plan(engine, TrainerSpec(name="megatron", device="cuda", nproc_per_node=4))
+    assert plan.needed() == {0: 12}
+    with pytest.raises(
+        DevicePlanError, match=r"needs 12 GPUs .* has 8 \(test\): use fewer GPUs.*colocate"
+    ):
+        plan.check(8, "test")  # colocated: max(8, 4) = 8 fits
+    with pytest.raises(DevicePlanError, match=r"has 6 \(test\): use fewer GPUs \(") as err:
+        plan.check(6, "test")  # colocated it would still need 8
+    assert "colocate" not in str(err.value)

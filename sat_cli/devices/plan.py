@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from sat_cli.errors import UserError
 
 COLOCATE_MEM_FRACTION = 0.4  # SGLang's mem_fraction_static on a GPU shared with the trainer
+ROLES = ("engine", "trainer")
 
 
 class DevicePlanError(UserError):
@@ -112,7 +113,7 @@ class DevicePlan:
 
     def total(self) -> tuple[int, int]:
         """(rollout GPUs, training GPUs), a shared GPU counted on both sides."""
-        return tuple(sum(len(p.gpus) for p in self.of(r)) for r in ("engine", "trainer"))
+        return tuple(sum(len(p.gpus) for p in self.of(r)) for r in ROLES)
 
     def check(self, gpus_per_node: int, where: str) -> None:
         """Refuse (``DevicePlanError``) a layout that needs more GPUs than a node has."""
@@ -133,14 +134,10 @@ class DevicePlan:
             hint = (
                 "use fewer GPUs (engine.tp, engine.dp, engine.num_servers, trainer.nproc_per_node)"
             )
-            if not self.colocate and self.of("engine") and self.of("trainer"):
-                shared = max(
-                    max(len(p.gpus) for p in self.of(r) if p.node == node)
-                    for r in ("engine", "trainer")
-                    if any(p.node == node for p in self.of(r))
-                )
-                if shared <= gpus_per_node:
-                    hint += ", or share the engine's GPUs with the trainer: engine.colocate=true"
+            # colocated, node 0 would need the larger side only (servers are disjoint)
+            sides = [sum(len(p.gpus) for p in self.of(r) if p.node == node) for r in ROLES]
+            if not self.colocate and all(sides) and max(sides) <= gpus_per_node:
+                hint += ", or share the engine's GPUs with the trainer: engine.colocate=true"
             raise DevicePlanError(
                 f"the device plan needs {need} GPUs on node {node} ({users}) but the node has "
                 f"{gpus_per_node} ({where}): {hint}"

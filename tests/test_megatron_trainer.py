@@ -118,6 +118,15 @@ CONFIGS = {
         r3=True,
         r3_audit=True,
     ),
+    # the same with token-budget micro-batches (each minibatch's forwards split, one loss)
+    "sat_grpo_r3_micro": dict(
+        loss=LossConfig(algo="grpo", adaptive=True),
+        num_minibatches=2,
+        temperature=0.9,
+        r3=True,
+        r3_audit=True,
+        max_tokens_per_micro_batch=40,
+    ),
 }
 
 

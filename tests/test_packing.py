@@ -12,6 +12,7 @@ import torch
 from sat_cli.engines.base import Sample
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.rl.config import LossConfig
+from sat_cli.trainers import packing
 from sat_cli.trainers.batch import collate
 from sat_cli.trainers.local import LocalTrainer
 from sat_cli.trainers.packing import PackPlan, first_fit_decreasing, micro_batches
@@ -27,7 +28,7 @@ def test_first_fit_decreasing_hand_case():
         first_fit_decreasing([1], 0)
 
 
-def test_pack_plan_maps_and_mask_hand_case():
+def test_pack_plan_maps_spans_and_mask_hand_case():
     # batch of 3 right-padded rows of width 4, lengths 2, 4, 1; capacity 4 -> rows [1], [0, 2]
     plan = PackPlan.build([2, 4, 1], 4, 4)
     assert plan.rows == [[1], [0, 2]]
@@ -40,9 +41,15 @@ def test_pack_plan_maps_and_mask_hand_case():
     assert back.tolist() == [[0, 1, 0, 0], [4, 5, 6, 7], [8, 0, 0, 0]]
     # a sample's first token is scored across the boundary: zeroed
     assert plan.unpack_scored(plan.pack(t)).tolist() == [[0, 1, 0, 0], [0, 5, 6, 7], [0, 0, 0, 0]]
+    assert plan.spans == [[(0, 4)], [(0, 2), (2, 3), (3, 4)]]  # the padding: a segment too
     m = plan.attention_mask()[:, 0].int().tolist()
     assert m[1] == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     assert m[0] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+
+
+def test_packing_only_where_it_saves_slots():
+    assert PackPlan.build([4, 4, 4, 4], 4, 8).saves(16) is False  # 2 x 8 slots = 16: no gain
+    assert PackPlan.build([4, 1, 1, 1], 4, 8).saves(16) is True  # one row of 7 < 0.9 x 16
 
 
 def test_micro_batch_groups_hand_case():
@@ -146,9 +153,13 @@ def _compare(ref, got, tol):
         assert float((g0[n] - g1[n]).abs().max()) <= tol * scale, n
 
 
+@pytest.mark.parametrize("segments", [False, True], ids=["mask", "segments"])
 @pytest.mark.parametrize("name", sorted(LOSSES))
-def test_packed_and_split_steps_equal_the_padded_one_in_float64(ckpt, name):
+def test_packed_and_split_steps_equal_the_padded_one_in_float64(ckpt, name, segments, monkeypatch):
+    # rows of 45 tokens: the block-diagonal mask; or, with the threshold at 0, segment attention
+    monkeypatch.setattr(packing, "SEGMENT_MIN_ROW", 0 if segments else 256)
     lengths = _batch().attention_mask.sum(1).tolist()
+    assert PackPlan.build(lengths, max(lengths), 45).saves(len(lengths) * max(lengths))
     budget = 60
     assert len(micro_batches(lengths, budget)) >= 3  # the batch really splits
     assert len(micro_batches(lengths, budget, 45)) >= 3

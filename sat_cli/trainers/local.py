@@ -42,6 +42,7 @@ from sat_cli.models.r3 import R3Error as R3Error
 from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
+from sat_cli.trainers import packing
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
 from sat_cli.trainers.packing import PackPlan, sample_lengths
@@ -103,17 +104,18 @@ class LocalTrainer(PolicyTrainer):
         """``(logp, entropy[, topk_logp])`` ``[B, S]`` of ``model`` on ``batch``; with
         ``max_tokens_per_row`` from one forward of its packed rows (``packing.PackPlan``)."""
         cap = self.settings.max_tokens_per_row
-        dev, kept = self.device, self._kept(batch)
-        if cap <= 0:
-            inputs = (batch.input_ids, batch.position_ids, batch.attention_mask)
-            logits = self._logits(model, batch, *inputs)
-            ids, topk_ids, plan = batch.input_ids.to(dev), batch.topk_ids, None
-        else:
+        dev, kept, plan = self.device, self._kept(batch), None
+        if cap > 0:
             lengths = sample_lengths(batch.attention_mask)
             plan = PackPlan.build(lengths, batch.input_ids.shape[1], cap)
+            if not plan.saves(batch.input_ids.numel()):
+                plan = None  # rows of nearly equal length: the padded forward, as cheap
+        if plan is None:
+            logits = self._logits(model, batch)
+            ids, topk_ids = batch.input_ids.to(dev), batch.topk_ids
+        else:
             ids = plan.pack(batch.input_ids)
-            inputs = (ids, plan.position_ids, plan.attention_mask())
-            logits = self._logits(model, batch, *inputs, plan)
+            logits = self._logits(model, batch, (ids, plan.position_ids, None), plan)
             ids = ids.to(dev)
             kept = None if kept is None else plan.pack(kept, -1)
             topk_ids = None if batch.topk_ids is None else plan.pack(batch.topk_ids, -1)
@@ -122,13 +124,16 @@ class LocalTrainer(PolicyTrainer):
             out = (*out, topk_logprobs(logits, topk_ids.to(dev), self.temperature, kept))
         return tuple(out) if plan is None else tuple(plan.unpack_scored(t) for t in out)
 
-    def _logits(
-        self, model, batch: TrainBatch, input_ids, position_ids, attention_mask, plan=None
-    ) -> torch.Tensor:
+    def _logits(self, model, batch: TrainBatch, inputs=None, plan=None) -> torch.Tensor:
         """Logits of ``model`` on the given (packed or padded) inputs of ``batch``: R3 replay,
-        the route audit (the routes packed like the tokens), bf16 autocast. A packed
-        ``attention_mask`` is the block-diagonal ``[R, 1, L, L]`` (``PackPlan``); the flash
-        kernels take packed rows from the restarting position ids instead (varlen)."""
+        the route audit (the routes packed like the tokens), bf16 autocast. Packed rows attend
+        within each sample: short rows through the block-diagonal mask, long ones segment by
+        segment (``packing.segment_attention``), or with a flash kernel varlen from the
+        restarting position ids (its own packed-sequence path). ``inputs``: ``(input_ids,
+        position_ids, attention_mask)`` of the packed rows; default the batch's padded ones."""
+        if inputs is None:
+            inputs = (batch.input_ids, batch.position_ids, batch.attention_mask)
+        input_ids, position_ids, attention_mask = inputs
         routes, recorded = batch.routed_experts, None
         if plan is not None and routes is not None:
             k = routes.shape[-1]
@@ -146,24 +151,26 @@ class LocalTrainer(PolicyTrainer):
             if self.dtype == "bfloat16"
             else contextlib.nullcontext()
         )
-        if plan is not None:
-            impl = str(getattr(model.config, "_attn_implementation", "sdpa"))
-            if impl.startswith("flash"):
-                attention_mask = None
-            elif impl == "eager":
-                attention_mask = torch.zeros(attention_mask.shape).masked_fill(
-                    ~attention_mask, torch.finfo(torch.float32).min
-                )
+        extra, attend = {}, contextlib.nullcontext()
+        impl = str(getattr(model.config, "_attn_implementation", "sdpa"))
+        if plan is None or impl.startswith("flash"):
+            pass  # padded; or packed rows the flash kernel takes varlen from the position ids
+        elif impl == "sdpa" and input_ids.shape[1] < packing.SEGMENT_MIN_ROW:
+            attention_mask = plan.attention_mask()  # short rows: one masked call
+        else:
+            extra, attend = {"sat_spans": plan.spans}, packing.use_segment_attention(model)
         with (
             maybe_replay(model, None if routes is None else routes.to(dev), self.r3),
             audit,
             autocast,
+            attend,
         ):
             out = model(
                 input_ids=input_ids.to(dev),
                 attention_mask=None if attention_mask is None else attention_mask.to(dev),
                 position_ids=position_ids.to(dev),
                 use_cache=False,
+                **extra,
             )
         if isinstance(audit, RouteAudit):
             self._audit[0] += audit.rows

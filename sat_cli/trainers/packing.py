@@ -7,9 +7,14 @@ room; a sample longer than ``capacity`` gets a row of its own, never cut). :clas
 holds, for every slot ``[r, j]`` of the packed ``[R, L]`` tensors, the batch token it holds
 (``src``: flat index ``b * S + s``, -1 on the padding at a row's end), the position ids (they
 restart at 0 for each sample, so rotary positions are the unpacked ones) and the segment of
-each slot (the sample's number in its row, -1 on padding). :meth:`PackPlan.attention_mask`
-is the block-diagonal causal mask ``[R, 1, L, L]``: a token sees the earlier tokens of its own
-sample only (padding slots see the padding before them, so no softmax row is empty).
+each slot (the sample's number in its row, -1 on padding) and ``spans``, each row's ``(start,
+end)`` segments. Attention stays inside each sample: rows of at least :data:`SEGMENT_MIN_ROW`
+tokens attend through :func:`segment_attention` (an HF attention implementation,
+:func:`use_segment_attention`), causal SDPA on each segment on its own (varlen attention: the
+cost is ``sum T_i^2``, not ``rows x L^2``); shorter rows through the block-diagonal causal mask
+``[R, 1, L, L]`` of :meth:`PackPlan.attention_mask` in one SDPA call (there one call per short
+sample costs more than the masked scores: bench/README.md). Padding at a row's end is a
+segment of its own (it sees only padding, so no softmax row is empty), never read.
 :meth:`PackPlan.pack` gathers any ``[B, S, ...]`` tensor of the batch into ``[R, L, ...]`` and
 :meth:`PackPlan.unpack` puts per-slot results back to ``[B, S, ...]`` (differentiable; zeros
 off the samples' tokens). A sample's first token sits after the previous sample's last in its
@@ -64,6 +69,7 @@ class PackPlan:
     position_ids: torch.Tensor  # [R, L] long, restarting at 0 for each sample
     segments: torch.Tensor  # [R, L] long: the sample's number in its row, -1 on padding
     starts: torch.Tensor  # [R, L] bool: the first token of a sample
+    spans: list[list[tuple[int, int]]]  # per row, the (start, end) of each segment
 
     @classmethod
     def build(cls, lengths: Sequence[int], width: int, capacity: int) -> PackPlan:
@@ -75,22 +81,33 @@ class PackPlan:
         pos = torch.zeros((R, L), dtype=torch.long)
         seg = torch.full((R, L), -1, dtype=torch.long)
         starts = torch.zeros((R, L), dtype=torch.bool)
+        spans: list[list[tuple[int, int]]] = []
         for r, row in enumerate(rows):
             off = 0
+            spans.append([])
             for j, b in enumerate(row):
                 T = int(lengths[b])
                 src[r, off : off + T] = b * width + torch.arange(T)
                 pos[r, off : off + T] = torch.arange(T)
                 seg[r, off : off + T] = j
                 starts[r, off] = True
+                spans[r].append((off, off + T))
                 off += T
             pos[r, off:] = torch.arange(L - off)  # padding: positions of its own
-        return cls(rows, (len(lengths), width), src, pos, seg, starts)
+            if off < L:
+                spans[r].append((off, L))
+        return cls(rows, (len(lengths), width), src, pos, seg, starts, spans)
 
     @property
     def real(self) -> torch.Tensor:
         """``[R, L]`` bool: slots that hold a sample's token."""
         return self.src >= 0
+
+    def saves(self, padded_slots: int) -> bool:
+        """Whether packing cuts the forward's token slots (``R x L``) below
+        :data:`MIN_SAVING` of the padded batch's: otherwise the padded forward is as cheap and
+        skips the gathers (the default run's samples are nearly all of one length)."""
+        return self.src.numel() < MIN_SAVING * padded_slots
 
     def pack(self, t: torch.Tensor, fill=0) -> torch.Tensor:
         """``t [B, S, ...]`` gathered into ``[R, L, ...]``; padding slots get ``fill`` (a scalar
@@ -114,13 +131,6 @@ class PackPlan:
         inv[self.src.reshape(-1)[real]] = torch.arange(R * L)[real]
         return flat[inv.to(p.device)].reshape(B, S, *p.shape[2:])
 
-    def unpack_scored(self, p: torch.Tensor) -> torch.Tensor:
-        """:meth:`unpack` of per-slot log-probs (or entropies, top-k log-probs) aligned to the
-        token they score: each sample's first token, scored across the sample boundary, is 0."""
-        keep = (~self.starts).to(p.device)
-        keep = keep.reshape(*keep.shape, *([1] * (p.dim() - 2)))
-        return self.unpack(torch.where(keep, p, torch.zeros_like(p)))
-
     def attention_mask(self, device=None) -> torch.Tensor:
         """``[R, 1, L, L]`` bool, True where query ``i`` may attend key ``j``: the same segment
         and ``j <= i`` (block-diagonal causal)."""
@@ -128,6 +138,60 @@ class PackPlan:
         L = seg.shape[1]
         causal = torch.ones((L, L), dtype=torch.bool, device=device).tril()
         return ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]
+
+    def unpack_scored(self, p: torch.Tensor) -> torch.Tensor:
+        """:meth:`unpack` of per-slot log-probs (or entropies, top-k log-probs) aligned to the
+        token they score: each sample's first token, scored across the sample boundary, is 0."""
+        keep = (~self.starts).to(p.device)
+        keep = keep.reshape(*keep.shape, *([1] * (p.dim() - 2)))
+        return self.unpack(torch.where(keep, p, torch.zeros_like(p)))
+
+
+SEGMENT_ATTENTION = "sat_segments"  # the name it is registered under in transformers
+SEGMENT_MIN_ROW = 256  # packed rows at least this wide attend segment by segment
+MIN_SAVING = 0.9  # pack only when the packed slots are below this fraction of the padded ones
+
+
+def segment_attention(module, query, key, value, attention_mask, sat_spans=None, **kwargs):
+    """HF attention over packed rows: causal SDPA on each ``(start, end)`` of ``sat_spans``
+    (per row) on its own, so no token sees another sample (``attention_mask`` is None: the
+    spans are the mask). ``query`` ``[R, H, L, D]``; returns ``([R, L, H, D], None)`` like
+    transformers' ``sdpa_attention_forward``, which runs each segment."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = []
+    for r, segs in enumerate(sat_spans):
+        parts = [
+            sdpa_attention_forward(
+                module,
+                query[r : r + 1, :, s:e],
+                key[r : r + 1, :, s:e],
+                value[r : r + 1, :, s:e],
+                None,
+                **kwargs,
+            )[0]
+            for s, e in segs
+        ]
+        rows.append(torch.cat(parts, dim=1))
+    return torch.cat(rows, dim=0), None
+
+
+class use_segment_attention:
+    """Within the block, ``model`` attends with :func:`segment_attention` (registered once)."""
+
+    def __init__(self, model):
+        self.config = model.config
+
+    def __enter__(self):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SEGMENT_ATTENTION, segment_attention)
+        self.before = self.config._attn_implementation
+        self.config._attn_implementation = SEGMENT_ATTENTION
+        return self
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.before
 
 
 def sample_lengths(attention_mask: torch.Tensor) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import sat_cli
@@ -356,6 +357,33 @@ def test_the_layer_exceptions_are_still_needed():
     graph = _package_graph()
     stale = [e for e in LAYER_EXCEPTIONS if e[1] not in graph.get(e[0], {})]
     assert stale == [], "no import needs these any more: remove them from LAYER_EXCEPTIONS"
+
+
+def _documented_layers(text: str) -> dict[int, set[str]]:
+    """The table of docs/ARCHITECTURE.md's "Layers" section: layer number → packages (a line
+    ``N name/ name.py …  description``)."""
+    block = text.split("## Layers", 1)[1].split("```", 2)[1]
+    out = {}
+    for line in block.strip().splitlines():
+        num, *words = line.split()
+        names = []
+        for w in words:
+            m = re.fullmatch(r"(\w+)(/|\.py)|sat_cli/__init__\.py", w)
+            if m is None:
+                break
+            names.append("sat_cli" if m[1] is None else m[1])
+        out[int(num)] = set(names)
+    return out
+
+
+def test_the_layer_table_is_documented():
+    doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
+    assert _documented_layers(doc) == dict(enumerate(LAYERS))
+
+
+def test_the_documented_table_is_read():
+    text = "## Layers\n```\n 1 util/ cli.py   the things\n 0 sat_cli/__init__.py errors.py x\n```"
+    assert _documented_layers(text) == {1: {"util", "cli"}, 0: {"sat_cli", "errors"}}
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:

@@ -281,7 +281,7 @@ def test_loss_functions_stay_small():
 LAYERS = (
     {"sat_cli", "errors", "metric_names", "numerics", "samples"},  # import no other sat_cli module
     {"util", "devices"},  # files, processes, signals; the device plan (plain values in)
-    {"records", "rl", "tasks", "tracking"},  # state schemas, the loss math, tasks, MLflow
+    {"records", "rl", "tasks", "tracking", "envs"},  # schemas, loss math, tasks, MLflow, envs
     {"models"},  # the model, its weights on disk, R3
     {"checkpoints", "replay", "weightsync"},  # what a run keeps and sends
     {"engines", "trainers"},  # the two components, independent of each other

@@ -1,0 +1,162 @@
+"""The calculator environment (issue 43, item 6's first environment; the logic only).
+
+A problem multiplies (or adds) two integers with ``digits`` digits each, too large for the model
+to do in its head: ``make_problem(seed, digits)`` → a row ``{"question", "answer", "a", "b",
+"op"}``. The model may call the tool ``calculator`` with ``{"expression": "<integer
+arithmetic>"}`` (Hermes format, ``toolcalls.py``); the environment answers with a ``tool``
+message holding the value, or ``error: …``. A turn without a tool call is the final answer: its
+last integer (commas allowed) is compared with the gold answer: reward 1.0 if equal, else 0.0,
+and the trajectory ends. A turn that still calls a tool at ``max_turns`` ends it with reward 0.
+
+The calculator runs in this process, not in the sandbox (``sandbox.py``): it is a pure function
+over Python integers that parses the expression with ``ast`` and evaluates only integer
+literals, ``+ - * // %``, unary minus and ``**`` with a small exponent, each bounded in size
+before it is computed (``MAX_EXPR_CHARS``, ``MAX_RESULT_DIGITS``), so it runs no code, cannot
+hang and cannot allocate much; the sandbox would add ~0.09 s per call (the median of a Python
+one-liner there, measured on the 2-core CPU machine) for nothing.
+Its calls are still counted in ``stats`` (a ``ToolStats``) like sandboxed ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from typing import Any
+
+from sat_cli.envs.base import EnvSettings, Message, Step, TurnCounter
+from sat_cli.envs.sandbox import ToolResult, ToolStats
+from sat_cli.envs.toolcalls import get_parser
+
+MAX_EXPR_CHARS = 200
+MAX_RESULT_DIGITS = 200
+MAX_EXPONENT = 64
+OPS = {"*": lambda a, b: a * b, "+": lambda a, b: a + b}
+SYSTEM = (
+    "You can call the tool calculator. To call it, write "
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call> '
+    "and wait for its result. When you know the answer, reply with the number only."
+)
+
+
+class CalcError(ValueError):
+    pass
+
+
+def _digits(n: int) -> int:
+    return len(str(abs(n))) if abs(n) < 10**MAX_RESULT_DIGITS else MAX_RESULT_DIGITS + 1
+
+
+def _bounded(n: int) -> int:
+    if _digits(n) > MAX_RESULT_DIGITS:
+        raise CalcError(f"result over {MAX_RESULT_DIGITS} digits")
+    return n
+
+
+def _eval(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return _bounded(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _eval(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left), _eval(node.right)
+        op = node.op
+        if isinstance(op, ast.Add):
+            return _bounded(a + b)
+        if isinstance(op, ast.Sub):
+            return _bounded(a - b)
+        if isinstance(op, ast.Mult):
+            if _digits(a) + _digits(b) > MAX_RESULT_DIGITS + 1:
+                raise CalcError(f"result over {MAX_RESULT_DIGITS} digits")
+            return _bounded(a * b)
+        if isinstance(op, ast.FloorDiv | ast.Mod):
+            if b == 0:
+                raise CalcError("division by zero")
+            return a // b if isinstance(op, ast.FloorDiv) else a % b
+        if isinstance(op, ast.Pow):
+            if not 0 <= b <= MAX_EXPONENT or _digits(a) * b > MAX_RESULT_DIGITS:
+                raise CalcError(f"exponent must be in [0, {MAX_EXPONENT}] with a small result")
+            return a**b
+    raise CalcError("only integers and + - * // % ** are allowed")
+
+
+def calculate(expression: str) -> int:
+    """The value of an integer expression; ``CalcError`` (one line) when it is not allowed."""
+    if not isinstance(expression, str) or len(expression) > MAX_EXPR_CHARS:
+        raise CalcError(f"expression must be a string of at most {MAX_EXPR_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError) as e:
+        msg = e.msg if isinstance(e, SyntaxError) else e
+        raise CalcError(f"cannot parse the expression: {msg}") from None
+    return _eval(tree.body)
+
+
+def make_problem(seed: int, digits: int = 6, op: str = "*") -> dict[str, Any]:
+    """A problem with two ``digits``-digit operands, the same for the same seed."""
+    if op not in OPS or not 1 <= digits <= 40:
+        raise ValueError(f"op must be one of {sorted(OPS)} and digits in [1, 40]")
+    rng = random.Random(seed)
+    a, b = (rng.randrange(10 ** (digits - 1), 10**digits) for _ in range(2))
+    answer = OPS[op](a, b)
+    return {"question": f"What is {a} {op} {b}?", "answer": str(answer), "a": a, "b": b, "op": op}
+
+
+FINAL = re.compile(r"-?\d[\d,]*")
+
+
+def final_number(text: str) -> int | None:
+    """The last integer in ``text`` (``1,234`` reads as 1234), or None."""
+    found = FINAL.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+class CalculatorEnv:
+    def __init__(self, settings: EnvSettings):
+        self.settings = settings
+        self.parse = get_parser(settings.parser)
+        self.stats = ToolStats()
+        self.row: dict[str, Any] | None = None
+        self.turn = TurnCounter(settings.max_turns)
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    def reset(self, row: dict[str, Any]) -> list[Message]:
+        if "question" not in row or "answer" not in row:
+            raise ValueError("a calculator row needs 'question' and 'answer' (make_problem)")
+        self.row = row
+        self.turn = TurnCounter(self.settings.max_turns)
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["question"]}]
+
+    def _call(self, name: str, arguments: dict) -> ToolResult:
+        if name != "calculator":
+            return ToolResult("bad_call", f"error: unknown tool {name!r}; the tool is calculator")
+        try:
+            return ToolResult("ok", str(calculate(arguments.get("expression"))))
+        except CalcError as e:
+            return ToolResult("bad_call", f"error: {e}")
+
+    def step(self, action_text: str) -> Step:
+        if self.row is None:
+            raise RuntimeError("step() before reset()")
+        self.turn.begin(action_text)
+        parsed = self.parse(action_text)
+        info = {"turn": self.turn.turns, "tool_calls": len(parsed.calls)}
+        info["parse_errors"] = len(parsed.errors)
+        if not parsed.calls and not parsed.errors:
+            got = final_number(parsed.content)
+            correct = got is not None and str(got) == self.row["answer"]
+            self.turn.done = True
+            return Step([], 1.0 if correct else 0.0, True, {**info, "correct": correct})
+        results = [self._call(c.name, c.arguments) for c in parsed.calls]
+        for r in results:
+            self.stats.add(r)
+        info["tool_errors"] = sum(not r.ok for r in results)
+        if self.turn.last:
+            self.turn.done = True
+            return Step([], 0.0, True, {**info, "correct": False})
+        texts = [r.text for r in results] + [f"error: {e}" for e in parsed.errors]
+        return Step([{"role": "tool", "content": t} for t in texts], 0.0, False, info)

@@ -1,0 +1,155 @@
+"""How the tool sandbox confines a child, probed once per process (Linux; ``sandbox.py`` uses it).
+
+Two mechanisms depend on what the machine permits, so each is probed and the chosen mode is
+reported (``isolation()``):
+
+* **No network.** ``netns``: the child calls ``unshare(CLONE_NEWNET)`` before ``exec`` and gets
+  a network namespace with only a downed loopback, so every connect fails, also to 127.0.0.1
+  (works as root, or where the kernel lets unprivileged users unshare). ``userns``: the same
+  through a new user namespace first (``CLONE_NEWUSER | CLONE_NEWNET``, unprivileged). ``python``:
+  neither is permitted; a ``sitecustomize.py`` on the tool's ``PYTHONPATH`` replaces
+  ``socket.socket`` with a class that refuses to be created. That blocks only Python tools that do
+  not undo it; it is a seat belt, not a boundary.
+* **Process count.** ``cgroup``: a fresh pids cgroup per call (v1 ``pids`` hierarchy, or v2 where
+  the own cgroup delegates ``pids``) with ``pids.max``; it also lists every process the tool made,
+  including ones that left its process group (``setsid``), so cleanup kills them all. ``rlimit``:
+  ``RLIMIT_NPROC`` set to the user's current process count plus the allowance. The kernel ignores
+  ``RLIMIT_NPROC`` for root, so as root without a writable pids cgroup a fork bomb is stopped only
+  by the wall-clock deadline and the group kill (mode ``none``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+NET_FLAGS = {"netns": CLONE_NEWNET, "userns": CLONE_NEWUSER | CLONE_NEWNET}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# loaded in the parent: the child between fork and exec must not import or allocate much
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+SITECUSTOMIZE = '''"""Written by sat's tool sandbox: this Python tool may not open sockets."""
+import socket as _s
+
+
+class _NoNetwork(_s.socket):
+    def __init__(self, *args, **kwargs):
+        raise PermissionError("network access is disabled in the tool sandbox")
+
+
+_s.socket = _NoNetwork
+'''
+
+
+def unshare(flags: int) -> None:
+    """``unshare(2)`` of the calling process; OSError when refused."""
+    if _LIBC.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _probe_net(flags: int) -> bool:
+    """Whether a child that unshares ``flags`` starts and sees no network."""
+    code = "import socket,sys;sys.exit([n for _, n in socket.if_nameindex()] != ['lo'])"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", code],
+            preexec_fn=functools.partial(unshare, flags),
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+@functools.cache
+def net_mode() -> str:
+    """``netns``, ``userns`` or ``python`` (module docstring)."""
+    for mode, flags in NET_FLAGS.items():
+        if _probe_net(flags):
+            return mode
+    return "python"
+
+
+def _own_cgroup(controller: str) -> Path | None:
+    """This process's cgroup folder for ``controller`` (v1), or its v2 folder when it delegates
+    ``controller`` to children; None when neither exists."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            return CGROUP_ROOT / controller / path.lstrip("/")
+    for line in lines:
+        if line.startswith("0::"):
+            own = CGROUP_ROOT / line[3:].lstrip("/")
+            try:
+                if controller in (own / "cgroup.subtree_control").read_text().split():
+                    return own
+            except OSError:
+                return None
+    return None
+
+
+def new_pids_cgroup(max_procs: int) -> Path | None:
+    """A fresh pids cgroup limited to ``max_procs`` processes, or None where not permitted."""
+    parent = _own_cgroup("pids")
+    if parent is None:
+        return None
+    path = parent / f"sat-tool-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    try:
+        (path / "pids.max").write_text(str(max_procs))
+    except OSError:
+        path.rmdir()
+        return None
+    return path
+
+
+@functools.cache
+def proc_mode() -> str:
+    """``cgroup``, ``rlimit`` or ``none`` (module docstring)."""
+    probe = new_pids_cgroup(1)
+    if probe is not None:
+        probe.rmdir()
+        return "cgroup"
+    return "none" if os.geteuid() == 0 else "rlimit"
+
+
+def isolation() -> dict[str, str]:
+    """The modes this machine gives the sandbox: ``{"network": …, "processes": …}``."""
+    return {"network": net_mode(), "processes": proc_mode()}
+
+
+def user_process_count(uid: int) -> int:
+    """How many processes ``uid`` runs now (``RLIMIT_NPROC`` counts them all)."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                n += os.stat(f"/proc/{entry}").st_uid == uid
+            except OSError:
+                continue
+    return n
+
+
+def cgroup_pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []

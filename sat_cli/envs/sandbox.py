@@ -1,0 +1,256 @@
+"""Run one tool call in a confined subprocess and return a typed result; never raise.
+
+``run_tool(args, limits)`` starts ``args`` (a list, no shell) in a fresh scratch folder (its
+working directory, ``HOME`` and ``TMPDIR``; removed afterwards) in a new session, with
+``RLIMIT_CPU`` (CPU seconds), ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (largest file it
+may write), ``RLIMIT_CORE`` 0, no network and a process-count limit (``confine.py``: the modes
+and what each guarantees). Its stdout and stderr share one pipe, read incrementally: at most
+``max_output_bytes`` are kept and more ends the call (``output_limit``). The call ends when its
+first process exits, at the wall-clock deadline (``timeout``), or at the output cap; then every
+process it made is killed (its process group, and its pids cgroup where there is one) and waited
+for, and the scratch folder removed.
+
+``ToolResult.kind`` is ``ok`` (exit status 0) or an error kind: ``timeout``, ``cpu_limit``
+(killed by ``SIGXCPU``/the hard CPU limit), ``output_limit``, ``file_limit`` (``SIGXFSZ``),
+``crash`` (any other non-zero exit or signal; a refused connection, a ``MemoryError`` or a
+refused fork show here with the tool's own message), ``start`` (it could not be started);
+``bad_call`` is for environments: a call of an unknown tool or with bad arguments.
+``ToolStats`` counts calls and errors per kind (``env/tool_error_frac`` later).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sat_cli.envs import confine
+
+ERROR_KINDS = ("timeout", "cpu_limit", "output_limit", "file_limit", "crash", "start", "bad_call")
+KILL_WAIT_S = 5.0  # how long cleanup waits for killed processes to go
+READ_CHUNK = 65536
+MAX_STDIN_BYTES = 32768  # below a pipe's buffer: writing it never waits on the tool
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """Limits of one tool call (bounds checked here)."""
+
+    wall_s: float = 10.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    max_procs: int = 32
+    max_file_mb: int = 16
+    max_output_bytes: int = 16384
+
+    def __post_init__(self):
+        bounds = {
+            "wall_s": (0.1, 600.0),
+            "cpu_s": (1, 600),
+            "memory_mb": (32, 65536),
+            "max_procs": (1, 4096),
+            "max_file_mb": (0, 65536),
+            "max_output_bytes": (1, 1 << 26),
+        }
+        for name, (lo, hi) in bounds.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+                raise ValueError(f"tool limit {name}={v!r} must be a number in [{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    kind: str  # "ok" or one of ERROR_KINDS
+    text: str  # the tool's output (at most max_output_bytes, decoded), or what went wrong
+    returncode: int | None = None
+    elapsed_s: float = 0.0
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+@dataclass
+class ToolStats:
+    calls: int = 0
+    errors: Counter = field(default_factory=Counter)
+
+    def add(self, result: ToolResult) -> None:
+        self.calls += 1
+        if not result.ok:
+            self.errors[result.kind] += 1
+
+    @property
+    def error_frac(self) -> float:
+        return sum(self.errors.values()) / self.calls if self.calls else 0.0
+
+
+def _child_setup(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> None:
+    """Runs in the child between fork and exec: join the cgroup, set limits, leave the network."""
+    if cgroup is not None:
+        with open(cgroup / "cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    mb = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if nproc is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    if net in confine.NET_FLAGS:
+        confine.unshare(confine.NET_FLAGS[net])
+
+
+def _environment(scratch: Path, net: str) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(scratch),
+        "TMPDIR": str(scratch),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if net == "python":
+        site = scratch / ".sat-site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(confine.SITECUSTOMIZE)
+        env["PYTHONPATH"] = str(site)
+    return env
+
+
+def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[bytes, str]:
+    """The tool's output (at most the cap) and why reading stopped: ``exit``, ``timeout`` or
+    ``output_limit``. After its first process exits, only what is already written is read."""
+    fd = proc.stdout.fileno()
+    out = bytearray()
+    exited_at = None
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return bytes(out), "timeout"
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        wait = min(deadline - now, 0.05 if exited_at is not None else 0.5)
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready or (exited_at is not None and now - exited_at > 0.2):
+            if exited_at is not None:
+                return bytes(out), "exit"  # children may hold the pipe open: stop here
+            continue
+        chunk = os.read(fd, min(READ_CHUNK, limits.max_output_bytes + 1 - len(out)))
+        if not chunk:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            return bytes(out), "exit"
+        out += chunk
+        if len(out) > limits.max_output_bytes:
+            return bytes(out[: limits.max_output_bytes]), "output_limit"
+
+
+def _kill_all(proc: subprocess.Popen, cgroup: Path | None) -> None:
+    """Kill the tool's process group and its cgroup's processes; wait until they are gone."""
+    from sat_cli.util.procs import live_group_members
+
+    deadline = time.monotonic() + KILL_WAIT_S
+    while True:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        left = confine.cgroup_pids(cgroup) if cgroup is not None else []
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            pass
+        group = live_group_members(proc.pid)
+        if (proc.returncode is not None and not group and not left) or time.monotonic() > deadline:
+            break
+    if cgroup is not None:
+        try:
+            cgroup.rmdir()
+        except OSError:
+            pass  # a process that would not die keeps it; the next run's cleanup may remove it
+
+
+def _classify(reason: str, returncode: int | None) -> str:
+    if reason != "exit":
+        return reason
+    if returncode == 0:
+        return "ok"
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        return "cpu_limit"  # we kill only after timeout/output_limit, so SIGKILL is the hard limit
+    if returncode == -signal.SIGXFSZ:
+        return "file_limit"
+    return "crash"
+
+
+def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b"") -> ToolResult:
+    """Run ``args`` confined (module docstring); any failure is a ``ToolResult``, never raised."""
+    limits = limits or ToolLimits()
+    start = time.monotonic()
+    if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
+        return ToolResult("start", f"tool arguments must be a non-empty list of strings: {args!r}")
+    if len(stdin) > MAX_STDIN_BYTES:
+        return ToolResult("start", f"tool input over {MAX_STDIN_BYTES} bytes: {len(stdin)}")
+    net = confine.net_mode()
+    cgroup = confine.new_pids_cgroup(limits.max_procs) if confine.proc_mode() == "cgroup" else None
+    nproc = None
+    if cgroup is None and os.geteuid() != 0:
+        nproc = confine.user_process_count(os.getuid()) + limits.max_procs
+    scratch = Path(tempfile.mkdtemp(prefix="sat-tool-"))
+    try:
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=scratch,
+                env=_environment(scratch, net),
+                start_new_session=True,
+                preexec_fn=lambda: _child_setup(limits, cgroup, nproc, net),
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            if cgroup is not None:
+                cgroup.rmdir()
+            return ToolResult("start", f"tool could not start: {e}", None, time.monotonic() - start)
+        try:
+            _feed(proc, stdin)
+            out, reason = _read(proc, limits, start + limits.wall_s)
+        finally:
+            _kill_all(proc, cgroup)
+            proc.stdout.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    kind = _classify(reason, proc.returncode)
+    text = out.decode("utf-8", errors="replace")
+    if kind == "timeout":
+        text += f"\n[tool stopped: wall-clock limit {limits.wall_s} s]"
+    elif kind == "output_limit":
+        text += f"\n[tool stopped: output over {limits.max_output_bytes} bytes]"
+    elif kind != "ok":
+        text += f"\n[tool failed: {kind}, exit status {proc.returncode}]"
+    elapsed = time.monotonic() - start
+    return ToolResult(kind, text, proc.returncode, elapsed, kind == "output_limit")
+
+
+def _feed(proc: subprocess.Popen, stdin: bytes) -> None:
+    """Write ``stdin`` (small: tool arguments) and close it; a tool that does not read it may
+    close its end first."""
+    try:
+        if stdin:
+            proc.stdin.write(stdin)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass

@@ -18,7 +18,7 @@ The registry of environments is ``envs/registry.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "content": …}
@@ -67,13 +67,11 @@ class TurnCounter:
     max_turns: int
     turns: int = 0
     done: bool = False
-    history: list[str] = field(default_factory=list)
 
     def begin(self, action_text: str) -> None:
         if self.done:
             raise RuntimeError("step() after the trajectory ended; call reset()")
         self.turns += 1
-        self.history.append(action_text)
 
     @property
     def last(self) -> bool:

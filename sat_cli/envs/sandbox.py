@@ -16,6 +16,10 @@ for, and the scratch folder removed.
 refused fork show here with the tool's own message), ``start`` (it could not be started);
 ``bad_call`` is for environments: a call of an unknown tool or with bad arguments.
 ``ToolStats`` counts calls and errors per kind (``env/tool_error_frac`` later).
+
+The limits are set by ``preexec_fn`` (between fork and exec, in Python). Python documents that
+as unsafe in a process with threads (a lock held by another thread at fork time stays held in the
+child); the loop's rollout thread calling this needs a small exec'd launcher instead (not built).
 """
 
 from __future__ import annotations

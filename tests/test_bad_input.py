@@ -261,6 +261,11 @@ def _resume_below_checkpoint(t: Path) -> list[str]:
     return ["train", *RUN_ARGS, "max_steps=1", "resume=auto"]
 
 
+def _resume_changed_config(t: Path) -> list[str]:
+    _with_run(t)
+    return ["train", *RUN_ARGS, "seed=7", "task.samples_per_prompt=4", "resume=auto"]
+
+
 # ---- issue 32: state files of the wrong shape, hostile files, sweeps that collide
 
 
@@ -335,6 +340,7 @@ NEEDS_RUN = (
     "resume-other-run-dir-damaged",
     "resume-run-locked-by-live-process",
     "resume-max-steps-below-checkpoint",
+    "resume-changed-config",
     "eval-ckpt-damaged",
     "resume-legacy-checkpoints-incomplete",
 )
@@ -917,6 +923,13 @@ CASES = {
         _resume_below_checkpoint,
         2,
         r"max_steps=1 is below the step 2 of the checkpoint",
+    ),
+    # issue 45: resume=auto continued a run with another config without a word
+    "resume-changed-config": (
+        _resume_changed_config,
+        2,
+        r"differs from the run's runs/sat/done/config\.yaml in 2 key\(s\): seed: 0 -> 7; "
+        r"task\.samples_per_prompt: 2 -> 4\..*resume=force",
     ),
     # ---- issue 32: state files checked against schemas before the run folder is touched
     "resume-state-files-wrong-shape": (

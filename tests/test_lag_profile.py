@@ -95,7 +95,7 @@ def test_empirical_reads_numpy_edges_and_refuses_malformed(tmp_path):
         ("b", '{"edges": [0, 1], "counts": [1, 2]}', "one longer"),
         ("c", '{"edges": [0.2, 0.8], "counts": [3]}', "exactly one lag"),
         ("d", '{"edges": [0, 1, 1], "counts": [1, 1]}', "increasing"),
-        ("e", "{not json", "not a JSON histogram table"),
+        ("e", "{not json", "is not valid JSON"),
         ("f", '{"edges": [0, 1], "counts": [0]}', "every count is 0"),
     ]:
         p = tmp_path / f"{name}.json"

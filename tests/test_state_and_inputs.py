@@ -577,7 +577,7 @@ def test_resource_errors_are_one_line_exit_1(exc, pattern):
 
 
 def test_memory_error_in_a_command_is_one_line(capsys):
-    from sat_cli.cli import _guard
+    from sat_cli.cli_guard import guard as _guard
 
     def body():
         raise MemoryError()

@@ -16,7 +16,18 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.records import Int, ListOf, Obj, Str
 from sat_cli.replay import REPLAY_OF, REPLAY_OF_ID
+from sat_cli.util.readers import read_json
+
+# what `sat replay` reads of the manifest before the recording is checked whole
+MANIFEST_HEADER = Obj(
+    {
+        "header": Obj({"config": Obj({}), "overrides": ListOf(Str())}, ("config", "overrides")),
+        "steps": Int(0),
+    },
+    required=("header",),
+)
 
 # what a replay may override: it changes the loss, not the stream
 # (seed, run.experiment and resume are what a sweep sets; the seed must be the recorded one)
@@ -105,7 +116,6 @@ def _check_sampler_records(recorded: dict, composed: dict, task: dict) -> None:
 
 def prepare(run: str, given: list[str]):
     """``(cfg, obj, recording)`` for ``sat replay RUN given…``; reads only."""
-    import json
 
     from omegaconf import OmegaConf
 
@@ -121,11 +131,9 @@ def prepare(run: str, given: list[str]):
             f"{run_dir} has no recording ({mpath} is missing): record a run with "
             "`sat train … replay.record=true`"
         )
-    try:
-        header = json.loads(mpath.read_text())["header"]
-        recorded, overrides = header["config"], list(header["overrides"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
+    manifest = read_json(mpath, what=str(mpath), error=RecordingError, schema=MANIFEST_HEADER)
+    header = manifest["header"]
+    recorded, overrides = header["config"], list(header["overrides"])
     # the default name, filled in once algo and clip are known
     name = f"{run_dir.name}-replay-{{algo}}-{{clip}}-{time.strftime('%Y%m%d-%H%M%S')}"
     from sat_cli.config.quoting import hydra_quote
@@ -142,8 +150,7 @@ def prepare(run: str, given: list[str]):
     except ConfigError as exc:
         raise UserError(f"sat replay: {exc}") from None
     composed = OmegaConf.to_container(cfg, resolve=True)
-    manifest = json.loads(mpath.read_text())
-    check_match(recorded, composed, obj.max_steps, int(manifest.get("steps", 0)))
+    check_match(recorded, composed, obj.max_steps, manifest.get("steps", 0))
     recording = open_recording(run_dir, obj.max_steps)  # every file the replay reads, checked
     return cfg, obj, recording
 
@@ -153,5 +160,12 @@ def replay(run: str, given: list[str]) -> dict:
     from sat_cli.commands.train import train
 
     cfg, obj, recording = prepare(run, given)
+    if obj.run.portable_numerics:  # the recording's numerics pins, set as `sat train` sets them
+        from sat_cli.numerics import PortableError, pin
+
+        try:
+            pin(obj.trainer.num_threads)
+        except PortableError as exc:
+            raise UserError(str(exc)) from None
     print(f"replaying {recording.steps} recorded steps of {run} (max_steps={obj.max_steps})")
     return train(cfg, obj, given, replay=recording)

@@ -67,14 +67,15 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
 
     root = Path(obj.run.dir) / obj.run.experiment
     resume = obj.resume
-    if resume not in (None, "auto"):
+    auto = resume in ("auto", "force")  # force: also with a changed config (resume_check)
+    if resume is not None and not auto:
         run_dir = Path(resume)
         if latest_checkpoint(run_dir / "checkpoints") is None:
             raise UserError(
                 f"resume={resume!r}: no complete checkpoint under {run_dir}/checkpoints"
             )
         return run_dir, True
-    if resume == "auto" and obj.run.name is None:
+    if auto and obj.run.name is None:
 
         def finished(ck: Path) -> bool:
             try:
@@ -92,7 +93,7 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     name = obj.run.name or default_run_name(obj)
     run_dir = root / name
     if latest_checkpoint(run_dir / "checkpoints") is not None:
-        if resume != "auto":
+        if not auto:
             from sat_cli.commands.runlock import refuse_if_owned
 
             refuse_if_owned(run_dir)  # a live run of this folder: name it
@@ -186,6 +187,12 @@ def _train(cfg, obj, stream: dict) -> dict:
     check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log, _trainer_kind(obj))
+        if ckpt:  # the same experiment, or resume=force
+            from omegaconf import OmegaConf
+
+            from sat_cli.commands.resume_check import check_same_config
+
+            check_same_config(run_dir, OmegaConf.to_container(cfg, resolve=True), obj.resume)
         done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
         if done > obj.max_steps:
             raise UserError(

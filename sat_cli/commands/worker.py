@@ -13,7 +13,6 @@ it must be readable at the same path on every node (a shared filesystem). No she
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -23,10 +22,18 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.records import Int, Obj, Str
 
 
 class JoinError(UserError):
     """Bad input to ``sat worker --join`` or an unreachable rendezvous (exit code 2)."""
+
+
+# the fields `sat worker` uses of the worker_config.json `sat train trainer=megatron` writes
+WORKER_CONFIG = Obj(
+    {"model_path": Str(), "nnodes": Int(1, 4096), "nproc_per_node": Int(1, 1024)},
+    required=("protocol", "model_path", "nnodes"),
+)
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -40,19 +47,17 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 
 def read_config(path: str) -> dict:
-    p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
+    """The job's ``worker_config.json``, read through the bounded reader and checked against
+    :data:`WORKER_CONFIG` (``JoinError`` naming the file otherwise)."""
+    from sat_cli.util.readers import read_json
+
+    if not Path(path).exists():
         raise JoinError(
             f"--config {path}: no such file; give the worker_config.json in the run's megatron/ "
             "folder (it must be at the same path on every node: a shared filesystem)"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise JoinError(f"--config {path}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(cfg, dict) or not {"protocol", "model_path", "nnodes"} <= set(cfg):
-        raise JoinError(f"--config {path}: not a megatron worker_config.json")
-    if int(cfg["nnodes"]) < 2:
+        )
+    cfg = read_json(path, what=f"--config {path}", error=JoinError, schema=WORKER_CONFIG)
+    if cfg["nnodes"] < 2:
         raise JoinError(f"--config {path}: the job has trainer.nnodes=1; there is nothing to join")
     return cfg
 
@@ -88,7 +93,7 @@ def join(
 
     host, port = parse_endpoint(endpoint)
     cfg = read_config(config)
-    nnodes = int(cfg["nnodes"])
+    nnodes = cfg["nnodes"]
     if not 1 <= node_rank < nnodes:
         raise JoinError(f"--node-rank {node_rank}: must be 1 .. {nnodes - 1} (node 0 is sat train)")
     nproc = int(nproc_per_node or cfg.get("nproc_per_node", 1))

@@ -32,6 +32,7 @@ GROUPS = (
     "eval",
     "tracking",
     "experiment",
+    "launcher",
 )
 
 
@@ -64,6 +65,22 @@ def _preprocess(overrides: list[str]) -> list[str]:
             continue
         out.append(ov)
     return out
+
+
+def _other_top_keys() -> list[str]:
+    """The schema's top-level keys that are not config groups (``run.*`` for a section)."""
+    import dataclasses
+
+    return [
+        f.name
+        + (
+            ".*"
+            if dataclasses.is_dataclass(f.type) or f.default_factory is not dataclasses.MISSING
+            else ""
+        )
+        for f in dataclasses.fields(SatConfig)
+        if f.name not in GROUPS
+    ]
 
 
 def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
@@ -113,8 +130,11 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
         hint = ""
         if "." not in key and key not in GROUPS:
             hint = (
-                " Top-level keys are the groups (" + ", ".join(GROUPS) + ") and "
-                "r3, seed, max_steps, resume, ckpt, run.*, checkpoint.*, data.*."
+                " Top-level keys are the groups ("
+                + ", ".join(GROUPS)
+                + ") and "
+                + ", ".join(_other_top_keys())
+                + "."
             )
         return ConfigError(f"unknown config key {key!r}.{hint} To list every key: sat config")
     if isinstance(exc, ValidationError):

@@ -18,6 +18,8 @@ Hydra accepts some overrides that `sat` must refuse, or fails on them with a raw
   the result checked as above: Hydra resolves it when it loads the file, so ``X=../../x``
   climbed out of ``conf/algo/``. An interpolation that cannot be resolved before composing is
   refused; the option file must be a regular file (a FIFO would block the composition);
+* ``hydra.*`` settings (``hydra.run.dir=…``, ``hydra.verbose=true``) were **silently
+  ignored**: `sat` composes with Hydra's compose API and never runs Hydra's app; refused;
 * **a top-level setting of another command** (``sat train ckpt=…``, ``sat eval resume=auto``)
   was silently ignored: :func:`check_command_keys` names the command that takes it.
 
@@ -80,7 +82,9 @@ def _resolve(option: str, text: str) -> str:
             f"{text!r}: a config group option may be an interpolation only if it resolves on "
             f"its own ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         ) from None
-    return str(value)
+    if not isinstance(value, str):  # ${oc.decode:'1'}: Hydra asserts on a non-string option
+        raise ConfigError(f"{text!r} resolves to {value!r}: a config group takes an option name")
+    return value
 
 
 def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
@@ -99,12 +103,15 @@ def _check_option(group: str, option: str, text: str, conf_dir: Path) -> None:
             f"{shown}: a {group!r} option is the name of a file in conf/{group}/ "
             "(no '..', no absolute path)"
         )
-    folder = (conf_dir / group).resolve()
-    target = (folder / f"{option}.yaml").resolve()
-    if folder not in target.parents:
-        raise ConfigError(f"{shown}: the option resolves outside conf/{group}/")
-    if target.exists() and not target.is_file():
-        raise ConfigError(f"{shown}: conf/{group}/{option}.yaml is not a regular file")
+    try:
+        folder = (conf_dir / group).resolve()
+        target = (folder / f"{option}.yaml").resolve()
+        if folder not in target.parents:
+            raise ConfigError(f"{shown}: the option resolves outside conf/{group}/")
+        if target.exists() and not target.is_file():
+            raise ConfigError(f"{shown}: conf/{group}/{option}.yaml is not a regular file")
+    except OSError as exc:  # a name too long, a link loop
+        raise ConfigError(f"{shown[:200]}: not a {group!r} option ({exc.strerror})") from None
 
 
 # Top-level settings that only some commands use (the others would silently ignore them): the
@@ -137,6 +144,10 @@ def check_command_keys(overrides: list[str], command: str) -> None:
             key = parser.parse_override(text).key_or_group
         except HydraException:
             continue
+        except ValueError as exc:  # Hydra's own int() of a 5000-digit number
+            raise ConfigError(
+                f"cannot parse override {text[:80]!r}…: {exc}".split(";")[0]
+            ) from None
         takers = COMMAND_KEYS.get(key.split(".")[0])
         if takers is not None and command not in takers:
             names = " and ".join(f"`sat {c}`" for c in takers if c != "pretrain")
@@ -144,6 +155,17 @@ def check_command_keys(overrides: list[str], command: str) -> None:
                 f"{text!r}: {key.split('.')[0]} is a setting of {names}; `sat {command}` does "
                 "not use it (it would be silently ignored)"
             )
+
+
+def _check_ints(text: str, value: Any) -> None:
+    """An integer beyond 64 bits (a float key given 10**400 overflows inside OmegaConf)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2**63:
+            raise ConfigError(f"{text[:80]!r}: {str(v)[:20]}… is beyond a 64-bit integer")
+        if isinstance(v, list | dict):
+            stack.extend(v.values() if isinstance(v, dict) else v)
 
 
 def check_overrides(overrides: list[str], groups: tuple[str, ...], conf_dir: Path) -> None:
@@ -157,7 +179,17 @@ def check_overrides(overrides: list[str], groups: tuple[str, ...], conf_dir: Pat
             ov = parser.parse_override(text)
         except HydraException:
             continue  # a syntax error: Hydra's own message is translated by the caller
+        except ValueError as exc:  # Hydra's own int() of a 5000-digit number
+            raise ConfigError(
+                f"cannot parse override {text[:80]!r}…: {exc}".split(";")[0]
+            ) from None
         key = ov.key_or_group
+        _check_ints(text, ov.value() if not ov.is_delete() else None)
+        if key.split(".")[0].lstrip("~+") == "hydra":
+            raise ConfigError(
+                f"{text!r}: sat composes its config with Hydra but does not run Hydra's app, so "
+                "hydra.* settings would be silently ignored (the run folder is run.dir/run.name)"
+            )
         if ov.is_delete():
             if key not in groups and _schema_has(key):
                 raise ConfigError(

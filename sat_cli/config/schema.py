@@ -343,7 +343,7 @@ class SatConfig:
     r3: bool = False  # rollout routing replay (MoE): record routes at rollout, replay in training
     seed: int = 0
     max_steps: int = 250
-    resume: str | None = None  # auto | <run dir>: continue from the last complete checkpoint
+    resume: str | None = None  # auto | force | <run dir>: continue from the last checkpoint
     ckpt: str | None = None  # sat eval: a training checkpoint dir to evaluate
 
     def __post_init__(self) -> None:

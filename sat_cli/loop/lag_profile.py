@@ -20,7 +20,6 @@ Torch-free and numpy-free: the loop, the commands and the tests share it.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import re
@@ -159,20 +158,16 @@ def _int(spec: str, name: str, text: str) -> int:
 
 def read_histogram(path: Path, spec: str = "") -> tuple[float, ...]:
     """The lag distribution of a histogram table ``sat`` wrote (module docstring)."""
-    from sat_cli.util.fsio import read_regular_bytes
+    from sat_cli.util.readers import read_json
 
     where = f"lag.profile={spec!r}: {path}"
-    try:
-        table = json.loads(read_regular_bytes(path))
-    except FileNotFoundError:
-        raise ProfileError(f"{where} does not exist") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{where} is not a JSON histogram table ({exc})") from None
+    table = read_json(path, what=where, error=ProfileError, max_depth=2)
     if not isinstance(table, dict) or not {"edges", "counts"} <= table.keys():
         raise ProfileError(f"{where}: expected a JSON object with 'edges' and 'counts'")
     edges, counts = table["edges"], table["counts"]
     ok = isinstance(edges, list) and isinstance(counts, list) and len(edges) == len(counts) + 1
     ok = ok and all(isinstance(x, int | float) and not isinstance(x, bool) for x in edges + counts)
+    ok = ok and all(abs(x) <= 1e15 for x in edges + counts)  # an int past float range: refused
     if not ok or not counts or not all(math.isfinite(x) and x >= 0 for x in counts):
         raise ProfileError(
             f"{where}: 'counts' must be finite numbers >= 0 and 'edges' one longer, numbers"
@@ -187,7 +182,10 @@ def read_histogram(path: Path, spec: str = "") -> tuple[float, ...]:
             continue
         lo, hi = edges[i], edges[i + 1]
         last = i == len(counts) - 1  # numpy's last bin includes its right edge
-        ints = [j for j in range(math.ceil(lo), math.floor(hi) + 1) if j < hi or last]
+        wide = hi - lo > 2  # more than one integer for certain: never list them (1e15 wide)
+        ints = (
+            [] if wide else [j for j in range(math.ceil(lo), math.floor(hi) + 1) if j < hi or last]
+        )
         if len(ints) != 1 or ints[0] < 0:
             raise ProfileError(
                 f"{where}: bin [{lo}, {hi}) with count {c} does not hold exactly one lag >= 0 "

@@ -149,8 +149,21 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
                     token_versions=tv,
                 )
             )
-    except (KeyError, ValueError, IndexError, TypeError, struct.error) as exc:
-        raise RecordingError(f"{where} is damaged: {exc}") from None
+    except (
+        KeyError,
+        ValueError,
+        IndexError,
+        TypeError,
+        AttributeError,
+        struct.error,
+        RecursionError,
+        OverflowError,
+    ) as exc:
+        raise RecordingError(f"{where} is damaged: {str(exc)[:200]}") from None
+    except Exception as exc:  # safetensors' own SafetensorError (a forged header)
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise RecordingError(f"{where} is damaged: {str(exc)[:200]}") from None
     groups = [samples[i * g : (i + 1) * g] for i in range(len(rows))]
     flat = [float(x) for x in a["rewards"]]
     rewards = [
@@ -258,6 +271,7 @@ def open_recording(run_dir: Path, steps_needed: int) -> Recording:
     """Check ``<run_dir>/replay`` completely (manifest, sizes, SHA-256, arrays of every step
     the replay needs) and return it; :class:`RecordingError` naming the file otherwise."""
     from sat_cli.util.fsio import read_regular_bytes
+    from sat_cli.util.readers import read_json
 
     folder = Path(run_dir) / "replay"
     mpath = folder / "manifest.json"
@@ -266,11 +280,11 @@ def open_recording(run_dir: Path, steps_needed: int) -> Recording:
             f"{run_dir} has no recording ({mpath} is missing): record a run with "
             "`sat train … replay.record=true`"
         )
+    manifest = read_json(mpath, what=str(mpath), error=RecordingError)
     try:
-        manifest = json.loads(read_regular_bytes(mpath))
         ok = manifest.get("format") == FORMAT and isinstance(manifest.get("files"), dict)
         steps = int(manifest["steps"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise RecordingError(f"{mpath} is not a sat-replay manifest ({exc})") from None
     if not ok:
         raise RecordingError(f"{mpath} is not a sat-replay manifest (format {FORMAT!r})")

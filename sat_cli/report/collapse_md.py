@@ -171,12 +171,15 @@ def study_markdown(rows: list[StudyRow]) -> str:
 
 def study_from_csv(path: Path) -> str:
     """The collapse study's tables (``sat_cli.report.collapse_md``) from a committed CSV."""
+    import csv
+
+    from sat_cli.util.readers import read_text
+
+    text = read_text(path, what=str(path), error=UserError, max_bytes=16 << 20)
     try:
-        rows = read_rows(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a collapse-study CSV ({exc})") from None
+        rows = read_rows(text)
+    except (ValueError, KeyError, TypeError, csv.Error) as exc:
+        raise UserError(f"{path}: not a collapse-study CSV ({str(exc)[:200]})") from None
     if not rows:
         raise UserError(f"{path}: no runs")
     return study_markdown(rows)

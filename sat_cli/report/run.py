@@ -11,16 +11,16 @@
 A run repeated under one override hash (a failed attempt, then a rerun) counts once: the
 FINISHED one, else the latest. Runs are grouped by **method** (tag ``sat.method``, else derived
 from the tags/params algo, clip, correction, r3: e.g. ``SAT-GSPO w/ TIS w/ R3``) and **lag**
-(tag ``lag``); other axes of a sweep (e.g. ``trainer.lr``) become part of the row label. Rows
+(tag ``lag``); other axes of a sweep (e.g. ``trainer.lr``) and a model, task or evaluation
+that differs between the runs (``cells``: never pooled) become part of the row label. Rows
 follow the sweep's method order (the parent's tag ``sat.sweep_methods``), else the paper's
 Table 1 order followed by the baselines beyond it, then first appearance; columns are the lags
 in increasing order.
 
-Modules: ``select`` (which runs), ``tables`` (per-run endpoints and cells over
-seeds: ``mean ± 95 % t-interval`` with n, collapse counts), ``pairs`` (paired
-differences), ``stats`` (t-intervals, paired t and Wilcoxon tests), ``regime``
-(the regime section and the markdown), ``plots`` (the figures); this module loads the runs
-from MLflow and writes the files. Pairs: every
+Modules: ``select`` (which runs), ``tables`` (per-run endpoints and cells over seeds: ``mean ±
+95 % t-interval`` with n, collapse counts), ``pairs`` (paired differences), ``stats``
+(t-intervals, paired t and Wilcoxon tests), ``regime`` (the regime section and the markdown),
+``plots`` (the figures); this module loads the runs from MLflow and writes the files. Pairs: every
 ``SAT-X`` row against ``X`` at the same lag, every row's higher lags against its lowest, and
 any ``--pair "A@LAG:B@LAG"`` (A minus B, for each value of the other axes).
 
@@ -50,6 +50,7 @@ from typing import Any
 from sat_cli import metric_names as M
 from sat_cli.errors import UserError
 from sat_cli.report import collapse_md
+from sat_cli.report.cells import check_cells
 from sat_cli.report.collapse import LEDGER_KEYS
 from sat_cli.report.hist import HIST_DIR, download_json, hist_tables, last_hist  # noqa: F401
 from sat_cli.report.pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
@@ -287,6 +288,7 @@ def build_report(client, target: str, pairs: list[str] | None = None) -> dict[st
         axes = json.loads(tags.get("sat.sweep_axes", "null"))
     records = _sweep_records(client, sel.parent)
     runs = [load_run(client, r, records, list(axes or [])) for r in children]
+    sel.notes += check_cells(runs, [r.data.params for r in children])  # model, task, evaluation
     rows = row_order(runs, methods)
     lags, cells = build_table(runs, rows)
     from sat_cli.tracking.environment import compare_environments
@@ -321,8 +323,6 @@ def run_report(
     """`sat report`: print the tables, write report.md / table.csv / pairs.csv / regime.csv /
     PNGs; with ``collapse`` also the collapse study's collapse.csv and collapse.md. A target
     that is a ``.csv`` file written that way prints the study's tables derived from it alone."""
-    import os
-
     if target.endswith(".csv"):
         print(collapse_md.study_from_csv(Path(target)), end="")
         return
@@ -330,7 +330,6 @@ def run_report(
     if last_k < 1 or epoch_steps < 1:
         raise UserError("--last-k and --epoch-steps must be >= 1")
     st = Settings(last_k=last_k, epoch_steps=epoch_steps, collapse_below=collapse_below)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from sat_cli.errors import os_error
     from sat_cli.util.fsio import check_output_dir
 

@@ -5,13 +5,13 @@ warm start before parallel runs, and the summary.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections import deque
 from pathlib import Path
 
 from sat_cli import metric_names as M
+from sat_cli.cli_options import env
 from sat_cli.errors import RunFailed, UserError
 from sat_cli.sweep.children import (
     Child,
@@ -104,6 +104,7 @@ def run_sweep(
     """`sat sweep`: expand, validate, then run (or list with ``dry_run``) the grid.
     ``executor``: where the runs go (``sat_cli.sweep.executor``; default local subprocesses)."""
     log = _printer()
+    grace = env("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S)  # before anything is written
     opts = executor or ExecutorOptions()
     if opts.name not in EXECUTORS:
         raise UserError(f"--executor {opts.name!r}: choose one of {', '.join(EXECUTORS)}")
@@ -145,7 +146,7 @@ def run_sweep(
     with state_lock(plan.root):
         ex = open_executor(opts.name, settings, plan) if opts.name != "local" else None
         try:
-            _run_locked(plan, read_state(plan.root), jobs, log, ex)
+            _run_locked(plan, read_state(plan.root), jobs, log, ex, grace)
         finally:
             if ex is not None:
                 ex.close()
@@ -170,7 +171,7 @@ def _printer():
     return log
 
 
-def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
+def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DEFAULT_GRACE_S):
     sweep = plan.sweep
     name = executor.name if executor is not None else "local"
     elsewhere = {
@@ -197,7 +198,6 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None) -> None:
     statuses = {r.name: run_status(r, plan.run_dirs[r.name], state) for r in sweep.runs}
     todo = [r for r in sweep.runs if statuses[r.name] != "finished"]
     log(format_plan(plan, statuses))
-    grace = float(os.environ.get("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S))
 
     previous = {sig: signal.signal(sig, on_sigterm) for sig in (signal.SIGTERM, signal.SIGHUP)}
     parent = None

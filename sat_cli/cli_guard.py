@@ -1,0 +1,61 @@
+"""How a `sat` command body runs: its errors become one ``sat: error:`` paragraph and an exit
+code by exception type (docs/reliability.md, "Exit codes"); library log noise is quieted."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    try:
+        typer.echo(f"sat: error: {message}", err=True)
+    except OSError:  # no terminal any more (SIGHUP)
+        pass
+    raise typer.Exit(code)
+
+
+def exit_with(fn) -> NoReturn:
+    """``guard(fn(env))``, then exit with its code; ``env``: the environment before ``guard``
+    sets sat's own defaults (MLflow telemetry off in-process), for a server's subprocess."""
+    import os
+
+    env, code = dict(os.environ), [0]
+    guard(lambda: code.__setitem__(0, fn(env)))
+    raise typer.Exit(code[0])
+
+
+def guard(fn) -> None:
+    """Run a command body: user errors → message + exit 2; runtime faults (a dead or failing
+    trainer or engine, a failed checkpoint write) → message + exit 1; Ctrl-C → exit 130. By
+    exception type; the library modules that define them import no heavy library."""
+    from sat_cli.util.quiet import quiet_libraries
+
+    quiet_libraries()
+    from sat_cli.checkpoints.state import CheckpointError
+    from sat_cli.config import ConfigError
+    from sat_cli.engines.base import EngineError
+    from sat_cli.errors import RunFailed, UserError, as_failure, without_tracebacks
+    from sat_cli.tasks.datafiles import DataError
+    from sat_cli.tracking.store import TrackingError
+
+    try:
+        fn()
+    except (UserError, ConfigError, DataError, TrackingError, CheckpointError) as exc:
+        fail(str(exc), getattr(exc, "code", 2))
+    except (RunFailed, EngineError) as exc:  # TrainerError (MegatronWorkerError, R3Error) included
+        fail(without_tracebacks(str(exc)), getattr(exc, "code", 1))
+    except Exception as exc:  # a path, disk or memory problem no layer below named (OSError,
+        err = as_failure(exc)  # safetensors' "No space left on device", MemoryError): 1 line
+        if err is None:
+            raise
+        fail(str(err), err.code)
+    except KeyboardInterrupt as exc:
+        code = getattr(exc, "code", 130)
+        name = getattr(exc, "signame", None)
+        try:
+            typer.echo("sat: interrupted" + (f" ({name})" if name else ""), err=True)
+        except OSError:  # the terminal is gone (SIGHUP)
+            pass
+        raise typer.Exit(code) from None

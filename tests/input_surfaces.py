@@ -1,0 +1,258 @@
+"""The input-surface inventory of `sat`, generated from the code, not kept by hand.
+
+* **config options**: every leaf of the typed schema (:class:`sat_cli.config.schema.SatConfig`,
+  the dataclasses registered in Hydra's ConfigStore) with its type; every config **group** (a
+  folder of ``conf/``);
+* **command-line options and arguments**: every parameter of every command of the typer app,
+  with the :mod:`sat_cli.cli_options` spec that parses it (none for a boolean flag);
+* **environment variables**: every name ``sat_cli`` reads (``os.environ``, ``os.getenv``,
+  ``cli_options.env``), found in the source;
+* **file formats**: every call of a parser (``json.load(s)``, ``yaml.safe_load``,
+  ``csv.reader``/``DictReader``, ``safetensors``' ``load_file``/``safe_open``) in ``sat_cli``,
+  by module and function, mapped to the format it reads in :data:`FILE_SITES`.
+
+``tests/test_input_surfaces.py`` fails for a surface this inventory does not cover, and fuzzes
+what it covers. Covering a new surface is one line: a config option needs a type the fuzz
+strategies know (``int``, ``float``, ``bool``, ``str``, optional, lists and maps of those); a
+command option is declared with ``cli_options.opt(SPEC, …)``; an environment variable gets its
+spec in ``cli_options.ENV``; a parser call gets its entry in :data:`FILE_SITES`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import typing
+from pathlib import Path
+
+SAT = Path(__file__).resolve().parents[1] / "sat_cli"
+
+
+# ----------------------------------------------------------------------------- config
+def config_options() -> dict[str, typing.Any]:
+    """Dotted key -> type annotation for every leaf of the schema."""
+    from sat_cli.config.schema import SatConfig
+
+    out: dict[str, typing.Any] = {}
+
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            if dataclasses.is_dataclass(t):
+                walk(t, f"{prefix}{f.name}.")
+            else:
+                out[prefix + f.name] = t
+
+    walk(SatConfig, "")
+    return out
+
+
+def config_groups() -> list[str]:
+    from sat_cli.config import conf_dir
+
+    return sorted(p.name for p in conf_dir().iterdir() if p.is_dir())
+
+
+# ----------------------------------------------------------------------------- CLI
+def cli_params() -> dict[tuple[str, str], typing.Any]:
+    """(command, option or ARGUMENT) -> its spec (None for a boolean flag; ``MISSING`` for a
+    parameter without a :mod:`sat_cli.cli_options` spec)."""
+    from typer.main import get_command
+
+    from sat_cli.cli import app
+
+    out = {}
+    for name, cmd in get_command(app).commands.items():
+        for prm in cmd.params:
+            key = prm.opts[0] if prm.param_type_name == "option" else prm.name.upper()
+            if getattr(prm, "is_bool_flag", False):
+                out[(name, key)] = None
+                continue
+            parser = prm.type_descriptor.parameter_info.parser
+            out[(name, key)] = parser if parser is not None else MISSING
+    return out
+
+
+MISSING = object()
+
+
+# ----------------------------------------------------------------------------- environment
+def _constants(tree: ast.Module) -> dict[str, str]:
+    return {
+        t.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for t in node.targets
+        if isinstance(t, ast.Name) and isinstance(node.value.value, str)
+    }
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def env_reads() -> dict[str, list[str]]:
+    """Environment variable -> the modules that read it (``os.environ.get(X)``,
+    ``os.environ[X]``, ``os.getenv(X)``, ``X in os.environ``, ``env(X)``); writes
+    (``os.environ[X] = …``, ``setdefault``) are not reads."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(SAT.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        consts = _constants(tree)
+        mod = path.relative_to(SAT).with_suffix("").as_posix()
+
+        def name_of(node, consts=consts):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            if isinstance(node, ast.Name):
+                return consts.get(node.id)
+            return None
+
+        stores = {
+            id(t)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign | ast.AugAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        }
+        for n in ast.walk(tree):
+            found = None
+            if isinstance(n, ast.Call):
+                f = n.func
+                if (isinstance(f, ast.Attribute) and f.attr == "get" and _is_environ(f.value)) or (
+                    isinstance(f, ast.Attribute) and f.attr == "getenv"
+                ):
+                    found = n.args[0] if n.args else None
+                elif isinstance(f, ast.Name) and f.id == "env" and mod == "cli_options":
+                    continue
+                elif (
+                    isinstance(f, ast.Name | ast.Attribute)
+                    and getattr(f, "id", getattr(f, "attr", "")) == "env"
+                ):
+                    found = n.args[0] if n.args else None
+            elif isinstance(n, ast.Subscript) and _is_environ(n.value) and id(n) not in stores:
+                found = n.slice
+            elif (
+                isinstance(n, ast.Compare)
+                and len(n.ops) == 1
+                and isinstance(n.ops[0], ast.In)
+                and _is_environ(n.comparators[0])
+            ):
+                found = n.left
+            name = name_of(found) if found is not None else None
+            if name:
+                out.setdefault(name, []).append(mod)
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+PARSERS = {
+    ("json", "loads"),
+    ("json", "load"),
+    ("yaml", "safe_load"),
+    ("yaml", "load"),
+    ("csv", "reader"),
+    ("csv", "DictReader"),
+}
+# and the bounded readers of sat_cli.util.readers / sat_cli.records
+PARSER_NAMES = {
+    "load_file",
+    "safe_open",
+    "read_json",
+    "read_text",
+    "read_bytes",
+    "parse_json",
+    "read_yaml",
+}
+
+
+def parser_sites() -> set[str]:
+    """``module:function`` of every parser call in ``sat_cli``."""
+    out = set()
+    for path in sorted(SAT.rglob("*.py")):
+        mod = path.relative_to(SAT).with_suffix("").as_posix().replace("/", ".")
+
+        def visit(node, fn, mod=mod):
+            for ch in ast.iter_child_nodes(node):
+                inner = ch.name if isinstance(ch, ast.FunctionDef | ast.AsyncFunctionDef) else fn
+                if isinstance(ch, ast.Call):
+                    f = ch.func
+                    if (
+                        isinstance(f, ast.Attribute)
+                        and isinstance(f.value, ast.Name)
+                        and (f.value.id, f.attr) in PARSERS
+                    ) or (isinstance(f, ast.Name) and f.id in PARSER_NAMES):
+                        out.add(f"{mod}:{fn}")
+                visit(ch, inner, mod)
+
+        visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return out
+
+
+# Every parser call site -> the format it reads. A format in USER_FORMATS is a file a user can
+# hand `sat` (a path in the config or on the command line, or a file in a folder `sat` reads
+# back); every other format is internal (a message of sat's own processes, an HTTP answer, a
+# constant), listed with why.
+FILE_SITES = {
+    "build:read_hf_config": "model-config",
+    "checkpoints.manifest:_same_model": "model-config",
+    "checkpoints.manifest:_same_trainer": "state-file",
+    "checkpoints.manifest:_shapes": "safetensors-weights",
+    "checkpoints.manifest:trainer_problem": "state-file",
+    "checkpoints.manifest:verify_checkpoint": "state-file",
+    "checkpoints.state:read_loop_state": "state-file",
+    "commands.preflight:check_trainer_layout": "model-config",
+    "commands.preflight:context_length": "model-config",
+    "commands.preflight:load_tokenizer": "model-config",
+    "commands.replay:prepare": "replay-recording",
+    "commands.resume_check:check_same_config": "run-config",
+    "commands.runlock:_read": "run-lock",
+    "commands.runlock:live_holder": "run-lock",
+    "commands.weight_sync:weight_sender": "model-config",
+    "commands.worker:read_config": "worker-config",
+    "config.layout:model_config": "model-config",
+    "engines.sglang.client:json_or_raise": "internal: the SGLang server's HTTP answers",
+    "engines.sglang.server:ready": "internal: the SGLang server's HTTP answers",
+    "engines.sglang.wire:read_moe_dims": "model-config",
+    "loop.lag_profile:read_histogram": "lag-profile",
+    "loop.weightsync:_disk_sums": "model-config",
+    "models.arch:<module>": "internal: a constant of the source",
+    "models.stopping:model_stop_ids": "model-config",
+    "models.warmstart:_complete": "warm-start-record",
+    "models.weights_check:check_finite_values": "safetensors-weights",
+    "models.weights_check:check_hf_dir": "model-config",
+    "models.weights_check:read_headers": "safetensors-weights",
+    "records:read_json": "state-file",
+    "replay.store:__init__": "replay-recording",
+    "replay.store:decode_step": "replay-recording",
+    "replay.store:open_recording": "replay-recording",
+    "report.collapse:read_rows": "collapse-csv",
+    "report.collapse_md:study_from_csv": "collapse-csv",
+    "report.collapse_curves:read_curves": "collapse-curves-csv",
+    "report.hist:download_json": "internal: a histogram artifact sat logged to MLflow",
+    "report.run:build_report": "internal: MLflow tags sat set on the sweep's parent run",
+    "sweep.plan:conflict_message": "sweep-run-record",
+    "sweep.safe_yaml:read_yaml": "sweep-yaml",
+    "sweep.spec:load_sweep": "sweep-yaml",
+    "sweep.state:_recorded_hash": "sweep-run-record",
+    "sweep.state:read_state": "state-file",
+    "tasks.rows:parse_row": "data-rows",
+    "tasks.sources:_arrow_folder_table": "dataset-folder",
+    "tracking.final_status:apply_pending": "pending-status",
+    "tracking.outage:read_spool": "pending-status",
+    "trainers.local:load": "state-file",
+    "trainers.megatron.actor:load": "state-file",
+    "trainers.megatron.convert:read_hf_config": "model-config",
+    "trainers.megatron.hf_io:__init__": "model-config",
+    "trainers.megatron.hf_io:read_header": "safetensors-weights",
+    "trainers.megatron.protocol:decode": "internal: the Megatron worker's pipe messages",
+    "trainers.megatron.protocol:read_tensors": "internal: tensors sat's own worker wrote",
+    "trainers.megatron.worker:main": "internal: worker_config.json as checked by `sat worker`",
+    "util.readers:parse_json": "internal: the bounded reader itself",
+    "util.readers:read_json": "internal: the bounded reader itself",
+    "util.readers:read_text": "internal: the bounded reader itself",
+    "util.readers:safetensors_header": "internal: the bounded reader itself",
+    "weightsync.service:_answer": "internal: the weight-sync service's socket messages",
+    "weightsync.service:_call": "internal: the weight-sync service's socket messages",
+}
+USER_FORMATS = sorted({v for v in FILE_SITES.values() if not v.startswith("internal")})

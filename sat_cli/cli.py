@@ -17,20 +17,8 @@ import typer
 
 from sat_cli import __version__
 from sat_cli.cli_cluster import mlflow_server_cmd, sweep_cmd, worker_cmd
-from sat_cli.cli_guard import exit_with, fail, guard
-from sat_cli.cli_options import (
-    COUNT,
-    HOST,
-    LINE,
-    OVERRIDE,
-    PATH,
-    PORT,
-    URI,
-    Num,
-    SatGroup,
-    arg,
-    opt,
-)
+from sat_cli.cli_guard import SatGroup, arg, exit_with, fail, guard, opt
+from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, URI, Num
 from sat_cli.util.procs import exit_process  # no teardown of torch at exit (1-1.5 s of CPU)
 
 app = typer.Typer(
@@ -250,7 +238,21 @@ def version_cmd() -> None:
     typer.echo(f"sat {__version__}")
 
 
+def safe_streams() -> None:
+    """An output that cannot encode what sat prints (``LC_ALL=C`` with ``PYTHONUTF8=0``,
+    ``PYTHONIOENCODING=ascii``: "d̄π", "±", "→") gets backslash escapes instead of a
+    ``UnicodeEncodeError`` at the first progress line."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            "d̄π ± → ✓".encode(stream.encoding or "ascii")
+        except (UnicodeEncodeError, LookupError):
+            stream.reconfigure(errors="backslashreplace")
+        except AttributeError:  # replaced by a test harness: not a text stream of ours
+            pass
+
+
 def main() -> None:
+    safe_streams()
     try:
         app()
     except (SystemExit, KeyboardInterrupt) as exc:  # Terminated, HungUp: 143, 129

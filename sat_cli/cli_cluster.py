@@ -6,21 +6,8 @@ from __future__ import annotations
 
 import typer
 
-from sat_cli.cli_guard import exit_with, fail, guard
-from sat_cli.cli_options import (
-    COUNT,
-    HOST,
-    LINE,
-    OVERRIDE,
-    PATH,
-    PORT,
-    SECONDS,
-    URI,
-    Num,
-    Text,
-    arg,
-    opt,
-)
+from sat_cli.cli_guard import arg, exit_with, fail, guard, opt
+from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, SECONDS, URI, Num, Text
 
 EXECUTORS = Text("choice", ("local", "slurm", "ray"))
 

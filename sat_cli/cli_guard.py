@@ -1,11 +1,17 @@
-"""How a `sat` command body runs: its errors become one ``sat: error:`` paragraph and an exit
-code by exception type (docs/reliability.md, "Exit codes"); library log noise is quieted."""
+"""How a `sat` command runs: its errors become one ``sat: error:`` paragraph and an exit code by
+exception type (docs/reliability.md, "Exit codes"); library log noise is quieted; its options
+and arguments are declared with a typed spec of :mod:`sat_cli.util.options` (``opt``, ``arg``)
+and a usage error is one line too (``SatGroup``)."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+import sys
+from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
+
+from sat_cli.util.options import Spec
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -59,3 +65,46 @@ def guard(fn) -> None:
         except OSError:  # the terminal is gone (SIGHUP)
             pass
         raise typer.Exit(code) from None
+
+
+def opt(spec: Spec, default: Any, *decls: str, help: str | None = None, **kw: Any) -> Any:
+    """A typer option whose values ``spec`` parses (the declaration that covers it)."""
+    return typer.Option(default, *decls, help=help, parser=spec, **kw)
+
+
+def arg(spec: Spec, default: Any, help: str | None = None) -> Any:
+    """A typer argument whose values ``spec`` parses."""
+    return typer.Argument(default, help=help, parser=spec)
+
+
+class SatGroup(TyperGroup):
+    """A usage error (an unknown option, a bad value, a missing argument) is one
+    ``sat: error:`` line and exit 2, like every other refusal, not click's usage block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError
+        from typer.exceptions import Abort
+
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            path = ctx.command_path if ctx is not None else "sat"
+            line = " ".join(exc.format_message().split())
+            param = getattr(exc, "param", None)
+            if isinstance(exc, BadParameter) and param is not None and exc.message:
+                name = param.opts[0] if param.param_type_name == "option" else param.name.upper()
+                line = f"{name}: {' '.join(exc.message.split())}"
+            try:
+                sys.stderr.write(f"sat: error: {line} (see `{path} --help`)\n")
+            except OSError:
+                pass
+            sys.exit(exc.exit_code)
+        except Abort:
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)

@@ -190,6 +190,19 @@ def read_json(path: str | os.PathLike, schema: _Spec) -> Any:
     return value
 
 
+def read_checked(path: str | os.PathLike, schema: _Spec, *, what: str, error) -> Any:
+    """The JSON value of a user's file through the bounded reader
+    (:func:`sat_cli.util.readers.read_json`: regular file, size, depth, finite numbers), of the
+    shape of ``schema``; ``error(message)`` otherwise (the caller's user error)."""
+    from sat_cli.util.readers import read_json as read_bounded
+
+    value = read_bounded(path, what=what, error=error)
+    err = check(schema, value)
+    if err:
+        raise error(f"{what}: {err}")
+    return value
+
+
 # ----------------------------------------------------------------------------- the schemas
 
 _COUNT = Num(0)

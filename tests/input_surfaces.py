@@ -4,9 +4,9 @@
   the dataclasses registered in Hydra's ConfigStore) with its type; every config **group** (a
   folder of ``conf/``);
 * **command-line options and arguments**: every parameter of every command of the typer app,
-  with the :mod:`sat_cli.cli_options` spec that parses it (none for a boolean flag);
+  with the :mod:`sat_cli.util.options` spec that parses it (none for a boolean flag);
 * **environment variables**: every name ``sat_cli`` reads (``os.environ``, ``os.getenv``,
-  ``cli_options.env``), found in the source;
+  ``util.options.env``), found in the source;
 * **file formats**: every call of a parser (``json.load(s)``, ``yaml.safe_load``,
   ``csv.reader``/``DictReader``, ``safetensors``' ``load_file``/``safe_open``) in ``sat_cli``,
   by module and function, mapped to the format it reads in :data:`FILE_SITES`.
@@ -14,8 +14,8 @@
 ``tests/test_input_surfaces.py`` fails for a surface this inventory does not cover, and fuzzes
 what it covers. Covering a new surface is one line: a config option needs a type the fuzz
 strategies know (``int``, ``float``, ``bool``, ``str``, optional, lists and maps of those); a
-command option is declared with ``cli_options.opt(SPEC, …)``; an environment variable gets its
-spec in ``cli_options.ENV``; a parser call gets its entry in :data:`FILE_SITES`.
+command option is declared with ``cli_guard.opt(SPEC, …)``; an environment variable gets its
+spec in ``util.options.ENV``; a parser call gets its entry in :data:`FILE_SITES`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def config_groups() -> list[str]:
 # ----------------------------------------------------------------------------- CLI
 def cli_params() -> dict[tuple[str, str], typing.Any]:
     """(command, option or ARGUMENT) -> its spec (None for a boolean flag; ``MISSING`` for a
-    parameter without a :mod:`sat_cli.cli_options` spec)."""
+    parameter without a :mod:`sat_cli.util.options` spec)."""
     from typer.main import get_command
 
     from sat_cli.cli import app
@@ -123,7 +123,7 @@ def env_reads() -> dict[str, list[str]]:
                     isinstance(f, ast.Attribute) and f.attr == "getenv"
                 ):
                     found = n.args[0] if n.args else None
-                elif isinstance(f, ast.Name) and f.id == "env" and mod == "cli_options":
+                elif isinstance(f, ast.Name) and f.id == "env" and mod == "util/options":
                     continue
                 elif (
                     isinstance(f, ast.Name | ast.Attribute)
@@ -163,6 +163,7 @@ PARSER_NAMES = {
     "read_bytes",
     "parse_json",
     "read_yaml",
+    "read_checked",
 }
 
 
@@ -213,7 +214,7 @@ FILE_SITES = {
     "config.layout:model_config": "model-config",
     "engines.sglang.client:json_or_raise": "internal: the SGLang server's HTTP answers",
     "engines.sglang.server:ready": "internal: the SGLang server's HTTP answers",
-    "engines.sglang.wire:read_moe_dims": "model-config",
+    "engines.sglang.routes:read_moe_dims": "model-config",
     "loop.lag_profile:read_histogram": "lag-profile",
     "loop.weightsync:_disk_sums": "model-config",
     "models.arch:<module>": "internal: a constant of the source",
@@ -232,7 +233,7 @@ FILE_SITES = {
     "report.hist:download_json": "internal: a histogram artifact sat logged to MLflow",
     "report.run:build_report": "internal: MLflow tags sat set on the sweep's parent run",
     "sweep.plan:conflict_message": "sweep-run-record",
-    "sweep.safe_yaml:read_yaml": "sweep-yaml",
+    "util.safe_yaml:read_yaml": "sweep-yaml",
     "sweep.spec:load_sweep": "sweep-yaml",
     "sweep.state:_recorded_hash": "sweep-run-record",
     "sweep.state:read_state": "state-file",
@@ -241,7 +242,7 @@ FILE_SITES = {
     "tracking.final_status:apply_pending": "pending-status",
     "tracking.outage:read_spool": "pending-status",
     "trainers.local:load": "state-file",
-    "trainers.megatron.actor:load": "state-file",
+    "trainers.megatron.checkpoint:load": "state-file",
     "trainers.megatron.convert:read_hf_config": "model-config",
     "trainers.megatron.hf_io:__init__": "model-config",
     "trainers.megatron.hf_io:read_header": "safetensors-weights",

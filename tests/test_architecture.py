@@ -290,6 +290,8 @@ LAYERS = (
     {"build"},  # config in, components out
     {"commands"},
     {"sweep"},  # runs `sat train` as children, reuses `sat replay`'s preparation
+    {"cli_guard"},  # a command's errors, typed options and usage errors as one line
+    {"cli_cluster"},  # sat sweep, sat worker, sat mlflow-server
     {"cli"},
 )
 # (importing package, imported package) edges that break the layers and are known, with why;

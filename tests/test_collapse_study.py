@@ -196,7 +196,7 @@ def test_report_of_a_csv_that_is_not_one_exits_2(tmp_path):
         )  # fmt: skip
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr
-        assert ("not a collapse-study CSV" in r.stderr) or ("no such file" in r.stderr)
+        assert ("not a collapse-study CSV" in r.stderr) or ("does not exist" in r.stderr)
 
 
 # ----------------------------------------------------------------------------- pilot 2

@@ -134,16 +134,16 @@ def test_every_config_option_has_a_fuzz_strategy():
 
 
 def test_every_command_option_and_argument_has_a_typed_spec():
-    from sat_cli.cli_options import Num, Text
+    from sat_cli.util.options import Num, Text
 
     params = inv.cli_params()
     assert ("ui", "--port") in params and ("sweep", "--slurm-mem-gb") in params
     untyped = [k for k, v in params.items() if v is not None and not isinstance(v, Num | Text)]
-    assert untyped == [], "declare these with sat_cli.cli_options.opt(SPEC, ...) / arg(SPEC, ...)"
+    assert untyped == [], "declare these with sat_cli.cli_guard.opt(SPEC, ...) / arg(SPEC, ...)"
 
 
 def test_every_environment_variable_read_has_a_spec():
-    from sat_cli.cli_options import ENV, ENV_FROM_LAUNCHERS
+    from sat_cli.util.options import ENV, ENV_FROM_LAUNCHERS
 
     reads = inv.env_reads()
     assert "SAT_SWEEP_GRACE_S" in reads  # the scan sees env(...) and os.environ.get(...)
@@ -253,7 +253,7 @@ def test_fuzz_command_options(n):
     """Every typed option's spec takes a value within its bounds or refuses it in one line."""
     from typer import BadParameter
 
-    from sat_cli.cli_options import Num
+    from sat_cli.util.options import Num
 
     params = sorted((k, v) for k, v in inv.cli_params().items() if v is not None)
 
@@ -278,7 +278,7 @@ def test_fuzz_command_options(n):
 
 @pytest.mark.parametrize("n", PROFILES)
 def test_fuzz_environment_variables(n, monkeypatch):
-    from sat_cli.cli_options import ENV, OptionError, env
+    from sat_cli.util.options import ENV, OptionError, env
 
     @given(st.sampled_from(sorted(ENV)), HOSTILE.filter(lambda s: "\x00" not in s))
     def prop(name, text):
@@ -296,7 +296,7 @@ def test_fuzz_environment_variables(n, monkeypatch):
 
 
 def test_units_where_natural():
-    from sat_cli.cli_options import SECONDS, Num
+    from sat_cli.util.options import SECONDS, Num
 
     assert SECONDS.parse("90") == 90.0 and SECONDS.parse("2m") == 120.0
     assert SECONDS.parse("1.5h") == 5400.0
@@ -308,7 +308,7 @@ def test_units_where_natural():
 
 # one refused value per command option, run through the real command line in process
 def _refusal_cases():
-    from sat_cli.cli_options import Num
+    from sat_cli.util.options import Num
 
     required = {
         "eval": ["toy"],
@@ -341,8 +341,8 @@ def test_refused_options_write_nothing(argv, tmp_path, monkeypatch):
 
 
 def test_sweep_grace_period_is_checked_before_anything_is_written(tmp_path, monkeypatch):
-    from sat_cli.cli_options import OptionError
     from sat_cli.sweep import run_sweep
+    from sat_cli.util.options import OptionError
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SAT_SWEEP_GRACE_S", "nan")
@@ -423,7 +423,7 @@ def _collapse_csv(folder: Path, data: bytes):
 
 def _sweep_yaml(folder: Path, data: bytes):
     from sat_cli.errors import UserError
-    from sat_cli.sweep.safe_yaml import read_yaml
+    from sat_cli.util.safe_yaml import read_yaml
 
     p = folder / "sweep.yaml"
     if data is not None:
@@ -590,3 +590,17 @@ def test_file_readers_refuse_what_is_not_a_regular_file(fmt, kind, tmp_path):
     with deadline(10), pytest.raises(error) as info:
         read()
     one_line(info.value)
+
+
+def test_an_ascii_output_gets_escapes_not_a_crash():
+    """``LC_ALL=C`` with ``PYTHONUTF8=0`` (or ``PYTHONIOENCODING=ascii``) made the first
+    progress line of `sat train` a ``UnicodeEncodeError``; `sat`'s ``main`` escapes instead."""
+    import subprocess
+    import sys
+
+    text = "'d\\u0304\\u03c0 \\xb1 \\u2192'"  # the source stays ASCII for the C locale
+    code = f"from sat_cli.cli import safe_streams; safe_streams(); print({text})"
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONUTF8": "0", "LC_ALL": "C"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout == b"d\\u0304\\u03c0 \\xb1 \\u2192\n"

@@ -92,7 +92,7 @@ def test_damaged_truncated_or_missing_recordings_are_refused(tmp_path):
     with pytest.raises(RecordingError, match="format version 9"):
         open_recording(run, 1)
     m.write_text("{")
-    with pytest.raises(RecordingError, match="not a sat-replay manifest"):
+    with pytest.raises(RecordingError, match="manifest.json is not valid JSON"):
         open_recording(run, 1)
     with pytest.raises(RecordingError, match="has no recording"):
         open_recording(tmp_path / "other", 1)

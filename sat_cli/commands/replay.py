@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
-from sat_cli.records import Int, ListOf, Obj, Str
+from sat_cli.records import Int, ListOf, Obj, Str, read_checked
 from sat_cli.replay import REPLAY_OF, REPLAY_OF_ID
-from sat_cli.util.readers import read_json
 
 # what `sat replay` reads of the manifest before the recording is checked whole
 MANIFEST_HEADER = Obj(
@@ -131,7 +130,7 @@ def prepare(run: str, given: list[str]):
             f"{run_dir} has no recording ({mpath} is missing): record a run with "
             "`sat train … replay.record=true`"
         )
-    manifest = read_json(mpath, what=str(mpath), error=RecordingError, schema=MANIFEST_HEADER)
+    manifest = read_checked(mpath, MANIFEST_HEADER, what=str(mpath), error=RecordingError)
     header = manifest["header"]
     recorded, overrides = header["config"], list(header["overrides"])
     # the default name, filled in once algo and clip are known

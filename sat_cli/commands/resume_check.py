@@ -44,7 +44,7 @@ def check_same_config(run_dir: Path, new: dict, resume: str | None) -> None:
     path = Path(run_dir) / "config.yaml"
     if resume == "force" or not os.path.lexists(path):  # a dangling link is read (refused)
         return
-    from sat_cli.sweep.safe_yaml import read_yaml
+    from sat_cli.util.safe_yaml import read_yaml
 
     old = read_yaml(path, "the config.yaml sat wrote")  # bounded: size, depth, nodes
     if not isinstance(old, dict):

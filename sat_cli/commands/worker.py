@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from sat_cli.errors import UserError
-from sat_cli.records import Int, Obj, Str
+from sat_cli.records import Int, Obj, Str, read_checked
 
 
 class JoinError(UserError):
@@ -49,14 +49,13 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 def read_config(path: str) -> dict:
     """The job's ``worker_config.json``, read through the bounded reader and checked against
     :data:`WORKER_CONFIG` (``JoinError`` naming the file otherwise)."""
-    from sat_cli.util.readers import read_json
 
     if not Path(path).exists():
         raise JoinError(
             f"--config {path}: no such file; give the worker_config.json in the run's megatron/ "
             "folder (it must be at the same path on every node: a shared filesystem)"
         )
-    cfg = read_json(path, what=f"--config {path}", error=JoinError, schema=WORKER_CONFIG)
+    cfg = read_checked(path, WORKER_CONFIG, what=f"--config {path}", error=JoinError)
     if cfg["nnodes"] < 2:
         raise JoinError(f"--config {path}: the job has trainer.nnodes=1; there is nothing to join")
     return cfg

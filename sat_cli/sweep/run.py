@@ -11,7 +11,6 @@ from collections import deque
 from pathlib import Path
 
 from sat_cli import metric_names as M
-from sat_cli.cli_options import env
 from sat_cli.errors import RunFailed, UserError
 from sat_cli.sweep.children import (
     Child,
@@ -41,6 +40,7 @@ from sat_cli.sweep.state import (
     still_running,
     write_state,
 )
+from sat_cli.util.options import env
 
 DEFAULT_GRACE_S = 30.0
 

@@ -105,7 +105,7 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     if not p.is_file():
         what = "is not a regular file" if p.exists() else "does not exist"
         raise UserError(f"sweep file {str(p)!r} {what}")
-    from sat_cli.sweep.safe_yaml import read_yaml
+    from sat_cli.util.safe_yaml import read_yaml
 
     doc = read_yaml(p, "a sweep file is a short list of overrides")
     if not isinstance(doc, dict):

@@ -110,19 +110,11 @@ def read_json(
     error,
     max_bytes: int = MAX_BYTES,
     max_depth: int = MAX_DEPTH,
-    schema=None,
 ) -> Any:
-    """The JSON value of the regular file ``path``, bounded and (with ``schema``, a
-    :mod:`sat_cli.records` spec) of the expected shape; ``error(message)`` otherwise."""
+    """The JSON value of the regular file ``path``, bounded (module docstring); a value of a
+    given shape: ``sat_cli.records.read_checked``."""
     data = read_bytes(path, what=what, error=error, max_bytes=max_bytes)
-    value = parse_json(data, what=what, error=error, max_depth=max_depth)
-    if schema is not None:
-        from sat_cli.records import check
-
-        err = check(schema, value)
-        if err:
-            raise error(f"{what}: {err}")
-    return value
+    return parse_json(data, what=what, error=error, max_depth=max_depth)
 
 
 def safetensors_header(data: bytes, *, what: str, error) -> dict:

@@ -5,9 +5,10 @@ every environment variable it reads is parsed by one of the specs here.
 ``2m``, ``1.5h`` for seconds; ``512MB``, ``16GB`` for gigabytes) and ``Text`` (a path, a host,
 ``HOST:PORT``, a URI, ``KEY=VALUE``, one of some choices, a name: never a control character, a
 NUL byte, undecodable bytes or more than ``max_len`` characters). A spec is the ``parser`` of a
-typer option (:func:`opt`, :func:`arg`), so a bad value is refused before the command runs,
-as one ``sat: error:`` line with exit code 2 (``SatGroup``), and :func:`env` reads an
-environment variable with the same rules (:class:`OptionError`, a ``UserError``).
+typer option (``sat_cli.cli_guard.opt`` / ``arg``), so a bad value is refused before the
+command runs, as one ``sat: error:`` line with exit code 2 (``cli_guard.SatGroup``), and
+:func:`env` reads an environment variable with the same rules (:class:`OptionError`, a
+``UserError``).
 
 Declaring an input here is what covers it: ``tests/test_input_surfaces.py`` lists every option
 of every command (from typer) and every environment variable read in ``sat_cli`` (from the
@@ -19,12 +20,8 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
-
-import typer
-from typer.core import TyperGroup
 
 from sat_cli.errors import UserError
 
@@ -46,8 +43,25 @@ def _fmt(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+class _Parser:
+    """A typer ``parser``: the value, or ``BadParameter`` with the one-line reason."""
+
+    def parse(self, value: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return self.parse(value)
+        except ValueError as exc:
+            import typer  # the command line's error type (this module imports no CLI)
+
+            raise typer.BadParameter(str(exc)) from None
+
+
 @dataclass(frozen=True)
-class Num:
+class Num(_Parser):
     """An integer (``kind=int``) or a finite number in ``[lo, hi]`` (``lo_open``: ``> lo``);
     ``unit`` ``s``, ``min`` or ``GB`` also takes the suffixes of ``_UNITS``."""
 
@@ -102,14 +116,6 @@ class Num:
             raise ValueError(f"expected {self.describe()}, got {value!r}")
         return x
 
-    def __call__(self, value: Any) -> int | float | None:
-        if value is None:
-            return None
-        try:
-            return self.parse(value)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
-
 
 def _text(value: Any) -> str:
     text = str(value)
@@ -121,7 +127,7 @@ def _text(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Text:
+class Text(_Parser):
     """A string of kind ``path``, ``host``, ``endpoint`` (HOST:PORT), ``uri``, ``keyvalue``
     (KEY=VALUE), ``choice`` (one of ``choices``), ``line`` (any printable line) or ``name``
     (letters, digits and ``._-@/:``)."""
@@ -159,14 +165,6 @@ class Text:
             raise ValueError(f"{text[:80]!r} is not a name (letters, digits, ._-@/:+)")
         return text
 
-    def __call__(self, value: Any) -> str | None:
-        if value is None:
-            return None
-        try:
-            return self.parse(value)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
-
 
 Spec = Num | Text
 PORT = Num(int, 1, 65535)
@@ -174,16 +172,6 @@ SECONDS = Num(float, 0, 7 * 86400, unit="s", lo_open=True)
 COUNT = Num(int, 1, 1_000_000)
 PATH, HOST, URI, LINE = Text("path"), Text("host"), Text("uri"), Text("line")
 OVERRIDE = Text("line", max_len=100_000)
-
-
-def opt(spec: Spec, default: Any, *decls: str, help: str | None = None, **kw: Any) -> Any:
-    """A typer option whose values ``spec`` parses (the declaration that covers it)."""
-    return typer.Option(default, *decls, help=help, parser=spec, **kw)
-
-
-def arg(spec: Spec, default: Any, help: str | None = None) -> Any:
-    """A typer argument whose values ``spec`` parses."""
-    return typer.Argument(default, help=help, parser=spec)
 
 
 # Every environment variable `sat` reads, with its spec; variables a launcher sets for the
@@ -196,6 +184,7 @@ ENV: dict[str, Spec] = {
     "SAT_SGLANG_CPU_SKIP": Text("line"),
     "SAT_MEGATRON_CORE_OPTIMIZER": Text("choice", ("0", "1")),
     "TMPDIR": PATH,
+    "CUDA_VISIBLE_DEVICES": Text("line"),
 }
 ENV_FROM_LAUNCHERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -210,36 +199,3 @@ def env(name: str, default: Any = None) -> Any:
         return ENV[name].parse(raw)
     except ValueError as exc:
         raise OptionError(f"${name}: {exc}") from None
-
-
-class SatGroup(TyperGroup):
-    """A usage error (an unknown option, a bad value, a missing argument) is one
-    ``sat: error:`` line and exit 2, like every other refusal, not click's usage block."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError
-        from typer.exceptions import Abort
-
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, False, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
-        except NoArgsIsHelpError as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except ClickException as exc:
-            ctx = getattr(exc, "ctx", None)
-            path = ctx.command_path if ctx is not None else "sat"
-            line = " ".join(exc.format_message().split())
-            param = getattr(exc, "param", None)
-            if isinstance(exc, BadParameter) and param is not None and exc.message:
-                name = param.opts[0] if param.param_type_name == "option" else param.name.upper()
-                line = f"{name}: {' '.join(exc.message.split())}"
-            try:
-                sys.stderr.write(f"sat: error: {line} (see `{path} --help`)\n")
-            except OSError:
-                pass
-            sys.exit(exc.exit_code)
-        except Abort:
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)

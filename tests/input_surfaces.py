@@ -212,6 +212,7 @@ FILE_SITES = {
     "commands.weight_sync:weight_sender": "model-config",
     "commands.worker:read_config": "worker-config",
     "config.layout:model_config": "model-config",
+    "envs.toolcalls:_one_call": "internal: a tool call in the model's own output (an error string)",
     "engines.sglang.client:json_or_raise": "internal: the SGLang server's HTTP answers",
     "engines.sglang.server:ready": "internal: the SGLang server's HTTP answers",
     "engines.sglang.routes:read_moe_dims": "model-config",

@@ -604,3 +604,20 @@ def test_an_ascii_output_gets_escapes_not_a_crash():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout == b"d\\u0304\\u03c0 \\xb1 \\u2192\n"
+
+
+def test_a_store_path_sqlite_cannot_open_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
+    """A run.dir whose mlflow.db path is over sqlite's 512 characters: MLflow retried it for
+    minutes; now one line, exit 2, and the run folder is never created."""
+    from typer.testing import CliRunner
+
+    from sat_cli.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / ("a" * 200) / ("b" * 200) / ("c" * 200)
+    res = CliRunner().invoke(app, ["train", "experiment=cpu_smoke", f"run.dir={run_dir}"])
+    assert res.exit_code == 2, res.output
+    assert "sqlite opens at most 511" in res.output and "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []

@@ -167,6 +167,10 @@ def _train(cfg, obj, stream: dict) -> dict:
     run_dir, resuming = resolve_run_dir(obj)
     log = print
     preflight.check_run_folder(run_dir)
+    if obj.tracking.uri:  # a store sqlite cannot open: refused before anything is written
+        from sat_cli.tracking.store import check_sqlite_path
+
+        check_sqlite_path(obj.tracking.uri)
     task = build_task(obj)  # the data first (cheap: no model read), then the model
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None

@@ -43,6 +43,21 @@ def sqlite_db_path(uri: str) -> Path | None:
     return Path(m.group("path").split("?", 1)[0])
 
 
+SQLITE_MAX_PATHNAME = 512  # sqlite's unix VFS: a longer absolute path cannot be opened
+
+
+def check_sqlite_path(uri: str) -> None:
+    """``TrackingError`` (exit 2) for a ``sqlite:///`` store whose absolute path is longer than
+    sqlite can open: MLflow would retry it for minutes before failing."""
+    db = sqlite_db_path(uri)
+    if db is not None and len(str(db.resolve())) >= SQLITE_MAX_PATHNAME:
+        raise TrackingError(
+            f"the MLflow store {db} is {len(str(db.resolve()))} characters long as an absolute "
+            f"path; sqlite opens at most {SQLITE_MAX_PATHNAME - 1}: choose a shorter run.dir "
+            "or tracking.uri"
+        )
+
+
 def default_artifact_root(uri: str) -> str | None:
     """``<directory of the db>/mlartifacts`` (absolute) for a sqlite URI, else None."""
     db = sqlite_db_path(uri)

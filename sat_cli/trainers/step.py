@@ -17,7 +17,9 @@
    response tokens is skipped (no optimizer step). A non-finite loss or gradient norm skips the
    update (no backward / no optimizer step, gradients dropped, so weights and optimizer state
    stay as they were) and sets ``loss/nonfinite_skipped`` = 1 for that chunk; the loop counts
-   such steps.
+   such steps. With ``max_tokens_per_micro_batch`` a chunk's forwards are split by the token
+   budget while its loss stays one (``trainers/micro.py``); the no-grad forwards of steps 1-2
+   are split the same way (``forward_nograd``).
 
 Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``; default
 ``LossConfig()``) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,

@@ -412,6 +412,8 @@ def _worker_config(folder: Path, data: bytes):
 
 
 def _collapse_csv(folder: Path, data: bytes):
+    import scipy.stats  # noqa: F401  the report's import (seconds under tracemalloc) made first
+
     from sat_cli.errors import UserError
     from sat_cli.report.collapse_md import study_from_csv
 

@@ -34,7 +34,8 @@ def differences(old: dict, new: dict) -> list[str]:
         if key in MAY_CHANGE or key.startswith(tuple(p for p in MAY_CHANGE if p.endswith("."))):
             continue
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            out.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+            shown = key if key.isprintable() else repr(key)  # one line, whatever the file holds
+            out.append(f"{shown}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"[:200])
     return out
 
 

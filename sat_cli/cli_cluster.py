@@ -13,7 +13,9 @@ EXECUTORS = Text("choice", ("local", "slurm", "ray"))
 
 
 def sweep_cmd(
-    sweep_file: str = arg(PATH, ..., help="a sweep YAML, e.g. sweeps/smoke.yaml"),
+    sweep_file: str = arg(
+        PATH, None, help="a sweep YAML (sweeps/smoke.yaml) or a sweep's name (smoke; --list)"
+    ),
     overrides: list[str] = arg(OVERRIDE, None, help="overrides applied to every run"),
     jobs: int = opt(
         Num(int, 1, 4096),
@@ -23,6 +25,7 @@ def sweep_cmd(
         help="runs at once (local default 1; a cluster: all)",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the runs and exit"),
+    list_: bool = typer.Option(False, "--list", help="list the project's sweep files and exit"),
     executor: str = opt(
         EXECUTORS, "local", "--executor", help="local | slurm (submitit) | ray: where the runs go"
     ),
@@ -69,6 +72,13 @@ def sweep_cmd(
     """Run a grid of `sat train` runs, resumable, grouped under one MLflow parent run; locally,
     on SLURM (submitit) or on a Ray cluster (docs/cluster.md)."""
     from sat_cli.sweep import run_sweep
+    from sat_cli.sweep.spec import sweep_listing
+
+    if list_:
+        typer.echo(sweep_listing(), nl=False)
+        return
+    if sweep_file is None:
+        fail("give a sweep file: a path, or the name of one of `sat sweep --list`")
     from sat_cli.sweep.executor import ExecutorOptions
 
     opts = ExecutorOptions(

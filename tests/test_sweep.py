@@ -754,3 +754,25 @@ def test_sweep_method_names_that_cannot_be_tags_are_refused(tmp_path):
         )
         with pytest.raises(UserError, match="method name"):
             load_sweep(f)
+
+
+def test_sweep_files_by_name_and_the_listing(tmp_path, monkeypatch):
+    """`sat sweep --list` names the project's sweep files with their first description line;
+    `sat sweep smoke` is `sat sweep sweeps/smoke.yaml` from any folder."""
+    from typer.testing import CliRunner
+
+    from sat_cli.cli import app
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    listing = CliRunner().invoke(app, ["sweep", "--list"])
+    assert listing.exit_code == 0, listing.output
+    names = [line.split()[0] for line in listing.output.splitlines()]
+    assert names == sorted(p.stem for p in (repo / "sweeps").glob("*.yaml"))
+    assert "smoke  " in listing.output and "A 2 x 2 grid (GRPO vs SAT-GRPO" in listing.output
+    by_name = CliRunner().invoke(app, ["sweep", "smoke", "--dry-run"])
+    by_path = CliRunner().invoke(app, ["sweep", str(repo / "sweeps" / "smoke.yaml"), "--dry-run"])
+    assert by_name.exit_code == by_path.exit_code == 0, by_name.output
+    assert by_name.output == by_path.output and "status: pending 4" in by_name.output
+    missing = CliRunner().invoke(app, ["sweep", "smok", "--dry-run"])
+    assert missing.exit_code == 2 and "sat sweep --list" in missing.output

@@ -98,13 +98,44 @@ def slug(text: str) -> str:
 # ----------------------------------------------------------------------------- load
 
 
-def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
-    """Read and expand a sweep file. UserError names the problem (and the key or run)."""
+def sweeps_dir() -> Path:
+    """The project's sweep files: ``sweeps/`` beside the package (a source checkout, an
+    editable install)."""
+    return Path(__file__).resolve().parents[2] / "sweeps"
 
+
+def named_sweeps() -> dict[str, Path]:
+    d = sweeps_dir()
+    return {f.stem: f for f in sorted(d.glob("*.yaml"))} if d.is_dir() else {}
+
+
+def sweep_listing() -> str:
+    """``name  first line of its description`` for every sweep file of :func:`sweeps_dir`."""
+    rows = []
+    for name, f in named_sweeps().items():
+        comments = [ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("#")]
+        about = next((c for c in comments if c and not c.startswith("sat ")), "")
+        rows.append(f"{name:<28} {about[:90]}")
+    return "\n".join(rows) + "\n" if rows else f"no sweep files in {sweeps_dir()}\n"
+
+
+def resolve_sweep(path: str | os.PathLike) -> Path:
+    """``path``, or the project's sweep file of that name (``sat sweep paper_table1``)."""
     p = Path(path)
+    if not p.exists() and p.suffix == "" and len(p.parts) == 1 and str(p) in named_sweeps():
+        return named_sweeps()[str(p)]
+    return p
+
+
+def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) -> Sweep:
+    """Read and expand a sweep file (a path, or a name of ``sat sweep --list``). UserError names
+    the problem (and the key or run)."""
+
+    p = resolve_sweep(path)
     if not p.is_file():
         what = "is not a regular file" if p.exists() else "does not exist"
-        raise UserError(f"sweep file {str(p)!r} {what}")
+        hint = "" if p.exists() else " (the project's sweep files by name: sat sweep --list)"
+        raise UserError(f"sweep file {str(p)!r} {what}{hint}")
     from sat_cli.util.safe_yaml import read_yaml
 
     doc = read_yaml(p, "a sweep file is a short list of overrides")

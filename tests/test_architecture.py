@@ -436,3 +436,28 @@ def test_packages_of_one_layer_may_not_import_each_other(tmp_path):
         "engines -> trainers": ["sat_cli.engines -> sat_cli.trainers"]
     }
     assert _upward_imports(root, ({"sat_cli"}, {"trainers"}, {"engines"})) == {}
+
+
+def test_the_environments_are_never_committed():
+    """`.venv` and `.venv-sglang` are ignored as folders *and* as links (a worktree links them):
+    a committed link replaced the main checkout's real `.venv` with a link to itself."""
+    import shutil
+    import subprocess
+
+    root = PKG.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", ".venv", ".venv-sglang"], cwd=root, capture_output=True, text=True
+    ).stdout.split()
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", ".venv", ".venv-sglang"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert tracked == [] and ignored == [".venv", ".venv-sglang"]
+    patterns = (root / ".gitignore").read_text().split()
+    assert ".venv" in patterns and ".venv-sglang" in patterns  # no trailing '/': links too

@@ -53,7 +53,8 @@ CLIP_FIELDS = {
 LOOP_OWNED = {
     "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches", "ledger"}
     | {"replay_sampling_mask", "score_centering_topk"},  # the trainer's: kept sets, top-k
-    "clip": {"name", "schedule", "final_scale"},
+    "clip": {"name", "schedule", "final_scale"}
+    | {"radius_scale"},  # applied to algo.eps_low/eps_high when the config is composed
 }
 # non-default values of every loss setting (one valid config)
 NON_DEFAULT = {

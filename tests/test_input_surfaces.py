@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import tracemalloc
 import typing
@@ -623,3 +624,18 @@ def test_a_store_path_sqlite_cannot_open_is_refused_before_anything_is_written(
     assert res.exit_code == 2, res.output
     assert "sqlite opens at most 511" in res.output and "Traceback" not in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_duration_is_bounded():
+    """Every duration key of the schema (``*_s``, from the inventory) refuses 1e300 s and a
+    negative value: 1e300 overflowed a socket's or a process group's timeout mid-run."""
+    from sat_cli.config import ConfigError, load
+
+    durations = [k for k in inv.config_options() if k.endswith("_s")]
+    assert "engine.weight_sync_timeout_s" in durations
+    for key in durations:
+        for value in ("1e300", "-1"):
+            with pytest.raises(
+                ConfigError, match=rf"{re.escape(key)}=.*must lie in \[0, 2592000\]"
+            ):
+                load([f"{key}={value}"], "config")

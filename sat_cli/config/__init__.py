@@ -194,9 +194,11 @@ def compose(overrides: list[str] | None = None):
             + (f" (and {', '.join(map(repr, extra[1:4]))})" if len(extra) > 1 else "")
             + ": not in the schema, so it would be silently ignored. To list every key: sat config"
         )
-    from sat_cli.config.checks import check_finite
+    from sat_cli.config.checks import check_durations, check_finite
 
-    check_finite(OmegaConf.to_container(cfg, resolve=True))  # one rule for every number
+    container = OmegaConf.to_container(cfg, resolve=True)
+    check_finite(container)  # one rule for every number
+    check_durations(container)  # and one for every duration
     return cfg
 
 

@@ -77,3 +77,22 @@ def check_finite(container: dict) -> None:
             f"{key}={value} is not a finite number: every numeric setting must be finite "
             "(NaN and infinity pass no range check)"
         )
+
+
+MAX_DURATION_S = 30 * 86400.0  # a timeout or interval longer than 30 days is a typo
+
+
+def check_durations(container: dict, prefix: str = "") -> None:
+    """Refuse a duration in seconds (a key ending in ``_s``) outside ``[0, 30 days]``: 1e300 s
+    passed every check and overflowed later (a socket's timeval, a ``timedelta`` of the process
+    group, a thread's wait) in the middle of a run."""
+    for k, v in container.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            check_durations(v, key + ".")
+        elif key.endswith("_s") and isinstance(v, int | float) and not isinstance(v, bool):
+            if not 0 <= v <= MAX_DURATION_S:
+                raise ConfigError(
+                    f"{key}={v}: a duration in seconds must lie in [0, {MAX_DURATION_S:.0f}] "
+                    "(30 days)"
+                )

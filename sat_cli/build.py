@@ -17,6 +17,7 @@ from pathlib import Path
 from sat_cli import __version__
 from sat_cli.errors import UserError
 from sat_cli.models.weights_check import check_hf_dir
+from sat_cli.rewards.grading import logging_samples, plugin_grader
 
 __all__ = ["check_hf_dir"]
 
@@ -277,13 +278,12 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     else:
         import functools
 
-        from sat_cli.tasks.data import load_benchmark
         from sat_cli.tasks.reward import grade
+        from sat_cli.tasks.sources import benchmark_rows
 
-        problems = load_benchmark(
-            e.path if e.benchmark == "jsonl" else e.benchmark, data_dir=obj.data.dir, limit=limit
-        )
+        problems = benchmark_rows(e.benchmark, e.path, obj.task.fields, obj.data.dir, limit)
         grader, template = functools.partial(grade, timeout_s=e.grader_timeout_s), e.template
+    grader = plugin_grader(obj.reward, task, grader)  # a plugin decides what counts as correct
     if limit:
         problems = problems[:limit]
     return problems, grader, template
@@ -328,12 +328,16 @@ def eval_runner(
     )  # fmt: skip
 
 
-def build_evaluator(obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None):
+def build_evaluator(
+    obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None, tracker=None
+):
     """In-training evaluation on the held-out set (toy) or the configured benchmark: ``() ->``
-    its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`)."""
+    its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`).
+    With ``tracker``, each evaluation's samples table goes to ``samples/eval_step_<version>``."""
     from sat_cli.evaluation import metrics
 
     run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
+    run = logging_samples(run, tracker, engine, final) if tracker is not None else run
     return lambda: metrics(run(), final=final)
 
 

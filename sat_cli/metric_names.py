@@ -9,11 +9,12 @@ plot. No other module spells a ``<group>/…`` string, f-strings included
 
 Groups (``<group>/<name>``): ``loss/`` the policy loss and optimizer step, ``sat/`` SAT's
 interval, ``staleness/`` the mismatch between the trained and the behaviour policy,
-``rollout/`` the batch, ``weights/`` the weight sync, ``clip/`` the clip schedule, ``perf/``
-timings, ``r3/`` the routing-replay audit, ``a3po/`` and ``vcpo/`` those algorithms' own,
-``sweep/`` a sweep's parent run, ``tracking/`` the tracker's own counts,
-``eval/<task>/`` and ``final/<task>/`` the held-out evaluation (``avg@k`` / ``pass@k``, stored
-by MLflow as ``avg_at_k`` / ``pass_at_k``: ``sat_cli.tracking.mlflow_key``).
+``rollout/`` the batch, ``reward/`` the reward's components and failures, ``weights/`` the
+weight sync, ``clip/`` the clip schedule, ``perf/`` timings, ``r3/`` the routing-replay audit,
+``a3po/`` and ``vcpo/`` those algorithms' own, ``sweep/`` a sweep's parent run,
+``tracking/`` the tracker's own counts, ``eval/<task>/`` and ``final/<task>/`` the held-out
+evaluation (``avg@k`` / ``pass@k``, stored by MLflow as ``avg_at_k`` / ``pass_at_k``:
+``sat_cli.tracking.mlflow_key``).
 """
 
 from __future__ import annotations
@@ -83,6 +84,25 @@ RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 TRUNCATED_FRAC = "rollout/truncated_frac"
 TOKENS_PER_S = "rollout/tokens_per_s"
 STALE_DROPPED = "rollout/stale_dropped"  # bounded mode: groups older than lag.n (running count)
+
+# --- reward/ (loop/steps.py; sat_cli/rewards) ---------------------------------------------------
+REWARD = "reward"
+REWARD_ERROR_FRAC = "reward/error_frac"  # samples of the step whose reward raised, timed out, NaN
+
+
+ARTIFACT_SAMPLES = "samples"  # folder of the samples tables (prompts, responses, rewards)
+
+
+def samples_artifact(kind: str, step: int) -> str:
+    """``samples/<kind>_step_<step>.json``: a samples table (``kind``: ``train``, ``eval``,
+    ``final``) in ``mlflow.log_table``'s JSON layout."""
+    return f"{ARTIFACT_SAMPLES}/{kind}_step_{step:06d}.json"
+
+
+def reward_key(component: str) -> str:
+    """``reward/<component>``: the step's mean of one component of a dict-valued reward."""
+    return f"{REWARD}/{component}"
+
 
 # --- weights/ (loop/weightsync.py: one weight version brought to the engine) --------------------
 SYNC_S = "weights/sync_s"  # pause + wire + assemble

@@ -282,7 +282,7 @@ LAYERS = (
     {"sat_cli", "errors", "metric_names", "numerics", "samples"},  # import no other sat_cli module
     {"util", "devices"},  # files, processes, signals; the device plan (plain values in)
     {"records", "rl", "tasks", "tracking", "envs"},  # schemas, loss math, tasks, MLflow, envs
-    {"models"},  # the model, its weights on disk, R3
+    {"models", "rewards"},  # the model, its weights on disk, R3; reward plugins
     {"checkpoints", "replay", "weightsync"},  # what a run keeps and sends
     {"engines", "trainers"},  # the two components, independent of each other
     {"evaluation", "loop", "report", "cluster"},  # what drives the components

@@ -23,6 +23,16 @@ def test_every_group_option_composes(group, option):
     overrides = [f"{group}='{option}'" if option.isdigit() else f"{group}={option}"]
     if group == "eval" and option == "jsonl":
         overrides.append("eval.path=problems.jsonl")
+    needs = {"python": "fn=r.py:f", "http": "url=http://127.0.0.1:1/", "regex": "pattern=x"}
+    if group == "reward" and option in needs:
+        overrides.append(f"reward.{needs[option]}")  # the setting each plugin needs
+    needs = {
+        "python": "reward.fn=r.py:f",
+        "http": "reward.url=http://127.0.0.1:1/",
+        "regex": "reward.pattern=x",
+    }
+    if group == "reward" and option in needs:
+        overrides.append(needs[option])  # the setting each plugin needs
     if group == "algo" and option in ("m2po", "vcpo"):
         overrides.append("clip=ppo")  # no clip interval: the default clip=sat is refused
     if group == "launcher" and option == "ray":

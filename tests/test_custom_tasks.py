@@ -245,3 +245,239 @@ def test_advertised_gsm8k_command_trains_on_its_own_heldout_split(tmp_path):
     assert run.data.params["eval.benchmark"] == "heldout"
     evals = client.get_metric_history(run.info.run_id, "eval/heldout/avg_at_1")
     assert sorted(m.step for m in evals) == [0, 1, 2]
+
+
+FLAKY_REWARD = """
+import json
+from pathlib import Path
+
+def score(prompt, response, row):
+    with open(Path(__file__).parent / "seen.jsonl", "a") as f:
+        f.write(json.dumps({"prompt": prompt, "id": row["id"], "flaky": row["flaky"]}) + "\\n")
+    if row["flaky"]:
+        raise RuntimeError("flaky row " + row["id"])
+    return {"correct": float(response.strip() == row["answer"]), "short": float(len(response) < 3)}
+"""
+
+
+def _client(run_dir: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+
+
+def _only_run(run_dir: Path):
+    client = _client(run_dir)
+    (run,) = client.search_runs([client.get_experiment_by_name("sat").experiment_id])
+    return client, run
+
+
+def test_parquet_fields_python_reward_chat_template_on_a_tiny_llama(tmp_path):
+    """The issue's command: task.path=<parquet> with its own columns, reward=python, a chat
+    template, model.path=<tiny llama>; a reward raising on 10 % of the rows is counted."""
+    from tiny_hf import make_model
+
+    model = make_model(tmp_path / "llama", "llama", chat=True)
+    rows = [
+        {"q": f"{i}+1", "gold": str(i + 1), "flaky": i % 10 == 3, "k": f"r{i}"} for i in range(20)
+    ]
+    _parquet(tmp_path / "train.parquet", rows)
+    _parquet(tmp_path / "held.parquet", [{**r, "k": f"h{i}"} for i, r in enumerate(rows[:3])])
+    (tmp_path / "my_reward.py").write_text(FLAKY_REWARD)
+    out = run_sat(
+        "train",
+        "task.path=train.parquet",
+        "task.heldout_path=held.parquet",
+        "task.fields.prompt=q",
+        "task.fields.answer=gold",
+        "task.fields.id=k",
+        "reward=python",
+        "reward.fn=my_reward.py:score",
+        "+reward.weights.correct=1",
+        "task.template=chat",
+        "task.system_prompt='Be brief.'",
+        f"model.path={model}",
+        "max_steps=4",
+        "task.prompts_per_step=5",
+        "task.samples_per_prompt=2",
+        "task.max_new_tokens=4",
+        "eval.n=1",
+        "eval.every=4",
+        "tracking.samples_every=2",
+        "run.dir=runs",
+        "run.name=p",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    calls = [json.loads(x) for x in (tmp_path / "seen.jsonl").read_text().splitlines()]
+    seen = [c for c in calls if c["id"].startswith("r")]  # training; "h…": the evaluations
+    assert len(seen) == 40  # 4 steps x 5 prompts x 2 samples: the 20 rows once (one epoch)
+    # the evaluations at steps 0 and 4 score the 3 held-out rows with the same reward
+    assert sorted(c["id"] for c in calls if c["id"].startswith("h")) == [
+        "h0",
+        "h0",
+        "h1",
+        "h1",
+        "h2",
+        "h2",
+    ]
+    assert sorted({s["id"] for s in seen}) == sorted(r["k"] for r in rows)
+    for s in calls:  # rendered by the tokenizer's chat template, with the system prompt
+        assert s["prompt"].startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+        assert s["prompt"].endswith("<|im_end|>\n<|im_start|>assistant\n")
+    client, run = _only_run(tmp_path / "runs")
+    errors = client.get_metric_history(run.info.run_id, "reward/error_frac")
+    assert sorted(m.step for m in errors) == [1, 2, 3, 4]
+    flaky_calls = sum(s["flaky"] for s in seen)
+    assert flaky_calls == 4  # rows 3 and 13, twice each
+    assert sum(m.value * 10 for m in errors) == pytest.approx(flaky_calls)
+    assert len(client.get_metric_history(run.info.run_id, "reward/correct")) == 4
+    assert len(client.get_metric_history(run.info.run_id, "reward/short")) == 4
+    assert run.info.status == "FINISHED"
+    # what the model wrote: a samples table per evaluation and every tracking.samples_every steps
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "samples")}
+    assert arts == {
+        f"samples/{k}_step_{n:06d}.json"
+        for k, n in [("eval", 0), ("eval", 4), ("train", 2), ("train", 4)]
+    }
+    local = client.download_artifacts(
+        run.info.run_id, "samples/train_step_000004.json", str(tmp_path)
+    )
+    table = json.loads(Path(local).read_text())
+    assert table["columns"] == [
+        "id",
+        "version",
+        "prompt",
+        "response",
+        "reward",
+        "correct",
+        "error",
+        "reward/correct",
+        "reward/short",
+    ]
+    assert len(table["data"]) == 10  # the step's 5 prompts x 2 samples
+    for row in table["data"]:
+        assert (
+            row[2].startswith("<|im_start|>system") and row[1] == 2
+        )  # batch 3 at lag 1: version 2
+        if row[6] is not None:  # a flaky row: its error, the on_error reward, no components
+            assert row[6].startswith("RuntimeError: flaky row") and row[4] == 0.0
+        else:  # reward = 1 x correct (weights): the component, as logged
+            assert row[4] == row[7] and row[8] in (0.0, 1.0)
+
+
+@pytest.mark.slow  # ~90 s (two runs); tests/test_loop.py keeps the failure path in make test
+def test_a_reward_that_always_fails_ends_the_run_resumably(tmp_path):
+    """FAILED, exit 1, no traceback, a checkpoint; resume=auto continues once it is fixed."""
+    (tmp_path / "r.py").write_text("def score(p, r, row):\n    raise ValueError('broken')\n")
+    data = _jsonl(tmp_path / "t.jsonl", _rows(12))
+    args = [
+        "train",
+        f"task.path={data}",
+        "task.fields.prompt=question",
+        "task.fields.answer=gold",
+        "reward=python",
+        "reward.fn=r.py:score",
+        f"model.path={_model(tmp_path)}",
+        "max_steps=2",
+        "task.prompts_per_step=2",
+        "task.samples_per_prompt=2",
+        "task.max_new_tokens=2",
+        "eval.every=0",
+        "run.dir=runs",
+        "run.name=f",
+    ]
+    out = run_sat(*args, cwd=tmp_path, timeout=600)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    assert (
+        "100% of step 1's rewards failed (reward.max_error_frac=0.5); the first: ValueError: broken"
+        in out.stderr
+    )
+    assert (tmp_path / "runs/sat/f/checkpoints/step_1").is_dir()
+    _, run = _only_run(tmp_path / "runs")
+    assert run.info.status == "FAILED"
+    (tmp_path / "r.py").write_text("def score(p, r, row):\n    return 1.0\n")
+    out = run_sat(*args, "resume=auto", cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resuming from step_1" in out.stdout
+    client, run = _only_run(tmp_path / "runs")
+    errors = client.get_metric_history(run.info.run_id, "reward/error_frac")
+    assert {m.step: m.value for m in errors} == {1: 1.0, 2: 0.0}
+
+
+def _model(tmp_path: Path) -> Path:
+    from tiny_hf import make_model
+
+    return make_model(tmp_path / "qwen3", "qwen3")
+
+
+def test_a_prompt_over_the_context_is_refused_naming_the_row(tmp_path):
+    from tiny_hf import make_model
+
+    from sat_cli.commands.preflight import check_prompt_lengths, load_tokenizer
+    from sat_cli.errors import UserError
+
+    model = make_model(tmp_path / "m", "qwen3")  # 512 positions, one token per character
+    rows = _rows(4) + [{"question": "x" * 600, "gold": 1, "level": 0}]
+    data = _jsonl(tmp_path / "t.jsonl", rows)
+    _, obj = load(
+        [
+            f"task.path={data}",
+            "task.fields.prompt=question",
+            "task.fields.answer=gold",
+            f"model.path={model}",
+        ]
+    )
+    task = DatasetTask.from_config(obj.task, data_dir=None, seed=0)
+    with pytest.raises(
+        UserError,
+        match=r"t\.jsonl: row 't-00004' \(and 0 more\) has a prompt "
+        r"longer than 511 tokens",
+    ):
+        check_prompt_lengths(task, load_tokenizer(str(model)), str(model))
+
+
+def test_sat_eval_on_a_users_parquet_file_with_a_reward_plugin(tmp_path):
+    """`sat eval jsonl eval.path=<parquet>` with task.fields and reward=exact: avg@k of the
+    plugin's verdicts, the per-problem ids from the file, the samples table in MLflow."""
+    from tiny_hf import make_model
+
+    model = make_model(tmp_path / "m", "qwen2")
+    _parquet(tmp_path / "b.parquet", [{"q": f"{i}+0", "a": str(i), "k": f"p{i}"} for i in range(3)])
+    out = run_sat(
+        "eval",
+        "jsonl",
+        "eval.path=b.parquet",
+        "task.fields.prompt=q",
+        "task.fields.answer=a",
+        "task.fields.id=k",
+        "reward=exact",
+        f"model.path={model}",
+        "eval.n=2",
+        "eval.max_new_tokens=3",
+        "run.dir=runs",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (folder,) = (tmp_path / "runs" / "eval").iterdir()
+    per = json.loads((folder / "per_problem.json").read_text())
+    assert [p["id"] for p in per] == ["p0", "p1", "p2"] and all(p["n"] == 2 for p in per)
+    client = _client(tmp_path / "runs")
+    (run,) = client.search_runs([client.get_experiment_by_name("eval").experiment_id])
+    local = client.download_artifacts(
+        run.info.run_id, "samples/eval_step_000000.json", str(tmp_path)
+    )
+    table = json.loads(Path(local).read_text())
+    assert [row[0] for row in table["data"]] == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    cols = table["columns"]
+    for row in table["data"]:  # reward=exact: 1 exactly when the response's answer is the gold
+        response, reward, correct = (
+            row[cols.index("response")],
+            row[cols.index("reward")],
+            row[cols.index("correct")],
+        )
+        gold = row[0][1:]
+        assert reward == float(response.strip() == gold) and correct == (reward >= 1.0)

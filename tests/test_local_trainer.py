@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from tiny_hf import on_policy_samples
 from transformers import AutoModelForCausalLM
 
 from sat_cli.engines.base import Sample
-from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import R3Error
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.rl.config import LossConfig
@@ -29,22 +29,7 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def samples(ckpt):
     """On-policy samples of the checkpoint (rollout_logp = the model's own log-probs)."""
-    model = build_tiny_moe(2)
-    outs = sample_batch(
-        model,
-        PROMPTS,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=8,
-        stop_token_ids={1},
-        pad_id=0,
-        generator=torch.Generator().manual_seed(0),
-    )
-    return [
-        Sample(p, o["response_ids"], o["rollout_logp"], o["finish_reason"], 0)
-        for p, o in zip(PROMPTS, outs, strict=True)
-    ]
+    return on_policy_samples(build_tiny_moe(2), PROMPTS, max_new_tokens=8)
 
 
 def test_collate_alignment_hand_case():

@@ -412,3 +412,48 @@ def test_final_evaluation_runs_once_on_the_final_weights(tiny_dir, tmp_path, tin
     assert calls == {"eval": [2, STEPS], "final": [STEPS]}
     assert rec.metrics[STEPS]["final/x/avg@8"] == 42.0
     assert all("final/x/avg@8" not in rec.metrics[t] for t in range(1, STEPS))
+
+
+@pytest.mark.xdist_group("tiny_engine")
+def test_failed_rewards_stop_the_loop_with_a_checkpoint(tiny_dir, tmp_path, tiny_engine):
+    """A step whose rewards fail above ``max_reward_error_frac`` is logged, checkpointed, and
+    ends the run with ``RewardFailed`` naming the first error; the steps before are untouched."""
+    from types import SimpleNamespace
+
+    from sat_cli import metric_names as M
+    from sat_cli.checkpoints.state import latest_checkpoint
+    from sat_cli.rewards import RewardFailed, Scorer
+
+    trainer = _trainer(tiny_dir)
+    rec, task, calls = Recorder(), SevensTask(), []
+
+    def one(prompt, response, row):
+        calls.append(prompt)
+        if len(calls) > P * G:  # step 1: one error (the NaN) in 16; step 2 on: all fail
+            raise ValueError("broken")
+        if len(calls) == 1:
+            return math.nan
+        return {"sevens": task.reward(response, row["answer"]), "one": 1.0}
+
+    task.scorer = Scorer(one, SimpleNamespace(weights={"sevens": 1.0}, on_error=0.0))
+    sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
+    settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", max_reward_error_frac=0.5)
+    with pytest.raises(
+        RewardFailed,
+        match=r"100% of step 2's rewards failed \(reward\.max_error_"
+        r"frac=0\.5\); the first: ValueError: broken\. The run stopped with the "
+        r"checkpoint .*step_2",
+    ):
+        train_loop(
+            settings,
+            task=task,
+            tokenizer=trainer.tokenizer,
+            engine=tiny_engine,
+            trainer=trainer,
+            tracker=rec,
+        )
+    assert rec.metrics[1][M.REWARD_ERROR_FRAC] == 1 / 16
+    assert rec.metrics[2][M.REWARD_ERROR_FRAC] == 1.0
+    assert rec.metrics[1][M.reward_key("one")] == 1.0  # 15 samples with components
+    assert M.reward_key("one") not in rec.metrics[2]
+    assert latest_checkpoint(tmp_path / "loop" / "checkpoints").name == "step_2"

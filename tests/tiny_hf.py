@@ -45,6 +45,31 @@ def _config(arch: str, vocab_size: int):
     raise ValueError(f"unknown architecture {arch!r}")
 
 
+def on_policy_samples(model, prompts: list[list[int]], max_new_tokens: int, seed: int = 0):
+    """Samples of ``model`` (the local engine's sampler, T=1, stop at id 1, pad 0), version 0:
+    their ``rollout_logp`` are the model's own log-probs."""
+    import torch
+
+    from sat_cli.engines.base import Sample
+    from sat_cli.engines.local.worker import sample_batch
+
+    outs = sample_batch(
+        model,
+        prompts,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids={1},
+        pad_id=0,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return [
+        Sample(p, o["response_ids"], o["rollout_logp"], o["finish_reason"], 0)
+        for p, o in zip(prompts, outs, strict=True)
+    ]
+
+
 def make_model(path: Path, arch: str = "qwen3", *, chat: bool = False, seed: int = 0) -> Path:
     """A tiny random ``arch`` model with the char tokenizer saved at ``path``."""
     import torch

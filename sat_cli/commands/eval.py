@@ -129,6 +129,8 @@ class Evaluator:
         self.data_file = _data_file(obj)
         self.path = _model_dir(obj)
         self.tokenizer = preflight.load_tokenizer(self.path)
+        preflight.check_chat_template({"eval.template": self.spec[2]}, self.tokenizer, self.path)
+        preflight.check_engine_architecture(obj.engine, self.path)
         self.overlong = preflight.check_eval_lengths(
             self.spec[0], self.spec[2], self.tokenizer, self.path
         )
@@ -167,6 +169,7 @@ class Evaluator:
                 status = "KILLED"
                 raise
             finally:
+                getattr(self.spec[1], "close", lambda: None)()  # a reward plugin's workers
                 end_run(tracker, status, run_root)
         return self._outcome(res)
 
@@ -223,6 +226,11 @@ class Evaluator:
         tracker.log_metrics(metrics(res) if res.complete else {}, step=0)
         for p in paths.values():
             tracker.log_artifact(str(p))
+        if res.samples:  # what the model wrote: the first samples, with their rewards
+            from sat_cli import metric_names as M
+            from sat_cli.rewards.grading import samples_table
+
+            tracker.log_dict(samples_table(res.samples), M.samples_artifact("eval", 0))
         if res.interrupted is not None:
             return "KILLED"
         return "FINISHED" if res.complete and self.write_error is None else "FAILED"

@@ -125,13 +125,28 @@ def _max_token_bytes(tokenizer) -> int:
         return 1 << 30
 
 
-def _render_all(template: str, problems: list[str], what: str) -> list[str]:
+def _render_all(template: str, rows: list[dict], what: str, tokenizer) -> list[str]:
     from sat_cli.tasks.prompts import render
 
     try:
-        return [render(template, p) for p in problems]
-    except ValueError as exc:
+        return [render(template, r["problem"], tokenizer, r.get("system")) for r in rows]
+    except ValueError as exc:  # an unknown template, or template=chat without a chat template
         raise UserError(f"{what}: {exc}") from None
+
+
+def check_chat_template(templates: dict[str, str], tokenizer, path: str) -> None:
+    """Refuse ``<key>=chat`` (``templates``: config key -> template) for a tokenizer without a
+    chat template, naming the model folder, before anything starts."""
+    from sat_cli.tasks.prompts import CHAT
+
+    for key, template in templates.items():
+        if template == CHAT and not getattr(tokenizer, "chat_template", None):
+            raise UserError(
+                f"{key}=chat renders prompts through the tokenizer's chat template, and the "
+                f"tokenizer of {path} has none (no chat_template in tokenizer_config.json or "
+                "chat_template.jinja); use a named template (boxed, plain, dapo) or a literal "
+                "holding {problem}"
+            )
 
 
 def check_prompt_lengths(task, tokenizer, path: str, log=print) -> int:
@@ -153,10 +168,21 @@ def check_prompt_lengths(task, tokenizer, path: str, log=print) -> int:
                 f"{limit} tokens (see task.template)"
             )
         return 0
-    texts = _render_all(task.template, [r["problem"] for r in rows], "task.template")
+    system = getattr(task, "system_prompt", None)
+    texts = _render_all(
+        task.template, [{"system": system, **r} for r in rows], "task.template", tokenizer
+    )
     bad = set(_too_long(tokenize, texts, budget, _max_token_bytes(tokenizer)))
     if not bad:
         return 0
+    source = getattr(task, "source", None)
+    if source is not None:  # a user's file: every row is meant to be trained on
+        first = rows[min(bad)]
+        raise UserError(
+            f"{source}: row {first['id']!r} (and {len(bad) - 1} more) has a prompt longer than "
+            f"{budget} tokens: it fills the model's context of {limit} tokens; shorten or drop "
+            "those rows, or use a model with a longer context"
+        )
     if len(bad) == len(rows):
         raise UserError(
             f"all {len(rows)} training prompts are longer than {budget} tokens: they fill the "
@@ -201,7 +227,7 @@ def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print)
     limit = context_length(path)
     if limit is None or not problems:
         return frozenset()
-    texts = _render_all(template, [p["problem"] for p in problems], "eval.template")
+    texts = _render_all(template, problems, "eval.template", tokenizer)
     bad = _too_long(lambda t: tokenizer.encode(t), texts, limit - 1, _max_token_bytes(tokenizer))
     if not bad:
         return frozenset()
@@ -214,6 +240,39 @@ def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print)
         raise UserError(f"{what}; there is nothing the model can answer")
     log(f"warning: {what}; they are scored as wrong without sampling (counted as 'overlong')")
     return frozenset(bad)
+
+
+def check_task_inputs(obj, task, tokenizer, path: str) -> None:
+    """What a task brings, checked before anything starts: ``template=chat`` needs a chat
+    template (a data task then renders through ``tokenizer``), ``engine=sglang`` must serve the
+    model's architecture, ``reward=python``'s function must load (in one worker process)."""
+    from sat_cli.rewards import check_reward
+
+    templates = {"task.template": obj.task.template, "eval.template": obj.eval.template}
+    check_chat_template(templates, tokenizer, path)
+    if hasattr(task, "tokenizer"):  # a data task: template=chat renders through it
+        task.tokenizer = tokenizer
+    check_engine_architecture(obj.engine, path)
+    check_reward(obj.reward)
+
+
+def check_engine_architecture(e, path: str) -> None:
+    """``engine=sglang`` (``e``: the engine settings) launched here serves the architecture of
+    the model folder at ``path`` (``sat_cli.engines.sglang.models``); refused naming it."""
+    if e.name != "sglang" or e.urls or e.launch_prefix:
+        return
+    try:
+        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+        from sat_cli.engines.sglang.server import resolve_python
+
+        python = resolve_python(e.python)
+    except (OSError, ValueError, AttributeError):
+        return  # a hub id, no SGLang interpreter: the engine's start says so
+    from sat_cli.engines.sglang.models import unsupported
+
+    why = unsupported([str(a) for a in archs], python)
+    if why:
+        raise UserError(f"engine=sglang cannot serve the model at {path}: {why}; use engine=local")
 
 
 def check_trainer_layout(trainer: str, path: str) -> None:

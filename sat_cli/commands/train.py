@@ -34,6 +34,7 @@ from sat_cli.build import (
 from sat_cli.commands.common import check_devices, loading, write_pids
 from sat_cli.commands.weight_sync import check_port
 from sat_cli.errors import UserError
+from sat_cli.rewards import build_reward
 
 
 def lag_policy(obj):
@@ -176,6 +177,7 @@ def _train(cfg, obj, stream: dict) -> dict:
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
     path = model_path(obj, log=log)
     tokenizer = preflight.load_tokenizer(path)
+    preflight.check_task_inputs(obj, task, tokenizer, path)  # chat template, SGLang, reward.fn
     dropped = preflight.check_prompt_lengths(task, tokenizer, path, log)
     t = obj.trainer
     budget = min(
@@ -269,7 +271,15 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
             recorder = StreamWriter(run_dir / "replay", header, obj.task.prompts_per_step,
                                     obj.task.samples_per_prompt)  # fmt: skip
         evaluator = (
-            build_evaluator(obj, engine, tokenizer, task, spec=spec, overlong=overlong.get("eval"))
+            build_evaluator(
+                obj,
+                engine,
+                tokenizer,
+                task,
+                spec=spec,
+                overlong=overlong.get("eval"),
+                tracker=tracker,
+            )
             if spec is not None
             else None
         )
@@ -283,6 +293,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
                 spec=final_spec,
                 final=True,
                 overlong=overlong.get("final"),
+                tracker=tracker,
             )
         sampling = SamplingParams(
             temperature=obj.task.temperature,
@@ -312,9 +323,12 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
             checkpoint_every=obj.checkpoint.every,
             checkpoint_keep=obj.checkpoint.keep,
             histogram_every=obj.tracking.histogram_every,
+            samples_every=obj.tracking.samples_every,
             inflight_updates=obj.lag.inflight_updates,
             weight_sync=weight_sync_settings(obj),
+            max_reward_error_frac=obj.reward.max_error_frac,
         )
+        task.scorer = build_reward(obj.reward, task)  # closed below with the engine
         progress = Progress(obj.max_steps, start=state0.get("step", 0))
         t0 = time.perf_counter()
         try:
@@ -348,7 +362,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
             tracker.set_tags({"sat.error": f"{type(exc).__name__}: {exc}"[:4000]})
         raise
     finally:  # each part is closed even if closing another one fails
-        for part in (engine, trainer, launcher):
+        for part in (engine, trainer, launcher, getattr(task, "scorer", None)):
             try:
                 if part is not None:
                     part.close()

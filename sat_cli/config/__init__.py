@@ -30,6 +30,7 @@ GROUPS = (
     "engine",
     "trainer",
     "eval",
+    "reward",
     "tracking",
     "experiment",
     "launcher",

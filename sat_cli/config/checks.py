@@ -18,11 +18,12 @@ def check_choice(key: str, value: Any, options: tuple[str, ...]) -> None:
 
 
 def check_template(key: str, value: str) -> None:
-    from sat_cli.tasks.prompts import TEMPLATES
+    from sat_cli.tasks.prompts import CHAT, TEMPLATES
 
-    if value not in TEMPLATES and "{problem}" not in value:
+    if value not in TEMPLATES and value != CHAT and "{problem}" not in value:
+        names = ", ".join(sorted([*TEMPLATES, CHAT]))
         raise ConfigError(
-            f"{key}={value!r} is neither a template name ({', '.join(sorted(TEMPLATES))}) nor a "
+            f"{key}={value!r} is neither a template name ({names}) nor a "
             "literal holding {problem}"
         )
 

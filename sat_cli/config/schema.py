@@ -19,6 +19,7 @@ from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.devices import check_device_plan
 from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
 from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
+from sat_cli.config.reward import RewardConfig  # which reward scores a response
 from sat_cli.config.sat_scope import check_sat_scope
 from sat_cli.config.task import TaskConfig  # the task section (data files, fields)
 from sat_cli.config.trainer import TrainerConfig, check_token_budgets  # the trainer section
@@ -255,6 +256,9 @@ class TrackingConfig:
     backend: str = "mlflow"
     uri: str = "sqlite:///${run.dir}/mlflow.db"
     histogram_every: int = 10
+    # a table of the step's prompts, responses, rewards and versions (samples/train_step_N.json)
+    # every this many steps; 0 = only the evaluations' tables
+    samples_every: int = 25
     # extra MLflow tags of the run (not params: they may change when a run is resumed). `sat
     # sweep` sets sweep_id, override_hash, method and parent_run_id (tags sat.sweep_id,
     # sat.override_hash, sat.method, mlflow.parentRunId); any other key becomes a tag as it is.
@@ -267,6 +271,7 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         check_choice("tracking.backend", self.backend, TRACKING_BACKENDS)
         check_range("tracking.histogram_every", self.histogram_every, 1)
+        check_range("tracking.samples_every", self.samples_every, 0)
         check_range("tracking.outage_timeout_s", self.outage_timeout_s, 0, lo_open=True)
         check_range("tracking.retry_interval_s", self.retry_interval_s, 0, lo_open=True)
         for key in self.tags:
@@ -335,6 +340,7 @@ class SatConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

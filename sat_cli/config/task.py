@@ -58,6 +58,8 @@ class TaskConfig:
     # heldout_path names a file of held-out rows (same format and fields)
     heldout_frac: float = 0.1
     heldout_path: str | None = None
+    # template=chat: the system message (a row's task.fields.system column wins)
+    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.path is not None and self.kind == "toy":
@@ -81,6 +83,16 @@ class TaskConfig:
             raise ConfigError(
                 f"task.kind={self.kind} needs task.path=<file.jsonl | file.parquet | datasets "
                 "folder> (the training prompts)"
+            )
+        if self.kind == "toy" and self.template == "chat":
+            raise ConfigError(
+                "task.template=chat is for data tasks (task.path=…); the toy task's char-level "
+                "model has no chat template"
+            )
+        if self.system_prompt is not None and self.template != "chat":
+            raise ConfigError(
+                "task.system_prompt is the system message of task.template=chat; with "
+                f"task.template={self.template!r} it would be ignored"
             )
         if self.heldout_path is not None and self.kind == "toy":
             raise ConfigError("task.heldout_path is for data tasks; the toy task holds out its own")

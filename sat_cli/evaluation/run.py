@@ -12,6 +12,7 @@ from typing import Any
 from sat_cli.engines.base import RolloutEngine
 from sat_cli.errors import EngineError
 from sat_cli.evaluation.estimators import avg_at_k, pass_at_k_table
+from sat_cli.rewards.grading import MAX_TABLE_ROWS, grade_group
 from sat_cli.samples import SamplingParams
 from sat_cli.tasks.prompts import render
 from sat_cli.tasks.reward import extract_answer, grade
@@ -46,6 +47,8 @@ class EvalResult:
     meta: dict[str, Any] = field(default_factory=dict)
     # the Ctrl-C / SIGTERM / SIGHUP that stopped it, for the caller to raise again
     interrupted: KeyboardInterrupt | None = field(default=None, repr=False, compare=False)
+    # the first responses with their prompts and rewards (rewards.grading.samples_table)
+    samples: list[dict] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def num_finished(self) -> int:
@@ -107,6 +110,11 @@ def _overlong_row(prob: dict[str, str], n: int) -> ProblemResult:
     )
 
 
+def _prompt(template: str, problem: dict, tokenizer) -> str:
+    """The prompt of one problem (``template=chat``: its ``system`` field, if any, first)."""
+    return render(template, problem["problem"], tokenizer, problem.get("system"))
+
+
 def evaluate(
     engine: RolloutEngine,
     tokenizer: Any,
@@ -135,6 +143,7 @@ def evaluate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     started = time.perf_counter()
     rows: list[ProblemResult] = []
+    table: list[dict] = []  # the first samples, for the samples table
     error: str | None = None
     meta = {
         "template": template,
@@ -147,7 +156,7 @@ def evaluate(
             idx = range(start, min(start + batch_size, len(problems)))
             sent = [i for i in idx if i not in overlong]
             prompts = [
-                list(tokenizer.encode(render(template, problems[i]["problem"]))) for i in sent
+                list(tokenizer.encode(_prompt(template, problems[i], tokenizer))) for i in sent
             ]
             groups = engine.generate(prompts, n, sampling) if prompts else []
             if len(groups) != len(sent):
@@ -169,7 +178,21 @@ def evaluate(
                 texts = [
                     tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples
                 ]
-                flags = [bool(grader(t, prob["answer"])) for t in texts]
+                prompt = _prompt(template, prob, tokenizer)
+                flags, rewards, parts, errors = grade_group(grader, prompt, texts, prob)
+                for j, t in enumerate(texts[: max(0, MAX_TABLE_ROWS - len(table))]):
+                    table.append(
+                        {
+                            "id": str(prob["id"]),
+                            "prompt": prompt,
+                            "response": t,
+                            "reward": rewards[j],
+                            "correct": flags[j],
+                            "error": errors[j],
+                            "components": parts[j],
+                            "version": samples[j].weight_version,
+                        }
+                    )
                 rows.append(
                     ProblemResult(
                         id=str(prob["id"]),
@@ -192,5 +215,5 @@ def evaluate(
         interrupted = None
     wall_s = time.perf_counter() - started
     res = _summarize(name, n, rows, len(problems), wall_s, error, meta)
-    res.interrupted = interrupted
+    res.interrupted, res.samples = interrupted, table
     return res

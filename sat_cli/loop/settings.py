@@ -60,3 +60,5 @@ class LoopSettings:
     histogram_every: int = 10
     inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
     weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
+    samples_every: int = 0  # a samples table of the step every this many steps (0: none)
+    max_reward_error_frac: float = 1.0  # a step with more failed rewards ends the run FAILED

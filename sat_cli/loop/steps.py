@@ -29,16 +29,82 @@ class NonFiniteLoss(RunFailed):
     """The trainer applied an update with a NaN/inf loss: its weights cannot be trusted."""
 
 
-def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, reward_fn) -> tuple[list, list]:
-    """Rewards per response; groups with an aborted sample are dropped whole."""
-    kept, rewards = [], []
+def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, scorer):
+    """``(kept groups, rewards per kept group, Scores)``; groups with an aborted sample are
+    dropped whole. One ``scorer.score`` call for the batch (a plugin's pool works in parallel)."""
+    kept, prompts, texts, rws, versions = [], [], [], [], []
     for group, row in zip(groups, rows, strict=True):
         if any(s.finish_reason == "abort" for s in group):
             continue
-        texts = tokenizer.batch_decode([s.response_ids for s in group], skip_special_tokens=True)
         kept.append(group)
-        rewards.append([float(reward_fn(text, row["answer"])) for text in texts])
-    return kept, rewards
+        decoded = tokenizer.batch_decode([s.response_ids for s in group], skip_special_tokens=True)
+        texts.extend(decoded)
+        prompts.extend([row["prompt"]] * len(group))
+        rws.extend([row] * len(group))
+        versions.extend(_oldest(s) for s in group)
+    scores = scorer.score(prompts, texts, rws)
+    scorer.first_error = scores.first_error()  # named when the loop stops for failed rewards
+    scorer.last_batch = (prompts, texts, rws, versions, scores)  # for the samples table
+    it = iter(scores.values)
+    return kept, [[float(next(it)) for _ in g] for g in kept], scores
+
+
+def task_scorer(task):
+    """The task's reward plugin (``task.scorer``, set by `sat train`), else its own grader."""
+    if getattr(task, "scorer", None) is None:
+        from sat_cli.rewards import Scorer
+
+        task.scorer = Scorer(lambda prompt, response, row: task.reward(response, row["answer"]))
+    return task.scorer
+
+
+def log_samples(tracker: MetricSink, task, step: int) -> None:
+    """The samples table of the batch scored last (``samples/train_step_<step>.json``)."""
+    from sat_cli.rewards.grading import samples_table
+
+    last = getattr(getattr(task, "scorer", None), "last_batch", None)
+    if last is None:  # a replay: its rewards were recorded, nothing was scored
+        return
+    prompts, texts, rows, versions, sc = last
+    samples = [
+        {
+            "id": str(row.get("id")),
+            "version": v,
+            "prompt": p,
+            "response": t,
+            "reward": r,
+            "error": e,
+            "components": c,
+        }
+        for p, t, row, v, r, e, c in zip(
+            prompts, texts, rows, versions, sc.values, sc.errors, sc.components, strict=True
+        )
+    ]
+    tracker.log_dict(samples_table(samples), M.samples_artifact("train", step))
+
+
+def reward_failure(s, task, metrics: dict, step: int):
+    """The :class:`RewardFailed` of a step whose rewards failed above the allowed fraction."""
+    from sat_cli.rewards import RewardFailed
+
+    first = getattr(getattr(task, "scorer", None), "first_error", None) or "?"
+    return RewardFailed(
+        f"{metrics[M.REWARD_ERROR_FRAC]:.0%} of step {step}'s rewards failed (reward."
+        f"max_error_frac={s.max_reward_error_frac:g}); the first: {first}. The run stopped with "
+        f"the checkpoint {s.run_dir / 'checkpoints' / f'step_{step}'}; once the reward is fixed, continue it "
+        f"with the same command and resume=auto ({s.run_dir})"
+    )
+
+
+def reward_metrics(scores, metrics: dict) -> None:
+    """``reward/error_frac`` and the mean of each component (``reward/<name>``) of a batch."""
+    metrics[M.REWARD_ERROR_FRAC] = scores.error_frac
+    sums: dict[str, list[float]] = {}
+    for parts in scores.components:
+        for name, value in parts.items():
+            sums.setdefault(name, []).append(value)
+    for name, values in sums.items():
+        metrics[M.reward_key(name)] = sum(values) / len(values)
 
 
 def score_batch(
@@ -59,11 +125,12 @@ def score_batch(
 
     from sat_cli.rl.advantages import group_advantages
 
+    scores = None  # a replay brings its rewards: no reward metrics
     if scored and "rewards" in scored:
         kept = [g for g, r in zip(groups, scored["rewards"], strict=True) if r is not None]
         rewards = [r for r in scored["rewards"] if r is not None]
     else:
-        kept, rewards = _score(groups, rows, tokenizer, task.reward)
+        kept, rewards, scores = _score(groups, rows, tokenizer, task_scorer(task))
         if scored is not None:
             it = iter(rewards)
             scored["rewards"] = [next(it) if any(g is k for k in kept) else None for g in groups]
@@ -106,6 +173,8 @@ def score_batch(
         M.STALE_DROPPED: float(counters["stale_dropped"]),
         M.PERF_GEN_S: timing["gen_s"],
     }
+    if scores is not None:
+        reward_metrics(scores, metrics)
     return samples, adv, {"sample": lags, "token": tok_lags}, metrics
 
 

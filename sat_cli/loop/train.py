@@ -57,6 +57,8 @@ from sat_cli.loop.steps import (
     MAX_CONSECUTIVE_NONFINITE,
     NonFiniteLoss,
     log_histograms,
+    log_samples,
+    reward_failure,
     score_batch,
     trainer_step,
 )
@@ -138,9 +140,15 @@ def train_loop(
             _evaluate(s, new_version, p, final_evaluator, metrics)
             _perf(metrics, t_step, timing)
             _log(s, st, new_version, p.sync, tracker, metrics, diag, lags)
+            if s.samples_every > 0 and new_version % s.samples_every == 0:
+                log_samples(tracker, task, new_version)  # what the model wrote, with rewards
             if progress:
                 progress.step(t, metrics)
-            # 6. checkpoint as scheduled, or stop when the tracking store is gone too long
+            # 6. too many of the step's rewards failed (reward.max_error_frac): checkpoint, stop
+            if metrics.get(M.REWARD_ERROR_FRAC, 0.0) > s.max_reward_error_frac:
+                checkpoint(s, st, new_version, trainer, p.buf, p.thread, p.pub)
+                raise reward_failure(s, task, metrics, new_version)
+            # checkpoint as scheduled, or stop when the tracking store is gone too long
             checkpoint_or_stop(s, st, new_version, trainer, p, tracker)
             # 7. prune the weights nothing needs any more
             since = st.get("min_needed", new_version)

@@ -46,11 +46,15 @@ class DatasetTask:
         seed: int = 0,
         heldout: list[dict] | None = None,
         heldout_size: int = 256,
+        system_prompt: str | None = None,
     ):
         if not rows:
             raise ValueError("the training prompt set is empty")
         self.rows, self.template, self.seed = rows, template, seed
         self._heldout, self.heldout_size = heldout, heldout_size
+        self.system_prompt = system_prompt  # template=chat: rows without their own system field
+        self.tokenizer = None  # template=chat renders through it (set by `sat train`)
+        self.source: str | None = None  # a user's file: prompts too long are refused, not dropped
         self._orders: dict[int, list[int]] = {}
 
     @classmethod
@@ -73,13 +77,28 @@ class DatasetTask:
         elif heldout:
             rows, held = split_heldout(rows, task.heldout_frac, task.path or f"task={task.kind}")
         size = task.heldout_size
-        return cls(rows, template=task.template, seed=seed, heldout=held, heldout_size=size)
+        made = cls(
+            rows,
+            template=task.template,
+            seed=seed,
+            heldout=held,
+            heldout_size=size,
+            system_prompt=task.system_prompt,
+        )
+        made.source = task.path
+        return made
+
+    def render(self, row: dict) -> str:
+        """The prompt of ``row`` (its own system field wins over ``task.system_prompt``)."""
+        system = row.get("system") or self.system_prompt
+        return render(self.template, row["problem"], self.tokenizer, system)
 
     def heldout(self) -> list[dict]:
         """The held-out rows (at most ``heldout_size``), for ``eval=heldout``."""
         if self._heldout is None:
             raise DataError("this task was built without a held-out split (eval is not heldout)")
-        return [dict(r) for r in self._heldout[: self.heldout_size]]
+        system = {"system": self.system_prompt} if self.system_prompt else {}
+        return [{**system, **r} for r in self._heldout[: self.heldout_size]]
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -93,7 +112,7 @@ class DatasetTask:
         for i in range(cursor, cursor + n):
             epoch, j = divmod(i, len(self.rows))
             row = self.rows[self._order(epoch)[j]]
-            out.append({**row, "prompt": render(self.template, row["problem"])})
+            out.append({**row, "prompt": self.render(row)})
         return out
 
     @staticmethod

@@ -144,6 +144,18 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
     yield from jsonl_records(path, max_line_bytes=MAX_ROW_BYTES)
 
 
+def benchmark_rows(benchmark: str, path: str | None, fields, data_dir, limit: int | None):
+    """The rows of ``eval=<benchmark>``: ``eval=jsonl`` reads ``path`` as a user's file (with
+    ``task.fields``; a .jsonl file without fields as :func:`load_benchmark` does); a name is a
+    shipped benchmark (:func:`sat_cli.tasks.data.load_benchmark`)."""
+    from sat_cli.tasks.data import load_benchmark
+
+    if benchmark == "jsonl" and (fields.prompt or not str(path).endswith(".jsonl")):
+        rows = read_rows(path, fields)
+        return rows[:limit] if limit else rows
+    return load_benchmark(path if benchmark == "jsonl" else benchmark, data_dir, limit)
+
+
 def read_rows(path: str | os.PathLike, fields=None) -> list[dict[str, Any]]:
     """The rows of a user's data file or folder (module docstring), in file order."""
     path = Path(path)

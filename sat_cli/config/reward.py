@@ -1,0 +1,72 @@
+"""The ``reward`` section (``conf/reward/*.yaml``): which reward scores a response
+(:mod:`sat_cli.rewards`, one registry entry per name) and how failures of a user's reward are
+handled."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from sat_cli.config.checks import ConfigError, check_choice, check_range
+
+REWARD_NAMES = ("math", "exact", "regex", "python", "http")
+MAX_TIMEOUT_S = 3600.0
+MAX_WORKERS = 64
+
+
+@dataclass
+class RewardConfig:
+    # math: the task's own grader (the toy task's exact sum; math-verify for data tasks);
+    # exact: the final answer equals the row's answer; regex: the last match of pattern does;
+    # python: a function of yours (fn); http: a reward server (url)
+    name: str = "math"
+    fn: str | None = None  # python: pkg.module:function or path/to/file.py:function
+    batched: bool = False  # python/http: one call per batch with lists, returning a list
+    pattern: str | None = None  # regex: group 1 of its last match (else the match) is the answer
+    url: str | None = None  # http: the endpoint taking a JSON POST
+    # a reward returning {name: value}: each component is logged as reward/<name>; the reward is
+    # sum(weights[k] * value[k]) over the weights' keys (empty: the sum of the components)
+    weights: dict[str, float] = field(default_factory=dict)
+    timeout_s: float = 10.0  # one call of your function (python) or one request (http)
+    deadline_s: float = 60.0  # http: a request is retried until this many seconds have passed
+    on_error: float = 0.0  # the reward of a sample whose reward raised, timed out or was NaN
+    max_error_frac: float = 0.5  # a step with more failed rewards than this ends the run FAILED
+    workers: int = 2  # python: processes that run your function (http: threads)
+    # an evaluation counts a sample correct when its reward is at least this (math: its grader)
+    pass_threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("reward.name", self.name, REWARD_NAMES)
+        check_range("reward.timeout_s", self.timeout_s, 0, MAX_TIMEOUT_S, lo_open=True)
+        check_range("reward.deadline_s", self.deadline_s, self.timeout_s, MAX_TIMEOUT_S)
+        check_range("reward.on_error", self.on_error, -1e6, 1e6)
+        check_range("reward.max_error_frac", self.max_error_frac, 0, 1)
+        check_range("reward.workers", self.workers, 1, MAX_WORKERS)
+        check_range("reward.pass_threshold", self.pass_threshold, -1e6, 1e6)
+        for key, weight in self.weights.items():
+            if not re.fullmatch(r"[a-z0-9_]{1,64}", str(key)):
+                raise ConfigError(
+                    f"reward.weights: {key!r} is not a component name (a-z, 0-9, _; at most 64)"
+                )
+            check_range(f"reward.weights.{key}", weight, -1e6, 1e6)
+        need = {"python": "fn", "http": "url", "regex": "pattern"}.get(self.name)
+        if need and not getattr(self, need):
+            raise ConfigError(f"reward={self.name} needs reward.{need}")
+        if self.name == "python" and not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", self.fn):
+            raise ConfigError(
+                f"reward.fn={self.fn!r}: expected pkg.module:function or path/to/file.py:function"
+            )
+        if self.name == "http" and not re.match(r"https?://[^/\s]+", self.url):
+            raise ConfigError(f"reward.url={self.url!r}: expected http://host:port/path")
+        if self.name == "regex":
+            try:
+                compiled = re.compile(self.pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"reward.pattern={self.pattern!r} is not a regex: {exc}"
+                ) from None
+            if compiled.groups > 1:
+                raise ConfigError(
+                    f"reward.pattern={self.pattern!r} has {compiled.groups} groups; at most one "
+                    "(the answer)"
+                )

@@ -1,0 +1,158 @@
+"""Rewards as plugins: one registry entry per ``reward.name``, each with ``check(settings)``
+(compose-time and start-up checks that need no model) and ``build(settings, runtime)`` (the
+:class:`Scorer` of a run; ``runtime`` holds the task, whose own grader ``reward=math`` is).
+
+=========  ====================================================================================
+math       the task's grader (the toy task's exact sum; math-verify for data tasks), in-process
+exact      the final answer (last ``\\boxed{}``, else the ``Answer:`` line, else the response)
+           equals the row's answer after stripping
+regex      group 1 of the last match of ``reward.pattern`` (else the match) equals the answer
+python     ``reward.fn`` (``pkg.module:function`` or ``path/to/file.py:function``) in a pool of
+           ``reward.workers`` processes, ``reward.timeout_s`` per call (:mod:`.pool`)
+http       a reward server at ``reward.url``, retried until ``reward.deadline_s`` (:mod:`.http`)
+=========  ====================================================================================
+
+A user's reward is ``fn(prompt, response, row) -> float | dict[str, float]`` (the row holds the
+data file's columns: ``id``, ``problem``, ``answer`` and every extra one); ``reward.batched=true``
+calls ``fn(prompts, responses, rows) -> list``. A dict's components are combined by
+``reward.weights`` (:func:`combine`) and each is logged as ``reward/<name>``. A call that raises,
+times out, or returns something that is not a finite number gives that sample
+``reward.on_error`` and counts as an error (``reward/error_frac``); the loop ends the run FAILED
+when a step's error fraction is above ``reward.max_error_frac`` (:class:`RewardFailed`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sat_cli.errors import RunFailed
+
+
+class RewardFailed(RunFailed):
+    """More rewards of a step failed than ``reward.max_error_frac`` allows."""
+
+
+class BadReward(ValueError):
+    """A reward returned something that is not a usable reward."""
+
+
+class ReportedError(Exception):
+    """A failure a reward worker or server already described (``Type: message``), shown as is."""
+
+
+@dataclass
+class Scores:
+    """The rewards of a batch: one value per sample, its components, its error (or None)."""
+
+    values: list[float]
+    components: list[dict[str, float]]
+    errors: list[str | None]
+
+    @property
+    def error_frac(self) -> float:
+        return sum(e is not None for e in self.errors) / max(len(self.errors), 1)
+
+    def first_error(self) -> str | None:
+        return next((e for e in self.errors if e is not None), None)
+
+
+def combine(result: Any, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """``(reward, components)`` of what a reward returned; :class:`BadReward` saying why it is not
+    usable (not a number or a dict of numbers, NaN/inf, a weighted component missing)."""
+    if isinstance(result, bool) or not isinstance(result, (int, float, dict)):
+        raise BadReward(f"returned {type(result).__name__}, not a number or a dict of numbers")
+    if not isinstance(result, dict):
+        value = float(result)
+        if not math.isfinite(value):
+            raise BadReward(f"returned {value}")
+        return value, {}
+    parts: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadReward(f"component {key!r} is {type(value).__name__}, not a number")
+        if not math.isfinite(float(value)):
+            raise BadReward(f"component {key!r} is {value}")
+        parts[str(key)] = float(value)
+    if not weights:
+        return sum(parts.values()), parts
+    missing = sorted(set(weights) - set(parts))
+    if missing:
+        raise BadReward(f"components {missing} (reward.weights) are missing; got {sorted(parts)}")
+    return sum(w * parts[k] for k, w in weights.items()), parts
+
+
+class Scorer:
+    """Scores a batch: ``score(prompts, responses, rows) -> Scores``. The built-in rewards run
+    ``one(prompt, response, row) -> float`` in-process; plugins override :meth:`score`."""
+
+    def __init__(self, one: Callable[[str, str, dict], Any] | None = None, settings=None):
+        self.one, self.settings = one, settings
+        self.first_error: str | None = None  # of the last batch (set by the loop)
+
+    def score(self, prompts: list[str], responses: list[str], rows: list[dict]) -> Scores:
+        out = Scores([], [], [])
+        for p, r, row in zip(prompts, responses, rows, strict=True):
+            self.add(out, lambda p=p, r=r, row=row: self.one(p, r, row))
+        return out
+
+    def add(self, out: Scores, call: Callable[[], Any]) -> None:
+        """Append one sample's result (``call()``'s) or its error to ``out``."""
+        weights = dict(getattr(self.settings, "weights", None) or {})
+        on_error = float(getattr(self.settings, "on_error", 0.0))
+        try:
+            value, parts = combine(call(), weights)
+        except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is counted
+            out.values.append(on_error)
+            out.components.append({})
+            out.errors.append(error_text(exc))
+            return
+        out.values.append(value)
+        out.components.append(parts)
+        out.errors.append(None)
+
+    def close(self) -> None:
+        """Stop what the scorer started (worker processes)."""
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a failed reward: ``Type: message`` (at most 300 characters)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(exc, BadReward):
+        return f"the reward {text}"[:300]
+    if isinstance(exc, ReportedError):
+        return text[:300]
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
+
+
+@dataclass(frozen=True)
+class RewardEntry:
+    """One reward of the registry."""
+
+    build: Callable[[Any, dict], Scorer]  # (settings, runtime {"task": …}) -> Scorer
+    check: Callable[[Any], None] = field(default=lambda settings: None)
+
+
+def _registry() -> dict[str, RewardEntry]:
+    from sat_cli.rewards import builtin, http, pool
+
+    return {
+        "math": RewardEntry(builtin.build_math),
+        "exact": RewardEntry(builtin.build_exact),
+        "regex": RewardEntry(builtin.build_regex),
+        "python": RewardEntry(pool.build, pool.check),
+        "http": RewardEntry(http.build),
+    }
+
+
+def check_reward(settings) -> None:
+    """Start-up checks of ``settings`` (a ``RewardConfig``); ``UserError`` when one fails."""
+    _registry()[settings.name].check(settings)
+
+
+def build_reward(settings, task) -> Scorer:
+    """The :class:`Scorer` of ``settings`` (a ``RewardConfig``) for ``task``."""
+    return _registry()[settings.name].build(settings, {"task": task})

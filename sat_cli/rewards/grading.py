@@ -1,0 +1,94 @@
+"""Evaluation with a reward plugin, and the samples tables that show what the model writes.
+
+* :class:`PassGrader` — an evaluation's grader for ``reward`` other than ``math``: a sample
+  counts as correct (avg@k, pass@k) when its reward is at least ``reward.pass_threshold``; a
+  failed reward counts as wrong. Its scorer is the task's (the one training uses) or, in
+  ``sat eval``, one of its own, started on first use.
+* :func:`grade_group` — one problem's ``n`` responses through either kind of grader.
+* :func:`samples_table` — ``{"columns": [...], "data": [[...]]}``, the JSON layout of
+  ``mlflow.log_table``, of prompts, responses, rewards (with components), errors and weight
+  versions; logged as ``samples/…`` artifacts (:func:`sat_cli.metric_names.samples_artifact`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sat_cli import metric_names as M
+
+MAX_TABLE_ROWS = 64  # samples per table (the first ones of the batch / evaluation)
+MAX_CELL_CHARS = 4000  # a prompt or response is cut to this many characters in a table
+
+
+class PassGrader:
+    def __init__(self, settings, task):
+        self.settings, self.task, self._own = settings, task, None
+
+    @property
+    def scorer(self):
+        task_scorer = getattr(self.task, "scorer", None)
+        if task_scorer is not None:
+            return task_scorer
+        if self._own is None:
+            from sat_cli.rewards import build_reward
+
+            self._own = build_reward(self.settings, self.task)
+        return self._own
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+
+def plugin_grader(settings, task, grader):
+    """``grader`` for ``reward=math``; else a :class:`PassGrader` of the reward plugin."""
+    return grader if settings.name == "math" else PassGrader(settings, task)
+
+
+def grade_group(grader, prompt: str, texts: list[str], row: dict):
+    """``(flags, rewards, components, errors)`` of one problem's responses."""
+    if isinstance(grader, PassGrader):
+        scores = grader.scorer.score([prompt] * len(texts), texts, [row] * len(texts))
+        threshold = grader.settings.pass_threshold
+        flags = [
+            e is None and v >= threshold for v, e in zip(scores.values, scores.errors, strict=True)
+        ]
+        return flags, scores.values, scores.components, scores.errors
+    flags = [bool(grader(t, row["answer"])) for t in texts]
+    return flags, [float(f) for f in flags], [{}] * len(texts), [None] * len(texts)
+
+
+def logging_samples(run, tracker, engine, final: bool):
+    """``run`` (an evaluation: ``() -> EvalResult``) that also logs its samples table as
+    ``samples/eval_step_<version>.json`` (``final_step_…`` for the final evaluation)."""
+
+    def evaluate():
+        res = run()
+        if res.samples:
+            where = M.samples_artifact("final" if final else "eval", engine.weight_version)
+            tracker.log_dict(samples_table(res.samples), where)
+        return res
+
+    return evaluate
+
+
+def _cut(text: Any) -> Any:
+    if isinstance(text, str) and len(text) > MAX_CELL_CHARS:
+        return text[:MAX_CELL_CHARS] + f"… [{len(text) - MAX_CELL_CHARS} more characters]"
+    return text
+
+
+def samples_table(samples: list[dict]) -> dict:
+    """The table of ``samples`` (dicts with ``id, prompt, response, reward`` and optionally
+    ``correct, error, version, components``), at most :data:`MAX_TABLE_ROWS` rows; each
+    component becomes a column ``reward/<name>``."""
+    samples = samples[:MAX_TABLE_ROWS]
+    parts = sorted({k for s in samples for k in (s.get("components") or {})})
+    base = ["id", "version", "prompt", "response", "reward", "correct", "error"]
+    columns = base + [M.reward_key(k) for k in parts]
+    data = [
+        [_cut(s.get(c)) for c in base] + [(s.get("components") or {}).get(k) for k in parts]
+        for s in samples
+    ]
+    return {"columns": columns, "data": data}

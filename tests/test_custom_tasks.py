@@ -439,6 +439,7 @@ def test_a_prompt_over_the_context_is_refused_naming_the_row(tmp_path):
         check_prompt_lengths(task, load_tokenizer(str(model)), str(model))
 
 
+@pytest.mark.slow  # ~40 s; the parquet training test evaluates through the plugin in make test
 def test_sat_eval_on_a_users_parquet_file_with_a_reward_plugin(tmp_path):
     """`sat eval jsonl eval.path=<parquet>` with task.fields and reward=exact: avg@k of the
     plugin's verdicts, the per-problem ids from the file, the samples table in MLflow."""

@@ -78,7 +78,8 @@ class _Sink(NullSink):
 def run_mode(name: str, budget_s: float) -> dict:
     import torch
 
-    from sat_cli.build import build_engine, build_evaluator, build_task, build_trainer, model_path
+    from sat_cli.build.components import build_engine, build_trainer
+    from sat_cli.build.parts import build_evaluator, build_task, model_path
     from sat_cli.config import load
     from sat_cli.engines.base import SamplingParams
     from sat_cli.engines.local import LocalEngine
@@ -158,7 +159,8 @@ def _alone_setup(run_dir: Path):
     """The sync mode's (config, model path, tokenizer, task, engine, sampling params)."""
     import torch
 
-    from sat_cli.build import build_engine, build_task, model_path
+    from sat_cli.build.components import build_engine
+    from sat_cli.build.parts import build_task, model_path
     from sat_cli.config import load
     from sat_cli.engines.base import SamplingParams
     from sat_cli.models.tiny_moe import load_tokenizer
@@ -190,7 +192,7 @@ def measure_alone(kind: str, batches: int) -> dict:
     of this process and the engine worker; the first batch is a warm-up."""
     import torch
 
-    from sat_cli.build import build_trainer
+    from sat_cli.build.components import build_trainer
     from sat_cli.rl.advantages import group_advantages
     from sat_cli.trainers.batch import collate
     from sat_cli.util.procs import cpu_seconds

@@ -1,7 +1,7 @@
 """Packed vs padded training steps, side by side in one process (issue #46).
 
 Two local trainers are built from the default config exactly as `sat train` builds them
-(`sat_cli.build.build_trainer`: the shipped warm-started tiny Qwen3-MoE, the default GRPO + SAT
+(`sat_cli.build.components.build_trainer`: the shipped warm-started tiny Qwen3-MoE, the default GRPO + SAT
 loss, `trainer.num_threads` torch threads): one padded (the default), one with
 `trainer.max_tokens_per_row`. They take turns on the same batches (padded step, packed step,
 next batch), so a load change on the machine hits both alike; the figure is their ratio.
@@ -68,7 +68,7 @@ def default_batches(obj, path, tok, n: int, seed: int = 0) -> list[list]:
     """``n`` batches of the default run's own samples (toy prompts, the warm model's responses)."""
     import torch
 
-    from sat_cli.build import build_task
+    from sat_cli.build.parts import build_task
     from sat_cli.engines.base import Sample
     from sat_cli.models.sampling import sample_batch
     from sat_cli.models.tiny_moe import load_model
@@ -132,7 +132,8 @@ def long_tailed_batches(data: Path, tok, template: str, n: int, size: int, cap: 
 
 
 def build(overrides: list[str], run_dir: Path):
-    from sat_cli.build import build_trainer, model_path
+    from sat_cli.build.components import build_trainer
+    from sat_cli.build.parts import model_path
     from sat_cli.config import load
 
     _, obj = load(["tracking=none", f"run.dir={run_dir}", *overrides])

@@ -44,8 +44,8 @@ def test_every_group_option_composes(group, option):
     values = yaml.safe_load(text) or {}
     if group == "launcher" and option == "ray":
         values.pop("address")  # null in the file; set above
-    if group == "experiment" or text.startswith("# @package _global_"):
-        values = {k: v for k, v in values.items() if k != "defaults"}
+    values = {k: v for k, v in values.items() if k != "defaults"}  # e.g. the settings class
+    if group == "experiment" or text.startswith("# @package _global_"):  # clip=ppo_tight too
         node = OmegaConf.to_container(cfg)
     else:
         node = OmegaConf.to_container(cfg[group])
@@ -206,7 +206,7 @@ def test_new_options_validated():
 
 
 def test_grader_timeout_reaches_the_benchmark_grader():
-    from sat_cli.build import eval_problems
+    from sat_cli.build.parts import eval_problems
     from sat_cli.tasks.reward import grade
 
     _, obj = load(["eval=aime24", "eval.grader_timeout_s=0.25"])

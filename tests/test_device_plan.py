@@ -59,7 +59,7 @@ def boundary(monkeypatch):
 
 def _launch(obj, tmp_path, seen) -> tuple[dict, dict]:
     """(engine launch, trainer launch) as recorded at the process boundary."""
-    from sat_cli import build
+    from sat_cli.build import components as build
 
     out = []
     for make in (
@@ -151,8 +151,12 @@ def test_two_nodes_of_8(tmp_path, boundary):
 def test_ray_bundles_two_nodes_of_8(tmp_path):
     """launcher=ray, 2 SGLang servers (tp 4) + 2 trainer nodes (4 ranks): four 4-GPU bundles,
     SPREAD; Ray's assignment leaves every node's GPUs used once."""
-    from sat_cli.commands.launch import bundles
+    from sat_cli.build.components import launcher_runtime
+    from sat_cli.cluster.settings import bundles as placed_bundles
     from sat_cli.config.devices import device_plan, ray_strategy
+
+    def bundles(obj):
+        return placed_bundles(obj.launcher, launcher_runtime(obj))
 
     over = [*PAPER, "engine.num_servers=2", "trainer.nnodes=2", "trainer.nproc_per_node=4"]
     _, obj = load([*over, "launcher=ray", "launcher.address=head:6379"])

@@ -43,7 +43,7 @@ def _run(tmp_path, monkeypatch, fail, *extra):
     runs = tmp_path / "runs"
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{seeded_store(runs / 'mlflow.db')}")
     engine = _Engine(fail, client)
-    monkeypatch.setattr("sat_cli.build.build_engine", lambda *a, **k: engine)
+    monkeypatch.setattr("sat_cli.build.components.build_engine", lambda *a, **k: engine)
     cfg, obj = load(
         ["eval=toy", "eval.n=2", "eval.limit=6", "eval.batch_size=2", f"run.dir={runs}", *extra],
         "eval",

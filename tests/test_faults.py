@@ -166,7 +166,7 @@ def history(root: Path, run, key: str) -> list[tuple[int, float]]:
 def expected_digests(steps: int, overrides: list[str]) -> list[tuple[int, float]]:
     """``rollout/prompt_digest`` of steps 1..steps, from the task the run builds (batch t is
     logged at step t+1): an uninterrupted run's prompts, without running it."""
-    from sat_cli.build import build_task
+    from sat_cli.build.parts import build_task
     from sat_cli.config import load
     from sat_cli.loop.train import _digest
 

@@ -89,7 +89,7 @@ def test_a_run_without_a_gpu_is_refused_before_writing(tmp_path, command, keys):
 def test_builders_hand_device_and_dtype_to_engine_and_trainer(monkeypatch, tmp_path):
     import sat_cli.engines.local as engine_mod
     import sat_cli.trainers.local as trainer_mod
-    from sat_cli.build import build_engine, build_trainer
+    from sat_cli.build.components import build_engine, build_trainer
 
     seen = {}
 

@@ -228,7 +228,7 @@ def test_support_mode_and_top_logprobs_parse_to_the_sampled_distributions_top_k(
 
 # --- the settings ---------------------------------------------------------------------------------
 def test_settings_compose_reach_the_trainer_and_megatron_refuses_them(tmp_path):
-    from sat_cli.build import build_trainer
+    from sat_cli.build.components import build_trainer
     from sat_cli.config import ConfigError, load
     from sat_cli.config.schema import AlgoConfig
 

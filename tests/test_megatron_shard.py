@@ -165,12 +165,12 @@ def test_shard_size_parsing():
 
 
 def test_config_checks_the_shard_size():
-    from sat_cli.config.checks import ConfigError
-    from sat_cli.config.schema import TrainerConfig
+    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings as TrainerConfig
+    from sat_cli.validate import ConfigError
 
-    assert TrainerConfig(name="megatron", max_shard_size="500MB").max_shard_size == "500MB"
+    assert TrainerConfig(max_shard_size="500MB").max_shard_size == "500MB"
     with pytest.raises(ConfigError, match="trainer.max_shard_size"):
-        TrainerConfig(name="megatron", max_shard_size="lots")
+        TrainerConfig(max_shard_size="lots")
 
 
 def test_reader_reads_every_dtype_like_safetensors(tmp_path):

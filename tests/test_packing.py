@@ -207,7 +207,7 @@ BAD_BUDGETS = {
 @pytest.mark.parametrize("name", sorted(BAD_BUDGETS))
 def test_bad_token_budgets_are_refused_at_compose_time(name):
     from sat_cli.config import load
-    from sat_cli.config.checks import ConfigError
+    from sat_cli.validate import ConfigError
 
     overrides, needle = BAD_BUDGETS[name]
     with pytest.raises(ConfigError, match=needle):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sat_cli.build import loss_config
+from sat_cli.build.parts import loss_config
 from sat_cli.config import ConfigError, load
 
 

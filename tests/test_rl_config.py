@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from sat_cli.build import loss_config
+from sat_cli.build.parts import loss_config
 from sat_cli.config import load, sat_scope, schema
 from sat_cli.rl import names, registry
 from sat_cli.rl.config import LossConfig

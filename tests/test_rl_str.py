@@ -225,7 +225,7 @@ def test_off_by_default_and_empty_mask():
 
 
 def test_config_settings_and_refusals():
-    from sat_cli.build import loss_config
+    from sat_cli.build.parts import loss_config
     from sat_cli.config import ConfigError, load
 
     _, obj = load(["algo=gspo", "algo.str_delta=0.1"])

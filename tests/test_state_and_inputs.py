@@ -365,7 +365,7 @@ def test_every_numeric_setting_is_checked_for_nan_by_one_rule():
     from omegaconf import OmegaConf
 
     from sat_cli.config import compose
-    from sat_cli.config.checks import check_finite
+    from sat_cli.validate import check_finite
 
     base = OmegaConf.to_container(compose(["trainer=megatron", "engine=sglang",
                                            "engine.dtype=bfloat16"]), resolve=True)  # fmt: skip

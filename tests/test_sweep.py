@@ -715,7 +715,7 @@ def test_sweep_tags_reach_the_child_as_config(tmp_path, method):
     from mlflow import MlflowClient
     from omegaconf import OmegaConf
 
-    from sat_cli.build import make_tracker as _tracker
+    from sat_cli.build.run import make_tracker as _tracker
     from sat_cli.config import load
     from sat_cli.sweep import SweepRun, tag_overrides
 

@@ -201,7 +201,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     ],
 )
 def test_sat_with_a_recompute_denominator_warns_loudly(overrides, inert):
-    from sat_cli.build import sat_inert_recompute
+    from sat_cli.build.parts import sat_inert_recompute
     from sat_cli.commands.train import _warn_recompute
     from sat_cli.config import load
 

@@ -21,7 +21,7 @@
 5. **closes**: every actor killed, the placement group removed, the driver disconnected.
 
 Every Ray call has a deadline (:meth:`call`). Settings come as a plain :class:`RaySettings`
-(built at the edge, ``sat_cli.commands.launch``).
+(built at the edge by ``launcher=ray``'s component, ``sat_cli.cluster.settings``).
 """
 
 from __future__ import annotations

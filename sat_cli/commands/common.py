@@ -1,5 +1,5 @@
-"""Pieces the `sat train` and `sat eval` commands share: loading models, the pids file, the
-run's environment params and the check that a CUDA device is there."""
+"""Pieces the `sat train` and `sat eval` commands share: loading models, the pids file and the
+check that a CUDA device is there."""
 
 from __future__ import annotations
 
@@ -40,24 +40,6 @@ def write_pids(logs: Path, engine) -> None:
     atomic_write_text(logs / "pids.json", json.dumps(pids))
 
 
-def run_environment(obj) -> dict[str, str]:
-    """The run's ``env.*`` params: hardware, libraries and numeric settings of this process
-    (``sat_cli.tracking.environment``); with engine=sglang the version its interpreter has."""
-    from sat_cli.tracking.environment import UNKNOWN, environment_params, sglang_version
-
-    e, version = obj.engine, None
-    if e.name == "sglang":
-        version = f"{UNKNOWN} (servers started elsewhere)"
-        if not (e.urls or e.launch_prefix):
-            from sat_cli.engines.sglang.server import resolve_python
-
-            try:
-                version = sglang_version(resolve_python(e.python))
-            except FileNotFoundError:
-                version = UNKNOWN
-    return environment_params(sglang=version)
-
-
 def _node_plan(obj, trainer: bool):
     """The device plan of the processes this command starts on this machine."""
     from dataclasses import replace
@@ -65,7 +47,7 @@ def _node_plan(obj, trainer: bool):
     from sat_cli.config.devices import device_plan, specs
     from sat_cli.devices import DevicePlan, TrainerSpec, make_plan
 
-    if obj.launcher.name != "local":
+    if type(obj.launcher).places:
         return DevicePlan(())  # Ray places the processes on its nodes
     if trainer:
         return device_plan(obj)
@@ -79,9 +61,9 @@ def check_devices(obj, *, trainer: bool = True) -> None:
     raised before anything is written or started. ``trainer``: whether the
     command trains (``sat eval`` runs the engine only)."""
     wanted = []
-    if obj.engine.name == "local" and obj.engine.device == "cuda":
+    if type(obj.engine).TORCH_HERE and obj.engine.device == "cuda":
         wanted.append(("engine", obj.engine.dtype))
-    if trainer and obj.trainer.name == "local" and obj.trainer.device == "cuda":
+    if trainer and obj.trainer.on_gpu():
         wanted.append(("trainer", obj.trainer.dtype))
     plan = _node_plan(obj, trainer)
     if not wanted and not plan.needed():

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def _model_dir(obj) -> str:
-    from sat_cli.build import check_hf_dir, model_path
+    from sat_cli.build.parts import check_hf_dir, model_path
 
     if obj.ckpt:
         ck = Path(obj.ckpt)
@@ -86,7 +86,7 @@ def _data_file(obj) -> str | None:
 
 def _max_new_tokens(e, path: str, log=print) -> int:
     """``eval.max_new_tokens``, capped at the model's ``max_position_embeddings`` (said once)."""
-    from sat_cli.build import read_hf_config
+    from sat_cli.models.hf_config import read_hf_config
 
     try:
         ctx = int(read_hf_config(path).get("max_position_embeddings") or 0)
@@ -116,9 +116,10 @@ class Evaluator:
     def __init__(self, cfg, obj, log=print):
         from omegaconf import OmegaConf
 
-        from sat_cli.build import build_task, eval_problems
+        from sat_cli.build.components import run_environment
+        from sat_cli.build.parts import build_task, eval_problems
         from sat_cli.commands import preflight
-        from sat_cli.commands.common import check_devices, run_environment
+        from sat_cli.commands.common import check_devices
         from sat_cli.tracking import flatten_config
 
         self.obj, self.log, e = obj, log, obj.eval
@@ -175,9 +176,9 @@ class Evaluator:
 
     def _evaluate(self, tracker) -> EvalResult:
         """Start the engine, evaluate, stop the engine."""
-        from sat_cli.build import build_engine, eval_runner
+        from sat_cli.build.components import build_engine, build_launcher
+        from sat_cli.build.parts import eval_runner
         from sat_cli.commands.common import loading, write_pids
-        from sat_cli.commands.launch import build_launcher
 
         obj, path, e = self.obj, self.path, self.obj.eval
         logs = self.out / "logs"

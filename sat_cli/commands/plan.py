@@ -154,7 +154,7 @@ def plan_text(obj, gpus_per_node: int | None = None) -> str:
     plan = device_plan(obj)
     if gpus_per_node is not None:
         plan.check(gpus_per_node, "--gpus-per-node")
-    lay = Layout.of(obj.trainer)
+    lay = Layout.of(obj.trainer) if obj.trainer.name == "megatron" else None
     arch, source = architecture(obj)
     lines = []
     if arch is not None:
@@ -167,10 +167,11 @@ def plan_text(obj, gpus_per_node: int | None = None) -> str:
         lines.append(f"model     {obj.model.path}: architecture unknown ({source})")
     lines += _engine_lines(obj, arch, plan) + _trainer_lines(obj, lay, arch, plan)
     lines += _device_lines(obj, plan)
-    if obj.launcher.name == "ray":
-        from sat_cli.commands.launch import placement_text
+    if type(obj.launcher).places:
+        from sat_cli.build.components import launcher_runtime
+        from sat_cli.cluster.settings import placement_text
 
-        lines.append(placement_text(obj))
+        lines.append(placement_text(obj.launcher, launcher_runtime(obj)))
     if obj.trainer.name != "megatron":
         lines.append("(the per-GPU memory table is for trainer=megatron)")
     elif arch is None:

@@ -21,32 +21,12 @@ import time
 import warnings
 from pathlib import Path
 
-from sat_cli.build import (
-    build_engine,
-    build_evaluator,
-    build_task,
-    build_trainer,
-    eval_problems,
-    make_tracker,
-    model_path,
-    sat_inert_recompute,
-)
+from sat_cli.build.components import build_engine, build_launcher, build_trainer, check_port
+from sat_cli.build.parts import build_task, eval_problems, model_path, sat_inert_recompute
+from sat_cli.build.run import RunInputs, evaluators, loop_settings, make_tracker
 from sat_cli.commands.common import check_devices, loading, write_pids
-from sat_cli.commands.weight_sync import check_port
 from sat_cli.errors import UserError
 from sat_cli.rewards import build_reward
-
-
-def lag_policy(obj):
-    """The loop's LagPolicy: ``lag.n``/``lag.mode``, or a profile drawn with the run's seed."""
-    from sat_cli.loop.lag import LagPolicy
-    from sat_cli.loop.lag_profile import parse_profile
-
-    if obj.lag.profile is None:
-        return LagPolicy(obj.lag.n, obj.lag.mode)
-    profile = parse_profile(obj.lag.profile)  # checked when the config was composed
-    cells = obj.task.prompts_per_step * obj.task.samples_per_prompt
-    return LagPolicy(profile.max_lag, "fixed", profile=profile, seed=obj.seed, cells=cells)
 
 
 def default_run_name(obj) -> str:
@@ -104,16 +84,6 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
             )
         return run_dir, True
     return run_dir, False
-
-
-def _trainer_kind(obj) -> dict:
-    """What a checkpoint's trainer state must say for this run's trainer to resume it."""
-    t = obj.trainer
-    if t.name != "megatron":
-        return {"backend": t.name}
-    world = t.nnodes * t.nproc_per_node
-    return {"backend": t.name, "world_size": world, "tp": t.tp, "ep": t.ep, "pp": t.pp,
-            "dtype": t.dtype}  # fmt: skip
 
 
 def _warn_recompute(obj, log) -> None:
@@ -192,7 +162,7 @@ def _train(cfg, obj, stream: dict) -> dict:
     preflight.check_trainer_layout(obj.trainer.name, path)
     check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
-        ckpt = resume_checkpoint(run_dir, resuming, path, log, _trainer_kind(obj))
+        ckpt = resume_checkpoint(run_dir, resuming, path, log, obj.trainer.checkpoint_kind())
         if ckpt:  # the same experiment, or resume=force
             from omegaconf import OmegaConf
 
@@ -205,34 +175,25 @@ def _train(cfg, obj, stream: dict) -> dict:
                 f"max_steps={obj.max_steps} is below the step {done} of the checkpoint "
                 f"{ckpt}; resume with max_steps >= {done}"
             )
+        specs = (spec, final_spec, overlong)
         return _run(
-            cfg,
-            obj,
-            run_dir,
-            ckpt,
-            path,
-            tokenizer,
-            task,
-            (spec, final_spec, overlong),
-            dropped,
-            log,
-            stream,
+            RunInputs(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, stream)
         )
 
 
-def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, stream) -> dict:
+def _run(run: RunInputs) -> dict:
     import torch
     from omegaconf import OmegaConf
 
     from sat_cli.checkpoints.state import read_loop_state
-    from sat_cli.commands.weight_sync import check_weight_sync_support, weight_sync_settings
-    from sat_cli.engines.base import SamplingParams
     from sat_cli.loop.progress import Progress
-    from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
+    from sat_cli.loop.train import train_loop
     from sat_cli.tracking.final_status import PENDING_DIR, end_run, keep_previous_status
     from sat_cli.util.fsio import atomic_write_text
+    from sat_cli.weightsync.spec import check_support
 
-    spec, final_spec, overlong = specs  # in-training and final evaluation problems (or None)
+    cfg, obj, run_dir, ckpt, path, log = run.cfg, run.obj, run.run_dir, run.ckpt, run.path, run.log
+    spec, final_spec, _ = run.specs  # in-training and final evaluation problems (or None)
     state0 = read_loop_state(ckpt) if ckpt else {}
     log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     logs = run_dir / "logs"
@@ -244,98 +205,40 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
     engine = trainer = tracker = launcher = None
     status, steps_done = "FAILED", []
     try:
-        from sat_cli.commands.launch import build_launcher
-
         launcher = build_launcher(obj, log, logs)  # launcher=ray: connected, processes placed
         tracker = make_tracker(
-            obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), dropped
+            obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), run.dropped
         )
         tr, pending = obj.tracking, Path(obj.run.dir) / PENDING_DIR  # an outage: metrics on disk
         tracker.keep_on_disk(pending, tr.outage_timeout_s, tr.retry_interval_s)
         tracker.log_artifact(str(run_dir / "config.yaml"))
         trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
-        replay, recorder = stream["replay"], None
+        replay, recorder = run.stream["replay"], None
         if replay is None or spec is not None or final_spec is not None:  # replay: evals only
             engine = loading(
                 path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher)
             )
-            check_weight_sync_support(obj, engine)  # distributed: can this engine take it (exit 2)
+            check_support(obj.engine, engine)  # distributed: can this engine take it (exit 2)
         write_pids(logs, engine)
         # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
         tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
         if obj.replay.record:  # the stream for `sat replay` (sat_cli/replay/store.py)
             from sat_cli.replay.store import StreamWriter
 
-            header = {"overrides": stream["overrides"], "config": cfg_container,
+            header = {"overrides": run.stream["overrides"], "config": cfg_container,
                       "mlflow_run_id": tracker.run_id, "run": run_dir.name}  # fmt: skip
             recorder = StreamWriter(run_dir / "replay", header, obj.task.prompts_per_step,
                                     obj.task.samples_per_prompt)  # fmt: skip
-        evaluator = (
-            build_evaluator(
-                obj,
-                engine,
-                tokenizer,
-                task,
-                spec=spec,
-                overlong=overlong.get("eval"),
-                tracker=tracker,
-            )
-            if spec is not None
-            else None
-        )
-        final_evaluator = None
-        if obj.eval.final_n is not None:
-            final_evaluator = build_evaluator(
-                obj,
-                engine,
-                tokenizer,
-                task,
-                spec=final_spec,
-                final=True,
-                overlong=overlong.get("final"),
-                tracker=tracker,
-            )
-        sampling = SamplingParams(
-            temperature=obj.task.temperature,
-            top_p=obj.task.top_p,
-            top_k=obj.task.top_k,
-            max_new_tokens=obj.task.max_new_tokens,
-            stop_token_ids=(tokenizer.eos_token_id,),
-            sampling_mask=obj.algo.replay_sampling_mask,  # the kept sets the trainer replays
-            topk_logprobs=obj.algo.score_centering_topk,
-        )
-        settings = LoopSettings(
-            max_steps=obj.max_steps,
-            prompts_per_step=obj.task.prompts_per_step,
-            group_size=obj.task.samples_per_prompt,
-            sampling=sampling,
-            lag=lag_policy(obj),
-            run_dir=run_dir,
-            seed=obj.seed,
-            adv_std_norm=obj.algo.adv_std_norm,
-            drop_zero_adv_groups=obj.algo.drop_zero_adv_groups,
-            r3=obj.r3,
-            clip=ClipSchedule(
-                obj.algo.eps_low, obj.algo.eps_high, obj.clip.schedule, obj.clip.final_scale
-            ),
-            eval_every=obj.eval.every,
-            eval_at_start=obj.eval.at_start,
-            checkpoint_every=obj.checkpoint.every,
-            checkpoint_keep=obj.checkpoint.keep,
-            histogram_every=obj.tracking.histogram_every,
-            samples_every=obj.tracking.samples_every,
-            inflight_updates=obj.lag.inflight_updates,
-            weight_sync=weight_sync_settings(obj),
-            max_reward_error_frac=obj.reward.max_error_frac,
-        )
-        task.scorer = build_reward(obj.reward, task)  # closed below with the engine
+        evaluator, final_evaluator = evaluators(run, engine, tracker)
+        settings = loop_settings(obj, run_dir, run.tokenizer)
+        run.task.scorer = build_reward(obj.reward, run.task)  # closed below with the engine
         progress = Progress(obj.max_steps, start=state0.get("step", 0))
         t0 = time.perf_counter()
         try:
             st = train_loop(
                 settings,
-                task=task,
-                tokenizer=tokenizer,
+                task=run.task,
+                tokenizer=run.tokenizer,
                 engine=engine,
                 trainer=trainer,
                 tracker=tracker,
@@ -362,7 +265,7 @@ def _run(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, st
             tracker.set_tags({"sat.error": f"{type(exc).__name__}: {exc}"[:4000]})
         raise
     finally:  # each part is closed even if closing another one fails
-        for part in (engine, trainer, launcher, getattr(task, "scorer", None)):
+        for part in (engine, trainer, launcher, getattr(run.task, "scorer", None)):
             try:
                 if part is not None:
                     part.close()

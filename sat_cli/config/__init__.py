@@ -46,8 +46,33 @@ def conf_dir() -> Path:
 
 
 def group_options(group: str) -> list[str]:
+    """The options of a config group: its files in ``conf/<group>/`` and, for the engine,
+    trainer and launcher groups, the names registered there (``sat_cli.registry``)."""
     d = conf_dir() / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    names = {p.stem for p in d.glob("*.yaml")} if d.is_dir() else set()
+    from sat_cli.config.options import registries
+
+    reg = registries().get(group)
+    return sorted(names | set(reg.names() if reg is not None else ()))
+
+
+def _owners(key: str) -> list[str]:
+    """``group=option`` of the registered options whose settings have ``key`` (``trainer.tp``:
+    ``trainer=megatron``): for a key unknown to the chosen option of an engine, trainer or
+    launcher."""
+    import dataclasses
+
+    from sat_cli.config.options import registries
+
+    group, _, name = key.partition(".")
+    reg = registries().get(group)
+    if reg is None or not name or "." in name:
+        return []
+    return [
+        f"{group}={option}"
+        for option in reg.names()
+        if name in {f.name for f in dataclasses.fields(reg.get(option).settings)}
+    ]
 
 
 def _preprocess(overrides: list[str]) -> list[str]:
@@ -137,6 +162,13 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
                 + ", ".join(_other_top_keys())
                 + "."
             )
+        owners = _owners(key)
+        if owners:
+            text = next((o for o in overrides if o.lstrip("+").startswith(f"{key}=")), key)
+            return ConfigError(
+                f"{text} needs {' or '.join(owners)}: {key} is not a setting of the chosen "
+                f"{key.split('.')[0]} (to list every key: sat config)"
+            )
         return ConfigError(f"unknown config key {key!r}.{hint} To list every key: sat config")
     if isinstance(exc, ValidationError):
         key = full_key or "?"
@@ -172,11 +204,11 @@ def compose(overrides: list[str] | None = None):
     from omegaconf.errors import OmegaConfBaseException
 
     from sat_cli.config.grammar import check_overrides, unknown_keys
-    from sat_cli.config.schema import register
+    from sat_cli.config.options import register
 
     overrides = _preprocess(list(overrides or []))
     check_overrides(overrides, GROUPS, conf_dir())
-    register()
+    register(SatConfig, conf_dir())
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -195,7 +227,7 @@ def compose(overrides: list[str] | None = None):
             + (f" (and {', '.join(map(repr, extra[1:4]))})" if len(extra) > 1 else "")
             + ": not in the schema, so it would be silently ignored. To list every key: sat config"
         )
-    from sat_cli.config.checks import check_durations, check_finite
+    from sat_cli.validate import check_durations, check_finite
 
     container = OmegaConf.to_container(cfg, resolve=True)
     check_finite(container)  # one rule for every number
@@ -225,7 +257,9 @@ def load(overrides: list[str] | None = None, command: str | None = None) -> tupl
     except ConfigError as exc:
         raise ConfigError(str(exc)) from None
     # values the schema derives (null = automatic) go back into the config that runs record
-    cfg.trainer.nproc_per_node = obj.trainer.nproc_per_node
+    for key, value in vars(obj.trainer).items():
+        if cfg.trainer.get(key, 0) is None and value is not None:
+            cfg.trainer[key] = value
     cfg.task.kind = obj.task.kind  # task.path with kind=toy: kind=file
     _scale_radii(cfg, obj)
     return cfg, obj

@@ -13,8 +13,8 @@ fail at compose time, like every other setting.
 
 from __future__ import annotations
 
-from sat_cli.config.checks import ConfigError, check_range
 from sat_cli.rl.names import SEQUENCE_ALGOS, TRUST_ALGOS
+from sat_cli.validate import ConfigError, check_range
 
 
 def check_loss_additions(algo) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sat_cli.config.checks import ConfigError
+from sat_cli.validate import ConfigError
 
 
 def megatron_model_problem(cfg: dict[str, Any]) -> str | None:
@@ -48,7 +48,8 @@ def megatron_model_problem(cfg: dict[str, Any]) -> str | None:
 
 
 def check_compat(c) -> None:
-    """Refuse the combinations of the module docstring (``c``: a ``SatConfig``)."""
+    """Refuse the combinations of the module docstring that span no one component (``c``: a
+    ``SatConfig``); each component's own rules are its registry entry's ``check``."""
     m = c.model
     if m.kind == "tiny" and not m.path and c.task.kind != "toy":
         raise ConfigError(
@@ -61,43 +62,61 @@ def check_compat(c) -> None:
             "use eval=heldout (the task's own held-out split, the default when no eval= is "
             "given) or a benchmark (eval=gsm8k, eval=jsonl eval.path=<file>)"
         )
-    if c.trainer.name == "megatron":
-        from sat_cli.config.layout import model_config
-
-        cfg, where = model_config(c)
-        if cfg is None and m.num_experts <= 1:
-            cfg, where = {"num_experts": m.num_experts}, f"model.num_experts={m.num_experts}"
-        why = megatron_model_problem(cfg) if cfg is not None else None
-        if why:
-            raise ConfigError(
-                f"trainer=megatron cannot train model={m.name} ({where}): {why}; use "
-                "trainer=local, or an all-MoE Qwen3 model (e.g. model=qwen3_30b_a3b)"
-            )
-    if c.trainer.name == "megatron":
-        on = [f"algo.{k}" for k in ("replay_sampling_mask", "score_centering_topk")
-              if getattr(c.algo, k)]  # fmt: skip
-        if on:
-            raise ConfigError(
-                f"{' and '.join(on)} need trainer=local: trainer=megatron does not replay the "
-                "engine's kept sets or compute the sampler's top-k log-probs"
-            )
-    if c.trainer.name == "megatron" and c.algo.ledger:
-        raise ConfigError(
-            "algo.ledger=true needs trainer=local: the ledger keeps whole-model weight snapshots "
-            "of recent versions, which trainer=megatron (weights sharded over ranks) does not"
-        )
     if c.run.portable_numerics and (
-        c.engine.name != "local" or "cuda" in (c.engine.device, c.trainer.device)
+        not type(c.engine).PINS_NUMERICS or c.engine.device == "cuda" or c.trainer.on_gpu()
     ):
         raise ConfigError(
             "run.portable_numerics=true pins torch's CPU code paths; it needs engine=local "
             "on the CPU (SGLang's kernels and CUDA devices are not pinned)"
         )
-    lag = c.lag
-    if c.engine.name == "sglang" and lag.inflight_updates and c.r3:
-        if lag.inflight_cache == "recompute":
+    e, t = c.engine, c.trainer
+    if is_megatron(t):  # the model kind it builds, its limits
+        check_megatron(c)
+    if e.weight_sync == "distributed" and e.device == "cuda" and not t.on_gpu():
+        if type(t).SENDER_IN_PROCESS:
             raise ConfigError(
-                "engine=sglang with lag.inflight_updates=true and lag.inflight_cache=recompute "
-                "re-prefills running requests, which replaces the routes R3 recorded (r3=true); "
-                "use lag.inflight_cache=keep with r3"
+                "engine.weight_sync=distributed with engine.device=cuda broadcasts over NCCL, "
+                f"which needs the trainer's weights on a GPU: trainer.device={t.device}; set "
+                "trainer.device=cuda or engine.weight_sync=disk"
             )
+
+
+def is_megatron(trainer) -> bool:
+    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
+
+    return isinstance(trainer, MegatronTrainerSettings)
+
+
+def check_layout(c) -> None:
+    """``trainer=megatron``: the layout rules and the memory estimate (``sat plan``)."""
+    if is_megatron(c.trainer):
+        from sat_cli.config.layout import check_config
+
+        check_config(c)
+
+
+def check_megatron(c) -> None:
+    """``trainer=megatron``: the model kind it builds and the loss additions it lacks."""
+    m = c.model
+    from sat_cli.config.layout import model_config
+
+    cfg, where = model_config(c)
+    if cfg is None and m.num_experts <= 1:
+        cfg, where = {"num_experts": m.num_experts}, f"model.num_experts={m.num_experts}"
+    why = megatron_model_problem(cfg) if cfg is not None else None
+    if why:
+        raise ConfigError(
+            f"trainer=megatron cannot train model={m.name} ({where}): {why}; use "
+            "trainer=local, or an all-MoE Qwen3 model (e.g. model=qwen3_30b_a3b)"
+        )
+    on = [k for k in ("replay_sampling_mask", "score_centering_topk") if getattr(c.algo, k)]
+    if on:
+        raise ConfigError(
+            f"{' and '.join(f'algo.{k}' for k in on)} need trainer=local: trainer=megatron does "
+            "not replay the engine's kept sets or compute the sampler's top-k log-probs"
+        )
+    if c.algo.ledger:
+        raise ConfigError(
+            "algo.ledger=true needs trainer=local: the ledger keeps whole-model weight snapshots "
+            "of recent versions, which trainer=megatron (weights sharded over ranks) does not"
+        )

@@ -4,11 +4,11 @@ requests of ``launcher=ray`` checked against it."""
 
 from __future__ import annotations
 
-from sat_cli.config.checks import ConfigError
+from sat_cli.validate import ConfigError
 
 
 def specs(obj):
-    """(EngineSpec, TrainerSpec) of a composed config."""
+    """(EngineSpec, TrainerSpec) of a composed config (each option's ``gpu_layout``)."""
     from sat_cli.devices import EngineSpec, TrainerSpec
 
     e, t, la = obj.engine, obj.trainer, obj.launcher
@@ -16,26 +16,12 @@ def specs(obj):
         name=e.name,
         device=e.device,
         dtype=e.dtype,
-        servers=e.servers if e.name == "sglang" else 1,
-        tp=e.tp,
-        dp=e.dp,
-        ep=e.ep,
-        gpu_groups=tuple(e.gpu_groups),
-        mem_fraction=e.mem_fraction_static,
+        **e.gpu_layout(),
         colocate=e.colocate,
     )
-    if t.name == "megatron":  # GPU ranks unless their Ray bundles explicitly ask for none
-        cpu = la.name == "ray" and la.trainer_gpus == 0
-        device = "cpu" if cpu else "cuda"
-    else:
-        device = t.device
-    trainer = TrainerSpec(
-        name=t.name,
-        device=device,
-        dtype=t.dtype,
-        nnodes=t.nnodes if t.name == "megatron" else 1,
-        nproc_per_node=(t.nproc_per_node or 1) if t.name == "megatron" else 1,
-    )
+    # Megatron's GPU ranks run on the CPU only when their Ray bundles explicitly ask for none
+    cpu = la.places and getattr(la, "trainer_gpus", None) == 0
+    trainer = TrainerSpec(name=t.name, dtype=t.dtype, **t.gpu_layout(cpu))
     return engine, trainer
 
 
@@ -55,7 +41,7 @@ def check_device_plan(cfg) -> None:
     except DevicePlanError as exc:
         raise ConfigError(str(exc)) from None
     la = cfg.launcher
-    if la.name != "ray":
+    if not la.places:
         return
     need = plan.bundle_gpus("engine")
     if la.server_gpus is not None and plan.of("engine") and la.server_gpus < need:
@@ -86,4 +72,4 @@ def ray_strategy(obj) -> str:
     t = obj.trainer
     if obj.launcher.strategy is not None:
         return obj.launcher.strategy
-    return "SPREAD" if t.name == "megatron" and t.nnodes > 1 else "PACK"
+    return "SPREAD" if t.gpu_layout()["nnodes"] > 1 else "PACK"

@@ -35,20 +35,32 @@ from sat_cli.config.schema import ConfigError
 
 
 def _schema_has(key: str) -> bool:
-    """True if the dotted ``key`` is a field of :class:`SatConfig` (nested dataclasses walked)."""
-    import dataclasses
-
+    """True if the dotted ``key`` is a field of :class:`SatConfig` (nested dataclasses walked;
+    under ``engine``, ``trainer`` and ``launcher``: a field of any registered option's settings)."""
+    from sat_cli.config.options import registries
     from sat_cli.config.schema import SatConfig
 
-    node: Any = SatConfig()
-    for part in key.split("."):
-        if isinstance(node, dict):  # a free-form map of the schema (tracking.tags): any key
+    group, *rest = key.split(".")
+    reg = registries().get(group)
+    if reg is not None and rest:
+        return any(_class_has(reg.get(n).settings, rest) for n in reg.names())
+    return _class_has(SatConfig, [group, *rest])
+
+
+def _class_has(cls: Any, parts: list[str]) -> bool:
+    import dataclasses
+    import typing
+
+    node = cls
+    for part in parts:
+        if node is dict:  # a free-form map of the schema (tracking.tags): any key
             return True
         if not dataclasses.is_dataclass(node) or part not in {
             f.name for f in dataclasses.fields(node)
         }:
             return False
-        node = getattr(node, part)
+        hint = typing.get_type_hints(node)[part]
+        node = dict if typing.get_origin(hint) is dict else hint
     return True
 
 

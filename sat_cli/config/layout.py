@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sat_cli.config.checks import ConfigError
+from sat_cli.validate import ConfigError
 
 # What the Megatron worker cannot run yet; `sat train` refuses these at compose time and `sat
 # plan` prints them as a note. Remove a name here when the worker implements it.

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
-from sat_cli.config.checks import ConfigError
-
 # SEQUENCE_ALGOS: ratio level "sequence" / "sequence_token" in sat_cli/rl/registry.py (a test
 # keeps them in step)
 from sat_cli.rl.names import SEQUENCE_ALGOS, UNCLIPPED_ALGOS
+from sat_cli.validate import ConfigError
 
 __all__ = ["SEQUENCE_ALGOS", "check_sat_scope"]
 

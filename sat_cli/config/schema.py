@@ -5,7 +5,7 @@ one-line description of each field. Bounds are checked in ``__post_init__``, whi
 composed config is turned into objects (``OmegaConf.to_object``) by :func:`sat_cli.config.load`,
 so a typo or an out-of-range value fails at compose time, before any process starts. One rule
 covers every number: NaN and infinity are refused in any field
-(:func:`sat_cli.config.checks.check_finite`, a walk over the composed config).
+(:func:`sat_cli.validate.check_finite`, a walk over the composed config).
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sat_cli.cluster.settings import LauncherSettings  # where processes go
 from sat_cli.config.additions import check_loss_additions  # STR, score centering
-from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
-from sat_cli.config.compat import check_compat  # rules across sections
-from sat_cli.config.devices import check_device_plan
-from sat_cli.config.engine import EngineConfig, check_weight_sync  # the engine section
-from sat_cli.config.launcher import LauncherConfig, check_placement  # where processes go
-from sat_cli.config.reward import RewardConfig  # which reward scores a response
+from sat_cli.config.compat import check_compat, check_layout  # rules across sections
+from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray's requests
+from sat_cli.config.options import components  # the registered options
 from sat_cli.config.sat_scope import check_sat_scope
-from sat_cli.config.task import TaskConfig  # the task section (data files, fields)
-from sat_cli.config.trainer import TrainerConfig, check_token_budgets  # the trainer section
+from sat_cli.config.task import TaskConfig, check_template  # the task section
+from sat_cli.engines.settings import EngineSettings  # each engine's own: engines/<name>/
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
     ANCHORS,
@@ -32,6 +30,11 @@ from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     LOSS_AGGS,
     Q_SCOPES,
 )
+from sat_cli.trainers.settings import (  # each trainer's own: trainers/
+    TrainerSettings,
+    check_token_budgets,
+)
+from sat_cli.validate import ConfigError, check_choice, check_range
 
 SCHEDULES = ("constant", "linear", "cosine")
 LAG_MODES = ("interval", "fixed", "bounded")
@@ -336,9 +339,11 @@ class SatConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     clip: ClipConfig = field(default_factory=ClipConfig)
     lag: LagConfig = field(default_factory=LagConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    # engine, trainer, launcher: the chosen option's own settings class (a subclass; the
+    # registries: engines/registry.py, trainers/registry.py, cluster/registry.py)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    launcher: LauncherSettings = field(default_factory=LauncherSettings)
     eval: EvalConfig = field(default_factory=EvalConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -357,22 +362,10 @@ class SatConfig:
         check_range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
-        if self.trainer.name == "megatron":  # layout rules and memory estimate (`sat plan`)
-            from sat_cli.config.layout import check_config
-
-            check_config(self)
-        check_placement(self.launcher, self.trainer.name, self.engine)
+        check_layout(self)  # trainer=megatron: layout rules and memory estimate (`sat plan`)
+        for component in components(self):  # each option's own rules across sections
+            component.check(self)
         check_device_plan(self)  # GPU ids per process, Ray's GPU requests (config/devices.py)
-        check_weight_sync(self)  # engine.weight_sync across sections (config/engine.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
-        check_token_budgets(self.trainer, self.task.max_new_tokens)  # config/trainer.py
+        check_token_budgets(self.trainer, self.task.max_new_tokens)  # trainers/settings.py
         check_sat_scope(self.algo.name, self.clip)  # SAT needs a clip and a q that can gate
-
-
-def register() -> None:
-    """Register the schema in Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    if "sat_schema.yaml" not in cs.repo:  # storing it again rebuilds the node: ~15 % of a load
-        cs.store(name="sat_schema", node=SatConfig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, check_choice, check_range, check_template
+from sat_cli.validate import ConfigError, check_choice, check_range
 
 TASK_KINDS = ("toy", "file", "jsonl", "dapo_math", "gsm8k")
 
@@ -101,3 +101,14 @@ class TaskConfig:
     def is_data(self) -> bool:
         """A task over a fixed set of rows (not the toy generator)."""
         return self.kind != "toy"
+
+
+def check_template(key: str, value: str) -> None:
+    from sat_cli.tasks.prompts import CHAT, TEMPLATES
+
+    if value not in TEMPLATES and value != CHAT and "{problem}" not in value:
+        names = ", ".join(sorted([*TEMPLATES, CHAT]))
+        raise ConfigError(
+            f"{key}={value!r} is neither a template name ({names}) nor a "
+            "literal holding {problem}"
+        )

@@ -7,7 +7,9 @@ engine's interface.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import Future
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from sat_cli.errors import EngineError, EngineStartError, WeightsMismatch, WeightSyncError
@@ -34,10 +36,20 @@ class RolloutEngine(Protocol):
     takes in-flight updates (``LocalEngine(inflight_updates=True)``, SGLang paused in place),
     between decode steps, and the samples then carry ``token_versions``.
 
-    Optional (``sat_cli.loop.weightsync``): ``served_checksums()`` and ``checksum_layout``
-    (``engine.verify_weights``); ``sync_weights(sender, version, group)`` and
-    ``distributed_sync_unsupported()`` (``engine.weight_sync=distributed``).
+    Capabilities with defaults here (an engine that subclasses this protocol overrides what it
+    has): ``pid`` (its own process, ``logs/pids.json``), ``numerics`` (its worker's numeric
+    paths, ``env.engine.*`` tags), ``checksum_layout`` with ``served_checksums()``
+    (``engine.verify_weights``) and ``distributed_sync_unsupported()`` with
+    ``sync_weights(sender, version, group)`` (``engine.weight_sync=distributed``).
     """
+
+    pid: int | None = None
+    checksum_layout: str | None = None
+    numerics: Mapping[str, str] = MappingProxyType({})
+
+    def distributed_sync_unsupported(self) -> str | None:
+        """Why this engine cannot take ``engine.weight_sync=distributed`` (None: it can)."""
+        return "it has no distributed weight sync"
 
     def generate_async(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams

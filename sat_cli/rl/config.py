@@ -1,6 +1,6 @@
 """``LossConfig``: every setting of the policy loss in one frozen value.
 
-Built once at the edge (``sat_cli.build.loss_config``), passed to the trainer, serialised as
+Built once at the edge (``sat_cli.build.parts.loss_config``), passed to the trainer, serialised as
 JSON for the Megatron worker (``to_dict`` / ``from_dict``, exact round trip) and read by
 ``sat_cli.rl.registry.compute``, ``sat_cli.rl.losses.policy_loss`` and the shared training
 step (``sat_cli.trainers.step``). Field names are the loss's names (``agg``, not the config's

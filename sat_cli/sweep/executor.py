@@ -28,7 +28,6 @@ from pathlib import Path
 
 from sat_cli.errors import UserError
 
-EXECUTORS = ("local", "slurm", "ray")
 SLURM_KEYS = (
     "cluster",
     "partition",
@@ -63,11 +62,10 @@ class ExecutorOptions:
     ray_resources: list[str] = field(default_factory=list)
 
 
-def check_section(where: str, name: str, value) -> dict:
-    """A sweep file's ``slurm:`` or ``ray:`` section: a mapping with known keys."""
+def check_section(where: str, name: str, value, keys: tuple[str, ...]) -> dict:
+    """A sweep file's executor section (``slurm:``, ``ray:``): a mapping with known keys."""
     if value is None:
         return {}
-    keys = SLURM_KEYS if name == "slurm" else RAY_KEYS
     if not isinstance(value, dict):
         raise UserError(f"{where}: {name} must be a mapping with keys {', '.join(keys)}")
     unknown = sorted(set(map(str, value)) - set(keys))
@@ -147,19 +145,20 @@ def resources_text(plan, name: str, gpus: int) -> str:
     )
 
 
-def cluster_gpus(plan, section: dict, opts: ExecutorOptions) -> int:
-    """GPUs per job of ``--executor slurm|ray`` (:func:`job_gpus`)."""
-    if opts.name == "slurm":
-        value, key, integer = (
-            pick_value(section, "gpus_per_node", opts.slurm_gpus),
-            "--slurm-gpus",
-            True,
-        )
-    else:
-        value, key, integer = pick_value(section, "num_gpus", opts.ray_gpus), "--ray-gpus", False
+def slurm_gpus(plan, section: dict, opts: ExecutorOptions) -> int:
+    """GPUs per job of ``--executor slurm`` (:func:`job_gpus`)."""
+    value = pick_value(section, "gpus_per_node", opts.slurm_gpus)
     if value is not None:
-        value = _number(key, value, 0, integer)
-    return job_gpus(plan, opts.name, value, key)
+        value = _number("--slurm-gpus", value, 0, True)
+    return job_gpus(plan, "slurm", value, "--slurm-gpus")
+
+
+def ray_gpus(plan, section: dict, opts: ExecutorOptions) -> int:
+    """GPUs per job of ``--executor ray`` (:func:`job_gpus`)."""
+    value = pick_value(section, "num_gpus", opts.ray_gpus)
+    if value is not None:
+        value = _number("--ray-gpus", value, 0, False)
+    return job_gpus(plan, "ray", value, "--ray-gpus")
 
 
 def pick_value(section: dict, key: str, cli):
@@ -198,7 +197,7 @@ def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
 
 def ray_settings(section: dict, opts: ExecutorOptions, gpus: float = 0.0):
     from sat_cli.cluster.executors import RaySweepSettings
-    from sat_cli.config.launcher import parse_address
+    from sat_cli.cluster.settings import parse_address
 
     address = opts.ray_address or section.get("address")
     if not address:
@@ -254,35 +253,61 @@ def node_local_reason(folder: Path) -> str | None:
     return None
 
 
-def check_cluster_plan(plan, name: str, settings) -> None:
-    """Refuse what a cluster sweep cannot use (module docstring); nothing is submitted yet."""
-    if name == "local" or (name == "slurm" and settings.cluster == "local"):
-        return
+def check_shared_store(name: str, plan) -> None:
+    """A cluster sweep's runs share one tracking store: not a file of this machine (module
+    docstring); nothing is submitted yet."""
     uri = plan.tracking_uri
     if uri is not None and (uri.startswith(("sqlite:", "file:")) or "://" not in uri):
         raise UserError(
-            f"--executor {name}: the tracking store {uri!r} lives on this machine's disk, which "
-            "the cluster's runs cannot share; start one server for all nodes with `sat "
-            "mlflow-server --backend-store-uri postgresql://… --artifacts-destination "
-            "/shared/mlartifacts` and pass tracking=mlflow_server tracking.uri=http://HOST:5000 "
-            "(or tracking=none)"
+            f"--executor {name}: the tracking store {uri!r} lives on this "
+            "machine's disk, which the cluster's runs cannot share; start one server for all "
+            "nodes with `sat mlflow-server --backend-store-uri postgresql://… "
+            "--artifacts-destination /shared/mlartifacts` and pass tracking=mlflow_server "
+            "tracking.uri=http://HOST:5000 (or tracking=none)"
         )
-    if name == "slurm":
-        why = node_local_reason(Path(plan.run_dir))
-        if why:
-            raise UserError(
-                f"--executor slurm: run.dir={plan.run_dir} is not shared ({why}); the jobs run "
-                "on other nodes: use a folder on the cluster's shared filesystem "
-                "(run.dir=/shared/runs)"
-            )
 
 
-def open_executor(name: str, settings, plan):
-    """The executor, connected and checked (Ray: every node reads run.dir)."""
-    if name == "slurm":
-        from sat_cli.cluster.executors import SlurmExecutor
+def check_ray(settings, plan) -> None:
+    check_shared_store("ray", plan)
 
-        return SlurmExecutor(settings, Path(plan.root) / "submitit")
+
+def check_slurm(settings, plan) -> None:
+    """SLURM's runs share the store and ``run.dir`` (skipped for ``--slurm-cluster local``:
+    every job shares this machine's disk)."""
+    if settings.cluster == "local":
+        return
+    check_shared_store("slurm", plan)
+    why = node_local_reason(Path(plan.run_dir))
+    if why:
+        raise UserError(
+            f"--executor slurm: run.dir={plan.run_dir} is not shared ({why}); the jobs run "
+            "on other nodes: use a folder on the cluster's shared filesystem "
+            "(run.dir=/shared/runs)"
+        )
+
+
+def require_slurm(settings) -> None:
+    """Exit 2 naming the pip line when submitit is missing (nothing submitted)."""
+    from sat_cli.cluster.executors import import_submitit
+
+    import_submitit()
+
+
+def require_ray(settings) -> None:
+    """Exit 2 naming the pip line when Ray is missing (nothing submitted)."""
+    from sat_cli.cluster.ray_env import import_ray, is_loopback, split_address
+
+    import_ray(is_loopback(split_address(settings.address)[0]), "--executor ray")
+
+
+def open_slurm(settings, plan):
+    from sat_cli.cluster.executors import SlurmExecutor
+
+    return SlurmExecutor(settings, Path(plan.root) / "submitit")
+
+
+def open_ray(settings, plan):
+    """The Ray executor, connected and checked: every node reads run.dir."""
     from sat_cli.cluster.executors import RaySweepExecutor
 
     executor = RaySweepExecutor(settings)

@@ -19,18 +19,10 @@ from sat_cli.sweep.children import (
     signal_group,
     stop_children,
 )
-from sat_cli.sweep.executor import (
-    EXECUTORS,
-    ExecutorOptions,
-    check_cluster_plan,
-    cluster_gpus,
-    open_executor,
-    ray_settings,
-    resources_text,
-    slurm_settings,
-)
+from sat_cli.sweep.executor import ExecutorOptions, resources_text
 from sat_cli.sweep.jobs import CHILD_LOG, adopt_jobs, finish_run, start_run, warm_start
 from sat_cli.sweep.plan import Plan, conflict_message, format_plan, validate
+from sat_cli.sweep.registry import EXECUTORS
 from sat_cli.sweep.spec import load_sweep
 from sat_cli.sweep.state import (
     checkpoint_status,
@@ -106,18 +98,21 @@ def run_sweep(
     log = _printer()
     grace = env("SAT_SWEEP_GRACE_S", DEFAULT_GRACE_S)  # before anything is written
     opts = executor or ExecutorOptions()
-    if opts.name not in EXECUTORS:
-        raise UserError(f"--executor {opts.name!r}: choose one of {', '.join(EXECUTORS)}")
+    from sat_cli.config import ConfigError
+
+    try:
+        component = EXECUTORS.get(opts.name)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
     sweep = load_sweep(sweep_file, overrides)
     plan = validate(sweep, log=log)
     state = read_state(plan.root)
     statuses = {r.name: run_status(r, plan.run_dirs[r.name], state) for r in sweep.runs}
-    gpus = 0
-    if opts.name != "local":  # GPUs per job: the runs' device plans, or checked against them
-        gpus = cluster_gpus(plan, sweep.executors.get(opts.name, {}), opts)
+    # GPUs per job of a cluster executor: the runs' device plans, or checked against them
+    gpus = component.gpus(plan, sweep.executors.get(opts.name, {}), opts)
     if dry_run:
         log(format_plan(plan, statuses))
-        if opts.name != "local":
+        if component.cluster:
             log(resources_text(plan, opts.name, gpus))
         return
     if sweep.clean_tree:  # a pre-registered study: committed code only
@@ -125,17 +120,13 @@ def run_sweep(
 
         log(f"clean_tree: the code is commit {require_clean_tree(sweep.file)}, with no changes")
     if jobs is None:  # local: one at a time; a cluster: every run submitted at once
-        jobs = 1 if opts.name == "local" else len(sweep.runs)
+        jobs = len(sweep.runs) if component.cluster else 1
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    settings = None
-    if opts.name == "slurm":
-        settings = slurm_settings(sweep.executors.get("slurm", {}), opts, gpus)
-    elif opts.name == "ray":
-        settings = ray_settings(sweep.executors.get("ray", {}), opts, gpus)
-    if opts.name != "local":
-        _require_extra(opts.name, settings)
-        check_cluster_plan(plan, opts.name, settings)
+    settings = component.settings(sweep.executors.get(opts.name, {}), opts, gpus)
+    component.require(settings)
+    component.check(settings, plan)
+    if component.cluster:
         log(resources_text(plan, opts.name, gpus))
     from sat_cli.util.fsio import check_output_dir
 
@@ -144,24 +135,12 @@ def run_sweep(
     if conflicts:
         raise UserError(conflict_message(plan, conflicts[0]))
     with state_lock(plan.root):
-        ex = open_executor(opts.name, settings, plan) if opts.name != "local" else None
+        ex = component.build(settings, plan)  # None: local subprocesses
         try:
             _run_locked(plan, read_state(plan.root), jobs, log, ex, grace)
         finally:
             if ex is not None:
                 ex.close()
-
-
-def _require_extra(name: str, settings) -> None:
-    """Exit 2 naming the pip line when the executor's library is missing (nothing submitted)."""
-    if name == "slurm":
-        from sat_cli.cluster.executors import import_submitit
-
-        import_submitit()
-    else:
-        from sat_cli.cluster.ray_env import import_ray, is_loopback, split_address
-
-        import_ray(is_loopback(split_address(settings.address)[0]), "--executor ray")
 
 
 def _printer():

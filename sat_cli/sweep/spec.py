@@ -24,7 +24,9 @@ from sat_cli.sweep.overrides import (
     override_parser,
 )
 
-OPTIONAL_KEYS = ("max_runs", "slurm", "ray", "replay", "clean_tree")
+# a sweep file's keys; each registered executor with settings has a section too (slurm, ray),
+# after max_runs
+OPTIONAL_KEYS = ("max_runs", "replay", "clean_tree")
 SWEEP_KEYS = ("name", "base", "axes", "methods", "seeds", *OPTIONAL_KEYS)
 REQUIRED_KEYS = ("name", "axes", "methods", "seeds")
 RESERVED = ("seed", "run.name", "run.experiment", "resume")  # set by the sweep for each run
@@ -139,18 +141,23 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     from sat_cli.util.safe_yaml import read_yaml
 
     doc = read_yaml(p, "a sweep file is a short list of overrides")
+    from sat_cli.sweep.registry import EXECUTORS
+
+    sections = [k for k in EXECUTORS.names() if EXECUTORS.get(k).keys]
+    at = SWEEP_KEYS.index("max_runs") + 1
+    keys = ", ".join((*SWEEP_KEYS[:at], *sections, *SWEEP_KEYS[at:]))
     if not isinstance(doc, dict):
-        raise UserError(f"{p}: a sweep file is a mapping with keys {', '.join(SWEEP_KEYS)}")
-    unknown = sorted(set(doc) - set(SWEEP_KEYS))
+        raise UserError(f"{p}: a sweep file is a mapping with keys {keys}")
+    unknown = sorted(set(doc) - {*SWEEP_KEYS, *sections})
     if unknown:
         raise UserError(
-            f"{p}: unknown key(s) {', '.join(map(repr, unknown))}; a sweep file has "
-            f"{', '.join(SWEEP_KEYS)} (base, slurm and ray are optional)"
+            f"{p}: unknown key(s) {', '.join(map(repr, unknown))}; a sweep file has {keys} "
+            f"(base, {' and '.join(sections)} are optional)"
         )
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
         raise UserError(
-            f"{p}: missing key(s) {', '.join(missing)}; a sweep file has {', '.join(SWEEP_KEYS)} "
+            f"{p}: missing key(s) {', '.join(missing)}; a sweep file has {keys} "
             "(axes may be {} for no grid)"
         )
     name = doc["name"]
@@ -256,7 +263,11 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         methods=methods,
         seeds=list(seeds),
         cli_overrides=cli,
-        executors={k: check_section(str(p), k, doc.get(k)) for k in ("slurm", "ray")},
+        executors={
+            k: check_section(str(p), k, doc.get(k), EXECUTORS.get(k).keys)
+            for k in EXECUTORS.names()
+            if EXECUTORS.get(k).keys
+        },
     )
     replay = doc.get("replay")
     if replay is not None and (not isinstance(replay, str) or not replay.strip()):

@@ -43,6 +43,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from sat_cli.engines.base import RolloutEngine
 from sat_cli.engines.local.inflight import InflightUpdates
 from sat_cli.engines.local.sync import LocalSync
 from sat_cli.engines.local.worker import worker_main
@@ -67,7 +68,7 @@ def _shutdown(proc, conn, ctrl=None) -> None:
         proc.join(5)
 
 
-class LocalEngine(InflightUpdates, LocalSync):
+class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
     """HF-transformers rollout engine in its own process (implements ``RolloutEngine``)."""
 
     def __init__(

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from sat_cli.engines.base import RolloutEngine
 from sat_cli.engines.sglang.batching import Batching
 from sat_cli.engines.sglang.client import SGLangClient
 from sat_cli.engines.sglang.control import (  # noqa: F401
@@ -53,7 +54,7 @@ from sat_cli.samples import Sample, SamplingParams
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine(Batching, WorkerControl, DistributedSync):
+class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an

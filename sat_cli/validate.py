@@ -1,6 +1,7 @@
-"""The checks every config section uses: :class:`ConfigError`, the range/choice helpers and
-the one rule for numbers: :func:`non_finite` walks a composed config and finds every NaN or
-infinity (which pass any ``x < lo or x > hi`` test), whatever the field."""
+"""Generic validators every settings class uses, config sections and component settings alike
+(so a component's settings never import ``sat_cli.config``): :class:`ConfigError`, the
+range/choice helpers and the one rule for numbers: :func:`non_finite` walks a composed config
+and finds every NaN or infinity (which pass any ``x < lo or x > hi`` test), whatever the field."""
 
 from __future__ import annotations
 
@@ -15,17 +16,6 @@ class ConfigError(ValueError):
 def check_choice(key: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
-
-
-def check_template(key: str, value: str) -> None:
-    from sat_cli.tasks.prompts import CHAT, TEMPLATES
-
-    if value not in TEMPLATES and value != CHAT and "{problem}" not in value:
-        names = ", ".join(sorted([*TEMPLATES, CHAT]))
-        raise ConfigError(
-            f"{key}={value!r} is neither a template name ({names}) nor a "
-            "literal holding {problem}"
-        )
 
 
 def check_range(

@@ -1,0 +1,101 @@
+"""One small registry per variation point: engines, trainers, launchers, sweep executors.
+
+A :class:`Component` is what a registered option brings: its **settings class** (torch-free; the
+structured config of ``conf/<group>/<name>.yaml`` in Hydra's ConfigStore, bounds in its
+``__post_init__``) and four functions, each with a neutral default:
+
+* ``build(settings, runtime)`` — the running object (imports its heavy libraries inside);
+* ``resources(settings)`` — what it asks of a cluster (:class:`Resources`: ``sat plan``, Ray
+  bundles);
+* ``environment(settings)`` — its ``env.*`` params of a run;
+* ``check(run)`` — its rules across config sections (``run``: the whole typed config), at
+  compose time.
+
+An unknown name is refused with the registered ones listed (``ConfigError``, exit 2). A new
+option is one :meth:`Registry.add` call in the group's registry module (or, for a plugin or a
+test, one call from its own file before the command runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sat_cli.validate import ConfigError
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one option asks of a cluster: ``count`` bundles of ``bundle`` (Ray resource names:
+    CPU, GPU, custom) and the GPUs it uses on this machine (``sat plan``)."""
+
+    count: int = 0
+    bundle: dict[str, float] | None = None
+    gpus: int = 0
+
+
+def no_resources(settings) -> Resources:
+    return Resources()
+
+
+def no_environment(settings) -> dict[str, str]:
+    return {}
+
+
+def no_check(run) -> None:
+    return None
+
+
+def not_buildable(settings, runtime):
+    raise ConfigError(f"{type(settings).__name__} builds nothing on its own")
+
+
+@dataclass(frozen=True)
+class Component:
+    settings: type
+    build: Callable[[Any, Any], Any] = not_buildable
+    resources: Callable[[Any], Resources] = no_resources
+    environment: Callable[[Any], dict[str, str]] = no_environment
+    check: Callable[[Any], None] = no_check
+
+
+class Registry:
+    """Name → :class:`Component` of one variation point (``group``: the config group)."""
+
+    def __init__(self, group: str, what: str) -> None:
+        self.group, self.what = group, what
+        self._entries: dict[str, Component] = {}
+
+    def add(self, name: str, component: Component) -> Component:
+        if name in self._entries and self._entries[name] != component:
+            raise ValueError(f"{self.group} {name!r} is registered already")
+        self._entries[name] = component
+        return component
+
+    def remove(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    def names(self) -> list[str]:
+        """The registered names, in the order they were added."""
+        return list(self._entries)
+
+    def get(self, name: str) -> Component:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ConfigError(
+                f"{self.group}={name!r} is not a registered {self.what}; registered: "
+                f"{', '.join(self.names())}"
+            ) from None
+
+    def of(self, settings) -> Component:
+        """The component of a settings object (its ``name``), checked to be its class."""
+        component = self.get(settings.name)
+        if not isinstance(settings, component.settings):
+            raise ConfigError(
+                f"{self.group}.name={settings.name!r} names another {self.what} than the chosen "
+                f"option's settings ({type(settings).__name__}); choose it with "
+                f"{self.group}={settings.name}"
+            )
+        return component

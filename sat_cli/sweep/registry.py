@@ -1,0 +1,88 @@
+"""The sweep executors ``sat sweep --executor <name>`` can choose: name → :class:`SweepExecutor`
+(``sat_cli.registry.Registry``). An executor submits one run's ``sat train`` and hands back a
+:class:`Job`; ``local`` is the sweep's own subprocess launcher (``sweep/children.py``: no
+executor object). A new executor: its module with a settings reader and an executor class,
+and one ``EXECUTORS.add`` line here (docs/ARCHITECTURE.md, "How to add")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sat_cli.registry import Registry
+
+
+class Job(Protocol):
+    """One submitted run: ``poll()`` is its exit code once it ended (None while queued or
+    running); ``stop`` stops it in order, then hard after ``grace_s``."""
+
+    job_id: str
+
+    def poll(self) -> int | None: ...
+
+    def stop(self, grace_s: float) -> None: ...
+
+
+class Executor(Protocol):
+    """Where a cluster sweep's runs go (``sat_cli.cluster.executors`` has SLURM's and Ray's)."""
+
+    name: str
+
+    def submit(self, run_name: str, cmd: list[str], log_path: Path, env: dict, header: str) -> Job:
+        """Start ``cmd`` (a run's ``sat train``) with its output in ``log_path``."""
+        ...
+
+    def adopt(self, job_id: str) -> Job | None:
+        """The job of an earlier `sat sweep` that still runs, or None when it is gone."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def no_settings(section: dict, opts, gpus: int) -> None:
+    return None
+
+
+def no_gpus(plan, section: dict, opts) -> int:
+    return 0
+
+
+def nothing(*args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class SweepExecutor:
+    """A registered executor: ``gpus(plan, section, opts)`` is the GPUs each job asks for (the
+    runs' device plans, or the sweep file's / command line's checked against them);
+    ``settings(section, opts, gpus)`` reads the sweep file's ``<name>:`` section (``keys``) and
+    the command line (``ExecutorOptions``) into its settings (UserError, exit 2);
+    ``require(settings)`` checks its library is there; ``check(settings, plan)`` refuses what its
+    runs cannot use, before anything is submitted; ``build(settings, plan)`` connects it (None:
+    the local subprocess launcher). ``cluster``: its runs go to other machines (``--jobs``
+    defaults to every run; the resources per job are printed)."""
+
+    settings: Callable[[dict, Any, int], Any] = no_settings
+    build: Callable[[Any, Any], Executor | None] = nothing
+    check: Callable[[Any, Any], None] = nothing
+    require: Callable[[Any], None] = nothing
+    keys: tuple[str, ...] = ()
+    cluster: bool = True
+    gpus: Callable[[Any, dict, Any], int] = no_gpus
+
+
+def _executors() -> Registry:
+    from sat_cli.sweep import executor as ex
+
+    reg = Registry("--executor", "sweep executor")
+    reg.add("local", SweepExecutor(cluster=False))
+    slurm = (ex.slurm_settings, ex.open_slurm, ex.check_slurm, ex.require_slurm, ex.SLURM_KEYS)
+    reg.add("slurm", SweepExecutor(*slurm, gpus=ex.slurm_gpus))
+    ray = (ex.ray_settings, ex.open_ray, ex.check_ray, ex.require_ray, ex.RAY_KEYS)
+    reg.add("ray", SweepExecutor(*ray, gpus=ex.ray_gpus))
+    return reg
+
+
+EXECUTORS = _executors()

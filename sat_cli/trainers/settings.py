@@ -1,0 +1,144 @@
+"""What every trainer's settings have (``trainer.*`` of any option), the local trainer's own
+settings (``trainer=local``: HF model + AdamW in this process) and the run-level values a trainer
+is built with (:class:`TrainerRuntime`). Torch-free: the config composes without torch.
+
+``trainer=megatron`` has its settings in ``trainers/megatron/settings.py``; both are registered in
+``sat_cli/trainers/registry.py`` as the structured configs of ``conf/trainer/<name>.yaml``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sat_cli.validate import ConfigError, check_choice, check_range
+
+
+@dataclass
+class TrainerSettings:
+    name: str = "local"
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # the paper's Adam betas
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    num_threads: int = 1  # torch threads of this process (the orchestrator)
+    # megatron: parameter dtype (bfloat16 on GPUs); local: bfloat16 = bf16 autocast of the
+    # forward, fp32 weights and AdamW states
+    dtype: str = "float32"
+    # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
+    # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
+    r3_audit: bool = False
+    # throughput (sat_cli/trainers/packing.py): null = off. local: pack samples into rows of at
+    # most this many tokens (block-diagonal attention, positions restarting per sample)
+    max_tokens_per_row: int | None = None
+    # both trainers: each forward of a minibatch holds at most this many tokens (padded: rows x
+    # longest; packed: the samples' tokens); the loss stays the whole minibatch's
+    max_tokens_per_micro_batch: int | None = None
+
+    # the weight-sync sender of engine.weight_sync=distributed listens in this process (its
+    # port is checked before the run starts); False: inside the trainer's own workers
+    SENDER_IN_PROCESS: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        check_range("trainer.lr", self.lr, 0, lo_open=True)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("trainer.betas must be two numbers in [0, 1)")
+        check_range("trainer.weight_decay", self.weight_decay, 0)
+        check_range("trainer.grad_clip", self.grad_clip, 0)
+        check_range("trainer.num_threads", self.num_threads, 1)
+        check_choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
+        for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
+            if getattr(self, key) is not None:
+                check_range(f"trainer.{key}", getattr(self, key), 1)
+        row, micro = self.max_tokens_per_row, self.max_tokens_per_micro_batch
+        if row is not None and micro is not None and micro < row:
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={micro} is below trainer.max_tokens_per_row="
+                f"{row}: a packed row would not fit a micro-batch"
+            )
+
+    def on_gpu(self) -> bool:
+        """Whether this process's trainer weights live on a GPU (weight sync over NCCL)."""
+        return False
+
+    def checkpoint_kind(self) -> dict:
+        """What a checkpoint's trainer state must say for this trainer to resume it."""
+        return {"backend": self.name}
+
+    def gpu_layout(self, cpu: bool = False) -> dict:
+        """Its processes for the device plan (``sat_cli.devices.TrainerSpec``): one process in
+        this one (``cpu``: a launcher asked for no GPUs)."""
+        return {"device": "cpu", "nnodes": 1, "nproc_per_node": 1}
+
+
+@dataclass
+class LocalTrainerSettings(TrainerSettings):
+    name: str = "local"
+    device: str = "cpu"  # torch device (cuda: one GPU)
+
+    SENDER_IN_PROCESS: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("trainer.device", self.device, ("cpu", "cuda"))
+
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def gpu_layout(self, cpu: bool = False) -> dict:
+        return {"device": self.device, "nnodes": 1, "nproc_per_node": 1}
+
+
+def check_token_budgets(trainer: TrainerSettings, max_new_tokens: int) -> None:
+    """A token budget below the longest sample is refused: every sample holds one prompt token
+    at least and up to ``task.max_new_tokens`` response tokens (the prompts themselves are
+    checked against it before the run starts: ``commands/preflight.check_token_budget``)."""
+    for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
+        budget = getattr(trainer, key)
+        if budget is not None and budget < max_new_tokens + 1:
+            raise ConfigError(
+                f"trainer.{key}={budget} is below the longest sample: a prompt token and "
+                f"task.max_new_tokens={max_new_tokens} response tokens need {max_new_tokens + 1}"
+            )
+
+
+@dataclass(frozen=True)
+class TrainerRuntime:
+    """What a trainer is built with besides its settings: the model, the run folder, the loss
+    (``rl.config.LossConfig``), the step keywords from outside ``trainer.*`` (temperature, r3,
+    minibatches, seed, the sampler replay, the ledger: ``trainers.step.TrainerSettings``), the
+    engine's settings (the weight sync's dtype, device and buckets), the launcher and the run's
+    device plan (``sat_cli.devices.DevicePlan``)."""
+
+    model_path: str
+    run_dir: Path
+    loss: Any
+    options: dict
+    engine: Any
+    placer: Any = None
+    devices: Any = None
+
+    def keywords(self, s: TrainerSettings) -> dict:
+        """The keywords both trainers' constructors take (``trainers.step.TrainerSettings``)."""
+        return dict(
+            loss=self.loss,
+            lr=s.lr,
+            betas=tuple(s.betas),
+            weight_decay=s.weight_decay,
+            grad_clip=s.grad_clip,
+            r3_audit=s.r3_audit,
+            max_tokens_per_row=s.max_tokens_per_row or 0,  # null: off
+            max_tokens_per_micro_batch=s.max_tokens_per_micro_batch or 0,
+            **self.options,
+        )
+
+
+def build_local(s: LocalTrainerSettings, rt: TrainerRuntime):
+    from sat_cli.trainers.local import LocalTrainer
+    from sat_cli.weightsync.spec import weight_sender
+
+    device = rt.devices.find("local trainer").device  # cuda:K of the device plan
+    sender = weight_sender(rt.engine, device, rt.model_path)  # None with weight_sync=disk
+    return LocalTrainer(
+        rt.model_path, device=device, dtype=s.dtype, weight_sender=sender, **rt.keywords(s)
+    )

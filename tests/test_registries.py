@@ -1,0 +1,181 @@
+"""The registries are the one place a component is chosen (docs/ARCHITECTURE.md, "How to add"):
+a fake engine and a fake sweep executor, each registered from its own plugin file and nowhere
+else, run through the real command line (`sat train`, `sat sweep --dry-run`); an unknown name is
+refused at compose time listing the registered ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sat_cli.config import ConfigError, load
+
+REPO = Path(__file__).resolve().parents[1]
+
+# a rollout engine registered by a plugin file: the local engine's worker behind a class of its
+# own, which writes down what it was built with and how often it was asked to generate
+FAKE_ENGINE = """
+from dataclasses import dataclass
+
+from sat_cli.engines.registry import ENGINES
+from sat_cli.engines.settings import EngineSettings
+from sat_cli.registry import Component
+from sat_cli.validate import check_range
+
+
+@dataclass
+class FakeEngineSettings(EngineSettings):
+    name: str = "fake"
+    threads: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("engine.threads", self.threads, 1, 4)
+
+
+def build(s, rt):
+    import json
+
+    from sat_cli.engines.local.engine import LocalEngine
+
+    class FakeEngine(LocalEngine):
+        calls = 0
+
+        def generate_async(self, prompts, n, sampling, **kw):
+            FakeEngine.calls += 1
+            return super().generate_async(prompts, n, sampling, **kw)
+
+        def close(self):
+            (rt.logs / "fake.json").write_text(json.dumps(
+                {"threads": s.threads, "seed": rt.seed, "calls": FakeEngine.calls}))
+            super().close()
+
+    return FakeEngine(rt.model_path, dtype=s.dtype, device=s.device, seed=rt.seed,
+                      num_threads=s.threads, log_file=str(rt.logs / "engine.log"))
+
+
+ENGINES.add("fake", Component(FakeEngineSettings, build))
+"""
+
+# a sweep executor registered by a plugin file, with its own sweep-file section
+FAKE_EXECUTOR = """
+from sat_cli.sweep.registry import EXECUTORS, SweepExecutor
+
+EXECUTORS.add("fake", SweepExecutor(keys=("queue",)))
+"""
+
+
+def _sat(tmp_path: Path, plugin: str | None, *args: str) -> subprocess.CompletedProcess:
+    """`sat <args>` in a subprocess that first imports ``plugin`` (its source) as a module."""
+    code = "import sys; from sat_cli.cli import app; app(sys.argv[1:])"
+    if plugin is not None:
+        (tmp_path / "plugin.py").write_text(textwrap.dedent(plugin))
+        code = "import plugin; " + code
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def test_a_fake_engine_trains_through_the_registry_alone(tmp_path):
+    steps = ["max_steps=2", "task.prompts_per_step=4", "task.samples_per_prompt=2"]
+    args = ["train", "engine=fake", "engine.threads=2", *steps, "eval.every=0", "run.dir=runs"]
+    args += ["run.name=fake", "tracking=none", "checkpoint.every=0"]
+    out = _sat(tmp_path, FAKE_ENGINE, *args)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    record = json.loads((tmp_path / "runs/sat/fake/logs/fake.json").read_text())
+    assert record == {"threads": 2, "seed": 0, "calls": 2}  # one batch per step
+    config = (tmp_path / "runs/sat/fake/config.yaml").read_text()
+    assert "name: fake" in config and "threads: 2" in config
+    bad = _sat(tmp_path, FAKE_ENGINE, "config", "engine=fake", "engine.threads=9")
+    assert bad.returncode == 2 and "engine.threads=9 is out of range" in bad.stderr
+
+
+def test_an_unknown_engine_is_refused_listing_the_registered_ones(tmp_path):
+    out = _sat(tmp_path, FAKE_ENGINE, "config", "engine=nope")
+    assert out.returncode == 2, out.stderr
+    assert "Valid options for 'engine': fake, local, sglang" in out.stderr
+    assert "Traceback" not in out.stderr
+    plain = _sat(tmp_path, None, "config", "engine=fake")  # not registered: not an option
+    assert plain.returncode == 2 and "Valid options for 'engine': local, sglang" in plain.stderr
+
+
+def test_a_name_that_is_not_its_class_is_refused():
+    with pytest.raises(ConfigError, match="engine.name='sglang' names another rollout engine"):
+        load(["engine.name=sglang"])
+
+
+def test_a_key_of_another_option_names_the_option():
+    with pytest.raises(ConfigError, match=r"engine.tp=2 needs engine=sglang: engine.tp is not a"):
+        load(["engine.tp=2"])
+
+
+SWEEP = "name: fk\naxes: {}\nmethods: {A: [algo=grpo]}\nseeds: [0]\nfake: {queue: short}\n"
+
+
+def test_a_fake_sweep_executor_through_the_registry_alone(tmp_path):
+    (tmp_path / "s.yaml").write_text(SWEEP)
+    out = _sat(tmp_path, FAKE_EXECUTOR, "sweep", "s.yaml", "--dry-run", "--executor", "fake")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1  a-s0  A  pending  algo=grpo seed=0" in out.stdout
+    (tmp_path / "bad.yaml").write_text(SWEEP.replace("queue", "qeue"))
+    bad = _sat(tmp_path, FAKE_EXECUTOR, "sweep", "bad.yaml", "--dry-run", "--executor", "fake")
+    assert bad.returncode == 2 and "fake: unknown key(s) 'qeue'; known: queue" in bad.stderr
+    plain = _sat(tmp_path, None, "sweep", "s.yaml", "--dry-run", "--executor", "fake")
+    assert plain.returncode == 2
+    assert (
+        "--executor='fake' is not a registered sweep executor; registered: local, slurm, ray"
+        in (plain.stderr)
+    )
+    local = _sat(tmp_path, None, "sweep", "s.yaml", "--dry-run")  # its section: an unknown key
+    assert local.returncode == 2 and "unknown key(s) 'fake'" in local.stderr
+
+
+def _how_to_add() -> str:
+    text = (REPO / "docs/ARCHITECTURE.md").read_text()
+    start = text.index("## How to add an engine / trainer / executor / loss")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_how_to_add_names_files_that_exist_and_the_registries_follow_it():
+    """The doc's recipe is the code's: every file it names exists, it names every registry, and
+    each registered engine's settings live where it says (``engines/<name>/settings.py``)."""
+    import re
+
+    from sat_cli.engines.registry import ENGINES
+
+    section = _how_to_add()
+    named = set(re.findall(r"`(sat_cli/[\w/<>.]+)`", section))
+    concrete = {p for p in named if "<" not in p}
+    missing = sorted(p for p in concrete if not (REPO / p).exists())
+    assert missing == [], missing
+    for path in ("engines", "trainers", "cluster", "sweep"):
+        assert f"sat_cli/{path}/registry.py" in named, path
+    assert "sat_cli/engines/<name>/settings.py" in named
+    for name in ENGINES.names():
+        settings = ENGINES.get(name).settings
+        assert settings.__module__ == f"sat_cli.engines.{name}.settings", name
+        assert f"sat_cli/engines/{name}/settings.py" in concrete, name
+
+
+def test_the_doc_check_fails_on_a_missing_file(tmp_path, monkeypatch):
+    """Not vacuous: a recipe naming a file that does not exist fails the check above."""
+    doc = tmp_path / "docs/ARCHITECTURE.md"
+    doc.parent.mkdir()
+    text = (REPO / "docs/ARCHITECTURE.md").read_text()
+    doc.write_text(text.replace("sat_cli/engines/registry.py", "sat_cli/engines/gone.py", 1))
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "sat_cli").symlink_to(REPO / "sat_cli")
+    with pytest.raises(AssertionError, match="gone.py"):
+        test_how_to_add_names_files_that_exist_and_the_registries_follow_it()

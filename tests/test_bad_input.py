@@ -987,12 +987,12 @@ CASES = {
     ),
     # ---- numbers, settings of another command, combinations
     "nan-setting": (
-        lambda t: ["plan", "trainer.gpu_memory_gb=nan"],
+        lambda t: ["plan", "trainer=megatron", "trainer.gpu_memory_gb=nan"],
         2,
         r"trainer\.gpu_memory_gb=nan is not a finite number",
     ),
     "inf-setting": (
-        lambda t: ["train", "engine.request_timeout_s=inf", "run.dir=runs"],
+        lambda t: ["train", "engine=sglang", "engine.request_timeout_s=inf", "run.dir=runs"],
         2,
         r"engine\.request_timeout_s=inf is not a finite number",
     ),

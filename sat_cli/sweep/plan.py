@@ -102,8 +102,8 @@ def _devices(obj) -> tuple[int, bool, int]:
 
     plan = device_plan(obj)
     cuda = any(p.gpus for p in plan.procs if not p.name.startswith("megatron"))
-    local = obj.trainer.name == "megatron" and obj.launcher.name == "local"
-    nodes = obj.trainer.nnodes if local else 1  # launcher=ray: the run places its own nodes
+    placed = type(obj.launcher).places  # launcher=ray: the run places its own nodes
+    nodes = 1 if placed else obj.trainer.gpu_layout()["nnodes"]
     return plan.needed().get(0, 0), cuda, nodes
 
 

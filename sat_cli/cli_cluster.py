@@ -9,7 +9,9 @@ import typer
 from sat_cli.cli_guard import arg, exit_with, fail, guard, opt
 from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, SECONDS, URI, Num, Text
 
-EXECUTORS = Text("choice", ("local", "slurm", "ray"))
+# a registered executor's name (sat_cli/sweep/registry.py): `sat sweep` refuses an unknown one,
+# listing the registered ones (a plugin may register its own before the command runs)
+EXECUTORS = Text("name")
 
 
 def sweep_cmd(

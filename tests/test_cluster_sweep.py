@@ -186,7 +186,10 @@ def test_slurm_sweep_through_submitit_survives_a_kill(tmp_path):
             "is not shared (it is under /tmp",
         ),
         (["--executor", "ray"], "--executor ray needs the cluster's address"),
-        (["--executor", "mpi"], "--executor 'mpi': choose one of local, slurm, ray"),
+        (
+            ["--executor", "mpi"],
+            "--executor='mpi' is not a registered sweep executor; registered: local, slurm, ray",
+        ),
         # option values: the two above keep the class; these run in make test-full
         pytest.param(
             ["--executor", "slurm", "--slurm-option", "account"],

@@ -18,6 +18,7 @@ from sat_cli.config.additions import check_loss_additions  # STR, score centerin
 from sat_cli.config.compat import check_compat, check_layout  # rules across sections
 from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray's requests
 from sat_cli.config.options import components  # the registered options
+from sat_cli.config.reward import RewardConfig  # which reward scores a response
 from sat_cli.config.sat_scope import check_sat_scope
 from sat_cli.config.task import TaskConfig, check_template  # the task section
 from sat_cli.engines.settings import EngineSettings  # each engine's own: engines/<name>/

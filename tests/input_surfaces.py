@@ -195,7 +195,7 @@ def parser_sites() -> set[str]:
 # back); every other format is internal (a message of sat's own processes, an HTTP answer, a
 # constant), listed with why.
 FILE_SITES = {
-    "build:read_hf_config": "model-config",
+    "models.hf_config:read_hf_config": "model-config",
     "checkpoints.manifest:_same_model": "model-config",
     "checkpoints.manifest:_same_trainer": "state-file",
     "checkpoints.manifest:_shapes": "safetensors-weights",
@@ -210,7 +210,7 @@ FILE_SITES = {
     "commands.resume_check:check_same_config": "run-config",
     "commands.runlock:_read": "run-lock",
     "commands.runlock:live_holder": "run-lock",
-    "commands.weight_sync:weight_sender": "model-config",
+    "weightsync.spec:weight_sender": "model-config",
     "commands.worker:read_config": "worker-config",
     "config.layout:model_config": "model-config",
     "envs.toolcalls:_one_call": "internal: a tool call in the model's own output (an error string)",

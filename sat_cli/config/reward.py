@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sat_cli.config.checks import ConfigError, check_choice, check_range
+from sat_cli.validate import ConfigError, check_choice, check_range
 
 REWARD_NAMES = ("math", "exact", "regex", "python", "http")
 MAX_TIMEOUT_S = 3600.0

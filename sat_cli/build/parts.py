@@ -1,0 +1,194 @@
+"""The edge of the program: the typed config in, objects and plain values out.
+
+``sat_cli.cli`` composes the config (``sat_cli.config``); the commands (``sat_cli.commands``)
+call the builders here, and below this edge nothing reads the config: the loop, engines,
+trainers and losses receive plain values and objects (a ``LossConfig`` for the loss).
+
+* :func:`model_path` — the model folder a run starts from (``model.path``, or the warm start);
+* :func:`build_task`, :func:`build_engine`, :func:`build_trainer` (with :func:`loss_config`),
+  :func:`eval_problems` / :func:`build_evaluator`, and the MLflow tracker of a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sat_cli.errors import UserError
+from sat_cli.models.weights_check import check_hf_dir
+from sat_cli.rewards.grading import logging_samples, plugin_grader
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
+    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path (an HF
+    directory, or a hub id such as ``Qwen/Qwen3-30B-A3B-Base``, which is not checked here)."""
+    if obj.model.kind == "hf":
+        p = obj.model.path
+        hub_id = p.count("/") == 1 and not p.startswith((".", "/", "~")) and not Path(p).exists()
+        if not hub_id:
+            check_hf_dir(p, "model.path", values=True)  # values: no NaN/inf weight either
+        return p
+    if obj.model.path:
+        check_hf_dir(obj.model.path, "model.path", values=True)
+        return str(obj.model.path)
+    if obj.task.kind != "toy":
+        raise UserError(
+            "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
+        )
+    from sat_cli.models.warmstart import WarmStartSettings, ensure_warm_start
+
+    ws = obj.model.warm_start
+    overrides = {}
+    if obj.model.num_layers != 4:
+        overrides["num_hidden_layers"] = obj.model.num_layers
+    if obj.model.num_experts != 8:
+        overrides["num_experts"] = obj.model.num_experts
+    if obj.model.top_k != 2:
+        overrides["num_experts_per_tok"] = obj.model.top_k
+    if obj.model.hidden_size != 128:
+        overrides["hidden_size"] = obj.model.hidden_size
+    return str(
+        ensure_warm_start(
+            Path(obj.run.dir) / "cache",
+            WarmStartSettings(
+                digits=obj.task.digits,
+                task_seed=0,
+                heldout_size=ws.eval_size,
+                seed=0,
+                model_overrides=overrides,
+                **{k: getattr(ws, k) for k in ("batch_size", "lr", "eval_every", "max_steps")},
+                target_accuracy=ws.target_accuracy,
+            ),
+            use_shipped=use_shipped,
+            log=log,
+        )
+    )
+
+
+def build_task(obj):
+    """The training task: the toy generator, or a prompt set graded by the math grader."""
+    if obj.task.kind == "toy":
+        from sat_cli.tasks.toy import ToyTask
+
+        return ToyTask(
+            digits=obj.task.digits,
+            seed=0,
+            heldout_size=obj.task.heldout_size,
+            template=obj.task.template,
+        )
+    from sat_cli.tasks.dataset import DatasetTask
+
+    heldout = obj.eval.benchmark == "heldout"  # its own held-out rows, split off training
+    return DatasetTask.from_config(obj.task, data_dir=obj.data.dir, seed=obj.seed, heldout=heldout)
+
+
+def loss_config(obj):
+    """The run's ``LossConfig``: every loss setting of ``algo.*`` and ``clip.*`` (the loop owns
+    ``algo.adv_std_norm``, ``algo.drop_zero_adv_groups``, ``algo.num_minibatches`` and the clip
+    schedule), plus ``task.samples_per_prompt`` as VCPO's group size. SAT's scope
+    ``clip.q_scope=micro_batch`` becomes ``q_rows = clip.micro_batch_size``. A setting named
+    alike in ``LossConfig`` and the ``algo``/``clip`` section is passed as it is."""
+    from dataclasses import fields
+
+    from sat_cli.rl.config import LossConfig
+
+    a, c = obj.algo, obj.clip
+    own = {f.name for f in fields(LossConfig)}
+    same = {f.name: getattr(s, f.name) for s in (a, c) for f in fields(s) if f.name in own}
+    return LossConfig(
+        algo=a.name,
+        agg=a.loss_agg,
+        q_rows=c.micro_batch_size if c.adaptive and c.q_scope == "micro_batch" else None,
+        group_size=obj.task.samples_per_prompt,
+        **same,
+    )
+
+
+_CONFIGURED = object()
+
+
+def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
+    """(problems, grader, template) of the configured evaluation; raises ``DataError`` for a bad
+    data file. Called before any process starts, so bad input fails fast and writes nothing.
+    ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
+    e = obj.eval
+    limit = e.limit if limit is _CONFIGURED else limit
+    if e.benchmark in ("toy", "heldout"):  # the training task's own held-out problems
+        problems = task.heldout()
+        grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
+        template = obj.task.template if e.benchmark == "toy" else e.template
+    else:
+        import functools
+
+        from sat_cli.tasks.reward import grade
+        from sat_cli.tasks.sources import benchmark_rows
+
+        problems = benchmark_rows(e.benchmark, e.path, obj.task.fields, obj.data.dir, limit)
+        grader, template = functools.partial(grade, timeout_s=e.grader_timeout_s), e.template
+    grader = plugin_grader(obj.reward, task, grader)  # a plugin decides what counts as correct
+    if limit:
+        problems = problems[:limit]
+    return problems, grader, template
+
+
+def eval_runner(
+    obj,
+    engine,
+    tokenizer,
+    task,
+    spec=None,
+    *,
+    final: bool = False,
+    overlong: frozenset[int] | None = None,
+    max_new_tokens: int | None = None,
+):
+    """A call that evaluates the engine's current weights: ``() -> EvalResult``.
+
+    ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
+    evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
+    problems, default all). ``max_new_tokens``: instead of ``eval.max_new_tokens`` (`sat eval`
+    caps it at the model's context)."""
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.evaluation import evaluate
+
+    e = obj.eval
+    if spec is None:
+        spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
+    problems, grader, template = spec
+    sampling = SamplingParams(
+        temperature=e.temperature,
+        top_p=e.top_p,
+        top_k=e.top_k,
+        max_new_tokens=e.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        seed=obj.seed + 7919,
+    )
+    n, skip = (e.final_n if final else e.n), overlong or frozenset()
+    kw = dict(template=template, grader=grader, batch_size=e.batch_size, name=e.name)
+    return lambda: evaluate(engine, tokenizer, problems, n=n, sampling=sampling, overlong=skip, **kw)
+
+
+def build_evaluator(
+    obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None, tracker=None
+):
+    """In-training evaluation on the held-out set (toy) or the configured benchmark: ``() ->``
+    its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`).
+    With ``tracker``, each evaluation's samples table goes to ``samples/eval_step_<version>``."""
+    from sat_cli.evaluation import metrics
+
+    run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
+    run = logging_samples(run, tracker, engine, final) if tracker is not None else run
+    return lambda: metrics(run(), final=final)
+
+
+def sat_inert_recompute(obj) -> bool:
+    """SAT with a recompute denominator (TIS, MIS, IcePop, decoupled PPO, M2PO or
+    ``ratio_denominator=recompute``) at one optimizer step per batch: ``d == 0``, SAT inert."""
+    from sat_cli.rl import registry
+
+    if not obj.clip.adaptive or obj.algo.num_minibatches != 1:
+        return False
+    spec = registry.resolve(obj.algo.name, obj.algo.correction, obj.algo.ratio_denominator)
+    return spec.denominator == "old"

@@ -198,7 +198,7 @@ def test_slurm_sweep_through_submitit_survives_a_kill(tmp_path):
         ),
         pytest.param(
             ["--executor", "slurm", "--slurm-cluster", "pbs"],
-            "choose slurm or local",
+            "choose one of slurm, local",
             marks=pytest.mark.slow,
         ),
         pytest.param(

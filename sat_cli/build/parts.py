@@ -179,7 +179,7 @@ def build_evaluator(
     from sat_cli.evaluation import metrics
 
     run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
-    run = logging_samples(run, tracker, engine, final) if tracker is not None else run
+    run = logging_samples(run, tracker, final) if tracker is not None else run
     return lambda: metrics(run(), final=final)
 
 

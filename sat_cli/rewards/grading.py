@@ -59,14 +59,17 @@ def grade_group(grader, prompt: str, texts: list[str], row: dict):
     return flags, [float(f) for f in flags], [{}] * len(texts), [None] * len(texts)
 
 
-def logging_samples(run, tracker, engine, final: bool):
+def logging_samples(run, tracker, final: bool):
     """``run`` (an evaluation: ``() -> EvalResult``) that also logs its samples table as
-    ``samples/eval_step_<version>.json`` (``final_step_…`` for the final evaluation)."""
+    ``samples/eval_step_<version>.json`` (``final_step_…`` for the final evaluation), the
+    version being the newest one that generated its samples (the samples carry it: the engine
+    protocol has no version attribute of its own)."""
 
     def evaluate():
         res = run()
         if res.samples:
-            where = M.samples_artifact("final" if final else "eval", engine.weight_version)
+            version = max(int(s.get("version") or 0) for s in res.samples)
+            where = M.samples_artifact("final" if final else "eval", version)
             tracker.log_dict(samples_table(res.samples), where)
         return res
 

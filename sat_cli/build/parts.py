@@ -17,7 +17,6 @@ from sat_cli.errors import UserError
 from sat_cli.models.weights_check import check_hf_dir
 from sat_cli.rewards.grading import logging_samples, plugin_grader
 
-
 # ----------------------------------------------------------------------------- builders
 
 
@@ -167,7 +166,9 @@ def eval_runner(
     )
     n, skip = (e.final_n if final else e.n), overlong or frozenset()
     kw = dict(template=template, grader=grader, batch_size=e.batch_size, name=e.name)
-    return lambda: evaluate(engine, tokenizer, problems, n=n, sampling=sampling, overlong=skip, **kw)
+    return lambda: evaluate(
+        engine, tokenizer, problems, n=n, sampling=sampling, overlong=skip, **kw
+    )
 
 
 def build_evaluator(

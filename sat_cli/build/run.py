@@ -93,7 +93,9 @@ def evaluators(run: RunInputs, engine, tracker) -> tuple:
     args = (run.obj, engine, run.tokenizer, run.task)
     evaluator = final = None
     if spec is not None:
-        evaluator = build_evaluator(*args, spec=spec, overlong=overlong.get("eval"), tracker=tracker)
+        evaluator = build_evaluator(
+            *args, spec=spec, overlong=overlong.get("eval"), tracker=tracker
+        )
     if run.obj.eval.final_n is not None:
         final = build_evaluator(
             *args, spec=final_spec, final=True, overlong=overlong.get("final"), tracker=tracker

@@ -115,8 +115,9 @@ class ByteTokenizer:
         return bytes(i for i in ids if i != EOS).decode("utf-8")
 
 
-class FixedResponseEngine:
-    """Returns, for each prompt, the first ``n`` of a fixed list of responses for that prompt."""
+class FixedResponseEngine(RolloutEngine):
+    """Returns, for each prompt, the first ``n`` of a fixed list of responses for that prompt
+    (a RolloutEngine subclass, so the protocol's optional members keep their defaults)."""
 
     def __init__(
         self, responses: dict[str, list[str]], tokenizer: ByteTokenizer, *, fail_on_call=None

@@ -57,7 +57,7 @@ def test_cuda_devices_and_bf16_compose(tmp_path):
     "overrides, needle",
     [
         (["trainer.device=gpu"], "trainer.device='gpu' is not valid"),
-        (["trainer=megatron", "trainer.device=cuda"], "trainer=megatron takes CUDA when present"),
+        (["trainer=megatron", "trainer.device=cuda"], "trainer.device=cuda needs trainer=local"),
     ],
 )
 def test_device_settings_that_cannot_work_are_refused(overrides, needle):
@@ -87,7 +87,7 @@ def test_a_run_without_a_gpu_is_refused_before_writing(tmp_path, command, keys):
 
 
 def test_builders_hand_device_and_dtype_to_engine_and_trainer(monkeypatch, tmp_path):
-    import sat_cli.engines.local as engine_mod
+    import sat_cli.engines.local.engine as engine_mod  # where the registry's build imports it
     import sat_cli.trainers.local as trainer_mod
     from sat_cli.build.components import build_engine, build_trainer
 

@@ -323,8 +323,11 @@ def test_without_the_ray_extra_exit_2_names_the_install_line(tmp_path):
             + ["trainer.ep=2", "launcher.trainer_gpus=1"],
             "launcher.trainer_gpus=1 but each trainer node runs trainer.nproc_per_node = 2 ranks",
         ),
-        (["launcher.health_timeout_s=1", "launcher.health_interval_s=2"], "a node would count"),
-        (["launcher.strategy=RANDOM"], "launcher.strategy='RANDOM' is not valid"),
+        (
+            ["launcher=ray", "launcher.health_timeout_s=1", "launcher.health_interval_s=2"],
+            "a node would count",
+        ),
+        (["launcher=ray", "launcher.strategy=RANDOM"], "launcher.strategy='RANDOM' is not valid"),
         (
             ["launcher=ray", "launcher.address=h:1", "engine=sglang", "engine.urls=[http://h:1]"],
             "engine.urls: servers run elsewhere",

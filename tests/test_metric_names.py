@@ -23,8 +23,10 @@ PKG = Path(sat_cli.__file__).parent
 
 # every metric group: a string (or an f-string's leading text) starting "<group>/" outside
 # metric_names.py is a metric name spelled by hand
-GROUPS = ("loss", "staleness", "rollout", "sat", "perf", "eval", "final", "vcpo", "a3po", "r3",
-          "sweep", "tracking", "weights", "clip", "opt", "reward")  # fmt: skip
+GROUPS = (
+    *("loss", "staleness", "rollout", "sat", "perf", "eval", "final", "vcpo", "a3po", "r3"),
+    *("sweep", "tracking", "weights", "clip", "opt", "reward"),
+)
 GROUP_PREFIX = re.compile(rf"({'|'.join(GROUPS)})/")
 
 

@@ -11,6 +11,16 @@ with R3 on, the routed expert indices in SGLang's layout ``[prompt_len + respons
 num_layers, top_k]`` (int32). When the request asks (``SamplingParams.sampling_mask``,
 ``topk_logprobs``), also each token's kept set under top-p/top-k and the top-k of ``mu``: what
 ``algo.replay_sampling_mask`` and score centering train on (docs/algorithms.md).
+
+A multi-turn trajectory (docs/environments.md) is one sample: ``response_ids`` is everything
+after the first prompt, the model's turns and the environment's answers between them, exactly
+as the engine returned and the environment's text was tokenised. Then ``loss_mask`` says, per
+response token, whose it is (1: the model's, it trains; 0: the environment's, no loss and no
+log-prob: ``rollout_logp`` is 0.0 there and every loss, correction and staleness statistic
+leaves it out), ``turn_ids`` the model turn (0, 1, ...) each token belongs to (an
+environment token: the turn it answers) and ``token_versions`` the weight version of each
+token (an environment token carries the version of the turn it answers). A single-turn sample
+leaves ``loss_mask`` and ``turn_ids`` None: all its response tokens are the model's, turn 0.
 """
 
 from __future__ import annotations
@@ -56,7 +66,37 @@ class Sample:
     topk_ids: np.ndarray | None = None
     topk_logp: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    # multi-turn (module docstring): [response_len] 1 = model token, 0 = environment token
+    loss_mask: list[int] | None = None
+    turn_ids: list[int] | None = None  # [response_len] the model turn of each token, from 0
 
     @property
     def response_len(self) -> int:
         return len(self.response_ids)
+
+    def model_positions(self) -> list[int]:
+        """Indices of the model's response tokens (all of them for a single-turn sample)."""
+        if self.loss_mask is None:
+            return list(range(self.response_len))
+        return [i for i, m in enumerate(self.loss_mask) if m]
+
+    def model_token_versions(self) -> list[int]:
+        """The weight version of each of the model's response tokens, in order."""
+        if self.token_versions is None:
+            return [self.weight_version] * (
+                self.response_len if self.loss_mask is None else sum(map(bool, self.loss_mask))
+            )
+        if self.loss_mask is None:
+            return list(self.token_versions)
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+
+    def model_turns(self) -> list[int]:
+        """The turn index of each of the model's response tokens, in order (0 single-turn)."""
+        if self.turn_ids is None:
+            return [0] * len(self.model_positions())
+        return [self.turn_ids[i] for i in self.model_positions()]
+
+    def oldest_version(self) -> int:
+        """The oldest version among the model's tokens (the sample's version lag)."""
+        versions = self.model_token_versions()
+        return min(versions) if versions else self.weight_version

@@ -179,12 +179,13 @@ def score_batch(
 
 
 def _token_versions(smp: Sample) -> list[int]:
-    """The weight version of every response token (one version unless updated in flight)."""
-    return smp.token_versions or [smp.weight_version] * smp.response_len
+    """The weight version of every model token (one version unless updated in flight;
+    a multi-turn sample's environment tokens are left out)."""
+    return smp.model_token_versions()
 
 
 def _oldest(smp: Sample) -> int:
-    return min(smp.token_versions) if smp.token_versions else smp.weight_version
+    return smp.oldest_version()
 
 
 def trainer_step(

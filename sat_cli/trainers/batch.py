@@ -6,7 +6,9 @@ so positions match the engine's left-padded generation exactly.
 
 Alignment convention (every per-token tensor is indexed by the token it scores):
 ``rollout_logp[b, s]`` is ``log mu(input_ids[b, s] | input_ids[b, :s])``; ``loss_mask[b, s] = 1``
-iff ``input_ids[b, s]`` is a response token. The trainer's recomputed log-probs use the same
+iff ``input_ids[b, s]`` is a response token the model generated (a multi-turn sample's
+environment tokens, ``Sample.loss_mask`` 0, are 0 like the prompt: no loss, no correction, no
+statistic reads them; their ``rollout_logp`` is 0). The trainer's recomputed log-probs use the same
 convention (``logits[:, s-1]`` scores ``input_ids[:, s]``), so ``logp``, ``rollout_logp``,
 ``advantages`` and ``loss_mask`` line up elementwise. Column 0 is never a response token.
 
@@ -48,6 +50,7 @@ class TrainBatch:
     sampling_mask: torch.Tensor | None = None  # [B, S, K] int32 kept ids, -1 padding
     topk_ids: torch.Tensor | None = None  # [B, S, K] int32 sampler's top-k ids, -1 padding
     topk_logp: torch.Tensor | None = None  # [B, S, K] float32 their log mu, 0 padding
+    turn_ids: torch.Tensor | None = None  # [B, S] long model turn of each response token
 
     @property
     def batch_size(self) -> int:
@@ -114,6 +117,8 @@ def collate(
     versions = torch.tensor([s.weight_version for s in samples], dtype=torch.long)
     any_tok_versions = any(s.token_versions is not None for s in samples)
     token_versions = torch.zeros((B, S), dtype=torch.long) if any_tok_versions else None
+    any_turns = any(s.turn_ids is not None for s in samples)
+    turn_ids = torch.zeros((B, S), dtype=torch.long) if any_turns else None
 
     have_routes = [s.routed_experts is not None for s in samples]
     use_routes = need_routes or all(have_routes)
@@ -136,12 +141,21 @@ def collate(
         input_ids[b, :T] = torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long)
         attention_mask[b, :T] = 1
         position_ids[b, :T] = torch.arange(T)
-        loss_mask[b, P:T] = 1.0
+        if s.loss_mask is None:
+            loss_mask[b, P:T] = 1.0
+        else:
+            loss_mask[b, P:T] = _model_mask(s, b)
         rollout_logp[b, P:T] = torch.tensor(s.rollout_logp, dtype=torch.float32)
         adv_tok[b, P:T] = adv[b]
         if token_versions is not None:
             tv = s.token_versions if s.token_versions is not None else [s.weight_version] * R
             token_versions[b, P:T] = torch.tensor(tv, dtype=torch.long)
+        if turn_ids is not None and s.turn_ids is not None:
+            if len(s.turn_ids) != R:
+                raise ValueError(
+                    f"collate: sample {b} has {len(s.turn_ids)} turn ids for {R} tokens"
+                )
+            turn_ids[b, P:T] = torch.tensor(s.turn_ids, dtype=torch.long)
         if routes is not None:
             rec = s.routed_experts
             if rec is None:
@@ -168,7 +182,26 @@ def collate(
         versions=versions,
         token_versions=token_versions,
         routed_experts=routes,
+        turn_ids=turn_ids,
     )
+
+
+def _model_mask(s: Sample, b: int) -> torch.Tensor:
+    """A multi-turn sample's ``loss_mask`` as float ``[R]`` (1 model token, 0 environment
+    token), checked: one 0/1 entry per response token, log-prob 0.0 on environment tokens."""
+    mask = torch.tensor(s.loss_mask, dtype=torch.float32)
+    if mask.shape != (s.response_len,) or not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            f"collate: sample {b}'s loss_mask must hold one 0/1 entry per response token "
+            f"({s.response_len})"
+        )
+    env_logp = torch.tensor(s.rollout_logp, dtype=torch.float64)[mask == 0]
+    if bool((env_logp != 0).any()):
+        raise ValueError(
+            f"collate: sample {b} has a log-prob on an environment token (loss_mask 0); "
+            "environment tokens carry rollout_logp 0.0"
+        )
+    return mask
 
 
 def _collate_sampler(samples: list[Sample], lengths: list[int], S: int, need_mask, need_topk):

@@ -1,4 +1,5 @@
-"""One small registry per variation point: engines, trainers, launchers, sweep executors.
+"""One small registry per variation point: engines, trainers, launchers, sweep executors,
+rewards (``rewards/registry.py``) and environments (``envs/registry.py``).
 
 A :class:`Component` is what a registered option brings: its **settings class** (torch-free; the
 structured config of ``conf/<group>/<name>.yaml`` in Hydra's ConfigStore, bounds in its
@@ -61,7 +62,9 @@ class Component:
 
 
 class Registry:
-    """Name → :class:`Component` of one variation point (``group``: the config group)."""
+    """Name → entry of one variation point (``group``: the config group): a :class:`Component`
+    for engines, trainers and launchers; the group's own entry type elsewhere (sweep executors,
+    rewards, environments)."""
 
     def __init__(self, group: str, what: str) -> None:
         self.group, self.what = group, what
@@ -75,6 +78,15 @@ class Registry:
 
     def remove(self, name: str) -> None:
         self._entries.pop(name, None)
+
+    __delitem__ = remove
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def find(self, name: str):
+        """The entry of ``name``, or None when it is not registered."""
+        return self._entries.get(name)
 
     def names(self) -> list[str]:
         """The registered names, in the order they were added."""

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from sat_cli.validate import ConfigError, check_choice, check_range
 
-REWARD_NAMES = ("math", "exact", "regex", "python", "http")
 MAX_TIMEOUT_S = 3600.0
 MAX_WORKERS = 64
 
@@ -36,7 +35,9 @@ class RewardConfig:
     pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
-        check_choice("reward.name", self.name, REWARD_NAMES)
+        from sat_cli.rewards.registry import REWARDS
+
+        check_choice("reward.name", self.name, tuple(REWARDS.names()))
         check_range("reward.timeout_s", self.timeout_s, 0, MAX_TIMEOUT_S, lo_open=True)
         check_range("reward.deadline_s", self.deadline_s, self.timeout_s, MAX_TIMEOUT_S)
         check_range("reward.on_error", self.on_error, -1e6, 1e6)

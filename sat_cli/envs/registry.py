@@ -1,23 +1,25 @@
 """The registry of environments: ``make(name, settings)``.
 
-``register_env("name")`` on a factory ``(EnvSettings) -> Environment`` (``base.Environment``)
-adds one, from this package or from the user's own module; ``make`` refuses an unknown name
-with a one-line ``ValueError`` listing the registered ones.
+``ENVIRONMENTS`` is a :class:`sat_cli.registry.Registry` of factories
+``(EnvSettings) -> Environment`` (``base.Environment``); ``register_env("name")`` on a factory adds
+one, from this package or from the user's own module; ``make`` refuses an unknown name with a
+one-line ``ConfigError`` (a ``ValueError``; exit 2) listing the registered ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sat_cli.envs.base import Environment, EnvSettings
 from sat_cli.envs.calculator import CalculatorEnv
+from sat_cli.registry import Registry
+from sat_cli.validate import ConfigError
 
-ENVIRONMENTS: dict[str, Callable[[EnvSettings], Environment]] = {"calculator": CalculatorEnv}
+ENVIRONMENTS = Registry("environment", "environment")
+ENVIRONMENTS.add("calculator", CalculatorEnv)
 
 
 def register_env(name: str):
     def deco(factory):
-        ENVIRONMENTS[name] = factory
+        ENVIRONMENTS.add(name, factory)
         return factory
 
     return deco
@@ -25,5 +27,6 @@ def register_env(name: str):
 
 def make(name: str, settings: EnvSettings | None = None) -> Environment:
     if name not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {name!r}; valid: {', '.join(sorted(ENVIRONMENTS))}")
-    return ENVIRONMENTS[name](settings or EnvSettings())
+        valid = ", ".join(sorted(ENVIRONMENTS.names()))
+        raise ConfigError(f"unknown environment {name!r}; valid: {valid}")
+    return ENVIRONMENTS.get(name)(settings or EnvSettings())

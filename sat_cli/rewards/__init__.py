@@ -130,29 +130,21 @@ def error_text(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RewardEntry:
-    """One reward of the registry."""
+    """One reward of the registry (``sat_cli.rewards.registry.REWARDS``)."""
 
     build: Callable[[Any, dict], Scorer]  # (settings, runtime {"task": …}) -> Scorer
     check: Callable[[Any], None] = field(default=lambda settings: None)
 
 
-def _registry() -> dict[str, RewardEntry]:
-    from sat_cli.rewards import builtin, http, pool
-
-    return {
-        "math": RewardEntry(builtin.build_math),
-        "exact": RewardEntry(builtin.build_exact),
-        "regex": RewardEntry(builtin.build_regex),
-        "python": RewardEntry(pool.build, pool.check),
-        "http": RewardEntry(http.build),
-    }
-
-
 def check_reward(settings) -> None:
     """Start-up checks of ``settings`` (a ``RewardConfig``); ``UserError`` when one fails."""
-    _registry()[settings.name].check(settings)
+    from sat_cli.rewards.registry import REWARDS
+
+    REWARDS.get(settings.name).check(settings)
 
 
 def build_reward(settings, task) -> Scorer:
     """The :class:`Scorer` of ``settings`` (a ``RewardConfig``) for ``task``."""
-    return _registry()[settings.name].build(settings, {"task": task})
+    from sat_cli.rewards.registry import REWARDS
+
+    return REWARDS.get(settings.name).build(settings, {"task": task})

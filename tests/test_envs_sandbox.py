@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
 
-from sat_cli.envs import confine
-from sat_cli.envs.sandbox import ToolLimits, ToolStats, run_tool
+from sat_cli.envs import confine, sandbox
+from sat_cli.envs.sandbox import ToolLimits, ToolStats, call_tool, run_tool
 from sat_cli.util.procs import live_group_members
 
 PY = sys.executable
@@ -121,7 +123,9 @@ def test_crash_memory_and_file_limits(scratch_root):
 
 def test_bad_calls_are_results_not_exceptions(scratch_root):
     assert run_tool("python -c 1").kind == "start"
-    assert run_tool(["/nonexistent/tool"]).kind == "start"
+    missing = run_tool(["/nonexistent/tool"])
+    assert missing.kind == "start" and missing.returncode == 127
+    assert missing.text.startswith("tool could not start: exec: FileNotFoundError")
     assert run_tool([PY], stdin=b"x" * 40000).kind == "start"
 
 
@@ -155,3 +159,110 @@ def test_shell_fork_bomb_is_contained(scratch_root):
         parent = confine.new_pids_cgroup(1)
         parent.rmdir()
         assert not [p for p in parent.parent.glob(f"sat-tool-{os.getpid()}-*")]
+
+
+LIMITS_PROBE = """
+import os
+lim = {l[:26].strip(): l[26:].split()[:2] for l in open('/proc/self/limits').read().splitlines()[1:]}
+print(lim['Max cpu time'], lim['Max address space'], lim['Max file size'], lim['Max core file size'])
+print(os.readlink('/proc/self/ns/net'))
+print('/sat-tool-' in open('/proc/self/cgroup').read())
+print(os.getsid(0) == os.getpid(), sorted(os.listdir('/proc/self/fd')))
+"""
+
+
+def test_the_tool_runs_with_the_limits_namespace_and_cgroup_it_was_given(scratch_root):
+    """The launcher applies every limit before it execs the tool; read back from /proc."""
+    r = run_tool([PY, "-c", LIMITS_PROBE], ToolLimits(cpu_s=3, memory_mb=300, max_file_mb=2))
+    lines = r.text.splitlines()
+    mb = 1 << 20
+    assert (
+        lines[0] == f"['3', '4'] ['{300 * mb}', '{300 * mb}'] ['{2 * mb}', '{2 * mb}'] ['0', '0']"
+    )
+    if confine.net_mode() in confine.NET_FLAGS:
+        assert lines[1] != os.readlink("/proc/self/ns/net")
+    if confine.proc_mode() == "cgroup":
+        assert lines[2] == "True"
+    # a new session (the group kill), and no descriptor beyond stdio: the status pipe closed on exec
+    assert lines[3] == "True ['0', '1', '2', '3']"  # 3: the listing's own descriptor
+
+
+def test_no_python_runs_between_fork_and_exec(scratch_root, monkeypatch):
+    """``preexec_fn`` is unsafe in a threaded process: the sandbox must never pass one."""
+    seen = []
+    real = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("preexec_fn"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    assert run_tool([PY, "-c", "print(1)"]).text == "1\n"
+    assert seen == [None]
+
+
+def test_a_failing_launcher_step_is_a_start_error(scratch_root, monkeypatch, tmp_path):
+    if confine.proc_mode() != "cgroup":
+        pytest.skip("needs a pids cgroup")
+    monkeypatch.setattr(confine, "new_pids_cgroup", lambda n: tmp_path / "no-such-cgroup")
+    r = run_tool([PY, "-c", "print('ran')"])
+    assert r.kind == "start" and r.returncode == 127 and "ran" not in r.text
+    assert r.text.startswith("tool could not start: confine: FileNotFoundError")
+
+
+def test_tools_from_many_threads_at_once(scratch_root):
+    """The rollout thread's case: concurrent calls, each with its own result."""
+    results = {}
+
+    def one(i):
+        results[i] = run_tool([PY, "-c", f"print({i} * {i})"], ToolLimits(wall_s=30))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert {i: (r.kind, r.text) for i, r in results.items()} == {
+        i: ("ok", f"{i * i}\n") for i in range(6)
+    }
+
+
+def test_hostile_tools_become_error_observations_and_the_caller_goes_on(scratch_root):
+    """Each hostile tool of the issue through an environment's path (``call_tool``): an error
+    message to the model within its deadline, counted in the ``ToolStats`` that feeds
+    ``env/tool_error_frac``; the next call works."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    hostile = {
+        "loop": ("while True: pass", "cpu_limit"),
+        "fork": (
+            "import os, time\nfor _ in range(10000):\n    if os.fork() == 0: time.sleep(60)",
+            None,
+        ),
+        "flood": (
+            "import sys\nwhile True: sys.stdout.buffer.write(b'x' * (1 << 20))",
+            "output_limit",
+        ),
+        "local": (f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)", "crash"),
+        "remote": ("import socket; socket.create_connection(('1.1.1.1', 53), 2)", "crash"),
+    }
+    stats = ToolStats()
+    limits = ToolLimits(wall_s=4, cpu_s=1, max_procs=16, max_output_bytes=1 << 16)
+    try:
+        for name, (code, kind) in hostile.items():
+            t0 = time.monotonic()
+            msg = call_tool([PY, "-c", code], stats, limits)
+            assert time.monotonic() - t0 < limits.wall_s + sandbox.KILL_WAIT_S, name
+            assert msg["role"] == "tool" and msg["content"].startswith("error ("), (name, msg)
+            if kind is not None:
+                assert msg["content"].startswith(f"error ({kind}): "), (name, msg["content"][-300:])
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    assert stats.calls == 5 and stats.error_frac == 1.0
+    assert call_tool([PY, "-c", "print(6 * 7)"], stats) == {"role": "tool", "content": "42\n"}
+    assert stats.calls == 6 and stats.error_frac == 5 / 6

@@ -3,7 +3,8 @@
 Two mechanisms depend on what the machine permits, so each is probed and the chosen mode is
 reported (``isolation()``):
 
-* **No network.** ``netns``: the child calls ``unshare(CLONE_NEWNET)`` before ``exec`` and gets
+* **No network.** ``netns``: the launcher (``launch.py``) calls ``unshare(CLONE_NEWNET)`` before it
+  execs the tool, which gets
   a network namespace with only a downed loopback, so every connect fails, also to 127.0.0.1
   (works as root, or where the kernel lets unprivileged users unshare). ``userns``: the same
   through a new user namespace first (``CLONE_NEWUSER | CLONE_NEWNET``, unprivileged). ``python``:
@@ -20,8 +21,6 @@ reported (``isolation()``):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import os
 import subprocess
@@ -29,13 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+from sat_cli.envs import launch
+
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 NET_FLAGS = {"netns": CLONE_NEWNET, "userns": CLONE_NEWUSER | CLONE_NEWNET}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-# loaded in the parent: the child between fork and exec must not import or allocate much
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 SITECUSTOMIZE = '''"""Written by sat's tool sandbox: this Python tool may not open sockets."""
 import socket as _s
@@ -50,20 +48,14 @@ _s.socket = _NoNetwork
 '''
 
 
-def unshare(flags: int) -> None:
-    """``unshare(2)`` of the calling process; OSError when refused."""
-    if _LIBC.unshare(flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
 def _probe_net(flags: int) -> bool:
     """Whether a child that unshares ``flags`` starts and sees no network."""
     code = "import socket,sys;sys.exit([n for _, n in socket.if_nameindex()] != ['lo'])"
+    spec = {"net_flags": flags, "env": {"LANG": "C.UTF-8"}}
     try:
         done = subprocess.run(
-            [sys.executable, "-S", "-c", code],
-            preexec_fn=functools.partial(unshare, flags),
+            launch.command(spec, [sys.executable, "-S", "-c", code]),
+            env=launch.launcher_environment(),
             capture_output=True,
             timeout=10,
         )

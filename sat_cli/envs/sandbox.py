@@ -15,17 +15,17 @@ for, and the scratch folder removed.
 ``crash`` (any other non-zero exit or signal; a refused connection, a ``MemoryError`` or a
 refused fork show here with the tool's own message), ``start`` (it could not be started);
 ``bad_call`` is for environments: a call of an unknown tool or with bad arguments.
-``ToolStats`` counts calls and errors per kind (``env/tool_error_frac`` later).
+``ToolStats`` counts calls and errors per kind (``env/tool_error_frac``).
 
-The limits are set by ``preexec_fn`` (between fork and exec, in Python). Python documents that
-as unsafe in a process with threads (a lock held by another thread at fork time stays held in the
-child); the loop's rollout thread calling this needs a small exec'd launcher instead (not built).
+The limits are set by an exec'd launcher (``launch.py``: ``python -m sat_cli.envs.launch``),
+not by ``preexec_fn``, so this is safe to call from any thread of a threaded process; a step of
+the launcher that fails (joining the cgroup, a limit, the namespace, the ``exec`` itself) comes
+back on a close-on-exec status pipe as a ``start`` result.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import select
 import shutil
 import signal
@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sat_cli.envs import confine
+from sat_cli.envs import confine, launch
 
 ERROR_KINDS = ("timeout", "cpu_limit", "output_limit", "file_limit", "crash", "start", "bad_call")
 KILL_WAIT_S = 5.0  # how long cleanup waits for killed processes to go
@@ -98,20 +98,30 @@ class ToolStats:
         return sum(self.errors.values()) / self.calls if self.calls else 0.0
 
 
-def _child_setup(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> None:
-    """Runs in the child between fork and exec: join the cgroup, set limits, leave the network."""
-    if cgroup is not None:
-        with open(cgroup / "cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
-    mb = 1 << 20
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb,) * 2)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mb,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if nproc is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    if net in confine.NET_FLAGS:
-        confine.unshare(confine.NET_FLAGS[net])
+def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> dict:
+    """What the launcher applies before it execs the tool (``launch.py``)."""
+    return {
+        "cgroup": str(cgroup) if cgroup is not None else None,
+        "cpu_s": limits.cpu_s,
+        "memory_mb": limits.memory_mb,
+        "max_file_mb": limits.max_file_mb,
+        "nproc": nproc,
+        "net_flags": confine.NET_FLAGS.get(net, 0),
+    }
+
+
+def _start_status(fd: int, deadline: float) -> str | None:
+    """The launcher's failure message, '' once it has exec'd the tool (the pipe's end of file),
+    or None when the deadline came first."""
+    got = b""
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return got.decode("utf-8", errors="replace")
+        got += chunk
+    return None
 
 
 def _environment(scratch: Path, net: str) -> dict[str, str]:
@@ -213,27 +223,41 @@ def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b
     if cgroup is None and os.geteuid() != 0:
         nproc = confine.user_process_count(os.getuid()) + limits.max_procs
     scratch = Path(tempfile.mkdtemp(prefix="sat-tool-"))
+    status_r, status_w = os.pipe()
+    spec = {**_launch_spec(limits, cgroup, nproc, net), "env": _environment(scratch, net)}
+    spec["status_fd"] = status_w
     try:
         try:
             proc = subprocess.Popen(
-                args,
+                launch.command(spec, args),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 cwd=scratch,
-                env=_environment(scratch, net),
+                env=launch.launcher_environment(),
                 start_new_session=True,
-                preexec_fn=lambda: _child_setup(limits, cgroup, nproc, net),
+                pass_fds=(status_w,),
             )
         except (OSError, subprocess.SubprocessError) as e:
+            os.close(status_r)
             if cgroup is not None:
                 cgroup.rmdir()
             return ToolResult("start", f"tool could not start: {e}", None, time.monotonic() - start)
-        try:
-            _feed(proc, stdin)
-            out, reason = _read(proc, limits, start + limits.wall_s)
         finally:
+            os.close(status_w)
+        try:
+            failed = _start_status(status_r, start + limits.wall_s)
+            if failed is None:
+                out, reason = b"", "timeout"
+            elif failed:
+                out, reason = failed.encode(), "start"
+            else:
+                _feed(proc, stdin)
+                out, reason = _read(proc, limits, start + limits.wall_s)
+        finally:
+            os.close(status_r)
             _kill_all(proc, cgroup)
+            proc.stdin.close()
             proc.stdout.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -243,6 +267,8 @@ def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b
         text += f"\n[tool stopped: wall-clock limit {limits.wall_s} s]"
     elif kind == "output_limit":
         text += f"\n[tool stopped: output over {limits.max_output_bytes} bytes]"
+    elif kind == "start":
+        text = f"tool could not start: {text}"
     elif kind != "ok":
         text += f"\n[tool failed: {kind}, exit status {proc.returncode}]"
     elapsed = time.monotonic() - start
@@ -258,3 +284,13 @@ def _feed(proc: subprocess.Popen, stdin: bytes) -> None:
         proc.stdin.close()
     except (BrokenPipeError, OSError):
         pass
+
+
+def call_tool(
+    args: list[str], stats: ToolStats, limits: ToolLimits | None = None, stdin: bytes = b""
+) -> dict[str, str]:
+    """Run one tool call for an environment: counted in ``stats`` and returned as the ``tool``
+    message to append: the output when it succeeded, else ``error (<kind>): <what happened>``."""
+    r = run_tool(args, limits, stdin)
+    stats.add(r)
+    return {"role": "tool", "content": r.text if r.ok else f"error ({r.kind}): {r.text}"}

@@ -4,7 +4,7 @@
 #   nohup nice -n 19 scripts/collapse_pilot2.sh RUNS_DIR > RUNS_DIR.log 2>&1 &
 #
 # Runs, in the design's order and one run at a time (--jobs 1): the shared start of D1, then the
-# candidates D1, D2, D3, D4 (sweeps/collapse_pilot2_*_cpu.yaml). After each candidate it exports
+# candidates D1, D2, D3, D4 (sweeps/collapse_pilot2_*_cpu.yaml), then round 2's (`*_r2_cpu.yaml`), if committed. After each candidate it exports
 # the per-run rows and per-step curves of every run so far (`sat report <sweep> --collapse`),
 # concatenated in that order into RUNS_DIR/reports/pilot2.csv and pilot2_curves.csv, and prints
 # the pilot table (`sat report RUNS_DIR/reports/pilot2.csv`). It stops at the first candidate the
@@ -26,8 +26,11 @@ REP="$RUNS/reports"
 
 echo "collapse_pilot2: code $(git rev-parse HEAD), runs in $RUNS, started $(date -u +%FT%TZ)"
 done_sweeps=()
-for name in start d1 d2 d3 d4; do
+# round 2's files (`*_r2_cpu.yaml`) exist only once round 1 has ended without a selection and
+# they were written from the design's round-2 rule and committed; finished sweeps are skipped fast
+for name in start d1 d2 d3 d4 d1_r2 d2_r2 d3_r2 d4_r2; do
   sweep="collapse_pilot2_${name}_cpu"
+  [[ -f "sweeps/$sweep.yaml" ]] || continue
   echo "collapse_pilot2: sweep $sweep from $(date -u +%FT%TZ)"
   "$SAT" sweep "sweeps/$sweep.yaml" --jobs 1 "run.dir=$RUNS"
   "$SAT" report "$sweep" --collapse --tracking-uri "$URI" --out "$REP/$sweep" > /dev/null

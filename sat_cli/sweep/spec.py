@@ -101,9 +101,9 @@ def slug(text: str) -> str:
 
 
 def sweeps_dir() -> Path:
-    """The project's sweep files: ``sweeps/`` beside the package (a source checkout, an
-    editable install)."""
-    return Path(__file__).resolve().parents[2] / "sweeps"
+    """The project's sweep files: ``sat_cli/sweeps/``, package data (a wheel carries them; in a
+    checkout it is a link to the top-level ``sweeps/``, as ``sat_cli/conf`` is to ``conf/``)."""
+    return (Path(__file__).resolve().parents[1] / "sweeps").resolve()
 
 
 def named_sweeps() -> dict[str, Path]:
@@ -122,10 +122,17 @@ def sweep_listing() -> str:
 
 
 def resolve_sweep(path: str | os.PathLike) -> Path:
-    """``path``, or the project's sweep file of that name (``sat sweep paper_table1``)."""
+    """``path``, or the project's sweep file it names: ``paper_table1`` (``sat sweep --list``), or
+    ``sweeps/paper_table1.yaml`` as the docs write it, from a folder that has no such file (an
+    installed ``sat`` outside the checkout)."""
     p = Path(path)
-    if not p.exists() and p.suffix == "" and len(p.parts) == 1 and str(p) in named_sweeps():
-        return named_sweeps()[str(p)]
+    if p.exists():
+        return p
+    shipped = named_sweeps()
+    if p.suffix == "" and len(p.parts) == 1 and str(p) in shipped:
+        return shipped[str(p)]
+    if p.parts[:1] == ("sweeps",) and len(p.parts) == 2 and p.suffix == ".yaml":
+        return shipped.get(p.stem, p)
     return p
 
 

@@ -18,7 +18,7 @@ SAT="${SAT:-$PWD/.venv/bin/sat}"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 rows="$TMP/rows.csv" curves="$TMP/curves.csv"
-for name in start d1 d2 d3 d4; do
+for name in start d1 d2 d3 d4 d1_r2 d2_r2 d3_r2 d4_r2; do
   sweep="collapse_pilot2_${name}_cpu"
   [ -d "$RUNS/$sweep" ] || continue
   "$SAT" report "$sweep" --collapse --tracking-uri "sqlite:///$RUNS/mlflow.db" --out "$TMP/$sweep" \

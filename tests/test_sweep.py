@@ -140,7 +140,7 @@ def test_every_sweep_file_expands_and_composes(path, tmp_path):
     head = path.read_text().splitlines()[0]
     assert head.startswith(f"# sat sweep sweeps/{path.name}"), head  # the command that uses it
     cli = []
-    if path.name == "collapse_pilot2_d1_cpu.yaml":  # starts from the start sweep's final weights
+    if path.name.startswith("collapse_pilot2_d1_"):  # starts from the start sweep's final weights
         start = tmp_path / "collapse_pilot2_start_cpu" / "d1-start-grpo-lag1-s3100"
         model = start / "checkpoints" / "step_150" / "trainer" / "model"
         shutil.copytree(REPO / "sat_cli" / "assets" / "tiny_moe_warm", model)

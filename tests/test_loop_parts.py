@@ -16,6 +16,7 @@ from sat_cli.engines.base import Sample, SamplingParams
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.publisher import WeightPublisher, future_versions, min_needed
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
+from sat_cli.loop.settings import LoopSettings
 
 
 class Recorder:
@@ -43,11 +44,15 @@ def tokenizer(text, add_special_tokens=False):
     return {"input_ids": [ord(c) for c in text]}
 
 
+def _settings(lag: LagPolicy, run_dir: Path = Path("run"), max_steps: int = 10) -> LoopSettings:
+    """The loop's settings of these tests: 2 prompts a step, groups of 3, seed 5."""
+    return LoopSettings(max_steps, 2, 3, SamplingParams(), lag, run_dir, seed=5)
+
+
 def _buffer(lag: LagPolicy, max_steps: int = 10):
     eng = Recorder()
     thread = RolloutThread(eng, Path("w"), engine_version=0)
-    buf = RolloutBuffer(thread, Task(), tokenizer, per_step=2, group_size=3,
-                        sampling=SamplingParams(), seed=5, lag=lag, max_steps=max_steps)  # fmt: skip
+    buf = RolloutBuffer(_settings(lag, max_steps=max_steps), thread, Task(), tokenizer)
     return eng, thread, buf
 
 
@@ -127,7 +132,7 @@ class Writer:
 def test_publisher_publishes_once_and_keeps_what_a_resume_needs(tmp_path):
     lag = LagPolicy(2, "interval")
     tr = Writer()
-    pub = WeightPublisher(tr, tmp_path / "weights", tmp_path / "ckpt", lag, published=[])
+    pub = WeightPublisher(_settings(lag, tmp_path), tr, published=[])
     pub.write(0)
     pub.published.append(0)
     for v in (2, 2, 4):
@@ -236,8 +241,7 @@ def test_pruning_keeps_what_an_inflight_hand_over_is_still_loading(tmp_path):
     weights = tmp_path / "weights"
     lag = LagPolicy(2, "bounded")
     thread = RolloutThread(eng, weights, engine_version=0, inflight=True)
-    pub = WeightPublisher(Writer(), weights, tmp_path / "c", lag, published=[],
-                          on_publish=thread.published)  # fmt: skip
+    pub = WeightPublisher(_settings(lag, tmp_path), Writer(), [], on_publish=thread.published)
     try:
         pub.write(0)
         pub.published.append(0)
@@ -262,8 +266,8 @@ def test_pruning_keeps_what_an_inflight_hand_over_is_still_loading(tmp_path):
 
 def test_publisher_tells_the_rollout_thread_and_keeps_versions_since_the_oldest_request(tmp_path):
     seen = []
-    pub = WeightPublisher(Writer(), tmp_path / "w", tmp_path / "c", LagPolicy(2, "bounded"),
-                          published=[], on_publish=seen.append)  # fmt: skip
+    lag = LagPolicy(2, "bounded")
+    pub = WeightPublisher(_settings(lag, tmp_path), Writer(), [], on_publish=seen.append)
     for v in range(5):
         pub.publish(v)
         pub.publish(v)  # idempotent: told once

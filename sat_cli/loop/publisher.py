@@ -19,11 +19,10 @@ versions nothing can ask for any more; kept are:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sat_cli.checkpoints.state import latest_checkpoint, prune_weights
 from sat_cli.errors import RunFailed, as_os_error
 from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.settings import LoopSettings
 
 
 class WeightsWriteError(RunFailed):
@@ -56,21 +55,12 @@ class WeightPublisher:
     """
 
     def __init__(
-        self,
-        trainer,
-        weights_dir: Path,
-        ckpt_root: Path,
-        lag: LagPolicy,
-        published: list[int],
-        on_publish=None,
-        sync=None,
+        self, s: LoopSettings, trainer, published: list[int], *, on_publish=None, sync=None
     ):
-        self.trainer, self.weights_dir, self.ckpt_root, self.lag = (
-            trainer,
-            weights_dir,
-            ckpt_root,
-            lag,
-        )
+        """``s``: the loop's settings (the run folder: ``weights/`` and ``checkpoints/``, the lag
+        policy); ``trainer`` writes the weights; ``published``: the versions on disk."""
+        self.trainer, self.lag = trainer, s.lag
+        self.weights_dir, self.ckpt_root = s.run_dir / "weights", s.run_dir / "checkpoints"
         self.published = published
         self.on_publish = on_publish  # called with each new version (the rollout thread's hook)
         self.sync = sync  # a loop.weightsync.WeightSync: captures instead of writing (distributed)

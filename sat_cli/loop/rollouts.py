@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.settings import LoopSettings
 from sat_cli.samples import SamplingParams
 
 
@@ -178,25 +178,16 @@ class RolloutBuffer:
     so every prompt is consumed exactly once) and generates them anew.
     """
 
-    def __init__(
-        self,
-        thread: RolloutThread,
-        task,
-        tokenizer,
-        *,
-        per_step: int,
-        group_size: int,
-        sampling: SamplingParams,
-        seed: int,
-        lag: LagPolicy,
-        max_steps: int,
-    ):
+    def __init__(self, s: LoopSettings, thread: RolloutThread, task, tokenizer):
+        """``s``: the loop's settings (prompts per step, group size, sampling, seed, lag policy,
+        steps); ``thread`` sends the requests; ``task`` gives the prompts, ``tokenizer`` their
+        ids."""
         self.thread, self.task, self.tokenizer = thread, task, tokenizer
-        self.per_step, self.group_size = per_step, group_size
-        self.sampling, self.seed, self.lag, self.max_steps = sampling, seed, lag, max_steps
+        self.per_step, self.group_size = s.prompts_per_step, s.group_size
+        self.sampling, self.seed, self.lag, self.max_steps = s.sampling, s.seed, s.lag, s.max_steps
         self.pending: dict[int, tuple[int, Future]] = {}
         # how many batches ahead of the one being trained may be in flight
-        self.ahead = 1 if (lag.mode != "bounded" or lag.n == 0) else lag.n
+        self.ahead = 1 if (s.lag.mode != "bounded" or s.lag.n == 0) else s.lag.n
 
     def prompts_for(self, k: int) -> list[dict]:
         return self.task.sample_prompts(self.per_step, cursor=k * self.per_step)

@@ -179,7 +179,7 @@ class _Parts:
     def open(
         cls, s: LoopSettings, st: dict, engine, trainer, task, tokenizer, evaluator, progress
     ) -> _Parts:
-        weights_dir, ckpt_root = s.run_dir / "weights", s.run_dir / "checkpoints"
+        weights_dir = s.run_dir / "weights"
         sync = None  # the weight path, its verification and fallback (loop/weightsync.py)
         if s.weight_sync is not None:
             from sat_cli.loop.weightsync import WeightSync
@@ -189,26 +189,8 @@ class _Parts:
         thread = RolloutThread(
             engine, weights_dir, engine_version=0, inflight=s.inflight_updates, sync=sync
         )
-        pub = WeightPublisher(
-            trainer,
-            weights_dir,
-            ckpt_root,
-            s.lag,
-            st["published"],
-            on_publish=thread.published,
-            sync=sync,
-        )
-        buf = RolloutBuffer(
-            thread,
-            task,
-            tokenizer,
-            per_step=s.prompts_per_step,
-            group_size=s.group_size,
-            sampling=s.sampling,
-            seed=s.seed,
-            lag=s.lag,
-            max_steps=s.max_steps,
-        )
+        pub = WeightPublisher(s, trainer, st["published"], on_publish=thread.published, sync=sync)
+        buf = RolloutBuffer(s, thread, task, tokenizer)
         evals = _Evals(st["eval"], thread, pub, evaluator, progress)
         return cls(thread, pub, buf, evals, sync)
 

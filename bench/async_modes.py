@@ -82,7 +82,7 @@ def run_mode(name: str, budget_s: float) -> dict:
     from sat_cli.build.parts import build_evaluator, build_task, model_path
     from sat_cli.config import load
     from sat_cli.engines.base import SamplingParams
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.loop.lag import LagPolicy
     from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
     from sat_cli.models.tiny_moe import load_tokenizer
@@ -138,7 +138,9 @@ def run_mode(name: str, budget_s: float) -> dict:
         engine.close()
         weights = trainer.publish_weights(run_dir / "final", version=len(sink.rows))
         trainer.close()
-        with LocalEngine(str(weights), seed=obj.seed) as fresh:
+        with LocalEngine(
+            LocalEngineSettings(), LocalEngineRuntime(str(weights), seed=obj.seed)
+        ) as fresh:
             score = build_evaluator(obj, fresh, tok, task)()
     per_batch = obj.task.prompts_per_step * obj.task.samples_per_prompt
     rows = sink.rows

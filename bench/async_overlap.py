@@ -35,7 +35,7 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
     import torch
 
     from sat_cli.engines.base import SamplingParams
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.loop.lag import LagPolicy
     from sat_cli.loop.train import LoopSettings, train_loop
     from sat_cli.tasks.toy import ToyTask
@@ -46,7 +46,12 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
 
     trainer = LocalTrainer(model, lr=3e-4, seed=0, loss=LossConfig(algo="grpo", adaptive=True))
     sink = _Sink()
-    with tempfile.TemporaryDirectory() as d, LocalEngine(model, seed=0, num_threads=1) as engine:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        LocalEngine(
+            LocalEngineSettings(num_threads=1), LocalEngineRuntime(model, seed=0)
+        ) as engine,
+    ):
         s = LoopSettings(
             max_steps=steps,
             prompts_per_step=prompts,

@@ -27,7 +27,7 @@ import time
 import torch
 
 from sat_cli.engines.base import SamplingParams
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.engines.local.worker import sample_batch
 from sat_cli.models.r3 import RouteCapture
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, load_model, save_hf
@@ -106,7 +106,9 @@ def throughput(path: str, args) -> None:
     sp = SamplingParams(max_new_tokens=args.new_tokens, seed=0)
     engines = {}
     for r3 in (False, True):
-        eng = engines[r3] = LocalEngine(path, r3=r3, num_threads=args.threads)
+        eng = engines[r3] = LocalEngine(
+            LocalEngineSettings(num_threads=args.threads), LocalEngineRuntime(path, r3=r3)
+        )
         name = "LocalEngine (process), log-probs" + (" + R3 capture" if r3 else "")
         rows.append(
             (
@@ -154,7 +156,10 @@ def mismatch(path: str, args) -> None:
         f"\nlag-0 mismatch d_pi on {args.mm_prompts} toy prompts x {args.mm_n} samples (trainer fp32)"
     )
     for dtype in ("float32", "bfloat16"):
-        with LocalEngine(path, dtype=dtype, r3=True, num_threads=args.threads) as eng:
+        with LocalEngine(
+            LocalEngineSettings(dtype=dtype, num_threads=args.threads),
+            LocalEngineRuntime(path, r3=True),
+        ) as eng:
             samples = [s for g in eng.generate(prompts, args.mm_n, sp) for s in g]
         batch = collate(samples, [0.0] * len(samples), pad_id=0, need_routes=True)
         m = batch.loss_mask.bool()

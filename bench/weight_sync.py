@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.models.warmstart import SHIPPED
@@ -68,7 +68,10 @@ def run(name: str, versions: int, bucket_mb: int, root: Path) -> dict:
     params = sum(p.numel() for p in trainer.model.parameters())
     group = GroupSpec(timeout_s=300.0)
     out: dict = {"config": name, "params": params, "disk": [], "distributed": []}
-    with LocalEngine(path) as e_disk, LocalEngine(path) as e_dist:
+    with (
+        LocalEngine(LocalEngineSettings(), LocalEngineRuntime(path)) as e_disk,
+        LocalEngine(LocalEngineSettings(), LocalEngineRuntime(path)) as e_dist,
+    ):
         paths = {
             "disk": WeightSync(SyncSettings(mode="disk", verify="off"), e_disk, trainer,
                                root / name / "disk", log=print),

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sat_cli.engines.base import SamplingParams  # noqa: E402
-from sat_cli.engines.local import LocalEngine  # noqa: E402
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
 from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
@@ -118,7 +118,9 @@ def sample_batch(engine, n_prompts: int, n: int, max_new: int, seed: int):
 
 
 def check_parity(name: str, ckpt: Path, dev: str, dtype: str, shape) -> None:
-    with LocalEngine(str(ckpt), dtype=dtype, device=dev, seed=0) as engine:
+    with LocalEngine(
+        LocalEngineSettings(dtype=dtype), LocalEngineRuntime(str(ckpt), device=dev, seed=0)
+    ) as engine:
         batch = sample_batch(engine, *shape, seed=1)
     trainer = LocalTrainer(str(ckpt), device=dev, dtype=dtype, lr=1e-5, loss=LossConfig())
     lp = trainer.logprobs(batch)
@@ -136,7 +138,9 @@ def check_parity(name: str, ckpt: Path, dev: str, dtype: str, shape) -> None:
 
 
 def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
-    with LocalEngine(str(ckpt), dtype="bfloat16", device=dev, seed=0) as engine:
+    with LocalEngine(
+        LocalEngineSettings(dtype="bfloat16"), LocalEngineRuntime(str(ckpt), device=dev, seed=0)
+    ) as engine:
         sample_batch(engine, *shape, seed=9)  # warm-up: the tokens/s below exclude the first call
         t0 = time.perf_counter()
         batches = [sample_batch(engine, *shape, seed=10 + i) for i in range(steps)]
@@ -169,7 +173,12 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
     # one GPU's throughput, generation and training apart (bench/README.md when run on a GPU)
     row("train bf16", name, "generation tokens/s (engine, bf16)", generated / gen_s)
     tokens = sum(float(b.loss_mask.sum()) for b in batches[1:])
-    row("train bf16", name, "training tokens/s (after the first)", tokens / max(sum(times[1:]), 1e-9))
+    row(
+        "train bf16",
+        name,
+        "training tokens/s (after the first)",
+        tokens / max(sum(times[1:]), 1e-9),
+    )
     row("train bf16", name, "s per step (after the first)",
         sum(times[1:]) / max(len(times) - 1, 1))  # fmt: skip
     if dev == "cuda":

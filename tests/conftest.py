@@ -85,9 +85,9 @@ def tiny_dir(tmp_path_factory) -> Path:
 def shared_tiny_engine(tiny_dir):
     """One local engine (seed 0) on ``tiny_dir`` for the worker: starting one takes seconds,
     most of a short loop test's time. Use it through ``tiny_engine``."""
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
-    with LocalEngine(str(tiny_dir), seed=0) as engine:
+    with LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)) as engine:
         yield engine
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import EngineError, SamplingParams
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.models.r3 import RouteCapture
 from sat_cli.models.tiny_moe import build_char_tokenizer, load_model, save_hf
 
@@ -44,13 +44,18 @@ def weights(tiny_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(weights):
-    with LocalEngine(weights["v0"], r3=True, seed=5, inflight_updates=True) as eng:
+    with LocalEngine(
+        LocalEngineSettings(),
+        LocalEngineRuntime(weights["v0"], r3=True, seed=5, inflight_updates=True),
+    ) as eng:
         yield eng
 
 
 @pytest.fixture(scope="module")
 def plain(weights):
-    with LocalEngine(weights["v0"], r3=True, seed=5) as eng:
+    with LocalEngine(
+        LocalEngineSettings(), LocalEngineRuntime(weights["v0"], r3=True, seed=5)
+    ) as eng:
         yield eng
 
 
@@ -261,7 +266,10 @@ def test_keep_cache_mode(weights, engine):
     upd = [(SWITCH_AT, weights["v1"], base + 1)]
     exact = flat(engine.generate(PROMPTS, 2, sp, updates=upd))
     with LocalEngine(
-        weights["v0"], seed=5, inflight_updates=True, inflight_cache="keep", weight_version=base
+        LocalEngineSettings(),
+        LocalEngineRuntime(
+            weights["v0"], seed=5, inflight_updates=True, inflight_cache="keep", weight_version=base
+        ),
     ) as keep:
         kept = flat(keep.generate(PROMPTS, 2, sp, updates=upd))
     for s, k in zip(exact, kept, strict=True):
@@ -274,7 +282,10 @@ def test_keep_cache_mode(weights, engine):
     diff = max(abs(s.rollout_logp[SWITCH_AT] - k.rollout_logp[SWITCH_AT]) for s, k in long)
     assert diff > 1e-3
     with pytest.raises(ValueError, match="inflight_cache"):
-        LocalEngine(weights["v0"], inflight_updates=True, inflight_cache="stale")
+        LocalEngine(
+            LocalEngineSettings(),
+            LocalEngineRuntime(weights["v0"], inflight_updates=True, inflight_cache="stale"),
+        )
 
 
 def test_updates_need_the_inflight_flag(plain, weights):

@@ -106,7 +106,7 @@ def test_empirical_reads_numpy_edges_and_refuses_malformed(tmp_path):
 
 def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_every=0,
                   engine=None):  # fmt: skip
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
     trainer = _trainer(tiny_dir)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
@@ -114,7 +114,11 @@ def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_e
     s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
                      lag=lag, run_dir=run_dir, seed=3, histogram_every=hist_every)  # fmt: skip
     own = engine is None
-    engine = LocalEngine(str(tiny_dir), seed=0) if own else engine
+    engine = (
+        LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
+        if own
+        else engine
+    )
     try:
         st = train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
                         trainer=trainer, tracker=tracker)  # fmt: skip
@@ -237,7 +241,7 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
     import shutil
 
     from sat_cli.checkpoints.state import latest_checkpoint
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
     lag = LagPolicy(3, "fixed", profile=parse_profile("uniform:1-3"), seed=3, cells=8)
 
@@ -248,7 +252,9 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
         s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
                          lag=lag, run_dir=run_dir, seed=3, histogram_every=0,
                          checkpoint_every=2, checkpoint_keep=5)  # fmt: skip
-        with LocalEngine(str(tiny_dir), seed=0) as engine:
+        with LocalEngine(
+            LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)
+        ) as engine:
             st = train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
                             trainer=trainer, tracker=rec, resume_from=resume)  # fmt: skip
         return rec, st, trainer.model.state_dict()

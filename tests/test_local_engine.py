@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.engines.local.worker import filtered_logprobs
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.trainers.batch import collate
@@ -32,7 +32,9 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(ckpt, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "engine.log"
-    eng = LocalEngine(str(ckpt), r3=True, seed=5, log_file=str(log))
+    eng = LocalEngine(
+        LocalEngineSettings(), LocalEngineRuntime(str(ckpt), r3=True, seed=5, log_file=str(log))
+    )
     yield eng
     eng.close()
     # the worker answered close and exited by itself (os._exit(0) after flushing its log), not
@@ -211,7 +213,7 @@ def test_worker_exception_is_engine_error_and_engine_survives(engine):
 
 
 def test_bf16_engine_and_dead_engine_raises_promptly(ckpt):
-    eng = LocalEngine(str(ckpt), dtype="bfloat16", seed=0)
+    eng = LocalEngine(LocalEngineSettings(dtype="bfloat16"), LocalEngineRuntime(str(ckpt), seed=0))
     try:
         samples = flat(eng.generate(PROMPTS, 2, SamplingParams(max_new_tokens=10, seed=1)))
         batch = collate(samples, [0.0] * 8, pad_id=0)
@@ -237,7 +239,7 @@ def test_bf16_engine_and_dead_engine_raises_promptly(ckpt):
 def test_startup_failure_is_engine_error(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="engine startup"):
-        LocalEngine(str(tmp_path / "no_such_checkpoint"))
+        LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tmp_path / "no_such_checkpoint")))
     assert time.monotonic() - t0 < 60
 
 
@@ -283,7 +285,7 @@ def test_the_stop_rule_is_sglangs_union_of_eos_ids(engine, ckpt, tmp_path):
     extra = max(counts, key=counts.get)  # a token the model samples often mid-response
     two = with_extra_eos(ckpt, tmp_path / "m2", extra)
     assert model_stop_ids(two) == {1, extra}
-    with LocalEngine(str(two), seed=1) as eng:
+    with LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(two), seed=1)) as eng:
         samples = flat(eng.generate(PROMPTS, 8, sampling))
     first_stop_rule_holds(samples, {1, extra})
     assert sum(s.response_ids[-1] == extra for s in samples) >= 3

@@ -247,7 +247,7 @@ def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
     """Interval lag 2: staleness 0,1,2,1,2; a run resumed from its step-2 checkpoint ends with the
     same weights and per-step metrics as the uninterrupted run."""
     from sat_cli.checkpoints.state import latest_checkpoint, list_checkpoints
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
     task = SevensTask()
 
@@ -267,7 +267,9 @@ def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
             checkpoint_keep=5,
             histogram_every=0,
         )
-        with LocalEngine(str(tiny_dir), seed=0) as engine:
+        with LocalEngine(
+            LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)
+        ) as engine:
             train_loop(
                 s,
                 task=task,
@@ -302,7 +304,7 @@ def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
 
 
 def _bounded_run(tiny_dir, run_dir, inflight: bool, steps=6, n=2, tokens=6) -> Recorder:
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
     trainer = _trainer(tiny_dir)
     rec = Recorder()
@@ -319,7 +321,9 @@ def _bounded_run(tiny_dir, run_dir, inflight: bool, steps=6, n=2, tokens=6) -> R
         histogram_every=1,
         inflight_updates=inflight,
     )
-    with LocalEngine(str(tiny_dir), seed=0, inflight_updates=inflight) as engine:
+    with LocalEngine(
+        LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0, inflight_updates=inflight)
+    ) as engine:
         train_loop(
             s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine, trainer=trainer,
             tracker=rec,

@@ -43,6 +43,7 @@ def build(s, rt):
     import json
 
     from sat_cli.engines.local.engine import LocalEngine
+    from sat_cli.engines.local.settings import LocalEngineRuntime, LocalEngineSettings
 
     class FakeEngine(LocalEngine):
         calls = 0
@@ -56,8 +57,9 @@ def build(s, rt):
                 {"threads": s.threads, "seed": rt.seed, "calls": FakeEngine.calls}))
             super().close()
 
-    return FakeEngine(rt.model_path, dtype=s.dtype, device=s.device, seed=rt.seed,
-                      num_threads=s.threads, log_file=str(rt.logs / "engine.log"))
+    own = LocalEngineSettings(dtype=s.dtype, device=s.device, num_threads=s.threads)
+    log = str(rt.logs / "engine.log")
+    return FakeEngine(own, LocalEngineRuntime(rt.model_path, rt.seed, log_file=log))
 
 
 ENGINES.add("fake", Component(FakeEngineSettings, build))

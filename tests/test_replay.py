@@ -114,7 +114,7 @@ class SpyTrainer:
 
 
 def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed")):
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.local import LocalTrainer
 
@@ -126,7 +126,9 @@ def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolic
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
     s = LoopSettings(max_steps=4, prompts_per_step=2, group_size=4, sampling=sampling, lag=lag,
                      run_dir=run_dir, seed=3, histogram_every=0)  # fmt: skip
-    engine = LocalEngine(str(tiny_dir), seed=0) if replay is None else None  # replay: no engine
+    engine = None  # replay: no engine
+    if replay is None:
+        engine = LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
     try:
         train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
                    trainer=trainer, tracker=rec, recorder=recorder, replay=replay)  # fmt: skip

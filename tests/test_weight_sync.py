@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import SamplingParams, WeightSyncError
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.engines.local.sync import served_state
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync, WeightSyncFailed
 from sat_cli.models.tiny_moe import load_model, save_hf
@@ -98,7 +98,7 @@ def changed(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shared_engine():
-    with LocalEngine(str(MODEL)) as engine:
+    with LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(MODEL))) as engine:
         yield engine
 
 

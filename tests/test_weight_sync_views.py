@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import SamplingParams, WeightSyncError
-from sat_cli.engines.local import LocalEngine
+from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 from sat_cli.engines.local.sync import bind_views, served_state, targets
 from sat_cli.loop.weightsync import GroupSpec
 from sat_cli.models.tiny_moe import build_tiny_moe, load_model, save_hf
@@ -126,7 +126,7 @@ def test_the_engine_binds_alternates_its_buffers_and_a_failed_receive_keeps_the_
     folder = save_hf(versions[2], None, tmp_path / "v2")
     params = SamplingParams(max_new_tokens=8, seed=3)
     sender = WeightSender(source_dir=str(MODEL), bucket_bytes=BIG)
-    with LocalEngine(str(MODEL)) as engine:
+    with LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(MODEL))) as engine:
         for v in (1, 2):
             sender.capture(v, served_state(versions[v]))
             engine.sync_weights(sender, v, spec)

@@ -33,7 +33,7 @@ class RolloutEngine(Protocol):
     ``generate_async`` returns at once; the future resolves to one list of ``n`` samples per
     prompt, in prompt order. ``update_weights`` loads a published HF checkpoint directory and
     tags later samples with ``version``; it is applied between requests, or, where the engine
-    takes in-flight updates (``LocalEngine(inflight_updates=True)``, SGLang paused in place),
+    takes in-flight updates (``LocalEngineRuntime(inflight_updates=True)``, SGLang paused in place),
     between decode steps, and the samples then carry ``token_versions``.
 
     Capabilities with defaults here (an engine that subclasses this protocol overrides what it

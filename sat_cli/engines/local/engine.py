@@ -17,7 +17,7 @@ R3 route capture, the kept sets and top-k a request may ask for) are documented 
 derives one from the engine ``seed`` and a request counter, so a fresh engine replays the same
 samples for the same sequence of requests.
 
-In-flight updates (``inflight_updates=True``, off by default; the default path is unchanged):
+In-flight updates (``LocalEngineRuntime(inflight_updates=True)``, off by default; the default path is unchanged):
 ``update_weights`` may be called from any thread while ``generate_async`` requests run. It goes
 over a second (control) pipe, and the worker loads the new weights at the next token boundary of
 the running batch (at once if idle); it returns when they are loaded. ``generate_async(...,
@@ -28,7 +28,8 @@ from more than one version; ``weight_version`` is the version of the first token
 
 Example::
 
-    with LocalEngine("path/to/hf_dir", r3=True) as engine:
+    rt = LocalEngineRuntime("path/to/hf_dir", r3=True)
+    with LocalEngine(LocalEngineSettings(), rt) as engine:
         groups = engine.generate([[20, 21, 22]], n=4, sampling=SamplingParams(max_new_tokens=16))
 """
 
@@ -40,11 +41,13 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
+from typing import ClassVar
 
 import numpy as np
 
 from sat_cli.engines.base import RolloutEngine
 from sat_cli.engines.local.inflight import InflightUpdates
+from sat_cli.engines.local.settings import LocalEngineRuntime, LocalEngineSettings
 from sat_cli.engines.local.sync import LocalSync
 from sat_cli.engines.local.worker import worker_main
 from sat_cli.errors import EngineError, EngineStartError
@@ -71,49 +74,39 @@ def _shutdown(proc, conn, ctrl=None) -> None:
 class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
     """HF-transformers rollout engine in its own process (implements ``RolloutEngine``)."""
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "float32",
-        r3: bool = False,
-        seed: int = 0,
-        num_threads: int = 1,
-        device: str = "cpu",
-        log_file: str | None = None,
-        max_batch_size: int = 256,
-        weight_version: int = 0,
-        startup_timeout_s: float = 300.0,
-        inflight_updates: bool = False,
-        inflight_cache: str = "recompute",
-    ):
+    MAX_BATCH_SIZE: ClassVar[int] = 256  # sequences per forward of the worker
+    STARTUP_TIMEOUT_S: ClassVar[float] = 300.0  # until the worker has loaded the model
+
+    def __init__(self, settings: LocalEngineSettings, runtime: LocalEngineRuntime):
+        """``settings``: ``engine.*`` of ``engine=local`` (dtype, torch threads, device);
+        ``runtime``: the model folder, seed, R3, the planned device, log file, the loaded
+        weights' version and in-flight updates."""
         from sat_cli.engines.local.inflight import CACHE_MODES
 
-        if inflight_cache not in CACHE_MODES:
-            raise ValueError(f"inflight_cache={inflight_cache!r}: use one of {CACHE_MODES}")
-        self.model_path = str(model_path)
-        self.inflight_updates = bool(inflight_updates)
-        self.dtype = dtype
-        self.r3 = r3
-        self.seed = seed
-        self.weight_version = weight_version
+        s, rt = settings, runtime
+        if rt.inflight_cache not in CACHE_MODES:
+            raise ValueError(f"inflight_cache={rt.inflight_cache!r}: use one of {CACHE_MODES}")
+        self.model_path = str(rt.model_path)
+        self.inflight_updates = bool(rt.inflight_updates)
+        self.dtype, self.r3, self.seed = s.dtype, rt.r3, rt.seed
+        self.weight_version = rt.weight_version
         cfg = dict(
             model_path=self.model_path,
-            dtype=dtype,
-            r3=r3,
-            seed=seed,
-            num_threads=num_threads,
-            device=device,
-            log_file=str(log_file) if log_file else None,
-            max_batch_size=max_batch_size,
-            version=weight_version,
+            dtype=s.dtype,
+            r3=rt.r3,
+            seed=rt.seed,
+            num_threads=s.num_threads,
+            device=rt.device or s.device,
+            log_file=str(rt.log_file) if rt.log_file else None,
+            max_batch_size=self.MAX_BATCH_SIZE,
+            version=rt.weight_version,
         )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         args = (child, cfg)
         self._ctrl = ctrl_child = None
         if self.inflight_updates:
-            cfg.update(inflight=True, inflight_cache=inflight_cache)
+            cfg.update(inflight=True, inflight_cache=rt.inflight_cache)
             self._ctrl, ctrl_child = ctx.Pipe(duplex=True)
             args = (child, cfg, ctrl_child)
         self._proc = ctx.Process(target=worker_main, args=args, daemon=True, name="sat-engine")
@@ -131,7 +124,7 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sat-engine")
         self.pid = self._proc.pid
         try:
-            ready = self._recv(timeout=startup_timeout_s, what="engine startup")
+            ready = self._recv(timeout=self.STARTUP_TIMEOUT_S, what="engine startup")
         except EngineError:
             self._closed = True
             self._executor.shutdown(wait=False)
@@ -197,7 +190,7 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         """``updates`` (in-flight mode only): ``(after_tokens, path, version)`` entries, each
         loaded at the token boundary where the running batch has sampled ``after_tokens`` tokens
         (tokens ``0..after_tokens-1`` from the old weights, the rest from the new; ``0``: before
-        the prefill), counted in the first batch of ``max_batch_size`` entries that reaches it;
+        the prefill), counted in the first batch of ``MAX_BATCH_SIZE`` entries that reaches it;
         one the request ends before reaching is loaded after it. A failed load fails the request.
         """
         self._check_usable()
@@ -208,7 +201,7 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         }
         if updates:
             if not self.inflight_updates:
-                raise ValueError("updates= needs LocalEngine(inflight_updates=True)")
+                raise ValueError("updates= needs LocalEngineRuntime(inflight_updates=True)")
             request["updates"] = [
                 {"after_tokens": int(k), "path": str(path), "version": int(v)}
                 for k, path, v in updates

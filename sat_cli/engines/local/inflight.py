@@ -1,4 +1,4 @@
-"""In-flight weight updates of the local engine (``LocalEngine(inflight_updates=True)``): the
+"""In-flight weight updates of the local engine (``LocalEngineRuntime(inflight_updates=True)``): the
 worker's side, and the engine's end of the control pipe (:class:`InflightUpdates`).
 
 The worker takes a new weight version *between decode steps* of a running request, so one

@@ -23,18 +23,37 @@ class LocalEngineSettings(EngineSettings):
         check_range("engine.num_threads", self.num_threads, 1)
 
 
+@dataclass(frozen=True)
+class LocalEngineRuntime:
+    """What a :class:`~sat_cli.engines.local.engine.LocalEngine` is built with besides its
+    settings: the model folder, the run's seed and R3, the torch device the device plan gave it
+    (``cuda:K``; None: ``engine.device``), its log file (None: none), the version the loaded
+    weights carry, and in-flight updates (``inflight_cache``: ``recompute`` or ``keep``,
+    ``sat_cli.engines.local.inflight``)."""
+
+    model_path: str
+    seed: int = 0
+    r3: bool = False
+    device: str | None = None
+    log_file: str | None = None
+    weight_version: int = 0
+    inflight_updates: bool = False
+    inflight_cache: str = "recompute"
+
+
 def build(s: LocalEngineSettings, rt: EngineRuntime):
     from sat_cli.engines.local.engine import LocalEngine
 
     return LocalEngine(
-        rt.model_path,
-        dtype=s.dtype,
-        device=rt.devices.find("local engine").device,  # cuda:K of the device plan
-        r3=rt.r3,
-        seed=rt.seed,
-        num_threads=s.num_threads,
-        log_file=str(rt.logs / "engine.log"),
-        **rt.inflight(),
+        s,
+        LocalEngineRuntime(
+            rt.model_path,
+            seed=rt.seed,
+            r3=rt.r3,
+            device=rt.devices.find("local engine").device,  # cuda:K of the device plan
+            log_file=str(rt.logs / "engine.log"),
+            **rt.inflight(),
+        ),
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sat_cli.envs import registry
-from sat_cli.envs.base import EnvSettings
+from sat_cli.envs.base import EnvSettings, is_heldout
 from sat_cli.envs.calculator import CalcError, calculate, final_number, make_problem
+from sat_cli.envs.calculator import rows as calculator_rows
 
 
 def tool(expr: str) -> str:
@@ -101,7 +102,7 @@ def test_settings_are_bounded(kwargs, match):
 
 
 def test_registry_refuses_unknown_and_takes_user_envs():
-    with pytest.raises(ValueError, match="unknown environment 'chess'; valid: calculator"):
+    with pytest.raises(ValueError, match="unknown environment 'chess'; valid: calculator, guess"):
         registry.make("chess")
 
     @registry.register_env("echo")
@@ -113,3 +114,31 @@ def test_registry_refuses_unknown_and_takes_user_envs():
         assert registry.make("echo", EnvSettings(max_turns=1)).settings.max_turns == 1
     finally:
         del registry.ENVIRONMENTS["echo"]
+
+
+def test_compact_exchange_for_the_character_level_model():
+    env = registry.make("calculator", EnvSettings(max_turns=2, parser="compact"))
+    p = make_problem(7, digits=3)
+    assert env.reset(p) == [{"role": "user", "content": f"{p['a']}*{p['b']}="}]
+    obs, reward, done, info = env.step(f"[calc:{p['a']}*{p['b']}]")
+    assert obs == [{"role": "tool", "content": f"{p['a'] * p['b']}="}] and not done
+    obs, reward, done, info = env.step("\\boxed{" + p["answer"] + "}")
+    assert (obs, reward, done, info["correct"]) == ([], 1.0, True, True)
+    env.reset(p)
+    obs, *_ = env.step("[calculator:1//0][shell:ls]")
+    assert [m["content"] for m in obs] == [
+        "error: division by zero",
+        "error: unknown tool 'shell'; the tool is calculator",
+    ]
+
+
+def test_rows_split_by_seed():
+    train, held = calculator_rows("train", 50), calculator_rows("heldout", 5)
+    assert len({r["seed"] for r in train} & {r["seed"] for r in held}) == 0
+    assert [r["seed"] for r in held] == [
+        s for s in range(held[-1]["seed"] + 1) if is_heldout("calculator", s)
+    ]
+    assert held[0] == {**make_problem(held[0]["seed"], digits=3), "seed": held[0]["seed"]}
+    assert calculator_rows("train", 3, start=train[10]["seed"]) == train[10:13]
+    with pytest.raises(ValueError, match="split must be one of train, heldout"):
+        calculator_rows("test", 1)

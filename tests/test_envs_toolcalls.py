@@ -71,5 +71,27 @@ def test_hostile_sizes_are_refused_whole():
 
 
 def test_unknown_parser_lists_the_registered_ones():
-    with pytest.raises(ValueError, match="unknown tool-call parser 'xml'; valid: hermes"):
+    with pytest.raises(ValueError, match="unknown tool-call parser 'xml'; valid: compact, hermes"):
         get_parser("xml")
+
+
+def test_compact_calls_with_text_around_them():
+    p = parse("compact", r"let me [calc:123*456] then [x-1:] \boxed{5}")
+    assert p.calls == [ToolCall("calc", {"input": "123*456"}), ToolCall("x-1", {"input": ""})]
+    assert p.content == r"let me  then  \boxed{5}" and p.errors == []
+
+
+@pytest.mark.parametrize(
+    "text,content",
+    [("[calc:12", ""), ("ok [:1]", "ok"), ("a [b c:1]", "a"), ("[c:[1]]", ""), ("[c:1\n]", "")],
+    ids=["unclosed", "no-name", "space-in-name", "nested", "newline"],
+)
+def test_compact_malformed_calls_are_errors(text, content):
+    p = parse("compact", text)
+    assert p.calls == [] and p.content == content
+    assert p.errors and set(p.errors) == {"malformed tool call: write [name:input]"}
+
+
+def test_compact_hostile_sizes_are_refused_whole():
+    assert "not parsed" in parse("compact", "[" * (MAX_TEXT_CHARS + 1)).errors[0]
+    assert "17 tool calls" in parse("compact", "[a:1]" * (MAX_CALLS + 1)).errors[0]

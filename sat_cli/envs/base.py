@@ -13,17 +13,25 @@ metrics). A single-turn task is the one-step case: ``step`` grades and returns `
 An environment ends the trajectory itself at ``settings.max_turns``. The per-trajectory token
 budget (``settings.max_tokens``) is counted by the caller, which holds the tokenizer.
 
+Rows: a shipped environment draws its problems from seeds, ``rows(split, n, start)``: a seed is
+held out iff a hash of it falls in the lowest ``1/HELDOUT_MOD`` of the range (``is_heldout``), so
+the train and held-out rows are disjoint by construction and the same on every machine.
+
 The registry of environments is ``envs/registry.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "content": …}
 MAX_TURNS = 64
 MAX_TOKENS = 1 << 20
+HELDOUT_MOD = 10
+SPLITS = ("train", "heldout")
 
 
 @dataclass(frozen=True)
@@ -76,3 +84,56 @@ class TurnCounter:
     @property
     def last(self) -> bool:
         return self.turns >= self.max_turns
+
+
+class TurnBasedEnv:
+    """What the shipped environments share: settings, the prompt style (``compact`` when the
+    parser is, for small character-level models), the current row and the turn count."""
+
+    needs: tuple[str, ...] = ()  # the keys a row must have
+
+    def __init__(self, settings: EnvSettings):
+        self.settings = settings
+        self.compact = settings.parser == "compact"
+        self.row: dict[str, Any] | None = None
+        self.turn = TurnCounter(settings.max_turns)
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    def start(self, row: dict[str, Any]) -> None:
+        """``reset``'s common part: check and keep the row, start counting turns."""
+        if not all(k in row for k in self.needs):
+            name = type(self).__name__
+            raise ValueError(f"a {name} row needs {', '.join(map(repr, self.needs))}")
+        self.row = row
+        self.turn = TurnCounter(self.settings.max_turns)
+
+    def begin(self, action_text: str) -> None:
+        """``step``'s common part: one more turn of a started, unfinished trajectory."""
+        if self.row is None:
+            raise RuntimeError("step() before reset()")
+        self.turn.begin(action_text)
+
+
+def is_heldout(env: str, seed: int) -> bool:
+    """Whether ``seed`` of environment ``env`` is in the held-out split (module docstring)."""
+    h = hashlib.sha256(f"{env}-split:{seed}".encode()).digest()
+    return int.from_bytes(h[:8], "little") % HELDOUT_MOD == 0
+
+
+def split_rows(
+    env: str, make: Callable[[int], dict[str, Any]], split: str, n: int, start: int = 0
+) -> list[dict[str, Any]]:
+    """The first ``n`` rows of ``split`` among seeds ``start, start+1, …`` (``make(seed)``)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"the number of rows must be an integer >= 0, not {n!r}")
+    out, seed = [], start
+    while len(out) < n:
+        if is_heldout(env, seed) == (split == "heldout"):
+            out.append({**make(seed), "seed": seed})
+        seed += 1
+    return out

@@ -15,6 +15,14 @@ before it is computed (``MAX_EXPR_CHARS``, ``MAX_RESULT_DIGITS``), so it runs no
 hang and cannot allocate much; the sandbox would add ~0.09 s per call (the median of a Python
 one-liner there, measured on the 2-core CPU machine) for nothing.
 Its calls are still counted in ``stats`` (a ``ToolStats``) like sandboxed ones.
+
+With ``parser=compact`` (for the embedded character-level model) the whole exchange is compact
+and has no system prompt: the prompt is ``123*456=``, the call ``[calc:123*456]``, the tool's
+answer ``56088=`` and the final answer ``\\boxed{56088}``, so each turn reads like the toy task
+the model was warm-started on (``a+b=`` → ``\\boxed{sum}``) and the only new skill is copying.
+
+Rows: ``rows(split, n, start)`` (``base.split_rows``), problems of ``settings``-independent
+``DIGITS`` digits; the held-out split is 1 seed in 10.
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ import random
 import re
 from typing import Any
 
-from sat_cli.envs.base import EnvSettings, Message, Step, TurnCounter
+from sat_cli.envs.base import EnvSettings, Message, Step, TurnBasedEnv, split_rows
 from sat_cli.envs.sandbox import ToolResult, ToolStats
 from sat_cli.envs.toolcalls import get_parser
 
 MAX_EXPR_CHARS = 200
 MAX_RESULT_DIGITS = 200
 MAX_EXPONENT = 64
+DIGITS = 3  # the shipped rows: 3-digit operands (the warm-started model reads 3-digit numbers)
+TOOL_NAMES = ("calculator", "calc")  # calc: the compact format's short name
 OPS = {"*": lambda a, b: a * b, "+": lambda a, b: a + b}
 SYSTEM = (
     "You can call the tool calculator. To call it, write "
@@ -100,7 +110,19 @@ def make_problem(seed: int, digits: int = 6, op: str = "*") -> dict[str, Any]:
     rng = random.Random(seed)
     a, b = (rng.randrange(10 ** (digits - 1), 10**digits) for _ in range(2))
     answer = OPS[op](a, b)
-    return {"question": f"What is {a} {op} {b}?", "answer": str(answer), "a": a, "b": b, "op": op}
+    return {
+        "question": f"What is {a} {op} {b}?",
+        "compact": f"{a}{op}{b}=",
+        "answer": str(answer),
+        "a": a,
+        "b": b,
+        "op": op,
+    }
+
+
+def rows(split: str, n: int, start: int = 0, digits: int = DIGITS) -> list[dict[str, Any]]:
+    """``n`` rows of ``split`` (``train``/``heldout``) from seed ``start`` on."""
+    return split_rows("calculator", lambda seed: make_problem(seed, digits), split, n, start)
 
 
 FINAL = re.compile(r"-?\d[\d,]*")
@@ -112,37 +134,31 @@ def final_number(text: str) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
-class CalculatorEnv:
+class CalculatorEnv(TurnBasedEnv):
+    needs = ("question", "answer")
+
     def __init__(self, settings: EnvSettings):
-        self.settings = settings
+        super().__init__(settings)
         self.parse = get_parser(settings.parser)
         self.stats = ToolStats()
-        self.row: dict[str, Any] | None = None
-        self.turn = TurnCounter(settings.max_turns)
-
-    @property
-    def max_turns(self) -> int:
-        return self.settings.max_turns
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
-        if "question" not in row or "answer" not in row:
-            raise ValueError("a calculator row needs 'question' and 'answer' (make_problem)")
-        self.row = row
-        self.turn = TurnCounter(self.settings.max_turns)
+        self.start(row)
+        if self.compact:
+            return [{"role": "user", "content": row.get("compact", row["question"])}]
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["question"]}]
 
     def _call(self, name: str, arguments: dict) -> ToolResult:
-        if name != "calculator":
+        if name not in TOOL_NAMES:
             return ToolResult("bad_call", f"error: unknown tool {name!r}; the tool is calculator")
         try:
-            return ToolResult("ok", str(calculate(arguments.get("expression"))))
+            value = calculate(arguments.get("expression", arguments.get("input")))
+            return ToolResult("ok", f"{value}=" if self.compact else str(value))
         except CalcError as e:
             return ToolResult("bad_call", f"error: {e}")
 
     def step(self, action_text: str) -> Step:
-        if self.row is None:
-            raise RuntimeError("step() before reset()")
-        self.turn.begin(action_text)
+        self.begin(action_text)
         parsed = self.parse(action_text)
         info = {"turn": self.turn.turns, "tool_calls": len(parsed.calls)}
         info["parse_errors"] = len(parsed.errors)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from sat_cli.envs.base import Environment, EnvSettings
 from sat_cli.envs.calculator import CalculatorEnv
+from sat_cli.envs.guess import GuessEnv
 from sat_cli.registry import Registry
 from sat_cli.validate import ConfigError
 
 ENVIRONMENTS = Registry("environment", "environment")
 ENVIRONMENTS.add("calculator", CalculatorEnv)
+ENVIRONMENTS.add("guess", GuessEnv)
 
 
 def register_env(name: str):

@@ -8,6 +8,12 @@ the environment can tell the model, instead of being dropped; an opening tag nev
 error too. A text over ``MAX_TEXT_CHARS`` or with more than ``MAX_CALLS`` calls is refused whole
 (one error, no calls): hostile sizes never reach ``json.loads``.
 
+``compact`` (for small character-level models, e.g. the embedded 1 M-parameter model, which
+cannot learn JSON in tags): each call is ``[name:input]``, one line, no nesting: a name of
+letters, digits, ``_`` or ``-`` and an input without brackets or newlines, e.g.
+``[calc:123*456]``; it parses to ``ToolCall(name, {"input": input})``. Every other ``[`` in the
+reply starts a malformed call (an error), so a reply in this format has no other brackets.
+
 A new format is one function ``(text) -> Parsed`` decorated with ``@register_parser("name")``;
 ``get_parser`` refuses an unknown name listing the registered ones.
 """
@@ -74,16 +80,23 @@ def _one_call(body: str) -> ToolCall | str:
     return ToolCall(name, args)
 
 
+def _refused(text: str, calls: int) -> Parsed | None:
+    """The whole-reply refusal of hostile sizes (module docstring), or None."""
+    if len(text) > MAX_TEXT_CHARS:
+        return Parsed("", [], [f"reply over {MAX_TEXT_CHARS} characters: not parsed"])
+    if calls > MAX_CALLS:
+        return Parsed("", [], [f"{calls} tool calls, more than {MAX_CALLS}: not parsed"])
+    return None
+
+
 HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 @register_parser("hermes")
 def parse_hermes(text: str) -> Parsed:
-    if len(text) > MAX_TEXT_CHARS:
-        return Parsed("", [], [f"reply over {MAX_TEXT_CHARS} characters: not parsed"])
-    bodies = HERMES.findall(text)
-    if len(bodies) > MAX_CALLS:
-        return Parsed("", [], [f"{len(bodies)} tool calls, more than {MAX_CALLS}: not parsed"])
+    bodies = HERMES.findall(text[: MAX_TEXT_CHARS + 1])
+    if refused := _refused(text, len(bodies)):
+        return refused
     calls, errors = [], []
     for body in bodies:
         got = _one_call(body.strip())
@@ -93,3 +106,17 @@ def parse_hermes(text: str) -> Parsed:
         errors.append("a <tool_call> tag is never closed")
         rest = rest.split("<tool_call>", 1)[0]
     return Parsed(rest.strip(), calls, errors)
+
+
+COMPACT = re.compile(r"\[([A-Za-z0-9_-]+):([^\[\]\n]*)\]")
+
+
+@register_parser("compact")
+def parse_compact(text: str) -> Parsed:
+    found = COMPACT.findall(text[: MAX_TEXT_CHARS + 1])
+    if refused := _refused(text, len(found)):
+        return refused
+    rest = COMPACT.sub("", text)
+    errors = ["malformed tool call: write [name:input]"] * rest.count("[")
+    rest = rest.split("[", 1)[0] if errors else rest
+    return Parsed(rest.strip(), [ToolCall(n, {"input": a}) for n, a in found], errors)

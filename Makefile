@@ -61,7 +61,7 @@ $(SGLANG_STAMP): requirements-sglang-cpu.txt
 
 sglang-cpu: $(SGLANG_STAMP) ## build .venv-sglang (SGLANG_VENV): a real SGLang 0.5.23 server on this CPU (AVX-512); `make test` then runs its tier
 
-sglang-kernel: ## build SGLang's CPU kernel wheel from source into build/sglang-kernel/dist (SGLANG_SRC=<checkout>, else download; ~11 min on 2 cores)
+sglang-kernel: ## build SGLang's CPU kernel wheel from source into build/sglang-kernel/dist (SGLANG_SRC=<checkout>, else download; about 17 min on 2 cores)
 	SGLANG_KERNEL_OUT='$(SGLANG_KERNEL_DIR)' scripts/build_sglang_kernel.sh
 
 run: $(STAMP) ## install, then `sat train` on the embedded default (tiny Qwen3-MoE, toy task, CPU)

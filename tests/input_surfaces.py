@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import typing
 from pathlib import Path
 
@@ -30,21 +31,48 @@ SAT = Path(__file__).resolve().parents[1] / "sat_cli"
 
 # ----------------------------------------------------------------------------- config
 def config_options() -> dict[str, typing.Any]:
-    """Dotted key -> type annotation for every leaf of the schema."""
+    """Dotted key -> type annotation for every leaf of the schema, and of the settings class of
+    every registered option of ``engine``, ``trainer`` and ``launcher`` (``engine=sglang``'s
+    ``engine.request_timeout_s``: :func:`option_needs` names the override that makes it a key)."""
+    return {k: t for k, (t, _) in _options().items()}
+
+
+def option_needs(key: str) -> list[str]:
+    """The group override a key needs (``["engine=sglang"]``), ``[]`` for a key of the default
+    config."""
+    return _options()[key][1]
+
+
+@functools.cache
+def _options() -> dict[str, tuple[typing.Any, list[str]]]:
+    from sat_cli.config.options import registries
     from sat_cli.config.schema import SatConfig
 
-    out: dict[str, typing.Any] = {}
+    out: dict[str, tuple[typing.Any, list[str]]] = {}
 
-    def walk(cls, prefix: str) -> None:
+    def walk(cls, prefix: str, needs: list[str]) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             t = hints[f.name]
             if dataclasses.is_dataclass(t):
-                walk(t, f"{prefix}{f.name}.")
-            else:
-                out[prefix + f.name] = t
+                walk(t, f"{prefix}{f.name}.", needs)
+            elif prefix + f.name not in out:
+                out[prefix + f.name] = (t, needs)
 
-    walk(SatConfig, "")
+    import yaml
+
+    from sat_cli.config import conf_dir
+
+    chosen = {}  # conf/config.yaml's defaults: group -> option
+    for d in yaml.safe_load((conf_dir() / "config.yaml").read_text())["defaults"]:
+        chosen.update(d if isinstance(d, dict) else {})
+    walk(SatConfig, "", [])
+    for group, reg in registries().items():
+        default = [n for n in reg.names() if n == chosen.get(group)]
+        for name in default + [n for n in reg.names() if n not in default]:
+            walk(
+                reg.get(name).settings, f"{group}.", [] if name in default else [f"{group}={name}"]
+            )
     return out
 
 
@@ -213,6 +241,7 @@ FILE_SITES = {
     "weightsync.spec:weight_sender": "model-config",
     "commands.worker:read_config": "worker-config",
     "config.layout:model_config": "model-config",
+    "envs.launch:main": "internal: the tool sandbox's launch spec, written by sat's own sandbox",
     "envs.toolcalls:_one_call": "internal: a tool call in the model's own output (an error string)",
     "engines.sglang.client:json_or_raise": "internal: the SGLang server's HTTP answers",
     "engines.sglang.server:ready": "internal: the SGLang server's HTTP answers",

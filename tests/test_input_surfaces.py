@@ -131,6 +131,10 @@ def test_every_config_group_goes_through_the_grammar_checks():
 def test_every_config_option_has_a_fuzz_strategy():
     options = inv.config_options()
     assert len(options) > 100  # the schema walk found the schema
+    # and the settings of every registered option (engine=sglang's, launcher=ray's)
+    assert inv.option_needs("engine.request_timeout_s") == ["engine=sglang"]
+    assert inv.option_needs("launcher.placement_timeout_s") == ["launcher=ray"]
+    assert inv.option_needs("engine.weight_sync") == []
     assert [k for k, t in options.items() if value_strategy(t) is None] == []
 
 
@@ -196,7 +200,7 @@ def test_fuzz_config_options(n):
         key, value = case
         with deadline(30):
             try:
-                _, obj = load([f"{key}={value}"], "config")
+                _, obj = load([*inv.option_needs(key), f"{key}={value}"], "config")
             except ConfigError as exc:
                 one_line(exc)
                 return
@@ -635,10 +639,10 @@ def test_every_duration_is_bounded():
     from sat_cli.config import ConfigError, load
 
     durations = [k for k in inv.config_options() if k.endswith("_s")]
-    assert "engine.weight_sync_timeout_s" in durations
+    assert "engine.weight_sync_timeout_s" in durations and "engine.request_timeout_s" in durations
     for key in durations:
         for value in ("1e300", "-1"):
             with pytest.raises(
                 ConfigError, match=rf"{re.escape(key)}=.*must lie in \[0, 2592000\]"
             ):
-                load([f"{key}={value}"], "config")
+                load([*inv.option_needs(key), f"{key}={value}"], "config")

@@ -11,6 +11,7 @@ counts, the fuzz profiles) agree with bench/README.md's record or the code."""
 
 from __future__ import annotations
 
+import glob
 import re
 import sys
 import unicodedata
@@ -238,12 +239,11 @@ def test_the_kernel_build_time_quoted_agrees_with_the_bench_record():
 
 
 # paths quoted on purpose that are not this repository's files: another project's (slime's
-# example), a file a study's rule writes later, a user's file in an example, a name prefix
+# example), a file a study's rule writes later, a user's file in an example
 NOT_OURS = {
     "examples/train_infer_mismatch_helper/mis.py",
     "sweeps/collapse_confirm_cpu.yaml",
     "sweeps/example.yaml",
-    "tests/data/sglang_captured/ws_",
 }
 QUOTED_PATH = re.compile(
     r"(?<![\w./-])((?:sat_cli|tests|bench|scripts|conf|sweeps|examples|docs)/[\w./-]*\w)"
@@ -260,7 +260,11 @@ def missing_paths(path: Path, root: Path = ROOT) -> list[str]:
             quoted, test = m.groups()
             if quoted in NOT_OURS:
                 continue
-            if not (root / quoted).exists():
+            if quoted.endswith("_"):  # a name prefix (`sweeps/collapse_pilot2_`)
+                folder, prefix = (root / quoted).parent, (root / quoted).name
+                if not any(folder.glob(f"{glob.escape(prefix)}*")):
+                    bad.append(f"{quoted}: no file starts so")
+            elif not (root / quoted).exists():
                 bad.append(f"{quoted}: no such file")
             elif test and not re.search(rf"^\s*def {test}\b", (root / quoted).read_text(), re.M):
                 bad.append(f"{quoted}::{test}: no such test")
@@ -274,10 +278,11 @@ def test_the_path_check_catches_what_it_should(tmp_path):
     doc = tmp_path / "docs" / "x.md"  # quotes itself, two good paths and two gone
     doc.write_text(
         "`sat_cli/sweep/safe_yaml.py` `tests/test_a.py::test_here` `tests/test_a.py::test_gone`"
-        " sat_cli/not_code.py `see docs/x.md`\n"
+        " sat_cli/not_code.py `see docs/x.md` `tests/test_` `tests/nope_`\n"
     )
     assert missing_paths(doc, tmp_path) == [
         "sat_cli/sweep/safe_yaml.py: no such file",
+        "tests/nope_: no file starts so",
         "tests/test_a.py::test_gone: no such test",
     ]
 

@@ -1286,7 +1286,7 @@ def _secret_params(tmp_path) -> dict[str, str]:
     from omegaconf import OmegaConf
 
     from sat_cli.config import compose
-    from sat_cli.tracking import Tracker, flatten_config
+    from sat_cli.tracking import Tracker, TrackerSettings, flatten_config
 
     db = seeded_store(tmp_path / "mlflow.db")
     cfg = compose(
@@ -1300,7 +1300,9 @@ def _secret_params(tmp_path) -> dict[str, str]:
     container["engine"]["api_key"] = "SECRET456"  # keys named like credentials
     container["data"]["hf_token"] = "SECRET789"
     container["tracking"]["auth"] = {"password": "SECRETAUTH"}
-    with Tracker(f"sqlite:///{db}", "sec", "r", params=flatten_config(container)) as tr:
+    with Tracker(
+        TrackerSettings(f"sqlite:///{db}", "sec"), "r", params=flatten_config(container)
+    ) as tr:
         run_id = tr.run_id
     return MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(run_id).data.params
 

@@ -168,12 +168,12 @@ def test_geometric_profile_100_steps_matches_target_and_empirical_reads_its_tabl
     """100 steps x 8 samples of geometric:0.5,max=3 with a real MLflow store: the realised
     histogram is within TV 0.06 of the target; empirical: reads back the tables the run wrote
     (staleness/version_lag of one step, the cumulative staleness/lag_profile, the target)."""
-    from sat_cli.tracking import Tracker
+    from sat_cli.tracking import Tracker, TrackerSettings
 
     monkeypatch.chdir(tmp_path)
     prof = parse_profile("geometric:0.5,max=3")
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
-    with Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "profiles", "r") as tr:
+    with Tracker(TrackerSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "profiles"), "r") as tr:
         st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 100, tr, hist_every=50)
     counts = st["lag_profile_counts"]
     assert counts == _expected_counts(lag, 100) and sum(counts) == 800

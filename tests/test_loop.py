@@ -145,10 +145,10 @@ def test_the_tracker_and_the_test_sinks_are_what_the_loop_logs_to():
     """The loop calls its sink's five methods unconditionally (no ``hasattr`` probes): the MLflow
     Tracker, NullSink and this module's Recorder all have them; an object without
     ``outage_expired`` is not a sink."""
-    from sat_cli.tracking import Tracker
+    from sat_cli.tracking import Tracker, TrackerSettings
     from sat_cli.tracking.sink import MetricSink
 
-    disabled = Tracker(None, "e", "r")
+    disabled = Tracker(TrackerSettings(None, "e"), "r")
     assert isinstance(disabled, MetricSink) and disabled.outage_expired() is False
     assert isinstance(NullSink(), MetricSink) and isinstance(Recorder(), MetricSink)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sat_cli.tracking import Tracker, ui_command
+from sat_cli.tracking import Tracker, TrackerSettings, ui_command
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -96,20 +96,15 @@ def test_tracker_over_http_server(tmp_path):
     lag = rng.integers(0, 9, size=300).astype(np.float64)
 
     # a run logged straight into the sqlite store, before the server exists
-    with Tracker(f"sqlite:///{db}", "local", "direct") as tr:
+    with Tracker(TrackerSettings(f"sqlite:///{db}", "local"), "direct") as tr:
         tr.log_histogram("staleness/version_lag", lag, 0, bins=9)
         direct_run = tr.run_id
 
     with mlflow_server(db, _free_port()) as url:
-        with Tracker(
-            url,
-            "srv",
-            "r",
-            params={"algo.name": "gspo", "lag": "8"},
-            tags={"sweep": "smoke"},
-            http_timeout_s=60,  # uploads are slow on a loaded machine; failure paths: below
-            http_max_retries=0,
-        ) as tr:
+        # uploads are slow on a loaded machine; failure paths: below
+        store = TrackerSettings(url, "srv", http_timeout_s=60, http_max_retries=0)
+        params = {"algo.name": "gspo", "lag": "8"}
+        with Tracker(store, "r", params=params, tags={"sweep": "smoke"}) as tr:
             for step in range(3):
                 tr.log_metrics({"loss/policy": 0.25 * step, "eval/aime24/avg@8": step / 4}, step)
             table = tr.log_histogram("staleness/version_lag", lag, 1, marks={"max": 8.0}, bins=9)
@@ -157,7 +152,12 @@ def test_server_outage_mid_run_buffers_and_recovers(tmp_path, caplog):
     port = _free_port()
     caplog.set_level(logging.WARNING, logger="sat_cli.tracking")
     with mlflow_server(db, port) as url:
-        tr = Tracker(url, "outage", "r", http_timeout_s=2, http_max_retries=0, retry_interval_s=0)
+        tr = Tracker(
+            TrackerSettings(
+                url, "outage", http_timeout_s=2, http_max_retries=0, retry_interval_s=0
+            ),
+            "r",
+        )
         tr.log_metrics({"loss/policy": 0.0}, 0)
     # server is down: training must go on, metrics buffered, the histogram dropped and counted
     tr.log_metrics({"loss/policy": 1.0}, 1)

@@ -22,6 +22,7 @@ from sat_cli.tracking import (
     MAX_PARAM_VALUE_LEN,
     NONFINITE_KEY,
     Tracker,
+    TrackerSettings,
     TrackingError,
     default_artifact_root,
     flatten_config,
@@ -140,7 +141,7 @@ def test_params_logged_flattened_and_redacted(store, client):
         "long": "y" * 7000,
     }
     params = flatten_config(cfg)
-    with Tracker(store, "params", "r", params=params, tags={"algo": "grpo"}) as tr:
+    with Tracker(TrackerSettings(store, "params"), "r", params=params, tags={"algo": "grpo"}) as tr:
         run_id = tr.run_id
     run = client.get_run(run_id)
     got = run.data.params
@@ -156,7 +157,7 @@ def test_params_logged_flattened_and_redacted(store, client):
 
 def test_metrics_one_point_per_step_and_nonfinite(store, client):
     many = {f"w/k{i:04d}": float(i) for i in range(1100)}  # > one batch of 1000 points
-    with Tracker(store, "metrics", "r") as tr:
+    with Tracker(TrackerSettings(store, "metrics"), "r") as tr:
         for step in range(3):
             tr.log_metrics({"loss/policy": 0.1 * step + 0.3, "eval/aime24/avg@8": step / 8}, step)
         tr.log_metrics(many, step=3)
@@ -174,7 +175,10 @@ def test_metrics_one_point_per_step_and_nonfinite(store, client):
     assert _history(client, run_id, "loss/kl_k3") == []
     assert _history(client, run_id, NONFINITE_KEY) == [(4, 2.0)]
     assert len(client.get_run(run_id).data.metrics) == 1100 + 5
-    with Tracker(store, "metrics", "bad-step") as tr, pytest.raises(ValueError, match="int64"):
+    with (
+        Tracker(TrackerSettings(store, "metrics"), "bad-step") as tr,
+        pytest.raises(ValueError, match="int64"),
+    ):
         tr.log_metrics({"a": 1.0}, 2**63)  # would poison the retry buffer if it reached the store
     assert tr.buffered_metrics == 0
 
@@ -187,7 +191,7 @@ def test_histogram_image_steps_and_table(store, client, tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     data = {0: rng.exponential(0.05, 500), 7: rng.exponential(0.08, 800)}
     data[7][:3] = np.nan
-    with Tracker(store, "hist", "r") as tr:
+    with Tracker(TrackerSettings(store, "hist"), "r") as tr:
         for step, vals in data.items():
             table = tr.log_histogram(
                 "staleness/abs_logratio", vals, step, marks={"q": 0.1}, bins=20
@@ -250,7 +254,7 @@ def test_histogram_helpers_hand_case():
 
 def test_resume_continues_same_run(store, client):
     params = {"algo.name": "grpo", "lag": "8"}
-    with Tracker(store, "resume", "r", params=params) as tr:
+    with Tracker(TrackerSettings(store, "resume"), "r", params=params) as tr:
         tr.log_metrics({"loss/policy": 1.0}, 0)
         tr.log_metrics({"loss/policy": 2.0}, 1)
         tr.log_histogram("sat/contraction", [0.5, 0.7], 1)
@@ -258,7 +262,7 @@ def test_resume_continues_same_run(store, client):
     assert client.get_run(run_id).info.status == "FINISHED"
 
     changed = {"algo.name": "grpo", "lag": "4", "new.key": "x"}
-    tr = Tracker(store, "resume", "r", run_id=run_id, params=changed)
+    tr = Tracker(TrackerSettings(store, "resume"), "r", run_id=run_id, params=changed)
     assert tr.run_id == run_id
     assert client.get_run(run_id).info.status == "RUNNING"
     # resumed from a checkpoint at step 0: step 1 was already logged and is kept once
@@ -280,24 +284,24 @@ def test_resume_continues_same_run(store, client):
 
 def test_resume_unknown_or_deleted_run_raises(store, client):
     with pytest.raises(TrackingError, match="cannot resume MLflow run 0123456789abcdef"):
-        Tracker(store, "resume", "r", run_id="0123456789abcdef")
-    with Tracker(store, "resume", "deleted") as tr:
+        Tracker(TrackerSettings(store, "resume"), "r", run_id="0123456789abcdef")
+    with Tracker(TrackerSettings(store, "resume"), "deleted") as tr:
         pass
     client.delete_run(tr.run_id)
     with pytest.raises(TrackingError, match="MLflow rejected the run setup"):
-        Tracker(store, "resume", "deleted", run_id=tr.run_id)
+        Tracker(TrackerSettings(store, "resume"), "deleted", run_id=tr.run_id)
 
 
 def test_end_statuses(store, client):
     with pytest.raises(KeyboardInterrupt):
-        with Tracker(store, "status", "killed") as tr:
+        with Tracker(TrackerSettings(store, "status"), "killed") as tr:
             killed = tr.run_id
             raise KeyboardInterrupt
     with pytest.raises(ValueError):
-        with Tracker(store, "status", "failed") as tr:
+        with Tracker(TrackerSettings(store, "status"), "failed") as tr:
             failed = tr.run_id
             raise ValueError("boom")
-    tr = Tracker(store, "status", "twice")
+    tr = Tracker(TrackerSettings(store, "status"), "twice")
     tr.end("FAILED")
     tr.end("FINISHED")  # idempotent: the first status stays
     tr.log_metrics({"x": 1.0}, 0)  # after end: ignored
@@ -310,9 +314,9 @@ def test_end_statuses(store, client):
 
 
 def test_experiment_reused_with_artifact_location(store, client):
-    with Tracker(store, "reuse", "a") as a:
+    with Tracker(TrackerSettings(store, "reuse"), "a") as a:
         pass
-    with Tracker(store, "reuse", "b") as b:
+    with Tracker(TrackerSettings(store, "reuse"), "b") as b:
         pass
     assert a.experiment_id == b.experiment_id
     exp = client.get_experiment(a.experiment_id)
@@ -325,9 +329,9 @@ def test_experiment_reused_with_artifact_location(store, client):
 def test_disabled_tracker_is_noop(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for tr in (
-        Tracker(None, "e", "r"),
-        Tracker("none", "e", "r"),
-        Tracker(f"sqlite:///{tmp_path}/x.db", "e", "r", enabled=False),
+        Tracker(TrackerSettings(None, "e"), "r"),
+        Tracker(TrackerSettings("none", "e"), "r"),
+        Tracker(TrackerSettings(f"sqlite:///{tmp_path}/x.db", "e", enabled=False), "r"),
     ):
         with tr:
             assert tr.run_id is None and not tr.enabled
@@ -344,13 +348,16 @@ def test_disabled_tracker_is_noop(tmp_path, monkeypatch):
 def test_artifacts_text_dict_tags(store, client, tmp_path):
     f = tmp_path / "note.txt"
     f.write_text("hello")
-    with Tracker(store, "artifacts", "r") as tr:
+    with Tracker(TrackerSettings(store, "artifacts"), "r") as tr:
         tr.log_artifact(f, "files")
         tr.log_dict({"a": [1, 2]}, "cfg/resolved.json")
         tr.log_text("lag: 8\n", "config.yaml")
         tr.set_tags({"sweep": "table1", "db_url": "mysql://u:pw9@h/db", "api_token": "abc"})
         run_id = tr.run_id
-    with Tracker(store, "artifacts", "missing") as tr, pytest.raises(FileNotFoundError):
+    with (
+        Tracker(TrackerSettings(store, "artifacts"), "missing") as tr,
+        pytest.raises(FileNotFoundError),
+    ):
         tr.log_artifact(tmp_path / "nope.txt")
     assert tr.dropped_artifacts == 0
     art = Path(client.get_run(run_id).info.artifact_uri)
@@ -379,7 +386,7 @@ def test_unreachable_store_at_start_raises_quickly():
     uri = f"http://alice:s3cretpw@127.0.0.1:{_closed_port()}"
     t0 = time.monotonic()
     with pytest.raises(TrackingError) as info:
-        Tracker(uri, "e", "r", http_timeout_s=2, http_max_retries=0)
+        Tracker(TrackerSettings(uri, "e", http_timeout_s=2, http_max_retries=0), "r")
     elapsed = time.monotonic() - t0
     msg = str(info.value)
     assert elapsed < 10, elapsed
@@ -394,17 +401,17 @@ def test_experiments_are_tagged_as_model_training(store, client):
     """New experiments are created with mlflow.experimentKind=custom_model_development; existing
     ones get it when they have no kind or an inferred one; a kind someone chose is kept."""
     kind = "mlflow.experimentKind"
-    with Tracker(store, "kind-new", "r") as tr:
+    with Tracker(TrackerSettings(store, "kind-new"), "r") as tr:
         assert client.get_experiment(tr.experiment_id).tags[kind] == "custom_model_development"
     untagged = client.create_experiment("kind-old", artifact_location=default_artifact_root(store))
     inferred = client.create_experiment("kind-inferred", tags={kind: "genai_development_inferred"})
     chosen = client.create_experiment("kind-chosen", tags={kind: "genai_development"})
     for name, exp_id in (("kind-old", untagged), ("kind-inferred", inferred)):
         assert client.get_experiment(exp_id).tags.get(kind) != "custom_model_development"
-        with Tracker(store, name, "r") as tr:
+        with Tracker(TrackerSettings(store, name), "r") as tr:
             assert tr.experiment_id == exp_id
         assert client.get_experiment(exp_id).tags[kind] == "custom_model_development"
-    with Tracker(store, "kind-chosen", "r"):
+    with Tracker(TrackerSettings(store, "kind-chosen"), "r"):
         pass
     assert client.get_experiment(chosen).tags[kind] == "genai_development"
 
@@ -435,7 +442,7 @@ def test_two_trackers_in_threads_do_not_clash(store, client):
     results: dict[str, str] = {}
 
     def work(name: str, offset: float) -> None:
-        with Tracker(store, "threads", name, retry_interval_s=0) as tr:
+        with Tracker(TrackerSettings(store, "threads", retry_interval_s=0), name) as tr:
             for step in range(15):
                 tr.log_metrics({"loss/policy": offset + step}, step)
             results[name] = tr.run_id
@@ -452,9 +459,9 @@ def test_two_trackers_in_threads_do_not_clash(store, client):
 
 def _start_one(args):
     db_dir, i = args
-    from sat_cli.tracking import Tracker
+    from sat_cli.tracking import Tracker, TrackerSettings
 
-    with Tracker(f"sqlite:///{db_dir}/mlflow.db", "race", f"r{i}") as tr:
+    with Tracker(TrackerSettings(f"sqlite:///{db_dir}/mlflow.db", "race"), f"r{i}") as tr:
         tr.log_metrics({"x": float(i)}, step=0)
         return tr.run_id
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from cli_helpers import seeded_store
 
-from sat_cli.tracking import Tracker
+from sat_cli.tracking import Tracker, TrackerSettings
 from sat_cli.tracking.outage import SPOOL_SUFFIX, send_spools
 
 mlflow = pytest.importorskip("mlflow")
@@ -54,7 +54,7 @@ def _steps(client: MlflowClient, run_id: str, key: str = "loss") -> list[int]:
 
 def test_metrics_wait_on_disk_and_are_sent_when_the_store_returns(tmp_path, uri):
     pending = tmp_path / ".mlflow_pending"
-    tr = Tracker(uri, "e", "r")
+    tr = Tracker(TrackerSettings(uri, "e"), "r")
     tr.keep_on_disk(pending, outage_timeout_s=3600, retry_interval_s=0)
     out = _Outage(tr)
     tr.log_metrics({"loss": 1.0}, step=1)
@@ -77,7 +77,7 @@ def test_metrics_wait_on_disk_and_are_sent_when_the_store_returns(tmp_path, uri)
 
 def test_outage_limit_and_the_next_command_sends_the_rest(tmp_path, uri):
     pending = tmp_path / ".mlflow_pending"
-    tr = Tracker(uri, "e", "r")
+    tr = Tracker(TrackerSettings(uri, "e"), "r")
     tr.keep_on_disk(pending, outage_timeout_s=0.2, retry_interval_s=0)
     out = _Outage(tr)
     out.down = True
@@ -90,7 +90,7 @@ def test_outage_limit_and_the_next_command_sends_the_rest(tmp_path, uri):
     tr.end("FAILED")  # the store is still down: the points stay on disk
     assert (pending / f"{tr.run_id}{SPOOL_SUFFIX}").is_file()
     # a later command of the same store (another run) sends them
-    other = Tracker(uri, "e", "other")
+    other = Tracker(TrackerSettings(uri, "e"), "other")
     assert send_spools(pending, other, log_fn=lambda m: None) == 1
     other.end()
     assert _steps(MlflowClient(tracking_uri=uri), tr.run_id) == [1]
@@ -99,7 +99,7 @@ def test_outage_limit_and_the_next_command_sends_the_rest(tmp_path, uri):
 
 def test_a_resumed_run_sends_its_own_points_first_and_never_twice(tmp_path, uri):
     pending = tmp_path / ".mlflow_pending"
-    tr = Tracker(uri, "e", "r")
+    tr = Tracker(TrackerSettings(uri, "e"), "r")
     tr.keep_on_disk(pending, outage_timeout_s=3600, retry_interval_s=3600)
     out = _Outage(tr)
     tr.log_metrics({"loss": 1.0}, step=1)
@@ -107,7 +107,7 @@ def test_a_resumed_run_sends_its_own_points_first_and_never_twice(tmp_path, uri)
     tr.log_metrics({"loss": 2.0}, step=2)
     tr.log_metrics({"loss": 3.0}, step=3)
     tr._ended = True  # the process died in the outage (no end())
-    resumed = Tracker(uri, "e", "r", run_id=tr.run_id)
+    resumed = Tracker(TrackerSettings(uri, "e"), "r", run_id=tr.run_id)
     resumed.keep_on_disk(pending, outage_timeout_s=3600, retry_interval_s=30)
     resumed.log_metrics({"loss": 30.0}, step=3)  # re-run from an older checkpoint: skipped
     resumed.log_metrics({"loss": 4.0}, step=4)

@@ -127,7 +127,7 @@ TAG_NAMES = {
 
 
 def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
-    from sat_cli.tracking import Tracker, flatten_config
+    from sat_cli.tracking import Tracker, TrackerSettings, flatten_config
     from sat_cli.tracking.final_status import apply_pending
 
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
@@ -146,18 +146,11 @@ def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dr
     tags.update({TAG_NAMES.get(k, k): v for k, v in obj.tracking.tags.items()})
     if dropped:
         tags["data.overlong_dropped"] = dropped
+    # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
+    params = {**flatten_config(cfg_container), **run_environment(obj)}
+    params = {k: v for k, v in params.items() if k.split(".")[:2] != ["tracking", "tags"]}
     tracker = Tracker(
-        uri,
-        obj.run.experiment,
-        run_name,
-        run_id=run_id,
-        tags=tags,
-        # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
-        params={
-            k: v
-            for k, v in {**flatten_config(cfg_container), **run_environment(obj)}.items()
-            if not k.startswith("tracking.tags.") and k != "tracking.tags"
-        },
+        TrackerSettings(uri, obj.run.experiment), run_name, run_id=run_id, tags=tags, params=params
     )
     apply_pending(Path(obj.run.dir), tracker)
     return tracker

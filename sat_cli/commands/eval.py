@@ -150,7 +150,7 @@ class Evaluator:
         self.write_error: Exception | None = None
 
     def run(self) -> EvalResult:
-        from sat_cli.tracking import Tracker
+        from sat_cli.tracking import Tracker, TrackerSettings
         from sat_cli.tracking.final_status import apply_pending, end_run
         from sat_cli.util.signals import orderly_stop
 
@@ -160,7 +160,7 @@ class Evaluator:
         uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
         tags = {"benchmark": obj.eval.benchmark, "complete": False}
         with orderly_stop():  # SIGTERM / SIGHUP raise like Ctrl-C: the run ends KILLED
-            tracker = Tracker(uri, "eval", out.name, params=self.params, tags=tags)
+            tracker = Tracker(TrackerSettings(uri, "eval"), out.name, params=self.params, tags=tags)
             status = "FAILED"  # unless the evaluation gets to say otherwise
             try:
                 apply_pending(run_root, tracker)

@@ -42,7 +42,7 @@ DEFAULT_GRACE_S = 30.0
 
 def _open_parent(plan: Plan, state: dict, log):
     """The parent MLflow run of this sweep id (continued when the state names one)."""
-    from sat_cli.tracking import Tracker, TrackingError
+    from sat_cli.tracking import Tracker, TrackerSettings, TrackingError
 
     s = plan.sweep
     if plan.tracking_uri is None:
@@ -65,15 +65,14 @@ def _open_parent(plan: Plan, state: dict, log):
         "sweep.seeds": json.dumps(s.seeds),
     }
     prev = state["parents"].get(s.id)
+    store, name = TrackerSettings(plan.tracking_uri, s.name), f"sweep-{s.name}"
     try:
-        tr = Tracker(
-            plan.tracking_uri, s.name, f"sweep-{s.name}", run_id=prev, tags=tags, params=params
-        )
+        tr = Tracker(store, name, run_id=prev, tags=tags, params=params)
     except TrackingError:
         if prev is None:
             raise
         log(f"parent run {prev} is gone from the store; starting a new one")
-        tr = Tracker(plan.tracking_uri, s.name, f"sweep-{s.name}", tags=tags, params=params)
+        tr = Tracker(store, name, tags=tags, params=params)
     from sat_cli.tracking.final_status import apply_pending
 
     apply_pending(Path(plan.run_dir), tr, log)

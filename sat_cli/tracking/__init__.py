@@ -3,9 +3,9 @@
 ``Tracker`` wraps ``mlflow.MlflowClient`` (never the fluent ``mlflow.start_run`` API, whose
 global "active run" would clash between several trackers or threads) and takes plain values:
 
-    with Tracker("sqlite:///runs/mlflow.db", "toy", "grpo-lag8", artifact_root=None,
-                 tags={"algo": "grpo"}, params=flatten_config(cfg)) as tr:  # M: metric_names
-        tr.log_metrics({M.LOSS_POLICY: 0.1, M.SAT_Q: 0.02}, step=0)
+    store = TrackerSettings("sqlite:///runs/mlflow.db", "toy")
+    with Tracker(store, "grpo-lag8", tags={"algo": "grpo"}, params=flatten_config(cfg)) as tr:
+        tr.log_metrics({M.LOSS_POLICY: 0.1, M.SAT_Q: 0.02}, step=0)  # M: metric_names
         tr.log_histogram(M.HIST_ABS_LOGRATIO, absd, step=0, marks={"q": q})
 
 What it does:
@@ -17,7 +17,7 @@ What it does:
   ``mlflow.experimentKind=custom_model_development`` (:data:`EXPERIMENT_KIND`) when created and
   when an existing one has no kind or only an inferred one (a kind a user chose is kept), so the
   MLflow 3 UI treats it as model training rather than GenAI. ``uri=None`` / ``"none"`` or
-  ``enabled=False`` gives a disabled tracker: every method is a no-op and ``run_id`` is None.
+  ``enabled=False`` (both :class:`TrackerSettings`) gives a disabled tracker: every method is a no-op and ``run_id`` is None.
 * **Metrics.** ``log_metrics`` sends one ``log_batch`` per step (chunks of ≤ 1000 points).
   NaN/±inf values are not logged (the sqlite store would keep NaN and clip inf to ±1.8e308,
   which wrecks charts); their number is logged as ``tracking/nonfinite_metrics`` at that step.
@@ -69,6 +69,7 @@ from sat_cli.tracking.params import (
     mlflow_key,
     redact_uri,
 )
+from sat_cli.tracking.settings import TrackerSettings
 from sat_cli.tracking.store import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -91,6 +92,7 @@ __all__ = [
     "PARAMS_PER_BATCH",
     "REDACTED",
     "Tracker",
+    "TrackerSettings",
     "TrackingError",
     "default_artifact_root",
     "flatten_config",

@@ -21,6 +21,7 @@ from sat_cli import metric_names as M
 from sat_cli.tracking.artifacts import ArtifactLog
 from sat_cli.tracking.outage import METRICS_PER_BATCH, OutageGuard
 from sat_cli.tracking.params import mlflow_key, redact_uri
+from sat_cli.tracking.settings import TrackerSettings
 from sat_cli.tracking.start import log_new_params, open_run
 from sat_cli.tracking.store import (
     TrackingError,
@@ -61,32 +62,28 @@ class Tracker:
 
     def __init__(
         self,
-        uri: str | None,
-        experiment: str,
+        settings: TrackerSettings,
         run_name: str,
         *,
-        artifact_root: str | None = None,
         run_id: str | None = None,
         tags: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
-        enabled: bool = True,
-        http_timeout_s: float = 10.0,
-        http_max_retries: int = 1,
-        retry_interval_s: float = 30.0,
-        max_buffered_metrics: int = 100_000,
     ) -> None:
-        self.uri = None if is_disabled_uri(uri) else str(uri)
-        self.enabled = bool(enabled) and self.uri is not None
-        self.experiment = experiment
+        """``settings``: the store and how to reach it; ``run_name`` names a new run,
+        ``run_id`` resumes that one; ``tags`` and ``params`` are logged at the start."""
+        s = settings
+        self.uri = None if is_disabled_uri(s.uri) else str(s.uri)
+        self.enabled = bool(s.enabled) and self.uri is not None
+        self.experiment = s.experiment
         self.run_name = run_name
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.artifact_root: str | None = None
-        self.retry_interval_s = float(retry_interval_s)
+        self.retry_interval_s = float(s.retry_interval_s)
         self.nonfinite_total = 0
         self.dropped_metrics = 0
         self.skipped_relogged = 0
-        self._buffer: deque = deque(maxlen=max(1, int(max_buffered_metrics)))
+        self._buffer: deque = deque(maxlen=max(1, int(s.max_buffered_metrics)))
         self.buffer_limit = self._buffer.maxlen  # metric points kept in memory at most
         self._last_attempt = 0.0
         self._warned_nonfinite: set[str] = set()
@@ -108,9 +105,9 @@ class Tracker:
 
         self._errors = store_errors()
         if is_http(self.uri):
-            acquire_http_env(http_timeout_s, http_max_retries)
+            acquire_http_env(s.http_timeout_s, s.http_max_retries)
             self._uses_http_env = True
-        self.artifact_root = artifact_root or default_artifact_root(self.uri)
+        self.artifact_root = s.artifact_root or default_artifact_root(self.uri)
         try:
             db = sqlite_db_path(self.uri)
             if db is not None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from sat_cli.evaluation import EvalResult
 
 
-def _model_dir(obj) -> str:
+def model_dir(obj) -> str:
     from sat_cli.build.parts import check_hf_dir, model_path
 
     if obj.ckpt:
@@ -128,7 +128,7 @@ class Evaluator:
         self.task = build_task(obj) if e.benchmark in ("toy", "heldout") else None
         self.spec = eval_problems(obj, self.task)
         self.data_file = _data_file(obj)
-        self.path = _model_dir(obj)
+        self.path = model_dir(obj)
         self.tokenizer = preflight.load_tokenizer(self.path)
         preflight.check_chat_template({"eval.template": self.spec[2]}, self.tokenizer, self.path)
         preflight.check_engine_architecture(obj.engine, self.path)

@@ -13,7 +13,8 @@ metrics). A single-turn task is the one-step case: ``step`` grades and returns `
 An environment ends the trajectory itself at ``settings.max_turns``. The per-trajectory token
 budget (``settings.max_tokens``) is counted by the caller, which holds the tokenizer.
 
-Rows: a shipped environment draws its problems from seeds, ``rows(split, n, start)``: a seed is
+Rows: a shipped environment draws its problems from seeds, ``rows(split, n, start)`` (a static
+method of its class, so ``registry.ENVIRONMENTS.get(name).rows`` finds them): a seed is
 held out iff a hash of it falls in the lowest ``1/HELDOUT_MOD`` of the range (``is_heldout``), so
 the train and held-out rows are disjoint by construction and the same on every machine.
 

@@ -136,6 +136,7 @@ def final_number(text: str) -> int | None:
 
 class CalculatorEnv(TurnBasedEnv):
     needs = ("question", "answer")
+    rows = staticmethod(rows)  # the environment's own rows: rows(split, n, start)
 
     def __init__(self, settings: EnvSettings):
         super().__init__(settings)

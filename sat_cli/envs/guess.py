@@ -52,6 +52,7 @@ def rows(split: str, n: int, start: int = 0, lo: int = LO, hi: int = HI) -> list
 
 class GuessEnv(TurnBasedEnv):
     needs = ("target", "lo", "hi")
+    rows = staticmethod(rows)  # the environment's own rows: rows(split, n, start)
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.start(row)

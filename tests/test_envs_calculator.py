@@ -142,3 +142,10 @@ def test_rows_split_by_seed():
     assert calculator_rows("train", 3, start=train[10]["seed"]) == train[10:13]
     with pytest.raises(ValueError, match="split must be one of train, heldout"):
         calculator_rows("test", 1)
+
+
+def test_a_toy_task_row_plays_a_calculator_problem():
+    env = registry.make("calculator", EnvSettings(parser="compact"))
+    msgs = env.reset({"id": "toy3-train-5", "prompt": "123+456=", "answer": "579"})
+    assert env.row["compact"] == msgs[0]["content"] and env.row["answer"] != "579"
+    assert not is_heldout("calculator", env.row["seed"])

@@ -74,6 +74,16 @@ def test_bad_ranges_are_refused(lo, hi, match):
         make_row(0, lo, hi)
 
 
-def test_reset_needs_a_guess_row():
-    with pytest.raises(ValueError, match="a GuessEnv row needs .target., .lo., .hi."):
-        registry.make("guess").reset({"question": "?"})
+def test_a_task_row_plays_the_environments_own_training_row():
+    """The training loop hands the run's task rows (the toy task's) to every environment."""
+    from sat_cli.envs.guess import GuessEnv
+
+    toy = [{"id": f"toy3-train-{i}", "prompt": "123+456=", "answer": "579"} for i in range(200)]
+    own = [GuessEnv.own_row(r) for r in toy]
+    assert own[0] == GuessEnv.own_row(dict(toy[0])) and own[0]["answer"] == str(own[0]["target"])
+    assert not any(is_heldout("guess", r["seed"]) for r in own)
+    assert len({r["seed"] for r in own}) == 200 and {r["target"] for r in own} == set(range(10))
+    env = registry.make("guess", EnvSettings(parser="compact"))
+    assert env.reset(toy[0]) == [{"role": "user", "content": "0-9="}] and env.row == own[0]
+    kept = row(3)
+    assert GuessEnv.own_row(kept) is kept  # a row of its own is kept as it is

@@ -103,8 +103,21 @@ class TurnBasedEnv:
     def max_turns(self) -> int:
         return self.settings.max_turns
 
+    @classmethod
+    def own_row(cls, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` when it has this environment's keys; else (a row of the run's task, e.g. the
+        toy task's ``{"id", "prompt", …}`` that the training loop hands every environment) the
+        environment's own training row at a seed hashed from the row's ``id`` (or ``prompt``):
+        the same task row always plays the same problem, never a held-out one."""
+        if all(k in row for k in cls.needs) or not hasattr(cls, "rows"):
+            return row
+        key = str(row.get("id", row.get("prompt", "")))
+        seed = int.from_bytes(hashlib.sha256(f"task-row:{key}".encode()).digest()[:5], "little")
+        return cls.rows("train", 1, start=seed)[0]
+
     def start(self, row: dict[str, Any]) -> None:
-        """``reset``'s common part: check and keep the row, start counting turns."""
+        """``reset``'s common part: check and keep the row (``own_row``), count turns anew."""
+        row = self.own_row(row)
         if not all(k in row for k in self.needs):
             name = type(self).__name__
             raise ValueError(f"a {name} row needs {', '.join(map(repr, self.needs))}")

@@ -145,6 +145,7 @@ class CalculatorEnv(TurnBasedEnv):
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.start(row)
+        row = self.row
         if self.compact:
             return [{"role": "user", "content": row.get("compact", row["question"])}]
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["question"]}]

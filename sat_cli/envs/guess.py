@@ -56,6 +56,7 @@ class GuessEnv(TurnBasedEnv):
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.start(row)
+        row = self.row
         lo, hi = row["lo"], row["hi"]
         text = f"{lo}-{hi}=" if self.compact else QUESTION.format(lo=lo, hi=hi)
         return [{"role": "user", "content": text}]

@@ -10,7 +10,9 @@ structured config of ``conf/<group>/<name>.yaml`` in Hydra's ConfigStore, bounds
   bundles);
 * ``environment(settings)`` — its ``env.*`` params of a run;
 * ``check(run)`` — its rules across config sections (``run``: the whole typed config), at
-  compose time.
+  compose time;
+* ``check_model(settings, path)`` — its rules on the model folder at ``path`` before a run
+  starts (``UserError``: a model it cannot serve or train).
 
 An unknown name is refused with the registered ones listed (``ConfigError``, exit 2). A new
 option is one :meth:`Registry.add` call in the group's registry module (or, for a plugin or a
@@ -48,6 +50,10 @@ def no_check(run) -> None:
     return None
 
 
+def no_model_check(settings, path: str) -> None:
+    return None
+
+
 def not_buildable(settings, runtime):
     raise ConfigError(f"{type(settings).__name__} builds nothing on its own")
 
@@ -59,6 +65,7 @@ class Component:
     resources: Callable[[Any], Resources] = no_resources
     environment: Callable[[Any], dict[str, str]] = no_environment
     check: Callable[[Any], None] = no_check
+    check_model: Callable[[Any, str], None] = no_model_check
 
 
 class Registry:

@@ -9,7 +9,7 @@ the logs. The daemons run in the foreground of their own process groups (as root
 one-machine test cluster allows: ``SlurmUser=root``); the commands (``sbatch``, ``squeue``,
 ``sacct``, ``scancel``) find the cluster through ``SLURM_CONF``. ``stop()`` ends the daemons and
 removes the folder. Without accounting ``sacct`` answers nothing useful; ``sat``'s SLURM job
-falls back on ``squeue`` (``sat_cli/cluster/executors.py``).
+falls back on ``squeue`` (``sat_cli/cluster/slurm.py``).
 """
 
 from __future__ import annotations

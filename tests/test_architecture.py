@@ -460,3 +460,75 @@ def test_the_environments_are_never_committed():
     assert tracked == [] and ignored == [".venv", ".venv-sglang"]
     patterns = (root / ".gitignore").read_text().split()
     assert ".venv" in patterns and ".venv-sglang" in patterns  # no trailing '/': links too
+
+
+# Choice by component name: which engine, trainer, launcher or sweep executor runs is decided by
+# its registry entry (settings class, build/resources/check, capability attributes), never by
+# comparing its name. A comparison against one of these names outside the registry modules is a
+# site; the allowlist names each one that stays, with its reason, and only shrinks.
+COMPONENT_NAMES = frozenset({"local", "sglang", "megatron", "slurm", "ray"})
+REGISTRY_MODULES = ("registry.py",)  # sat_cli/registry.py and every <package>/registry.py
+NAME_DISPATCH_ALLOWED = {
+    # the "backend" tag a checkpoint's trainer_state.json carries on disk: checkpoints/ sits
+    # below trainers/ and reads checkpoints of either trainer (the local one's optimizer is keyed
+    # by HF parameter index, Megatron's by its own names)
+    "checkpoints/manifest.py": 1,
+    # the Megatron trainer refusing a checkpoint whose tag is not its own
+    "trainers/megatron/checkpoint.py": 1,
+}
+MAX_NAME_DISPATCH = 5
+
+
+def _name_constants(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for elt in node.elts for s in _name_constants(elt)]
+    return []
+
+
+def _name_dispatch(root: Path = PKG) -> dict[str, list[int]]:
+    """``{file: [line, ...]}`` of comparisons (``==``, ``!=``, ``in``, ``not in``, ``is``) whose
+    operands hold a component name as a string literal; ``match`` cases on them count too."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name in REGISTRY_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.MatchValue):
+                operands = [node.value]
+            else:
+                continue
+            if any(s in COMPONENT_NAMES for o in operands for s in _name_constants(o)):
+                out.setdefault(path.relative_to(root).as_posix(), []).append(node.lineno)
+    return out
+
+
+def test_components_are_chosen_by_their_registry_not_by_name():
+    sites = _name_dispatch()
+    extra = {f: lines for f, lines in sites.items() if len(lines) > NAME_DISPATCH_ALLOWED.get(f, 0)}
+    assert not extra, f"choice by component name outside the registries: {extra}"
+    stale = {f: n for f, n in NAME_DISPATCH_ALLOWED.items() if len(sites.get(f, [])) < n}
+    assert not stale, f"allowed name comparisons that are gone (shrink the list): {stale}"
+    assert sum(len(v) for v in sites.values()) <= MAX_NAME_DISPATCH
+    assert sum(NAME_DISPATCH_ALLOWED.values()) <= MAX_NAME_DISPATCH
+
+
+def test_the_name_dispatch_rule_catches_a_violation(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "engines/build.py": 'def build(e):\n    return 1 if e.name == "sglang" else 2\n',
+            "sweep/x.py": 'def f(s):\n    if s.kind not in ("slurm", "other"):\n        pass\n',
+            "sweep/m.py": 'def g(k):\n    match k:\n        case "ray":\n            return 1\n',
+            "cluster/ok.py": 'def h(s):\n    return s.name == "ray-cluster" or s.places\n',
+            "engines/registry.py": 'def f(n):\n    return n == "local"\n',
+        },
+    )
+    assert _name_dispatch(root) == {
+        "engines/build.py": [2],
+        "sweep/m.py": [3],
+        "sweep/x.py": [2],
+    }

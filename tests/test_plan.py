@@ -1,7 +1,7 @@
 """`sat plan` / `sat train --dry-run`: the layout, parameter counts and the per-GPU memory table
 against hand calculations; impossible layouts refused with exit 2 naming the key (also at
 compose time); layouts the Megatron worker cannot run yet refused by `sat train` before anything
-starts (sat_cli/config/layout.py)."""
+starts (sat_cli/trainers/megatron/layout.py, sat_cli/config/layout.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from cli_helpers import run_sat
 
 from sat_cli.config import ConfigError, load
-from sat_cli.config.layout import NOT_YET, Arch, Layout, params_per_gpu, unimplemented
-from sat_cli.models.arch import QWEN3_30B_A3B, TINY_MOE_CONFIG
+from sat_cli.models.arch import QWEN3_30B_A3B, TINY_MOE_CONFIG, Arch
+from sat_cli.trainers.megatron.layout import NOT_YET, Layout, params_per_gpu, unimplemented
 
 PAPER = "experiment=paper_qwen3_30b_a3b"
 

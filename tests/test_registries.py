@@ -104,6 +104,22 @@ def test_a_fake_engine_trains_through_the_registry_alone(tmp_path):
     assert bad.returncode == 2 and "engine.threads=9 is out of range" in bad.stderr
 
 
+def test_sat_plan_describes_a_fake_engine_by_its_settings_class(tmp_path):
+    """`sat plan` asks the chosen option's settings for its lines and its processes
+    (``plan_lines``, ``gpu_layout``): a new engine gets the neutral defaults, not another
+    engine's branch (before the registries it fell into SGLang's and failed on engine.urls)."""
+    out = _sat(tmp_path, FAKE_ENGINE, "plan", "engine=fake", "engine.device=cuda")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[1] == "engines   fake: 1 process(es) on the GPU, float32"
+    engine = "  node 0     fake engine       GPU 0            cuda:0, float32; in its own process"
+    assert engine in lines
+    trainer = (
+        "  node 0     local trainer     CPU              cpu, float32; in the orchestrator process"
+    )
+    assert trainer in lines
+
+
 def test_an_unknown_engine_is_refused_listing_the_registered_ones(tmp_path):
     out = _sat(tmp_path, FAKE_ENGINE, "config", "engine=nope")
     assert out.returncode == 2, out.stderr
@@ -181,3 +197,39 @@ def test_the_doc_check_fails_on_a_missing_file(tmp_path, monkeypatch):
     (tmp_path / "sat_cli").symlink_to(REPO / "sat_cli")
     with pytest.raises(AssertionError, match="gone.py"):
         test_how_to_add_names_files_that_exist_and_the_registries_follow_it()
+
+
+def _trainer_state(tmp_path: Path, **meta) -> Path:
+    ckpt = tmp_path / "step_1"
+    (ckpt / "trainer").mkdir(parents=True)
+    (ckpt / "trainer" / "trainer_state.json").write_text(json.dumps(meta))
+    return ckpt
+
+
+def test_a_checkpoint_is_matched_by_the_trainers_own_keys(tmp_path):
+    """``resume`` compares a checkpoint's trainer state with the chosen trainer's
+    ``checkpoint_kind()`` key by key (absent keys of older files: local, 1, float32); another
+    backend is named alone."""
+    from sat_cli.checkpoints.manifest import _STATE_DEFAULTS, _same_trainer
+    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
+    from sat_cli.trainers.settings import LocalTrainerSettings
+
+    kind = MegatronTrainerSettings(nproc_per_node=2, ep=2, dtype="bfloat16").checkpoint_kind()
+    want = {"backend": "megatron", "world_size": 2, "tp": 1, "ep": 2, "pp": 1, "dtype": "bfloat16"}
+    assert kind == want
+    same = _trainer_state(tmp_path / "a", backend="megatron", world_size=2, ep=2, dtype="bfloat16")
+    assert _same_trainer(same, kind) is None  # tp, pp absent: 1
+    old = _trainer_state(tmp_path / "b", backend="megatron", world_size=2, ep=2, tp=1, pp=1)
+    assert _same_trainer(old, kind) == "dtype: 'float32' in the checkpoint, 'bfloat16' now"
+    moved = _trainer_state(tmp_path / "c", backend="megatron", world_size=4, tp=2, ep=2)
+    assert _same_trainer(moved, kind) == (
+        "world_size: 4 in the checkpoint, 2 now, tp: 2 in the checkpoint, 1 now, "
+        "dtype: 'float32' in the checkpoint, 'bfloat16' now"
+    )
+    local = _trainer_state(tmp_path / "d", step_count=3)  # no backend: the local trainer's
+    assert _same_trainer(local, kind) == "backend: 'local' in the checkpoint, 'megatron' now"
+    assert _same_trainer(local, LocalTrainerSettings().checkpoint_kind()) is None
+    assert _same_trainer(moved, {"backend": "local"}) == (
+        "backend: 'megatron' in the checkpoint, 'local' now"
+    )
+    assert _STATE_DEFAULTS["backend"] == "local"

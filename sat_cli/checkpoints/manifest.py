@@ -228,14 +228,26 @@ def _same_model(ckpt_model: Path, model_path: str) -> str | None:
     return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4]) or None
 
 
+# what a trainer state written before these keys existed means by their absence
+_STATE_DEFAULTS = {
+    "backend": "local",
+    "world_size": 1,
+    "tp": 1,
+    "ep": 1,
+    "pp": 1,
+    "dtype": "float32",
+}
+
+
 def _same_trainer(ckpt: Path, trainer: dict) -> str | None:
     """None if the checkpoint's trainer state was written by the trainer ``trainer`` describes
-    (``backend``, and for megatron ``world_size``, ``tp``, ``ep``, ``pp``, ``dtype``)."""
+    (its settings' ``checkpoint_kind()``: ``backend``, then the keys that trainer's checkpoints
+    must match, e.g. megatron's ``world_size``, ``tp``, ``ep``, ``pp``, ``dtype``); another
+    backend is named alone."""
     meta = json.loads((ckpt / "trainer" / "trainer_state.json").read_text())  # checked above
-    have = {"backend": meta.get("backend", "local")}
-    if have["backend"] == "megatron":
-        have.update({k: meta.get(k, 1) for k in ("world_size", "tp", "ep", "pp")})
-        have["dtype"] = meta.get("dtype", "float32")
+    have = {k: meta.get(k, _STATE_DEFAULTS.get(k)) for k in ("backend", *trainer)}
+    if trainer.get("backend", have["backend"]) != have["backend"]:
+        have = {"backend": have["backend"]}
     diff = [k for k in have if trainer.get(k, have[k]) != have[k]]
     if not diff:
         return None

@@ -19,7 +19,9 @@
   and their per-problem rows say ``overlong``. If every problem is too long the command is
   refused (exit 2). The toy task's prompts all have one length (one is checked). Without
   ``max_position_embeddings`` nothing is checked.
-* ``check_trainer_layout`` — ``trainer=megatron`` trains what its worker can build (Qwen3-MoE):
+* ``check_trainer_layout`` / ``check_engine_architecture`` — the chosen trainer and engine can
+  build and serve the model (their registry entries' ``check_model``); ``trainer=megatron``
+  trains what its worker can build (Qwen3-MoE):
   anything else is refused naming the model, instead of failing inside the worker as "cannot
   load the model". The parallel layout is checked at compose time (``sat_cli.config.layout``).
 * ``check_address_space`` — an address-space limit (``ulimit -v``) below what one process of a
@@ -257,40 +259,21 @@ def check_task_inputs(obj, task, tokenizer, path: str) -> None:
 
 
 def check_engine_architecture(e, path: str) -> None:
-    """``engine=sglang`` (``e``: the engine settings) launched here serves the architecture of
-    the model folder at ``path`` (``sat_cli.engines.sglang.models``); refused naming it."""
-    if e.name != "sglang" or e.urls or e.launch_prefix:
-        return
-    try:
-        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
-        from sat_cli.engines.sglang.server import resolve_python
+    """The chosen engine (``e``: its settings) serves the architecture of the model folder at
+    ``path``: its registry entry's ``check_model`` (``engine=sglang`` launched here:
+    ``sat_cli.engines.sglang.models``); refused naming it."""
+    from sat_cli.engines.registry import ENGINES
 
-        python = resolve_python(e.python)
-    except (OSError, ValueError, AttributeError):
-        return  # a hub id, no SGLang interpreter: the engine's start says so
-    from sat_cli.engines.sglang.models import unsupported
-
-    why = unsupported([str(a) for a in archs], python)
-    if why:
-        raise UserError(f"engine=sglang cannot serve the model at {path}: {why}; use engine=local")
+    ENGINES.get(e.name).check_model(e, path)
 
 
-def check_trainer_layout(trainer: str, path: str) -> None:
-    """With ``trainer`` ``megatron``, the model is one the Megatron worker can build (the parallel
-    layout itself is checked at compose time: ``sat_cli.config.layout``)."""
-    if trainer != "megatron":
-        return
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # a hub id: the worker reports it
-    from sat_cli.trainers.megatron.model import check_supported, rope_theta
+def check_trainer_layout(t, path: str) -> None:
+    """The chosen trainer (``t``: its settings) can build the model at ``path``: its registry
+    entry's ``check_model`` (``trainer=megatron``: what its worker builds; the parallel layout
+    itself is checked at compose time: ``sat_cli.config.layout``)."""
+    from sat_cli.trainers.registry import TRAINERS
 
-    try:
-        check_supported(config)
-        rope_theta(config)
-    except (NotImplementedError, ValueError) as exc:
-        raise UserError(f"trainer=megatron cannot train the model at {path}: {exc}") from None
+    TRAINERS.get(t.name).check_model(t, path)
 
 
 def check_address_space(command: str) -> None:

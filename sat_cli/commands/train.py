@@ -159,7 +159,7 @@ def _train(cfg, obj, stream: dict) -> dict:
         for key, s in (("eval", spec), ("final", final_spec))
         if s is not None
     }
-    preflight.check_trainer_layout(obj.trainer.name, path)
+    preflight.check_trainer_layout(obj.trainer, path)
     check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log, obj.trainer.checkpoint_kind())

@@ -21,7 +21,7 @@ def specs(obj):
     )
     # Megatron's GPU ranks run on the CPU only when their Ray bundles explicitly ask for none
     cpu = la.places and getattr(la, "trainer_gpus", None) == 0
-    trainer = TrainerSpec(name=t.name, dtype=t.dtype, **t.gpu_layout(cpu))
+    trainer = TrainerSpec(name=t.name, **t.gpu_layout(cpu))
     return engine, trainer
 
 
@@ -29,7 +29,7 @@ def device_plan(obj):
     """The run's ``DevicePlan`` (``DevicePlanError``, exit 2, for an impossible one)."""
     from sat_cli.devices import make_plan
 
-    return make_plan(*specs(obj), launcher=obj.launcher.name)
+    return make_plan(*specs(obj), placed=type(obj.launcher).places)
 
 
 def check_device_plan(cfg) -> None:

@@ -1,5 +1,6 @@
 """The device plan: the GPU ids every process of a run gets on its node, computed once from plain
-settings (``EngineSpec``, ``TrainerSpec``, the launcher's name) and obeyed everywhere.
+settings (``EngineSpec``, ``TrainerSpec``: each option's ``gpu_layout()``; whether the launcher
+places processes in bundles) and obeyed everywhere.
 
 **Processes.** SGLang servers (``engine=sglang engine.device=cuda``; tp × dp GPUs each; ep
 shares them), the local engine (``engine.device=cuda``: one GPU), the local trainer
@@ -39,25 +40,34 @@ class DevicePlanError(UserError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    name: str = "local"  # local | sglang
+    name: str = "local"
     device: str = "cpu"
     dtype: str = "float32"
-    servers: int = 1  # SGLang servers this run launches (0: engine.urls, started elsewhere)
+    servers: int = 1  # processes (SGLang servers) this run launches (0: started elsewhere)
     tp: int = 1
     dp: int = 1
     ep: int = 1
     gpu_groups: tuple[str, ...] = ()
     mem_fraction: float | None = None  # engine.mem_fraction_static
     colocate: bool = False
+    label: str = "engine {i}"  # a process's name; {i}: its index
+    detail: str = ""
+    placed: bool = False  # a launcher that places processes (launcher=ray) places these
+    own_visible: bool = False  # its processes see their GPUs through CUDA_VISIBLE_DEVICES
 
 
 @dataclass(frozen=True)
 class TrainerSpec:
-    name: str = "local"  # local | megatron
+    name: str = "local"
     device: str = "cpu"  # megatron: cuda (a GPU per rank) unless its Ray bundles ask for none
     dtype: str = "float32"
     nnodes: int = 1
     nproc_per_node: int = 1
+    # torchrun ranks, a GPU each, nproc_per_node on each of nnodes nodes (placed in bundles by
+    # launcher=ray; node 0 sees its GPUs through CUDA_VISIBLE_DEVICES, the others join with `sat
+    # worker --join`); False: one process, the orchestrator itself
+    torchrun: bool = False
+    label: str = "trainer"  # a process's name; {node}: its node
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,7 @@ def _ids(gpus: tuple[int, ...]) -> str:
 @dataclass(frozen=True)
 class DevicePlan:
     procs: tuple[Proc, ...]
-    launcher: str = "local"
+    placed: bool = False  # a launcher places the processes in bundles (launcher=ray)
     colocate: bool = False
 
     def find(self, name: str) -> Proc:
@@ -117,7 +127,7 @@ class DevicePlan:
 
     def check(self, gpus_per_node: int, where: str) -> None:
         """Refuse (``DevicePlanError``) a layout that needs more GPUs than a node has."""
-        if self.launcher == "ray":
+        if self.placed:
             for p in self.procs:
                 if len(p.gpus) > gpus_per_node:
                     raise DevicePlanError(
@@ -204,13 +214,10 @@ def _next_free(used: set[int], count: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _engine_procs(e: EngineSpec, ray: bool) -> list[Proc]:
-    if e.name == "local":
-        gpus = (0,) if e.device == "cuda" else ()
-        return [Proc("local engine", "engine", 0, gpus, e.dtype, "HF generate in its own process")]
+def _engine_procs(e: EngineSpec, bundles: bool) -> list[Proc]:
+    placed = bundles and e.placed
     per = e.tp * e.dp if e.device == "cuda" else 0
-    groups = _groups(e) if e.gpu_groups and not ray else []
-    detail = f"tp {e.tp} × dp {e.dp}, ep {e.ep}"
+    groups = _groups(e) if e.gpu_groups and not placed else []
     procs, used = [], set()
     for i in range(e.servers):
         if groups:
@@ -226,69 +233,69 @@ def _engine_procs(e: EngineSpec, ray: bool) -> list[Proc]:
         used |= set(gpus)
         procs.append(
             Proc(
-                f"sglang server {i}",
+                e.label.format(i=i),
                 "engine",
-                None if ray else 0,
+                None if placed else 0,
                 gpus,
                 e.dtype,
-                detail,
+                e.detail,
                 e.mem_fraction,
-                own_visible=True,
+                own_visible=e.own_visible,
             )
         )
     return procs
 
 
-def _trainer_procs(t: TrainerSpec, engine_ids: set[int], colocate: bool, ray: bool) -> list[Proc]:
-    if t.name == "local":
-        count = 1 if t.device == "cuda" else 0
-        gpus = (0,) * count if colocate else _next_free(engine_ids, count)
-        dtype = "bfloat16 autocast (fp32 weights, AdamW)" if t.dtype == "bfloat16" else t.dtype
-        return [Proc("local trainer", "trainer", 0, gpus, dtype, "in the orchestrator process")]
+def _trainer_procs(
+    t: TrainerSpec, engine_ids: set[int], colocate: bool, bundles: bool
+) -> list[Proc]:
+    placed = bundles and t.torchrun
     count = t.nproc_per_node if t.device == "cuda" else 0
     procs = []
     for node in range(t.nnodes):
-        first = node * t.nproc_per_node
-        ranks = f"ranks {first}-{first + t.nproc_per_node - 1} under torchrun"
-        if ray:
+        if placed:
             gpus = tuple(range(count))
         elif node == 0:
             gpus = tuple(range(count)) if colocate else _next_free(engine_ids, count)
         else:
             gpus = tuple(range(count))
-        detail = ranks + (", set_device(LOCAL_RANK)" if count else ", gloo")
-        if node and not ray:  # `sat worker --join` on that node: its GPUs from 0, no env set
-            detail += " (sat worker --join)"
+        detail = "in the orchestrator process"
+        if t.torchrun:
+            first = node * t.nproc_per_node
+            detail = f"ranks {first}-{first + t.nproc_per_node - 1} under torchrun"
+            detail += ", set_device(LOCAL_RANK)" if count else ", gloo"
+            if node and not placed:  # `sat worker --join` on that node: its GPUs from 0, no env
+                detail += " (sat worker --join)"
         procs.append(
             Proc(
-                f"megatron node {node}",
+                t.label.format(node=node),
                 "trainer",
-                None if ray else node,
+                None if placed else node,
                 gpus,
                 t.dtype,
                 detail,
-                own_visible=ray or node == 0,
+                own_visible=t.torchrun and (placed or node == 0),
             )
         )
     return procs
 
 
-def make_plan(engine: EngineSpec, trainer: TrainerSpec, launcher: str = "local") -> DevicePlan:
-    """The plan of a run (module docstring); ``DevicePlanError`` for engine and trainer on one
-    GPU without ``colocate`` or ``colocate`` where nothing can be shared."""
-    ray = launcher == "ray"
-    engine_procs = _engine_procs(engine, ray)
+def make_plan(engine: EngineSpec, trainer: TrainerSpec, placed: bool = False) -> DevicePlan:
+    """The plan of a run (module docstring; ``placed``: the launcher places processes in
+    bundles, launcher=ray); ``DevicePlanError`` for engine and trainer on one GPU without
+    ``colocate`` or ``colocate`` where nothing can be shared."""
+    engine_procs = _engine_procs(engine, placed)
     engine_ids = {g for p in engine_procs if p.node == 0 for g in p.gpus}
     if engine.colocate:
         on_cpu = [
             who
             for who, spec in (("engine", engine), ("trainer", trainer))
-            if spec.device != "cuda" or (who == "engine" and not engine_ids and not ray)
+            if spec.device != "cuda" or (who == "engine" and not engine_ids and not placed)
         ]
-        if ray or on_cpu:
+        if placed or on_cpu:
             why = (
                 "with launcher=ray each process gets the GPUs of its own bundle"
-                if ray
+                if placed
                 else f"the {' and the '.join(on_cpu)} get(s) no GPU in this run (on the CPU or elsewhere)"
             )
             raise DevicePlanError(
@@ -299,8 +306,8 @@ def make_plan(engine: EngineSpec, trainer: TrainerSpec, launcher: str = "local")
         engine_procs = [
             replace(p, mem_fraction=frac if p.own_visible else None) for p in engine_procs
         ]
-    trainer_procs = _trainer_procs(trainer, engine_ids, engine.colocate, ray)
+    trainer_procs = _trainer_procs(trainer, engine_ids, engine.colocate, placed)
     if engine.colocate:
         rest = round(1 - max(p.mem_fraction or 0 for p in engine_procs), 4)
         trainer_procs = [replace(p, mem_fraction=rest if rest < 1 else None) for p in trainer_procs]
-    return DevicePlan(tuple(engine_procs + trainer_procs), launcher, engine.colocate)
+    return DevicePlan(tuple(engine_procs + trainer_procs), placed, engine.colocate)

@@ -18,5 +18,6 @@ ENGINES.add(
         resources=sglang.resources,
         environment=sglang.environment,
         check=sglang.check,
+        check_model=sglang.check_model,
     ),
 )

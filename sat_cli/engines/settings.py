@@ -49,9 +49,25 @@ class EngineSettings:
         check_range("engine.weight_sync_timeout_s", self.weight_sync_timeout_s, 0, lo_open=True)
         check_range("engine.weight_sync_port", self.weight_sync_port, 0, 65535)
 
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        """Its lines of ``sat plan`` (``procs``: its processes of the device plan, ``params``:
+        the model's parameter count when known)."""
+        where = "GPU" if any(p.gpus for p in procs) else "CPU"
+        return [f"engines   {self.name}: {len(procs)} process(es) on the {where}, {self.dtype}"]
+
     def gpu_layout(self) -> dict:
-        """Its processes for the device plan (``sat_cli.devices.EngineSpec``): one."""
-        return {"servers": 1, "tp": 1, "dp": 1, "ep": 1, "gpu_groups": (), "mem_fraction": None}
+        """Its processes for the device plan (``sat_cli.devices.EngineSpec``): one, on this
+        machine, named ``<name> engine``."""
+        return {
+            "servers": 1,
+            "tp": 1,
+            "dp": 1,
+            "ep": 1,
+            "gpu_groups": (),
+            "mem_fraction": None,
+            "label": f"{self.name} engine",
+            "detail": "in its own process",
+        }
 
 
 @dataclass(frozen=True)

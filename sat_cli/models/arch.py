@@ -9,6 +9,7 @@ the numbers are those of the published ``config.json`` of each model.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 # STACK.md's tiny Qwen3-MoE. vocab_size 128 leaves room above the 100 tokenizer ids.
@@ -48,3 +49,70 @@ KNOWN_HF_CONFIGS: dict[str, dict] = {
     "Qwen/Qwen3-30B-A3B-Base": QWEN3_30B_A3B,
     "Qwen/Qwen3-30B-A3B": QWEN3_30B_A3B,
 }
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The ``config.json`` fields that sizes and rules need."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # dense MLP size (0 when every layer is MoE)
+    experts: int  # 0: dense
+    top_k: int
+    moe_ffn: int
+    tied: bool
+
+    @classmethod
+    def from_hf(cls, c: dict) -> Arch:
+        experts = int(c.get("num_experts") or c.get("num_local_experts") or 0)
+        heads = int(c["num_attention_heads"])
+        return cls(
+            vocab=int(c["vocab_size"]),
+            hidden=int(c["hidden_size"]),
+            layers=int(c["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
+            ffn=0 if experts else int(c["intermediate_size"]),
+            experts=experts,
+            top_k=int(c.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_ffn=int(c.get("moe_intermediate_size") or 0) if experts else 0,
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    # parameters of one layer, by kind (the split rules apply per kind)
+    @property
+    def attention(self) -> int:  # q, k, v, o projections (no bias)
+        d, h = self.head_dim, self.hidden
+        return h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
+
+    @property
+    def replicated(self) -> int:  # two RMSNorms, q/k norms, the router
+        return 2 * self.hidden + 2 * self.head_dim + self.experts * self.hidden
+
+    @property
+    def dense_mlp(self) -> int:  # gate, up, down
+        return 3 * self.hidden * self.ffn
+
+    @property
+    def expert(self) -> int:  # one expert's gate, up, down
+        return 3 * self.hidden * self.moe_ffn
+
+    @property
+    def embedding(self) -> int:
+        return self.vocab * self.hidden
+
+    def total(self) -> int:
+        per_layer = self.attention + self.replicated + self.dense_mlp + self.experts * self.expert
+        head = 0 if self.tied else self.embedding
+        return self.layers * per_layer + self.embedding + head + self.hidden  # + final norm
+
+
+def params_text(n: int) -> str:
+    """A parameter count as ``sat plan`` prints it: ``30,532,122,624 (30.53 B)`` from 1e8 up."""
+    return f"{n:,} ({n / 1e9:.2f} B)" if n >= 1e8 else f"{n:,}"

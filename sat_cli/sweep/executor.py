@@ -166,14 +166,14 @@ def pick_value(section: dict, key: str, cli):
 
 
 def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
-    from sat_cli.cluster.executors import SlurmSettings
+    from sat_cli.cluster.slurm import SUBMITIT_CLUSTERS, SlurmSettings
 
     def pick(key, cli):
         return pick_value(section, key, cli)
 
     cluster = pick("cluster", opts.slurm_cluster) or "slurm"
-    if cluster not in ("slurm", "local"):
-        raise UserError(f"--slurm-cluster {cluster!r}: choose slurm or local")
+    if cluster not in SUBMITIT_CLUSTERS:
+        raise UserError(f"--slurm-cluster {cluster!r}: choose {' or '.join(SUBMITIT_CLUSTERS)}")
     out = {"cluster": cluster}
     if (partition := pick("partition", opts.slurm_partition)) is not None:
         out["partition"] = str(partition)
@@ -274,7 +274,9 @@ def check_ray(settings, plan) -> None:
 def check_slurm(settings, plan) -> None:
     """SLURM's runs share the store and ``run.dir`` (skipped for ``--slurm-cluster local``:
     every job shares this machine's disk)."""
-    if settings.cluster == "local":
+    from sat_cli.cluster.slurm import SUBMITIT_CLUSTERS
+
+    if SUBMITIT_CLUSTERS[settings.cluster].SHARED_DISK:
         return
     check_shared_store("slurm", plan)
     why = node_local_reason(Path(plan.run_dir))
@@ -288,7 +290,7 @@ def check_slurm(settings, plan) -> None:
 
 def require_slurm(settings) -> None:
     """Exit 2 naming the pip line when submitit is missing (nothing submitted)."""
-    from sat_cli.cluster.executors import import_submitit
+    from sat_cli.cluster.slurm import import_submitit
 
     import_submitit()
 
@@ -301,9 +303,9 @@ def require_ray(settings) -> None:
 
 
 def open_slurm(settings, plan):
-    from sat_cli.cluster.executors import SlurmExecutor
+    from sat_cli.cluster.slurm import SUBMITIT_CLUSTERS
 
-    return SlurmExecutor(settings, Path(plan.root) / "submitit")
+    return SUBMITIT_CLUSTERS[settings.cluster](settings, Path(plan.root) / "submitit")
 
 
 def open_ray(settings, plan):

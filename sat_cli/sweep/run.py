@@ -149,13 +149,23 @@ def _printer():
     return log
 
 
+def _submitted_elsewhere(executor: str | None, name: str) -> bool:
+    """A running record's job went to another cluster executor than ``name`` (the sweep's own
+    subprocesses, ``cluster=False``, are found by their pid instead); an executor that is not
+    registered now counts as a cluster."""
+    if executor is None or executor == name:
+        return False
+    entry = EXECUTORS.find(executor)
+    return entry is None or entry.cluster
+
+
 def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DEFAULT_GRACE_S):
     sweep = plan.sweep
     name = executor.name if executor is not None else "local"
     elsewhere = {
         n: rec
         for n, rec in state["runs"].items()
-        if rec.get("status") == "running" and rec.get("executor", "local") not in ("local", name)
+        if rec.get("status") == "running" and _submitted_elsewhere(rec.get("executor"), name)
     }
     if elsewhere:
         n, rec = next(iter(elsewhere.items()))

@@ -16,5 +16,6 @@ TRAINERS.add(
         megatron.MegatronTrainerSettings,
         megatron.build,
         resources=megatron.resources,
+        check_model=megatron.check_model,
     ),
 )

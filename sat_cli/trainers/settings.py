@@ -38,6 +38,10 @@ class TrainerSettings:
     # the weight-sync sender of engine.weight_sync=distributed listens in this process (its
     # port is checked before the run starts); False: inside the trainer's own workers
     SENDER_IN_PROCESS: ClassVar[bool] = False
+    # `sat plan`: why its rows are padded (after "padded rows, no packing"), and a note under
+    # the GPU table of a run that trains on GPUs
+    PACKING_NOTE: ClassVar[str] = ""
+    GPU_NOTE: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         check_range("trainer.lr", self.lr, 0, lo_open=True)
@@ -61,6 +65,21 @@ class TrainerSettings:
         """Whether this process's trainer weights live on a GPU (weight sync over NCCL)."""
         return False
 
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        """Its lines of ``sat plan`` (``procs``: its processes of the device plan, ``params``:
+        the model's parameter count when known)."""
+        devices = ", ".join(p.device for p in procs)
+        return [f"trainer   {self.name}: {len(procs)} process(es) ({devices}, {self.dtype})"]
+
+    def plan_notes(self, arch, micro_batch: int, seq: int) -> list[str]:
+        """The end of ``sat plan``: its memory estimate per GPU (``arch``: the model's
+        ``sat_cli.models.arch.Arch`` or None; ``seq``: tokens of one sequence)."""
+        return ["(the per-GPU memory table is for trainer=megatron)"]
+
+    def not_yet(self) -> str | None:
+        """Why it cannot run these settings yet (``sat train`` refuses them), or None."""
+        return None
+
     def checkpoint_kind(self) -> dict:
         """What a checkpoint's trainer state must say for this trainer to resume it."""
         return {"backend": self.name}
@@ -68,7 +87,13 @@ class TrainerSettings:
     def gpu_layout(self, cpu: bool = False) -> dict:
         """Its processes for the device plan (``sat_cli.devices.TrainerSpec``): one process in
         this one (``cpu``: a launcher asked for no GPUs)."""
-        return {"device": "cpu", "nnodes": 1, "nproc_per_node": 1}
+        return {
+            "device": "cpu",
+            "dtype": self.dtype,
+            "nnodes": 1,
+            "nproc_per_node": 1,
+            "label": f"{self.name} trainer",
+        }
 
 
 @dataclass
@@ -85,8 +110,20 @@ class LocalTrainerSettings(TrainerSettings):
     def on_gpu(self) -> bool:
         return self.device == "cuda"
 
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        p = procs[0]
+        where = "GPU" if p.gpus else "CPU"
+        line = (
+            f"trainer   local: in the orchestrator process on the {where} ({p.device}, {p.dtype})"
+        )
+        if params is not None:  # fp32 weights + grads + AdamW m, v
+            line += f"; fp32 weights, gradients, AdamW ≈ {params * 16 / 1e9:.1f} GB"
+        return [line]
+
     def gpu_layout(self, cpu: bool = False) -> dict:
-        return {"device": self.device, "nnodes": 1, "nproc_per_node": 1}
+        autocast = "bfloat16 autocast (fp32 weights, AdamW)"  # the weights stay fp32
+        dtype = autocast if self.dtype == "bfloat16" else self.dtype
+        return {**super().gpu_layout(cpu), "device": self.device, "dtype": dtype}
 
 
 def check_token_budgets(trainer: TrainerSettings, max_new_tokens: int) -> None:

@@ -22,6 +22,15 @@ class LocalEngineSettings(EngineSettings):
         super().__post_init__()
         check_range("engine.num_threads", self.num_threads, 1)
 
+    def gpu_layout(self) -> dict:
+        return {**super().gpu_layout(), "detail": "HF generate in its own process"}
+
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        where = "GPU" if any(p.gpus for p in procs) else "CPU"
+        return [
+            f"engines   local: one engine process on the {where} ({procs[0].device}, {self.dtype})"
+        ]
+
 
 @dataclass(frozen=True)
 class LocalEngineRuntime:

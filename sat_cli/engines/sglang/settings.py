@@ -110,7 +110,31 @@ class SGLangEngineSettings(EngineSettings):
             "ep": self.ep,
             "gpu_groups": tuple(self.gpu_groups),
             "mem_fraction": self.mem_fraction_static,
+            "label": "sglang server {i}",
+            "detail": f"tp {self.tp} × dp {self.dp}, ep {self.ep}",
+            "placed": True,  # launcher=ray: one bundle per server
+            "own_visible": True,  # CUDA_VISIBLE_DEVICES per server
         }
+
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        if self.urls:
+            return [
+                f"engines   sglang: {len(self.urls)} server(s) started elsewhere "
+                f"({', '.join(self.urls)})"
+            ]
+        gpus = "GPUs" if any(p.gpus for p in procs) else "CPU processes"
+        lines = [
+            f"engines   sglang: {self.servers} server(s) × tp {self.tp} × dp {self.dp} (ep "
+            f"{self.ep}) = {self.servers * self.tp * self.dp} {gpus}, {self.dtype}"
+            + (" behind sglang-router" if self.router else "")
+        ]
+        if params is not None:
+            nbytes = 2 if self.dtype == "bfloat16" else 4
+            lines.append(
+                f"          weights ≈ {params * nbytes / self.tp / 1e9:.1f} GB per engine GPU "
+                f"({self.dtype} ÷ tp {self.tp}); the rest of each GPU holds the KV cache"
+            )
+        return lines
 
     @property
     def servers(self) -> int:
@@ -203,6 +227,29 @@ def environment(s: SGLangEngineSettings) -> dict[str, str]:
         except FileNotFoundError:
             version = UNKNOWN
     return {"env.sglang.version": version}
+
+
+def check_model(s: SGLangEngineSettings, path: str) -> None:
+    """Servers launched here serve the architecture of the model folder at ``path``
+    (``sat_cli.engines.sglang.models``); ``UserError`` naming it."""
+    if s.urls or s.launch_prefix:
+        return
+    import json
+    from pathlib import Path
+
+    try:
+        archs = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+        from sat_cli.engines.sglang.server import resolve_python
+
+        python = resolve_python(s.python)
+    except (OSError, ValueError, AttributeError):
+        return  # a hub id, no SGLang interpreter: the engine's start says so
+    from sat_cli.engines.sglang.models import unsupported
+    from sat_cli.errors import UserError
+
+    why = unsupported([str(a) for a in archs], python)
+    if why:
+        raise UserError(f"engine=sglang cannot serve the model at {path}: {why}; use engine=local")
 
 
 def check(run) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from sat_cli.registry import Resources
 from sat_cli.trainers.settings import TrainerRuntime, TrainerSettings
@@ -43,6 +44,9 @@ class MegatronTrainerSettings(TrainerSettings):
     # exported HF weights in safetensors shards of at most this size (+ index.json)
     max_shard_size: str = "5GB"
 
+    PACKING_NOTE: ClassVar[str] = " (megatron-core packs only with Transformer Engine)"
+    GPU_NOTE: ClassVar[str] = "(a megatron rank runs on the CPU, gloo, where no GPU is visible)"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         for k in ("nnodes", "tp", "ep", "pp", "cp"):
@@ -69,8 +73,33 @@ class MegatronTrainerSettings(TrainerSettings):
 
     def gpu_layout(self, cpu: bool = False) -> dict:
         """GPU ranks unless their launcher's bundles explicitly ask for none (``cpu``)."""
-        device = "cpu" if cpu else "cuda"
-        return {"device": device, "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node or 1}
+        return {
+            "device": "cpu" if cpu else "cuda",
+            "dtype": self.dtype,
+            "nnodes": self.nnodes,
+            "nproc_per_node": self.nproc_per_node or 1,
+            "torchrun": True,
+            "label": "megatron node {node}",
+        }
+
+    def plan_lines(self, procs, params: int | None) -> list[str]:
+        from sat_cli.trainers.megatron.layout import Layout
+        from sat_cli.trainers.megatron.plan import layout_line
+
+        return [layout_line(Layout.of(self))]
+
+    def plan_notes(self, arch, micro_batch: int, seq: int) -> list[str]:
+        from sat_cli.trainers.megatron.layout import Layout
+        from sat_cli.trainers.megatron.plan import notes
+
+        return notes(Layout.of(self), self.gpu_memory_gb, arch, micro_batch, seq)
+
+    def not_yet(self) -> str | None:
+        from sat_cli.trainers.megatron.layout import Layout, unimplemented
+        from sat_cli.trainers.megatron.plan import not_yet_message
+
+        missing = unimplemented(Layout.of(self))
+        return not_yet_message(missing) if missing else None
 
     def checkpoint_kind(self) -> dict:
         world = self.nnodes * self.nproc_per_node
@@ -111,3 +140,24 @@ def resources(s: MegatronTrainerSettings) -> Resources:
     (``sat plan``)."""
     ranks = s.nproc_per_node or 1
     return Resources(count=s.nnodes, bundle={"CPU": float(ranks)}, gpus=s.nnodes * ranks)
+
+
+def check_model(s: MegatronTrainerSettings, path: str) -> None:
+    """The model at ``path`` is one the Megatron worker can build (``UserError`` naming it; a
+    hub id without files here: the worker reports it)."""
+    import json
+    from pathlib import Path
+
+    from sat_cli.errors import UserError
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # a hub id: the worker reports it
+    from sat_cli.trainers.megatron.model import check_supported, rope_theta
+
+    try:
+        check_supported(config)
+        rope_theta(config)
+    except (NotImplementedError, ValueError) as exc:
+        raise UserError(f"trainer=megatron cannot train the model at {path}: {exc}") from None

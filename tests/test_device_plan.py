@@ -336,8 +336,18 @@ def test_plan_command_refuses_a_layout_over_the_node(tmp_path):
 def test_colocation_is_suggested_only_where_it_fits():
     from sat_cli.devices import EngineSpec, TrainerSpec, make_plan
 
-    engine = EngineSpec(name="sglang", device="cuda", dtype="bfloat16", servers=2, tp=4)
-    plan = make_plan(engine, TrainerSpec(name="megatron", device="cuda", nproc_per_node=4))
+    engine = EngineSpec(
+        name="sglang", device="cuda", dtype="bfloat16", servers=2, tp=4, label="server {i}"
+    )
+    trainer = TrainerSpec(
+        name="megatron", device="cuda", nproc_per_node=4, torchrun=True, label="node {node}"
+    )
+    plan = make_plan(engine, trainer)
+    assert [(p.name, p.gpus) for p in plan.procs] == [
+        ("server 0", (0, 1, 2, 3)),
+        ("server 1", (4, 5, 6, 7)),
+        ("node 0", (8, 9, 10, 11)),
+    ]
     assert plan.needed() == {0: 12}
     with pytest.raises(
         DevicePlanError, match=r"needs 12 GPUs .* has 8 \(test\): use fewer GPUs.*colocate"

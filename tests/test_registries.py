@@ -233,3 +233,20 @@ def test_a_checkpoint_is_matched_by_the_trainers_own_keys(tmp_path):
         "backend: 'megatron' in the checkpoint, 'local' now"
     )
     assert _STATE_DEFAULTS["backend"] == "local"
+
+
+def test_a_running_job_of_another_cluster_executor_is_found_by_its_entry():
+    """`sat sweep` refuses to start a run whose job another cluster executor may still run; the
+    sweep's own subprocesses (``cluster=False``) are found by their pid instead, and an executor
+    that is not registered now counts as a cluster (its job may run)."""
+    from sat_cli.sweep.run import _submitted_elsewhere
+
+    cases = {
+        (None, "local"): False,  # a record of a sweep before executors were recorded
+        ("local", "slurm"): False,  # a subprocess: its pid decides
+        ("slurm", "slurm"): False,  # adopted by this executor
+        ("slurm", "ray"): True,
+        ("ray", "local"): True,
+        ("gone", "local"): True,
+    }
+    assert {k: _submitted_elsewhere(*k) for k in cases} == cases

@@ -71,7 +71,14 @@ def test_wrong_answer_bad_calls_and_the_turn_limit():
         [],
         0.0,
         True,
-        {"turn": 1, "tool_calls": 0, "parse_errors": 0, "correct": False},
+        {
+            "turn": 1,
+            "tool_calls": 0,
+            "parse_errors": 0,
+            "correct": False,
+            "tool_calls_total": 0,
+            "tool_errors_total": 0,
+        },
     )
     env.reset(make_problem(0))
     text = tool("1 // 0") + '<tool_call>{"name": "shell", "arguments": {}}</tool_call><tool_call>{'
@@ -84,7 +91,11 @@ def test_wrong_answer_bad_calls_and_the_turn_limit():
     assert (reward, done, info["tool_errors"], info["parse_errors"]) == (0.0, False, 2, 1)
     obs, reward, done, info = env.step(tool("1 + 1"))  # the last turn still calls a tool
     assert (obs, reward, done, info["correct"]) == ([], 0.0, True, False)
+    assert (info["tool_calls_total"], info["tool_errors_total"]) == (3, 2)  # this trajectory's
     assert env.stats.calls == 3 and env.stats.errors == {"bad_call": 2}
+    env.reset(make_problem(0))
+    info = env.step("1")[3]
+    assert (info["tool_calls_total"], info["tool_errors_total"], env.stats.calls) == (0, 0, 3)
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,11 @@ def test_summary_of_two_rows_by_hand():
     m = metrics(s, "guess")
     assert m["eval/guess/success"] == pytest.approx(50.0)
     assert m["eval/guess/success_within_1"] == pytest.approx(100 / 6)
-    assert m["eval/guess/pass@3"] == 100.0 and len(m) == 2 + 3 + 4
+    assert (
+        m["eval/guess/pass@3"] == 100.0
+        and len(m) == 3 + 3 + 4
+        and m["eval/guess/tool_error_frac"] == 0.0
+    )
     text = format_summary("guess", 3, s)
     assert "success (avg@3) 50.00 %" in text and "<=1: 16.7" in text and "pass@3 100.0" in text
 
@@ -52,3 +56,11 @@ def test_nan_metrics_are_left_out():
     s = summarize([[traj(True, 1)]], max_turns=1)
     s["turns_mean"] = math.nan
     assert "eval/x/turns_mean" not in metrics(s, "x")
+
+
+def test_tool_error_frac_sums_the_last_steps_totals():
+    a, b = traj(True, 2), traj(False, 3)
+    a.meta["info"].update(tool_calls_total=1, tool_errors_total=0)
+    b.meta["info"].update(tool_calls_total=3, tool_errors_total=2)
+    s = summarize([[a, b], [traj(True, 1)]], max_turns=3)
+    assert (s["tool_calls"], s["tool_error_frac"]) == (4, 0.5)

@@ -146,6 +146,7 @@ class CalculatorEnv(TurnBasedEnv):
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.start(row)
         row = self.row
+        self.trajectory_stats = ToolStats()
         if self.compact:
             return [{"role": "user", "content": row.get("compact", row["question"])}]
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["question"]}]
@@ -159,6 +160,12 @@ class CalculatorEnv(TurnBasedEnv):
         except CalcError as e:
             return ToolResult("bad_call", f"error: {e}")
 
+    def _totals(self, correct: bool) -> dict[str, Any]:
+        """The last step's info: the outcome and the trajectory's tool calls and errors (what
+        ``env/tool_error_frac`` sums: the loop and ``sat eval`` see the last step's info)."""
+        t = self.trajectory_stats
+        return {"correct": correct, "tool_calls_total": t.calls, "tool_errors_total": t.failed}
+
     def step(self, action_text: str) -> Step:
         self.begin(action_text)
         parsed = self.parse(action_text)
@@ -168,13 +175,14 @@ class CalculatorEnv(TurnBasedEnv):
             got = final_number(parsed.content)
             correct = got is not None and str(got) == self.row["answer"]
             self.turn.done = True
-            return Step([], 1.0 if correct else 0.0, True, {**info, "correct": correct})
+            return Step([], 1.0 if correct else 0.0, True, {**info, **self._totals(correct)})
         results = [self._call(c.name, c.arguments) for c in parsed.calls]
         for r in results:
             self.stats.add(r)
+            self.trajectory_stats.add(r)
         info["tool_errors"] = sum(not r.ok for r in results)
         if self.turn.last:
             self.turn.done = True
-            return Step([], 0.0, True, {**info, "correct": False})
+            return Step([], 0.0, True, {**info, **self._totals(False)})
         texts = [r.text for r in results] + [f"error: {e}" for e in parsed.errors]
         return Step([{"role": "tool", "content": t} for t in texts], 0.0, False, info)

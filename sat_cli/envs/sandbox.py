@@ -94,8 +94,12 @@ class ToolStats:
             self.errors[result.kind] += 1
 
     @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    @property
     def error_frac(self) -> float:
-        return sum(self.errors.values()) / self.calls if self.calls else 0.0
+        return self.failed / self.calls if self.calls else 0.0
 
 
 def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> dict:

@@ -7,7 +7,9 @@ success, the mean over rows of each row's success rate), ``pass@k`` for ``k = 1.
 unbiased estimator, ``evaluation.estimators``), ``turns_mean`` (model turns per trajectory),
 ``success_within`` (percent of trajectories that succeeded within ``k`` turns, ``k = 1..
 max_turns``: ``success_within[1]`` is first-turn success; the last equals ``success``), and
-``finish`` (trajectories per finish reason).
+``finish`` (trajectories per finish reason), ``tool_calls`` and ``tool_error_frac`` (the tool calls
+of all trajectories and the fraction that failed, from the last step's ``tool_calls_total`` /
+``tool_errors_total``; 0 for an environment without tools).
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ def summarize(groups: list[list[Any]], max_turns: int) -> dict[str, Any]:
     finish: dict[str, int] = {}
     for s in flat:
         finish[s.finish_reason] = finish.get(s.finish_reason, 0) + 1
+    infos = [s.meta.get("info") or {} for s in flat]
+    calls = sum(int(i.get("tool_calls_total", 0)) for i in infos)
+    errors = sum(int(i.get("tool_errors_total", 0)) for i in infos)
     return {
+        "tool_calls": calls,
+        "tool_error_frac": errors / calls if calls else 0.0,
         "success": avg_at_k(flags),
         "pass@k": pass_at_k_table(flags),
         "turns_mean": sum(turns) / len(turns),
@@ -64,6 +71,7 @@ def metrics(summary: dict[str, Any], name: str) -> dict[str, float]:
     out = {
         f"eval/{name}/success": summary["success"],
         f"eval/{name}/turns_mean": summary["turns_mean"],
+        f"eval/{name}/tool_error_frac": summary["tool_error_frac"],
     }
     out.update({f"eval/{name}/pass@{k}": v for k, v in summary["pass@k"].items()})
     out.update({f"eval/{name}/success_within_{k}": v for k, v in summary["success_within"].items()})

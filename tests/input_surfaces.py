@@ -223,7 +223,7 @@ def parser_sites() -> set[str]:
 # back); every other format is internal (a message of sat's own processes, an HTTP answer, a
 # constant), listed with why.
 FILE_SITES = {
-    "models.hf_config:read_hf_config": "model-config",
+    "models.hf_config:read_config_json": "model-config",
     "checkpoints.manifest:_same_model": "model-config",
     "checkpoints.manifest:_same_trainer": "state-file",
     "checkpoints.manifest:_shapes": "safetensors-weights",
@@ -240,7 +240,6 @@ FILE_SITES = {
     "commands.runlock:live_holder": "run-lock",
     "weightsync.spec:weight_sender": "model-config",
     "commands.worker:read_config": "worker-config",
-    "config.layout:model_config": "model-config",
     "envs.launch:main": "internal: the tool sandbox's launch spec, written by sat's own sandbox",
     "envs.toolcalls:_one_call": "internal: a tool call in the model's own output (an error string)",
     "engines.sglang.client:json_or_raise": "internal: the SGLang server's HTTP answers",
@@ -252,7 +251,6 @@ FILE_SITES = {
     "models.stopping:model_stop_ids": "model-config",
     "models.warmstart:_complete": "warm-start-record",
     "models.weights_check:check_finite_values": "safetensors-weights",
-    "models.weights_check:check_hf_dir": "model-config",
     "models.weights_check:read_headers": "safetensors-weights",
     "records:read_json": "state-file",
     "replay.store:__init__": "replay-recording",

@@ -165,8 +165,6 @@ def test_every_parser_call_reads_a_known_format():
 # user file formats whose reader has no fuzz target yet (each has hand cases elsewhere:
 # tests/test_state_and_inputs.py, tests/test_bad_input.py); the list may only shrink
 NOT_YET_FUZZED = {
-    "model-config",
-    "safetensors-weights",
     "run-lock",
     "pending-status",
     "warm-start-record",
@@ -520,6 +518,75 @@ def _safetensors_docs() -> st.SearchStrategy[bytes]:
     )
 
 
+TINY = Path(__file__).resolve().parents[1] / "sat_cli" / "assets" / "tiny_moe_warm"
+
+
+def _model_folder(folder: Path, name: str, data: bytes | None):
+    """The shipped tiny model with its file ``name`` replaced by ``data``, read as ``model.path``
+    is (``check_hf_dir``: config.json, every safetensors header, the values)."""
+    from sat_cli.errors import UserError
+    from sat_cli.models.weights_check import check_hf_dir
+
+    check_hf_dir(TINY, "model.path")  # transformers' imports and the layout first (seconds)
+    model = folder / "model"
+    model.mkdir()
+    for f in TINY.iterdir():
+        if f.name != name:
+            (model / f.name).write_bytes(f.read_bytes())
+    if data is not None:
+        (model / name).write_bytes(data)
+    return UserError, lambda: check_hf_dir(model, "model.path", values=True), model / name
+
+
+def _model_config(folder: Path, data: bytes | None):
+    return _model_folder(folder, "config.json", data)
+
+
+def _model_weights(folder: Path, data: bytes | None):
+    return _model_folder(folder, "model.safetensors", data)
+
+
+def _config_docs() -> st.SearchStrategy[bytes]:
+    """The tiny model's config.json with one field hostile: huge, negative, of a wrong type,
+    deeply nested; or any JSON document."""
+    base = json.loads((TINY / "config.json").read_text())
+    value = st.one_of(
+        st.sampled_from([10**5, 10**9, 10**30, -1, 0, 2.5, True, "abc", [], {}, None, "../x"]),
+        st.sampled_from(
+            [[1], ["A"] * 3, {"rope_theta": 1e308}, [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]
+        ),
+        st.integers(),
+    )
+    keys = st.sampled_from([*base, "text_config", "quantization_config"])
+    one = st.tuples(keys, value).map(lambda kv: json.dumps({**base, kv[0]: kv[1]}).encode())
+    return st.one_of(one, _json_docs(), st.just(b" " * (5 << 20)))
+
+
+def _weights_docs() -> st.SearchStrategy[bytes]:
+    """The tiny model's weights truncated, with a forged header (offsets past the end, a
+    dtype or shape that does not fit its bytes, a huge header length), or random bytes."""
+    real = (TINY / "model.safetensors").read_bytes()
+    n = int.from_bytes(real[:8], "little")
+    header = json.loads(real[8 : 8 + n])
+
+    def forge(key: str, field: str, value) -> bytes:
+        h = {k: dict(v) if isinstance(v, dict) else v for k, v in header.items()}
+        h[key][field] = value
+        text = json.dumps(h).encode()
+        return len(text).to_bytes(8, "little") + text + real[8 + n :]
+
+    names = sorted(k for k in header if k != "__metadata__")
+    forged = st.builds(
+        forge,
+        st.sampled_from(names),
+        st.sampled_from(["data_offsets", "shape", "dtype"]),
+        st.sampled_from([[0, 2**62], [-1, 8], [0, 0], [2**40], "F32", "I64", "XX", [10**9, 10**9]]),
+    )
+    cut = st.integers(0, len(real) - 1).map(lambda k: real[:k])
+    big = st.just((2**40).to_bytes(8, "little") + real[8:])
+    return st.one_of(forged, cut, big, _json_docs())
+
+
 # format -> (builder of the reader for given bytes, hostile bytes)
 FILE_FUZZ = {
     "lag-profile": (_lag_profile, _json_docs),
@@ -530,6 +597,8 @@ FILE_FUZZ = {
     "state-file": (_state_file, _json_docs),
     "data-rows": (_data_rows, _json_docs),
     "replay-recording": (_replay_recording, _safetensors_docs),
+    "model-config": (_model_config, _config_docs),
+    "safetensors-weights": (_model_weights, _weights_docs),
 }
 MANIFESTS = {"replay-manifest": (_replay_manifest, _json_docs)}
 
@@ -646,3 +715,84 @@ def test_every_duration_is_bounded():
                 ConfigError, match=rf"{re.escape(key)}=.*must lie in \[0, 2592000\]"
             ):
                 load([*inv.option_needs(key), f"{key}={value}"], "config")
+
+
+# a model folder's config.json: one case of each kind the fuzzing found or the issue named
+HOSTILE_CONFIGS = {
+    "layers-1e5": ({"num_hidden_layers": 100_000}, r"num_hidden_layers must be an integer in"),
+    "experts-x-layers": (
+        {"num_hidden_layers": 1024, "num_local_experts": 4096},
+        r"more than 32768 expert layers",
+    ),
+    "wrong-type": ({"hidden_size": "abc"}, r"hidden_size must be an integer in \[1, 262144\]"),
+    "bool-size": ({"num_hidden_layers": True}, r"num_hidden_layers must be an integer"),
+    "nested-size": ({"text_config": {"vocab_size": 10**30}}, r"text_config\.vocab_size must be"),
+    "architectures": ({"architectures": [1]}, r"architectures must be a list of names"),
+    "model-type": ({"model_type": "../../x"}, r"model_type must be a name"),
+    "nan": ({"rope_parameters": {"rope_theta": float("nan")}}, r"NaN is not a JSON number"),
+    "multi-line-cause": ({"attention_bias": 100_000}, r"does not describe a causal LM"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CONFIGS))
+def test_a_hostile_model_config_is_one_line_at_once(case, tmp_path):
+    """``num_hidden_layers: 100000`` built a meta-device model for minutes; a wrong type gave
+    transformers' message over two lines; NaN was taken: each is one line, within seconds."""
+    from sat_cli.errors import UserError
+
+    change, pattern = HOSTILE_CONFIGS[case]
+    config = {**json.loads((TINY / "config.json").read_text()), **change}
+    error, read, _ = _model_config(tmp_path, json.dumps(config).encode())
+    with deadline(20), pytest.raises(UserError, match=pattern) as info:
+        read()
+    one_line(info.value)
+
+
+def test_a_sampling_setting_has_one_rule_in_every_section():
+    """A setting that ``task`` (the rollouts) and ``eval`` share is refused or taken alike in
+    both, the fields from the schema: ``eval.top_k=0`` was taken, ``task.top_k=0`` refused."""
+    import dataclasses
+
+    from sat_cli.config.schema import EvalConfig, TaskConfig
+    from sat_cli.validate import ConfigError
+
+    shared = {f.name for f in dataclasses.fields(TaskConfig)} & {
+        f.name for f in dataclasses.fields(EvalConfig)
+    }
+    assert {"temperature", "top_p", "top_k", "max_new_tokens"} <= shared
+
+    def outcome(cls, section: str, name: str, value) -> str:
+        try:
+            cls(**{name: value})
+        except ConfigError as exc:
+            return str(exc).replace(f"{section}.", "<section>.")
+        return "taken"
+
+    hints = typing.get_type_hints(TaskConfig)
+    numbers, texts = [0, -1, -2, 1, 0.5, 1.5, math.nan, math.inf], ["plain", "nope", "{problem}?"]
+    for name in sorted(shared - {"path"}):
+        for v in texts if hints[name] is str else numbers:
+            task, ev = outcome(TaskConfig, "task", name, v), outcome(EvalConfig, "eval", name, v)
+            assert task == ev, (name, v, task, ev)
+
+
+def test_an_unusable_weight_sync_address_is_refused_at_start():
+    """``engine.weight_sync_master_addr`` that does not resolve, or is not this machine's, failed
+    every version's broadcast after the timeout and then went through the disk: refused before
+    anything is written, as a port in use is."""
+    from types import SimpleNamespace
+
+    from sat_cli.errors import UserError
+    from sat_cli.weightsync.spec import check_port
+
+    def settings(addr: str, port: int = 0):
+        return SimpleNamespace(
+            weight_sync="distributed", weight_sync_master_addr=addr, weight_sync_port=port
+        )
+
+    with pytest.raises(UserError, match=r"'no-such-host\.invalid' does not resolve"):
+        check_port(settings("no-such-host.invalid"), True)
+    with pytest.raises(UserError, match=r"'192\.0\.2\.1': cannot listen on 192\.0\.2\.1:0"):
+        check_port(settings("192.0.2.1"), True)  # TEST-NET-1: never this machine's
+    check_port(settings("127.0.0.1"), True)
+    check_port(settings("no-such-host.invalid"), False)  # the Megatron worker listens elsewhere

@@ -13,7 +13,7 @@ The layout rules, the parameter split and the memory estimate are Megatron's
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 from sat_cli.models.arch import Arch
@@ -39,13 +39,13 @@ def model_config(obj) -> tuple[dict | None, str]:
         }
         return cfg, "the tiny model (model.*)"
     path = Path(str(m.path)).expanduser()
-    if (path / "config.json").is_file():
-        where = str(path / "config.json")
-        try:
-            cfg = json.loads((path / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            return None, f"{where} cannot be read ({type(exc).__name__}: {exc})"
-        return (cfg, where) if isinstance(cfg, dict) else (None, f"{where} is not a JSON object")
+    if path.is_dir() or os.path.lexists(path / "config.json"):
+        from sat_cli.models.hf_config import ModelConfigError, read_config_json
+
+        try:  # bounded, its sizes checked (a FIFO, NaN, 10**9 layers: the reason)
+            return read_config_json(path), str(path / "config.json")
+        except ModelConfigError as exc:
+            return None, str(exc)
     if m.path in KNOWN_HF_CONFIGS:
         return KNOWN_HF_CONFIGS[m.path], f"{m.path} (sat_cli/models/arch.py)"
     return None, (

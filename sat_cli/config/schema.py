@@ -20,7 +20,7 @@ from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray
 from sat_cli.config.options import components  # the registered options
 from sat_cli.config.reward import RewardConfig  # which reward scores a response
 from sat_cli.config.sat_scope import check_sat_scope
-from sat_cli.config.task import TaskConfig, check_template  # the task section
+from sat_cli.config.task import TaskConfig, check_sampling  # the task section
 from sat_cli.engines.settings import EngineSettings  # each engine's own: engines/<name>/
 from sat_cli.rl.names import (  # the loss choices, defined once (torch-free)
     ALGOS,
@@ -238,15 +238,12 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_range("eval.every", self.every, 0)
-        check_template("eval.template", self.template)
         if self.final_n is not None:
             check_range("eval.final_n", self.final_n, 1)
         if self.final_limit is not None:
             check_range("eval.final_limit", self.final_limit, 1)
         check_range("eval.n", self.n, 1)
-        check_range("eval.temperature", self.temperature, 0, lo_open=True)
-        check_range("eval.top_p", self.top_p, 0, 1, lo_open=True)
-        check_range("eval.max_new_tokens", self.max_new_tokens, 1)
+        check_sampling("eval", self)  # the rule of task.*'s
         if self.limit is not None:
             check_range("eval.limit", self.limit, 1)
         check_range("eval.batch_size", self.batch_size, 1)

@@ -65,15 +65,10 @@ class TaskConfig:
         if self.path is not None and self.kind == "toy":
             self.kind = "file"  # a user's file: the data task of that file
         check_choice("task.kind", self.kind, TASK_KINDS)
-        check_template("task.template", self.template)
         check_range("task.digits", self.digits, 1, 9)
         check_range("task.prompts_per_step", self.prompts_per_step, 1)
         check_range("task.samples_per_prompt", self.samples_per_prompt, 1)
-        check_range("task.max_new_tokens", self.max_new_tokens, 1)
-        check_range("task.temperature", self.temperature, 0, lo_open=True)
-        check_range("task.top_p", self.top_p, 0, 1, lo_open=True)
-        if self.top_k != -1 and self.top_k < 1:
-            raise ConfigError("task.top_k must be -1 (off) or >= 1")
+        check_sampling("task", self)
         check_range("task.heldout_size", self.heldout_size, 1)
         check_range("task.heldout_frac", self.heldout_frac, 0, 1, lo_open=True, hi_open=True)
         for key in ("path", "heldout_path"):
@@ -101,6 +96,17 @@ class TaskConfig:
     def is_data(self) -> bool:
         """A task over a fixed set of rows (not the toy generator)."""
         return self.kind != "toy"
+
+
+def check_sampling(section: str, s) -> None:
+    """One rule for the sampling settings of the training rollouts (``task``) and of the
+    evaluation (``eval``): ``eval.top_k=0`` was taken while ``task.top_k=0`` was refused."""
+    check_range(f"{section}.max_new_tokens", s.max_new_tokens, 1)
+    check_range(f"{section}.temperature", s.temperature, 0, lo_open=True)
+    check_range(f"{section}.top_p", s.top_p, 0, 1, lo_open=True)
+    if s.top_k != -1 and s.top_k < 1:
+        raise ConfigError(f"{section}.top_k must be -1 (off) or >= 1")
+    check_template(f"{section}.template", s.template)
 
 
 def check_template(key: str, value: str) -> None:

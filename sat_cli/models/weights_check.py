@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.models.hf_config import read_config_json
 from sat_cli.util.fsio import NotRegularFile, check_regular
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -89,8 +90,9 @@ def _layouts(config_text: str, config_dir: str) -> tuple[_Layout, ...]:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception as exc:  # an unknown model_type, inconsistent sizes
+        why = " ".join(str(exc).split())[:300]  # transformers' messages span lines
         raise WeightsError(
-            f"{config_dir}: config.json does not describe a causal LM ({exc})"
+            f"{config_dir}: config.json does not describe a causal LM ({why})"
         ) from None
     _PARAMS[config_text] = tuple(tuple(p.shape) for p in model.parameters())
     live = model.state_dict(keep_vars=True)
@@ -243,13 +245,8 @@ def check_hf_dir(path: str | os.PathLike, what: str, *, values: bool = False) ->
                 "loaded). Convert them with safetensors first."
             )
         raise WeightsError(f"{what}={str(path)!r} has no .safetensors weights")
-    try:
-        text = (p / "config.json").read_text()
-        config = json.loads(text)
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise WeightsError(f"{what}={str(path)!r}: config.json is unreadable: {exc}") from None
+    config = read_config_json(p, what)  # bounded, its sizes checked: ModelConfigError
+    text = (p / "config.json").read_text()
     found = read_headers(p, what)
     if not config.get("quantization_config"):
         layouts = _layouts(text, str(p.resolve()))

@@ -5,6 +5,7 @@ sender's port is free and the engine can take a broadcast. Torch-free until a se
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -39,22 +40,42 @@ def sender_spec(engine) -> dict | None:
 
 
 def check_port(engine, in_process: bool) -> None:
-    """An explicit ``engine.weight_sync_port`` already in use on this machine: exit 2 before
-    anything is written (``in_process``: the trainer's sender listens in this process; 0 takes
-    a free port)."""
+    """Where the trainer's sender listens in this process (``in_process``), the group's address
+    (``engine.weight_sync_master_addr``) must resolve and be this machine's, and an explicit
+    ``engine.weight_sync_port`` be free: exit 2 before anything is written. An address that does
+    not resolve used to fail every version's broadcast, each after the timeout, then go through
+    the disk: a run as slow as the disk path and twice the timeout per version."""
     e = engine
-    if e.weight_sync != "distributed" or not e.weight_sync_port or not in_process:
+    if e.weight_sync != "distributed" or not in_process:
         return
     import socket
 
+    addr, port = e.weight_sync_master_addr, e.weight_sync_port
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((e.weight_sync_master_addr, e.weight_sync_port))
-    except OSError as exc:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[
+            0
+        ]
+    except (OSError, UnicodeError) as exc:  # socket.gaierror, an over-long or odd name
         raise UserError(
-            f"engine.weight_sync_port={e.weight_sync_port}: cannot listen on "
-            f"{e.weight_sync_master_addr}:{e.weight_sync_port} for the weight-sync group "
-            f"({exc.strerror or exc}); choose a free port, or 0 for any free one"
+            f"engine.weight_sync_master_addr={addr!r} does not resolve "
+            f"({getattr(exc, 'strerror', None) or exc}): the weight-sync group listens there; "
+            "set an address of this machine (127.0.0.1 when the engine runs here)"
+        ) from None
+    try:
+        with socket.socket(family, kind, proto) as s:
+            s.bind(sockaddr)
+    except OSError as exc:
+        if port and exc.errno == errno.EADDRINUSE:
+            which, fix = (
+                f"engine.weight_sync_port={port}",
+                "choose a free port, or 0 for any free one",
+            )
+        else:  # EADDRNOTAVAIL: another machine's address
+            which = f"engine.weight_sync_master_addr={addr!r}"
+            fix = "set an address of this machine (127.0.0.1 when the engine runs here)"
+        raise UserError(
+            f"{which}: cannot listen on {addr}:{port} for the weight-sync group "
+            f"({exc.strerror or exc}); {fix}"
         ) from None
 
 

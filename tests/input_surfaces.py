@@ -249,6 +249,7 @@ FILE_SITES = {
     "loop.weightsync:_disk_sums": "model-config",
     "models.arch:<module>": "internal: a constant of the source",
     "models.stopping:model_stop_ids": "model-config",
+    "models.env_warmstart:env_warm_start": "warm-start-record",
     "models.warmstart:_complete": "warm-start-record",
     "models.weights_check:check_finite_values": "safetensors-weights",
     "models.weights_check:read_headers": "safetensors-weights",

@@ -46,8 +46,10 @@ def build(path: Path) -> int:
 
 def measure(model: Path, work: Path, nproc: int, ep: int, tp: int) -> list[tuple[float, float]]:
     from sat_cli.trainers.megatron.client import MegatronTrainer
+    from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
 
-    with MegatronTrainer(model, work_dir=work, nproc_per_node=nproc, ep=ep, tp=tp) as tr:
+    settings = MegatronTrainerSettings(nproc_per_node=nproc, ep=ep, tp=tp)
+    with MegatronTrainer(settings, MegatronRuntime(str(model), work)) as tr:
         tr.ping()
     log = (work / "logs" / "megatron_trainer.log").read_text()
     rows = re.findall(

@@ -360,13 +360,16 @@ def _offload_resume(ckpt, kw, extra, batch):
 
 def check_torchrun(ckpt, batch, work):
     from sat_cli.trainers.megatron.client import MegatronTrainer
+    from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
 
-    kw = dict(lr=1e-5, loss=LossConfig(algo="grpo", adaptive=True), num_minibatches=2, r3=True)
-    actor = MegatronActor(str(ckpt), **kw)
+    loss = LossConfig(algo="grpo", adaptive=True)
+    actor = MegatronActor(str(ckpt), lr=1e-5, loss=loss, num_minibatches=2, r3=True)
     expect = actor.step(batch)["loss/total"]
     del actor
     t0 = time.perf_counter()
-    with MegatronTrainer(ckpt, work_dir=work, **kw) as trainer:
+    options = {"num_minibatches": 2, "r3": True}
+    runtime = MegatronRuntime(str(ckpt), work, loss=loss, options=options)
+    with MegatronTrainer(MegatronTrainerSettings(lr=1e-5), runtime) as trainer:
         startup = time.perf_counter() - t0
         got = trainer.step(batch)["loss/total"]
         pub = trainer.publish_weights(Path(work) / "weights", 1)

@@ -107,12 +107,17 @@ def tiny_rows(args, work: Path) -> list[tuple[str, str, str, bool]]:
 
 def paper_row(args, work: Path) -> tuple[str, str, str, bool]:
     from sat_cli.trainers.megatron.client import MegatronTrainer
+    from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
 
-    trainer = MegatronTrainer(
-        args.paper, work_dir=work / "megatron", nproc_per_node=4, tp=4, ep=4, dtype="bfloat16",
-        export_dtype="bfloat16", optimizer_offload=True, recompute=True,
-        env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, weight_sync={"dtype": "bfloat16", "device": "cuda", "bucket_bytes": 512 * 2**20},
-    )  # fmt: skip
+    settings = MegatronTrainerSettings(
+        nproc_per_node=4, tp=4, ep=4, dtype="bfloat16", optimizer_offload=True, recompute=True
+    )
+    sender = {"dtype": "bfloat16", "device": "cuda", "bucket_bytes": 512 * 2**20}
+    gpus = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    runtime = MegatronRuntime(
+        args.paper, work / "megatron", export_dtype="bfloat16", weight_sync=sender, env=gpus
+    )
+    trainer = MegatronTrainer(settings, runtime)
     engine = SGLangEngine.launch(
         args.paper, python=args.sglang_python, device="cuda", dtype="bfloat16", tp=4, ep=4,
         gpu_groups=["0,1,2,3"], log_dir=work / "logs", startup_timeout_s=1800,

@@ -160,7 +160,7 @@ def test_off_by_default_and_where_the_config_turns_it_on(ckpt, tmp_path):
     assert ledger_versions(obj.algo.ledger, obj.lag.n, obj.lag.profile) == 0
     with pytest.raises(ConfigError, match="algo.ledger=true needs trainer=local"):
         load(["algo.ledger=true", "trainer=megatron"])
-    from sat_cli.trainers.megatron.client import MegatronTrainer
+    from trainer_checks import megatron_trainer
 
     with pytest.raises(ValueError, match="ledger"):
-        MegatronTrainer(str(ckpt), work_dir=tmp_path / "mg", ledger_keep=3)
+        megatron_trainer(str(ckpt), tmp_path / "mg", ledger_keep=3)

@@ -241,10 +241,10 @@ def test_settings_compose_reach_the_trainer_and_megatron_refuses_them(tmp_path):
     both = "algo.replay_sampling_mask and algo.score_centering_topk need trainer=local"
     with pytest.raises(ConfigError, match=both):
         load(["trainer=megatron", "algo.replay_sampling_mask=true", "algo.score_centering_topk=2"])
-    from sat_cli.trainers.megatron.client import MegatronTrainer
+    from trainer_checks import megatron_trainer
 
     with pytest.raises(ValueError, match="local trainer only"):
-        MegatronTrainer("unused", work_dir="unused", replay_sampling_mask=True)
+        megatron_trainer("unused", "unused", replay_sampling_mask=True)
     # the trainer gets both settings from the config (the engine's go in SamplingParams)
     model = Path(__file__).resolve().parents[1] / "sat_cli" / "assets" / "tiny_moe_warm"
     tr = build_trainer(obj, str(model), tmp_path)

@@ -33,7 +33,11 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 from test_megatron_trainer import make_samples  # noqa: E402
-from trainer_checks import check_nonfinite_step_is_skipped, plant_nonfinite  # noqa: E402
+from trainer_checks import (  # noqa: E402
+    check_nonfinite_step_is_skipped,
+    megatron_trainer,
+    plant_nonfinite,
+)
 
 from sat_cli.rl import registry  # noqa: E402
 from sat_cli.rl.config import LossConfig  # noqa: E402
@@ -41,7 +45,6 @@ from sat_cli.rl.loss_io import LossInputs  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
-from sat_cli.trainers.megatron.client import MegatronTrainer  # noqa: E402
 
 LR = 1e-4
 # SAT-GRPO, no pi_old recompute; the clip is active (gradient norm ~5 > 1)
@@ -215,7 +218,7 @@ def test_bf16_tp2_matches_one_rank(megatron_dist, tiny_dir, tmp_path):
     batch = collate(*make_samples(n=7, seed=3), 0, need_routes=True)
     one = MegatronActor(str(tiny_dir), dtype="bfloat16", **kw)
     launch = dict(nproc_per_node=2, tp=2, dtype="bfloat16", export_dtype="bfloat16")
-    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", **launch, **kw) as tr:
+    with megatron_trainer(tiny_dir, tmp_path / "w", **launch, **kw) as tr:
         real = batch.attention_mask.bool()
         lp = (tr.logprobs(batch) - one.logprobs(batch))[real].abs()
         assert lp.max().item() <= BF16_LOGP_MAX

@@ -75,11 +75,11 @@ def _join_when_config_appears(config, endpoint, out: dict):
 def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core not installed")
     from test_megatron_trainer import make_samples
+    from trainer_checks import megatron_trainer
 
     from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.batch import collate
     from sat_cli.trainers.megatron import convert
-    from sat_cli.trainers.megatron.client import MegatronTrainer
 
     loss = LossConfig(algo="grpo", adaptive=True)
     kw = dict(lr=1e-4, loss=loss, num_minibatches=2, r3=True, ep=2)
@@ -88,7 +88,7 @@ def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
 
     def run(work, **launch):
         metrics = []
-        with MegatronTrainer(tiny_dir, work_dir=work, **launch, **kw) as tr:
+        with megatron_trainer(tiny_dir, work, **launch, **kw) as tr:
             for b in batches:
                 metrics.append(tr.step(b))
             published = tr.publish_weights(work / "weights", 2)
@@ -101,14 +101,15 @@ def test_two_loopback_nodes_match_one_node(tiny_dir, tmp_path):
     t0 = time.monotonic()
     one_m, one_w = run(tmp_path / "one", nproc_per_node=2)
     t1 = time.monotonic()
-    endpoint = f"127.0.0.1:{free_port()}"
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
     work = tmp_path / "two"
     joined: dict = {}
     joiner = threading.Thread(
         target=_join_when_config_appears, args=(work / "worker_config.json", endpoint, joined)
     )
     joiner.start()
-    two_m, two_w = run(work, nproc_per_node=1, nnodes=2, rdzv_endpoint=endpoint)
+    two_m, two_w = run(work, nproc_per_node=1, nnodes=2, master_port=port)
     joiner.join(timeout=60)
     t2 = time.monotonic()
     print(f"one node {t1 - t0:.1f} s, two nodes {t2 - t1:.1f} s")

@@ -32,13 +32,12 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 from test_megatron_trainer import make_samples  # noqa: E402
-from trainer_checks import plant_nonfinite  # noqa: E402
+from trainer_checks import megatron_trainer, plant_nonfinite  # noqa: E402
 
 from sat_cli.rl.config import LossConfig  # noqa: E402
 from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.megatron import convert, pipeline, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
-from sat_cli.trainers.megatron.client import MegatronTrainer  # noqa: E402
 from sat_cli.trainers.megatron.worker import check_layout  # noqa: E402
 from sat_cli.trainers.step import NONFINITE_METRIC  # noqa: E402
 
@@ -167,7 +166,7 @@ def test_model_parallel_matches_one_rank(megatron_dist, tiny_dir, tmp_path, name
     b2 = collate(*make_samples(n=5, seed=seed + 10), 0, need_routes=r3)
     one = MegatronActor(str(tiny_dir), **kw)
     launch = dict(nproc_per_node=ranks, tp=tp, pp=pp, ep=ep, recompute="recompute" in name)
-    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", **launch, **kw) as tr:
+    with megatron_trainer(tiny_dir, tmp_path / "w", **launch, **kw) as tr:
         assert len(tr.worker_pids) == ranks
         recompute = "full" if "recompute" in name else "none"
         assert f"float32, recompute={recompute}, optimizer on host)" in tr.log_path.read_text()

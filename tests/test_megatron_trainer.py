@@ -34,6 +34,8 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning:megatron.*", "ignore::DeprecationWarning:megatron.*"
 )
 
+from trainer_checks import megatron_trainer  # noqa: E402
+
 from sat_cli.engines.base import Sample  # noqa: E402
 from sat_cli.models.r3 import R3Error  # noqa: E402
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf  # noqa: E402
@@ -42,7 +44,7 @@ from sat_cli.trainers.batch import collate  # noqa: E402
 from sat_cli.trainers.local import LocalTrainer  # noqa: E402
 from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
-from sat_cli.trainers.megatron.client import MegatronTrainer, MegatronWorkerError  # noqa: E402
+from sat_cli.trainers.megatron.client import MegatronWorkerError  # noqa: E402
 from sat_cli.util.procs import pid_alive as _pid_alive  # noqa: E402
 
 SEED = 3
@@ -248,7 +250,7 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
     samples, adv = make_samples(seed=2)
     batch = collate(samples, adv, pad_id=0, need_routes=True)
     work = tmp_path / "megatron"
-    trainer = MegatronTrainer(tiny_dir, work_dir=work, logs_dir=tmp_path / "logs", **kw)
+    trainer = megatron_trainer(tiny_dir, work, logs_dir=tmp_path / "logs", **kw)
     try:
         # one node: torchrun's store binds a port the OS picks. A port picked before torchrun
         # binds it could be taken meanwhile; torchrun then waited on the stranger as a client
@@ -318,12 +320,12 @@ def test_trainer_save_load_resumes_exactly(tiny_dir, tmp_path):
     kw = dict(lr=1e-3, loss=LossConfig(algo="grpo"), num_minibatches=2)
     b1 = collate(*make_samples(seed=4), 0)
     b2 = collate(*make_samples(seed=5), 0)
-    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "a", **kw) as a:
+    with megatron_trainer(tiny_dir, tmp_path / "a", **kw) as a:
         a.step(b1)
         a.save(tmp_path / "ckpt")
         expect = a.step(b2)
         expect_w = convert.load_hf_state(a.publish_weights(tmp_path / "wa", 2))
-    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "b", **kw) as b:
+    with megatron_trainer(tiny_dir, tmp_path / "b", **kw) as b:
         b.load(tmp_path / "ckpt")
         assert b.step_count == 1
         got = b.step(b2)
@@ -336,15 +338,15 @@ def test_trainer_save_load_resumes_exactly(tiny_dir, tmp_path):
 @pytest.mark.slow
 def test_trainer_rejects_parallel_sizes_it_cannot_run(tiny_dir, tmp_path):
     with pytest.raises(MegatronWorkerError, match="cp must be 1"):
-        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", cp=2)
+        megatron_trainer(tiny_dir, tmp_path / "w", cp=2)
     assert _processes_mentioning(str(tmp_path / "w")) == []
 
 
 def test_trainer_rejects_unknown_options(tiny_dir, tmp_path):
     with pytest.raises(TypeError, match="unknown trainer options"):
-        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", learning_rate=1.0)
+        megatron_trainer(tiny_dir, tmp_path / "w", learning_rate=1.0)
     with pytest.raises(ValueError, match="unknown algorithm"):
-        MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", loss=LossConfig(algo="nope"))
+        megatron_trainer(tiny_dir, tmp_path / "w", loss=LossConfig(algo="nope"))
 
 
 @pytest.mark.slow
@@ -356,7 +358,7 @@ def test_two_ranks_match_local_trainer(tiny_dir, tmp_path, ep):
     kw = dict(lr=1e-4, loss=loss, num_minibatches=2, r3=True, r3_audit=True)
     batch = collate(*make_samples(n=7, seed=2), 0, need_routes=True)
     local = LocalTrainer(str(tiny_dir), **kw)
-    with MegatronTrainer(tiny_dir, work_dir=tmp_path / "w", nproc_per_node=2, ep=ep, **kw) as tr:
+    with megatron_trainer(tiny_dir, tmp_path / "w", nproc_per_node=2, ep=ep, **kw) as tr:
         assert len(tr.worker_pids) == 2
         real = batch.attention_mask.bool()
         torch.testing.assert_close(
@@ -388,7 +390,9 @@ def test_killed_orchestrator_leaves_no_worker(tiny_dir, tmp_path):
     code = (
         "import json, sys, time\n"
         "from sat_cli.trainers.megatron.client import MegatronTrainer\n"
-        f"t = MegatronTrainer({str(tiny_dir)!r}, work_dir={str(work)!r})\n"
+        "from sat_cli.trainers.megatron.settings import MegatronRuntime as R\n"
+        "from sat_cli.trainers.megatron.settings import MegatronTrainerSettings as S\n"
+        f"t = MegatronTrainer(S(), R({str(tiny_dir)!r}, {str(work)!r}))\n"
         "print(json.dumps([t.launcher_pid] + t.worker_pids), flush=True)\n"
         "time.sleep(600)\n"
     )

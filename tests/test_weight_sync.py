@@ -261,12 +261,13 @@ def test_the_megatron_sender_sends_what_its_disk_export_writes(engine, tmp_path)
     """trainer=megatron: every rank gathers, rank 0 holds the HF tensors (the disk export's
     conversion) and broadcasts them from its own process; the engine then serves exactly the
     weights ``publish_weights`` writes, and rank 0 writes the same files for the fallback."""
+    from trainer_checks import megatron_trainer
+
     from sat_cli.trainers.megatron import convert
-    from sat_cli.trainers.megatron.client import MegatronTrainer
 
     spec = {"dtype": "float32", "device": "cpu", "bucket_bytes": BUCKET}
-    with MegatronTrainer(str(MODEL), work_dir=tmp_path / "m", weight_sync=spec,
-                         export_dtype="float32") as trainer:  # fmt: skip
+    work = tmp_path / "m"
+    with megatron_trainer(MODEL, work, weight_sync=spec, export_dtype="float32") as trainer:
         assert trainer.capture_weights(1) == 4085248
         published = trainer.publish_weights(tmp_path / "w", 1)
         sender = trainer.weight_sender

@@ -55,3 +55,22 @@ def check_nonfinite_step_is_skipped(trainer, clean: TrainBatch, bad: TrainBatch)
     again = trainer.step(clean)
     assert NONFINITE_METRIC not in again
     assert any(not torch.equal(p.detach(), params[n]) for n, p in trainer.model.named_parameters())
+
+
+def megatron_trainer(model_path, work_dir, **keys):
+    """A ``MegatronTrainer`` from the keywords these tests share with ``LocalTrainer`` and
+    ``MegatronActor`` (``lr``, ``loss``, ``r3``, ...) and the layout ones (``tp``, ...): each
+    goes where the trainer takes it, its settings (``trainer.*``), its runtime (the folders,
+    export dtype, sender, environment) or the runtime's step options; any other is refused
+    (``TypeError``) by the trainer, as an unknown option."""
+    from sat_cli.trainers.megatron.client import MegatronTrainer
+    from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
+
+    own = {f.name for f in dataclasses.fields(MegatronTrainerSettings)} - {"name"}
+    rt = {f.name for f in dataclasses.fields(MegatronRuntime)} - {"options"}
+    settings = MegatronTrainerSettings(**{k: v for k, v in keys.items() if k in own})
+    runtime = {k: v for k, v in keys.items() if k in rt}
+    options = {k: v for k, v in keys.items() if k not in own | rt}
+    return MegatronTrainer(
+        settings, MegatronRuntime(str(model_path), work_dir, **runtime, options=options)
+    )

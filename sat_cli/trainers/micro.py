@@ -15,7 +15,8 @@ sequences, VCPO's step reads the minibatch's ESS. So the step splits only the *f
 
 A micro-batch is the sub-batch of its samples cut to its longest (``TrainBatch.columns``);
 with packing the backend packs it (``packing.PackPlan``). The R3 audit counts the first
-forwards only (``_audit_paused`` during the replay), as an unsplit step counts its one forward.
+forwards only (the replay runs under ``PolicyTrainer.audit_paused``), as an unsplit step counts
+its one forward. The trainer's public ``model_forward`` is the forward of each micro-batch.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ def stitched(trainer, model, batch: TrainBatch, groups: list[list[int]], topk: b
     outs: list[torch.Tensor] | None = None
     for idx in groups:
         sub, rows, n = _sub(batch, idx)
-        fwd = trainer._model_forward_topk if topk else trainer._model_forward
-        res = fwd(model, sub)
+        res = trainer.model_forward(model, sub, topk)
         if outs is None:
             outs = [r.new_zeros((B, S, *r.shape[2:])) for r in res]
         for out, r in zip(outs, res, strict=True):
@@ -68,15 +68,11 @@ class Replay:
         t = self.trainer
         grads = [leaf.grad for leaf in self.leaves]
         topk = len(self.leaves) > 1
-        t._audit_paused = True
-        try:
+        with t.audit_paused():
             for idx in self.groups:
                 sub, rows, n = _sub(self.mb, idx)
-                if topk:
-                    logp, _, topk_logp = t._model_forward_topk(t.model, sub)
-                    outs = [logp, topk_logp]
-                else:
-                    outs = [t._model_forward(t.model, sub)[0]]
+                outs = t.model_forward(t.model, sub, topk)
+                outs = [outs[0], outs[2]] if topk else [outs[0]]  # logp (and topk_logp)
                 surrogate = None
                 for out, g in zip(outs, grads, strict=True):
                     if g is None:  # the loss does not read it
@@ -85,5 +81,3 @@ class Replay:
                     surrogate = term if surrogate is None else surrogate + term
                 if surrogate is not None:
                     surrogate.backward()
-        finally:
-            t._audit_paused = False

@@ -157,17 +157,23 @@ class TrainerRuntime:
 
     def keywords(self, s: TrainerSettings) -> dict:
         """The keywords both trainers' constructors take (``trainers.step.TrainerSettings``)."""
-        return dict(
-            loss=self.loss,
-            lr=s.lr,
-            betas=tuple(s.betas),
-            weight_decay=s.weight_decay,
-            grad_clip=s.grad_clip,
-            r3_audit=s.r3_audit,
-            max_tokens_per_row=s.max_tokens_per_row or 0,  # null: off
-            max_tokens_per_micro_batch=s.max_tokens_per_micro_batch or 0,
-            **self.options,
-        )
+        return step_keywords(s, self.loss, self.options)
+
+
+def step_keywords(s: TrainerSettings, loss, options: dict) -> dict:
+    """A trainer's step keywords (``trainers.step.TrainerSettings``, ``loss``): the optimizer
+    and token budgets of ``trainer.*``, and ``options``, the ones from outside it."""
+    return dict(
+        loss=loss,
+        lr=s.lr,
+        betas=tuple(s.betas),
+        weight_decay=s.weight_decay,
+        grad_clip=s.grad_clip,
+        r3_audit=s.r3_audit,
+        max_tokens_per_row=s.max_tokens_per_row or 0,  # null: off
+        max_tokens_per_micro_batch=s.max_tokens_per_micro_batch or 0,
+        **options,
+    )
 
 
 def build_local(s: LocalTrainerSettings, rt: TrainerRuntime):

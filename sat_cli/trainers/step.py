@@ -42,6 +42,7 @@ minibatches, plus ``loss/grad_norm`` (before clipping), ``loss/entropy``, ``loss
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, fields
 from typing import Any
@@ -156,6 +157,19 @@ class PolicyTrainer:
         ``batch.topk_ids`` (``topk_logprobs``) from the same forward (score centering)."""
         raise NotImplementedError(f"{type(self).__name__} has no sampler top-k channel")
 
+    def model_forward(self, model, batch: TrainBatch, topk: bool = False) -> tuple:
+        """``(logp, entropy[, topk_logp])``: ``_model_forward`` (``topk``: ``_topk``)."""
+        return tuple((self._model_forward_topk if topk else self._model_forward)(model, batch))
+
+    @contextlib.contextmanager
+    def audit_paused(self):
+        """Forwards inside are not R3-audited (a micro-batch's replay: audited already)."""
+        self._audit_paused = True
+        try:
+            yield
+        finally:
+            self._audit_paused = False
+
     def _kept(self, batch: TrainBatch) -> torch.Tensor | None:
         """The kept sets the log-probs are renormalised on (on the device), or None."""
         if not self.replay_sampling_mask or batch.sampling_mask is None:
@@ -222,11 +236,9 @@ class PolicyTrainer:
                 logp, entropy, *topk_logp = micro.leaves(self, mb, groups, use_topk)
                 replay = micro.Replay(self, mb, groups, [logp, *topk_logp])
                 topk = self._topk_inputs(mb, topk_logp[0], mask) if use_topk else None
-            elif use_topk:
-                logp, entropy, topk_logp = self._model_forward_topk(self.model, mb)
-                topk = self._topk_inputs(mb, topk_logp, mask)
-            else:
-                logp, entropy = self._model_forward(self.model, mb)  # [b, S]
+            else:  # [b, S] (and [b, S, K])
+                logp, entropy, *topk_logp = self.model_forward(self.model, mb, use_topk)
+                topk = self._topk_inputs(mb, topk_logp[0], mask) if use_topk else None
             part = None if diag is None else {}
             metrics = self._update(mb, rows, logp, mask, old_logp, ref_logp, part, topk, replay)
             if ledger is not None:
@@ -265,8 +277,7 @@ class PolicyTrainer:
         with torch.no_grad():
             groups = self._micro_groups(batch)
             if groups is None:
-                fwd = self._model_forward_topk if topk else self._model_forward
-                return tuple(fwd(model, batch))
+                return self.model_forward(model, batch, topk)
             return micro.stitched(self, model, batch, groups, topk)
 
     def _topk_inputs(self, mb: TrainBatch, topk_logp: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -32,12 +32,14 @@ WORK/worker_config.json --node-rank k``: ``launch.py``).
   raised here (``R3Error`` for routing errors, ``MegatronWorkerError`` otherwise); the worker
   keeps running.
 
-Trainer hyperparameters are the local trainer's keyword arguments (``loss``, a
-``sat_cli.rl.config.LossConfig``; ``lr``, ``betas``,
-``weight_decay``, ``grad_clip``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``) plus
-``dtype``, ``export_dtype``, ``recompute`` and ``optimizer_offload``; they are forwarded to
-``MegatronActor`` in the worker, the loss settings as ``LossConfig.to_dict()`` under
-``actor.loss`` in ``worker_config.json``. Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``,
+A trainer is built from its settings (``MegatronTrainerSettings``: ``trainer.*`` of
+``trainer=megatron``) and a ``MegatronRuntime`` (the model, folders, loss, step options from
+outside ``trainer.*``, export dtype, weight-sync sender, launcher, environment). The step
+keywords (``loss``, a ``sat_cli.rl.config.LossConfig``; ``lr``, ``betas``, ``weight_decay``,
+``grad_clip``, ``temperature``, ``r3``, ``num_minibatches``, ``seed``, ...) plus ``dtype``,
+``export_dtype``, ``recompute`` and ``optimizer_offload`` are forwarded to ``MegatronActor`` in
+the worker, the loss settings as ``LossConfig.to_dict()`` under ``actor.loss`` in
+``worker_config.json``. Parallel sizes (``tp``, ``pp``, ``ep``, ``cp``,
 ``nproc_per_node``, ``nnodes``) are passed through; the worker runs ``dp x tp x pp`` ranks
 (``tp x pp`` must divide ``nproc_per_node x nnodes``) with expert parallelism ``ep`` inside,
 and rejects ``cp`` > 1 at start-up with a clear message. Batch files must be readable by every
@@ -49,13 +51,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
-from sat_cli.trainers.step import TRAINER_KEYS
+from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
+from sat_cli.trainers.step import TrainerSettings as StepSettings
 from sat_cli.util.procs import free_port
 
 from . import protocol
@@ -66,51 +70,27 @@ from .launch import join_command, launch_env, torchrun_command
 LOG_NAME = "megatron_trainer.log"
 
 
-def _actor_keys() -> set[str]:
-    # MegatronActor's keywords
-    return {*TRAINER_KEYS, "dtype", "export_dtype", "recompute", "optimizer_offload"}
-
-
 class MegatronTrainer(WorkerCalls):
     """Trainer backed by a megatron-core worker under torchrun (see module docstring)."""
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        *,
-        work_dir: str | os.PathLike,
-        logs_dir: str | os.PathLike | None = None,
-        nproc_per_node: int = 1,
-        nnodes: int = 1,
-        rdzv_endpoint: str | None = None,
-        tp: int = 1,
-        pp: int = 1,
-        ep: int = 1,
-        cp: int = 1,
-        python: str | None = None,
-        env: dict[str, str] | None = None,
-        startup_timeout: float = 600.0,
-        max_shard_size: int | str = "5GB",
-        placer=None,
-        weight_sync: dict | None = None,
-        **actor_kwargs,
-    ):
-        unknown = set(actor_kwargs) - _actor_keys()
+    def __init__(self, settings: MegatronTrainerSettings, runtime: MegatronRuntime):
+        """``settings``: ``trainer.*`` of ``trainer=megatron`` (optimizer, layout, precision,
+        rendezvous); ``runtime``: the model, the work and log folders, the loss and step
+        options, the export dtype, the weight-sync sender, the launcher, node 0's environment."""
+        s, rt = settings, runtime
+        unknown = set(rt.options) - {f.name for f in fields(StepSettings)}
         if unknown:
             raise TypeError(
                 f"MegatronTrainer got unknown trainer options {sorted(unknown)}; "
-                f"valid: {sorted(_actor_keys())}"
+                f"valid: {sorted(f.name for f in fields(StepSettings))}"
             )
-        sampler = [
-            actor_kwargs.pop(k, None) for k in ("replay_sampling_mask", "score_centering_topk")
-        ]
-        if any(sampler):
+        if rt.options.get("replay_sampling_mask") or rt.options.get("score_centering_topk"):
             raise ValueError(
                 "replay_sampling_mask and score_centering_topk are wired into the local "
                 "trainer only (the kept sets and top-k would have to cross the pipeline and "
                 "data-parallel gathers); use trainer=local"
             )
-        if actor_kwargs.get("ledger_keep"):
+        if rt.options.get("ledger_keep"):
             raise ValueError(
                 "the three-log-prob ledger (algo.ledger) is wired into the local trainer only "
                 "(it keeps whole-model weight snapshots; Megatron's are sharded over ranks); use "
@@ -118,7 +98,10 @@ class MegatronTrainer(WorkerCalls):
             )
         from sat_cli.rl import registry
 
-        loss: LossConfig = actor_kwargs.pop("loss", None) or LossConfig()
+        actor = rt.actor_keywords(s)
+        for k in ("replay_sampling_mask", "score_centering_topk"):
+            actor.pop(k, None)
+        loss: LossConfig = actor.pop("loss") or LossConfig()
         spec = registry.resolve(loss.algo, loss.correction, loss.ratio_denominator)
         if spec.needs:  # a3po, vcpo: their extra inputs are wired into the local trainer only
             raise ValueError(
@@ -132,13 +115,15 @@ class MegatronTrainer(WorkerCalls):
         self.weight_sender = None  # weight_sync: a RemoteSender of rank 0's WeightSender
         self._worker_pids: list[int] = []
         self._buf = b""
-        self.work_dir = Path(work_dir).resolve()
+        self.work_dir = Path(rt.work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.logs_dir = Path(logs_dir).resolve() if logs_dir else self.work_dir / "logs"
+        self.logs_dir = Path(rt.logs_dir).resolve() if rt.logs_dir else self.work_dir / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.logs_dir / LOG_NAME
         (self.work_dir / "io").mkdir(exist_ok=True)
 
+        placer, nnodes, nproc_per_node = rt.placer, s.nnodes, s.nproc_per_node
+        rdzv_endpoint = f"{s.master_addr}:{s.master_port}" if s.master_port else None
         if placer is not None:  # node 0's address on the cluster (port 0 on one node)
             endpoint = placer.trainer_endpoint(rdzv_endpoint, nnodes)
         elif rdzv_endpoint:
@@ -153,23 +138,23 @@ class MegatronTrainer(WorkerCalls):
             "nnodes": nnodes,
             "nproc_per_node": nproc_per_node,
             "master": endpoint,
-            "model_path": str(Path(model_path).resolve()),
-            "tp": tp,
-            "pp": pp,
-            "ep": ep,
-            "cp": cp,
-            "max_shard_size": max_shard_size,
-            "actor": {**actor_kwargs, "loss": loss.to_dict()},
+            "model_path": str(Path(rt.model_path).resolve()),
+            "tp": s.tp,
+            "pp": s.pp,
+            "ep": s.ep,
+            "cp": s.cp,
+            "max_shard_size": s.max_shard_size,
+            "actor": {**actor, "loss": loss.to_dict()},
         }
-        if weight_sync is not None:  # {dtype, device, bucket_bytes}: rank 0, on node 0
-            config["sender"] = {**weight_sync, "host": endpoint.rsplit(":", 1)[0]}
+        if rt.weight_sync is not None:  # {dtype, device, bucket_bytes}: rank 0, on node 0
+            config["sender"] = {**rt.weight_sync, "host": endpoint.rsplit(":", 1)[0]}
         config_path = self.work_dir / "worker_config.json"
         tmp_config = config_path.with_name(".worker_config.json.tmp")
         tmp_config.write_text(json.dumps(config, indent=1))
         os.replace(tmp_config, config_path)  # `sat worker --join` may be polling for it
 
         fifo = self.work_dir / "reply.fifo"
-        self._placer = placer
+        self._placer, python = placer, rt.python
         if placer is not None and python is None:
             python = placer.trainer_python()  # node 0's interpreter (the cluster's environment)
         self.command = torchrun_command(
@@ -193,14 +178,14 @@ class MegatronTrainer(WorkerCalls):
             log_path=self.log_path, fifo=fifo, cleanup=[self.work_dir / "torchelastic"], note=note
         )
         if placer is None:
-            self._chan = LocalChannel(self.command, env=launch_env(env), **channel_args)
+            self._chan = LocalChannel(self.command, env=launch_env(rt.env), **channel_args)
         else:  # node 0 on the cluster; nodes 1.. join it with `sat worker --join`
-            self._chan = placer.trainer_channel(self.command, env or {}, **channel_args)
+            self._chan = placer.trainer_channel(self.command, rt.env or {}, **channel_args)
         try:
             if placer is not None and nnodes > 1:
-                placer.join_trainer_nodes(endpoint, config_path, startup_timeout)
+                placer.join_trainer_nodes(endpoint, config_path, rt.startup_timeout_s)
             ready = self._read_reply(
-                lambda m: m.get("event") == "ready", "start-up", startup_timeout
+                lambda m: m.get("event") == "ready", "start-up", rt.startup_timeout_s
             )
         except BaseException:
             self._teardown()

@@ -3,7 +3,8 @@ from the HF model; inflight.py switches weights inside a running request, sync.p
 worker's half of the distributed weight sync; settings.py is its ``engine=local`` settings
 (torch-free, so importing this package imports no engine until ``LocalEngine`` is asked for)."""
 
-from sat_cli.engines.local.settings import LocalEngineRuntime, LocalEngineSettings
+from sat_cli.engines.local.runtime import LocalEngineRuntime
+from sat_cli.engines.local.settings import LocalEngineSettings
 
 __all__ = ["LocalEngine", "LocalEngineRuntime", "LocalEngineSettings"]
 

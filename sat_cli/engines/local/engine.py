@@ -47,7 +47,7 @@ import numpy as np
 
 from sat_cli.engines.base import RolloutEngine
 from sat_cli.engines.local.inflight import InflightUpdates
-from sat_cli.engines.local.settings import LocalEngineRuntime, LocalEngineSettings
+from sat_cli.engines.local.runtime import LocalEngineRuntime
 from sat_cli.engines.local.sync import LocalSync
 from sat_cli.engines.local.worker import worker_main
 from sat_cli.errors import EngineError, EngineStartError
@@ -77,8 +77,9 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
     MAX_BATCH_SIZE: ClassVar[int] = 256  # sequences per forward of the worker
     STARTUP_TIMEOUT_S: ClassVar[float] = 300.0  # until the worker has loaded the model
 
-    def __init__(self, settings: LocalEngineSettings, runtime: LocalEngineRuntime):
-        """``settings``: ``engine.*`` of ``engine=local`` (dtype, torch threads, device);
+    def __init__(self, settings, runtime: LocalEngineRuntime):
+        """``settings``: ``engine.*`` of ``engine=local`` (``settings.LocalEngineSettings``:
+        dtype, torch threads, device);
         ``runtime``: the model folder, seed, R3, the planned device, log file, the loaded
         weights' version and in-flight updates."""
         from sat_cli.engines.local.inflight import CACHE_MODES

@@ -58,7 +58,7 @@ import torch
 
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
-from sat_cli.trainers.megatron.settings import MegatronRuntime, MegatronTrainerSettings
+from sat_cli.trainers.megatron.trainer_runtime import MegatronRuntime
 from sat_cli.trainers.step import TrainerSettings as StepSettings
 from sat_cli.util.procs import free_port
 
@@ -73,9 +73,9 @@ LOG_NAME = "megatron_trainer.log"
 class MegatronTrainer(WorkerCalls):
     """Trainer backed by a megatron-core worker under torchrun (see module docstring)."""
 
-    def __init__(self, settings: MegatronTrainerSettings, runtime: MegatronRuntime):
-        """``settings``: ``trainer.*`` of ``trainer=megatron`` (optimizer, layout, precision,
-        rendezvous); ``runtime``: the model, the work and log folders, the loss and step
+    def __init__(self, settings, runtime: MegatronRuntime):
+        """``settings``: ``trainer.*`` of ``trainer=megatron`` (``settings.MegatronTrainerSettings``:
+        optimizer, layout, precision, rendezvous); ``runtime``: the model, the work and log folders, the loss and step
         options, the export dtype, the weight-sync sender, the launcher, node 0's environment."""
         s, rt = settings, runtime
         unknown = set(rt.options) - {f.name for f in fields(StepSettings)}

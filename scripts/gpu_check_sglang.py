@@ -37,6 +37,8 @@ import torch
 
 from sat_cli.engines.base import SamplingParams
 from sat_cli.engines.sglang import SGLangEngine, read_moe_dims
+from sat_cli.engines.sglang.runtime import SGLangRuntime
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 
 DEFAULT_SERVER_ARGS = (
     "--attention-backend triton --sampling-backend pytorch --disable-cuda-graph "
@@ -148,19 +150,18 @@ def main() -> int:
     log_dir = Path(args.log_dir) if args.log_dir else work / "logs"
     rows: list[tuple[str, str, str, bool]] = []
 
-    engine = SGLangEngine.launch(
-        args.ckpt,
-        python=args.python,
-        launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else None,
+    settings = SGLangEngineSettings(
+        launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else [],
         device="cuda",
         dtype="bfloat16",
         extra_args=shlex.split(args.server_args),
-        log_dir=log_dir,
         startup_timeout_s=args.startup_timeout,
-        r3=True,
         deterministic=False,
         request_timeout_s=120.0,
+        concurrency=8,
     )
+    runtime = SGLangRuntime(args.ckpt, r3=True, python=args.python, log_dir=log_dir)
+    engine = SGLangEngine.launch(settings, runtime)
     try:
         rows.append(
             ("server ready", f"{time.monotonic() - t_start:.0f} s", "healthy", engine.health())

@@ -43,6 +43,8 @@ import torch
 
 from sat_cli.engines.local.sync import served_state
 from sat_cli.engines.sglang import SGLangEngine
+from sat_cli.engines.sglang.runtime import SGLangRuntime
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.weightsync.layouts import compare
@@ -62,13 +64,17 @@ def scored(engine: SGLangEngine) -> list[float]:
 
 def tiny_rows(args, work: Path) -> list[tuple[str, str, str, bool]]:
     device = args.device
-    engine = SGLangEngine.launch(
-        args.ckpt, python=args.sglang_python, device=device, dtype="bfloat16",
-        launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else None,
+    settings = SGLangEngineSettings(
+        device=device,
+        launch_prefix=shlex.split(args.launch_prefix) if args.launch_prefix else [],
         extra_args=shlex.split(GPU_SERVER_ARGS) if device == "cuda" else [],
-        max_total_tokens=None if device == "cuda" else 4096, log_dir=work / "logs",
-        startup_timeout_s=300, request_timeout_s=300,
-    )  # fmt: skip
+        startup_timeout_s=300,
+        request_timeout_s=300,
+        deterministic=False,
+        concurrency=8,
+    )  # the CPU's KV pool: 4096 tokens (server.CPU_KV_TOKENS)
+    runtime = SGLangRuntime(args.ckpt, python=args.sglang_python, log_dir=work / "logs")
+    engine = SGLangEngine.launch(settings, runtime)
     rows = []
     try:
         model = load_model(args.ckpt)
@@ -118,11 +124,20 @@ def paper_row(args, work: Path) -> tuple[str, str, str, bool]:
         args.paper, work / "megatron", export_dtype="bfloat16", weight_sync=sender, env=gpus
     )
     trainer = MegatronTrainer(settings, runtime)
-    engine = SGLangEngine.launch(
-        args.paper, python=args.sglang_python, device="cuda", dtype="bfloat16", tp=4, ep=4,
-        gpu_groups=["0,1,2,3"], log_dir=work / "logs", startup_timeout_s=1800,
-        request_timeout_s=1800, server_ranks=4,
-    )  # fmt: skip
+    settings = SGLangEngineSettings(
+        device="cuda",
+        tp=4,
+        ep=4,
+        gpu_groups=["0,1,2,3"],
+        startup_timeout_s=1800,
+        request_timeout_s=1800,
+        deterministic=False,
+        concurrency=8,
+        verify_weights="off",  # tp x ep > 1: per-shard checksums (the check used verify=off)
+    )
+    python, logs = args.sglang_python, work / "logs"
+    runtime = SGLangRuntime(args.paper, python=python, log_dir=logs, gpu_groups=("0,1,2,3",))
+    engine = SGLangEngine.launch(settings, runtime)
     try:
         group = GroupSpec(backend="nccl", timeout_s=600.0)
         dist = WeightSync(SyncSettings(mode="distributed", verify="off", dtype="bfloat16",

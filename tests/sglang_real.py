@@ -112,23 +112,15 @@ def require_cpu_all_reduce() -> None:
         pytest.skip(ALL_REDUCE_REASON)
 
 
-def launch(model=MODEL, *, log_dir, r3=True, **kw):
+def launch(model=MODEL, *, log_dir, r3=True):
     """A real SGLang engine on the CPU (bf16), started and healthy."""
     from sat_cli.engines.sglang import SGLangEngine
+    from sat_cli.engines.sglang.runtime import SGLangRuntime
+    from sat_cli.engines.sglang.settings import SGLangEngineSettings
 
-    if kw.get("tp", 1) > 1:
-        require_cpu_all_reduce()
-    return SGLangEngine.launch(
-        str(model),
-        python=sglang_python(),
-        device="cpu",
-        dtype="bfloat16",
-        max_total_tokens=4096,
-        r3=r3,
-        log_dir=log_dir,
-        startup_timeout_s=600,
-        **kw,
-    )
+    settings = SGLangEngineSettings(device="cpu", max_total_tokens=4096, startup_timeout_s=600)
+    runtime = SGLangRuntime(str(model), r3, python=sglang_python(), log_dir=Path(log_dir))
+    return SGLangEngine.launch(settings, runtime)
 
 
 def sat(*args: str, cwd, timeout: float = 900):

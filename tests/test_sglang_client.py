@@ -16,6 +16,8 @@ from sglang_standin import Standin
 
 from sat_cli.engines.base import EngineError, RolloutEngine, SamplingParams
 from sat_cli.engines.sglang import SGLangClient, SGLangEngine
+from sat_cli.engines.sglang.runtime import SGLangRuntime
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 from sat_cli.util.procs import free_port
 
 DIMS = {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 4, "vocab_size": 50}
@@ -42,10 +44,12 @@ def entry_params(call: dict) -> list[dict]:
     return sp if isinstance(sp, list) else [sp] * len(call["input_ids"])
 
 
-def make_engine(model_dir, urls, **kw):
-    kw.setdefault("retries", 0)
-    kw.setdefault("deterministic", True)
-    return SGLangEngine(model_dir, urls=urls, **kw)
+def make_engine(model_dir, urls, *, r3=False, retries=0, backoff_s=0.5, **settings):
+    """An engine on servers started elsewhere; ``settings``: ``engine.*`` keys (deterministic
+    unless told)."""
+    settings.setdefault("deterministic", True)
+    s = SGLangEngineSettings(urls=list(urls), **settings)
+    return SGLangEngine(s, SGLangRuntime(str(model_dir), r3, retries=retries, backoff_s=backoff_s))
 
 
 def test_is_a_rollout_engine(model_dir, standin):

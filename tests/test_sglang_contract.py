@@ -32,8 +32,11 @@ import numpy as np
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.engines.sglang.process import ManagedProcess
 from sat_cli.engines.sglang.routes import MoEDims, decode_routed_experts, read_moe_dims
+from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 from sat_cli.engines.sglang.wire import (
     build_generate_payload,
     entry_seeds,
@@ -239,17 +242,18 @@ def test_read_moe_dims_from_config(tmp_path):
 
 
 def test_server_command_is_an_argument_list(tmp_path):
-    server = SGLangServer(
-        "/models/tiny",
+    settings = SGLangEngineSettings(
         launch_prefix=["/envs/sglang/bin/python"],
-        port=31000,
         tp=2,
         dp=1,
         ep=2,
         mem_fraction_static=0.5,
-        enable_return_routed_experts=True,
         extra_args=["--disable-cuda-graph"],
-        log_path=tmp_path / "s.log",
+        deterministic=False,
+        verify_weights="off",  # tp x ep > 1: SGLang's checksums are per rank shard
+    )
+    server = SGLangServer(
+        settings, ServerRuntime("/models/tiny", tmp_path / "s.log", port=31000, r3=True)
     )
     assert server.command == [
         "/envs/sglang/bin/python",
@@ -280,15 +284,9 @@ def test_server_command_is_an_argument_list(tmp_path):
 
 
 def test_cpu_server_command_runs_through_the_launcher_with_cpu_flags(tmp_path):
-    server = SGLangServer(
-        "m",
-        python="/envs/sglang/bin/python",
-        port=31000,
-        device="cpu",
-        dtype="bfloat16",
-        max_total_tokens=4096,
-        log_path=tmp_path / "s.log",
-    )
+    cpu = SGLangEngineSettings(device="cpu", dtype="bfloat16")  # the KV pool: 4096 tokens
+    runtime = ServerRuntime("m", tmp_path / "s.log", "/envs/sglang/bin/python", port=31000)
+    server = SGLangServer(cpu, runtime)
     cmd = server.command
     assert cmd[0] == "/envs/sglang/bin/python"
     assert cmd[1].endswith("sat_cli/engines/sglang/cpu_launch.py") and Path(cmd[1]).is_file()
@@ -303,27 +301,33 @@ def test_cpu_server_command_runs_through_the_launcher_with_cpu_flags(tmp_path):
     assert "--enable-deterministic-inference" not in cmd
     assert server.env["SGLANG_USE_CPU_ENGINE"] == "1"
     with pytest.raises(ValueError, match="device"):
-        SGLangServer("m", device="tpu", log_path=tmp_path / "s.log")
+        SGLangServer(SGLangEngineSettings(device="tpu"), runtime)
 
 
 def test_server_defaults_pick_a_free_port_and_a_plain_python(tmp_path):
-    server = SGLangServer("m", log_path=tmp_path / "s.log", weight_version=None)
+    plain = SGLangEngineSettings(deterministic=False)
+    server = SGLangServer(plain, ServerRuntime("m", tmp_path / "s.log", weight_version=None))
     assert server.command[:3] == ["python", "-m", "sglang.launch_server"]
     assert 0 < server.port < 65536
     assert "--enable-return-routed-experts" not in server.command
     assert "--weight-version" not in server.command
-    with pytest.raises(ValueError, match="127.0.0.1"):
-        SGLangServer("m", host="0.0.0.0", log_path=tmp_path / "s.log")
+    with pytest.raises(ValueError, match="127.0.0.1"):  # an SGLang process binds only it
+        ManagedProcess(
+            host="0.0.0.0",
+            port=None,
+            log_path=tmp_path / "s.log",
+            health_path="/health",
+            startup_timeout_s=1.0,
+            env=None,
+        )
     with pytest.raises(ValueError, match="tp"):
-        SGLangServer("m", tp=0, log_path=tmp_path / "s.log")
+        SGLangServer(SGLangEngineSettings(tp=0), ServerRuntime("m", tmp_path / "s.log"))
 
 
 def test_router_command(tmp_path):
     router = SGLangRouter(
         ["http://127.0.0.1:31000", "http://127.0.0.1:31001"],
-        python="/envs/sglang/bin/python",
-        port=30999,
-        log_path=tmp_path / "r.log",
+        ProcessLaunch(tmp_path / "r.log", "/envs/sglang/bin/python", port=30999),
     )
     assert router.command == [
         "/envs/sglang/bin/python",

@@ -119,16 +119,14 @@ def bare():
 
 def sat_commands(tmp: Path) -> dict[str, list[str]]:
     """The arguments sat's server and router commands pass to SGLang's own entry points."""
+    from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
     from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+    from sat_cli.engines.sglang.settings import SGLangEngineSettings
 
-    server = SGLangServer(
-        "m", python="py", port=31000, device="cpu", dtype="bfloat16", max_total_tokens=4096,
-        enable_return_routed_experts=True, log_path=tmp / "s.log",
-    )  # fmt: skip
-    router = SGLangRouter(
-        ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], python="py", port=30999,
-        device="cpu", log_path=tmp / "r.log",
-    )  # fmt: skip
+    cpu = SGLangEngineSettings(device="cpu", dtype="bfloat16", max_total_tokens=4096)
+    server = SGLangServer(cpu, ServerRuntime("m", tmp / "s.log", "py", port=31000, r3=True))
+    urls = ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
+    router = SGLangRouter(urls, ProcessLaunch(tmp / "r.log", "py", device="cpu", port=30999))
 
     def after(command: list[str], module: str) -> list[str]:
         return command[command.index(module) + 1 :]

@@ -12,6 +12,8 @@ from sglang_standin import Standin
 
 from sat_cli.engines.base import SamplingParams
 from sat_cli.engines.sglang import SGLangEngine
+from sat_cli.engines.sglang.runtime import SGLangRuntime
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 
 DIMS = {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 4, "vocab_size": 50}
 
@@ -30,8 +32,9 @@ def standin(model_dir):
         yield s
 
 
-def engine_for(model_dir, standin, **kw):
-    return SGLangEngine(model_dir, urls=[standin.url], retries=0, deterministic=True, **kw)
+def engine_for(model_dir, standin, **runtime):
+    s = SGLangEngineSettings(urls=[standin.url], deterministic=True)
+    return SGLangEngine(s, SGLangRuntime(str(model_dir), retries=0, **runtime))
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,9 @@ import pytest
 from sat_cli.engines.base import EngineError, SamplingParams
 from sat_cli.engines.sglang import SGLangEngine
 from sat_cli.engines.sglang.process import ManagedProcess
+from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime, SGLangRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 from sat_cli.util.procs import http_get_status, live_group_members
 
 STANDIN = Path(__file__).resolve().parent / "sglang_standin.py"
@@ -37,15 +39,16 @@ def model_dir(tmp_path):
     return d
 
 
-def make_server(model_dir, tmp_path, *extra, name="s0", timeout=30.0, **kw):
-    return SGLangServer(
-        model_dir,
-        launch_prefix=PREFIX,
-        extra_args=list(extra),
-        log_path=tmp_path / "logs" / f"{name}.log",
-        startup_timeout_s=timeout,
-        **kw,
+# the engine settings of these tests: SGLang's defaults but not deterministic (the stand-in
+# servers are launched without --enable-deterministic-inference)
+PLAIN = SGLangEngineSettings(deterministic=False)
+
+
+def make_server(model_dir, tmp_path, *extra, name="s0", timeout=30.0):
+    s = SGLangEngineSettings(
+        launch_prefix=PREFIX, extra_args=list(extra), startup_timeout_s=timeout, deterministic=False
     )
+    return SGLangServer(s, ServerRuntime(str(model_dir), tmp_path / "logs" / f"{name}.log"))
 
 
 def post(url: str, path: str, payload) -> dict:
@@ -69,7 +72,7 @@ def get(url: str, path: str) -> dict:
 
 
 def test_start_ready_and_clean_shutdown_leaves_no_process(model_dir, tmp_path):
-    server = make_server(model_dir, tmp_path, "--standin-spawn-child", weight_version=0)
+    server = make_server(model_dir, tmp_path, "--standin-spawn-child")  # at version 0
     server.start()
     try:
         server.wait_ready()
@@ -121,7 +124,10 @@ def test_sigterm_ignored_escalates_to_sigkill(model_dir, tmp_path):
 
 def test_crash_is_detected_and_in_flight_requests_fail_naming_the_log(model_dir, tmp_path):
     server = make_server(model_dir, tmp_path, "--standin-spawn-child")
-    engine = SGLangEngine(model_dir, servers=[server], watchdog_s=0.2, retries=1, backoff_s=0.05)
+    runtime = SGLangRuntime(
+        str(model_dir), servers=(server,), watchdog_s=0.2, retries=1, backoff_s=0.05
+    )
+    engine = SGLangEngine(PLAIN, runtime)
     try:
         pgid = server.pgid
         post(server.url, "/standin/configure", {"delay_s": 30.0})
@@ -147,9 +153,9 @@ def test_restart_on_failure_reloads_the_last_weights(model_dir, tmp_path):
     weights = tmp_path / "weights" / "v2"
     weights.mkdir(parents=True)
     server = make_server(model_dir, tmp_path)
-    engine = SGLangEngine(
-        model_dir, servers=[server], watchdog_s=0.2, restart_on_failure=True, retries=0
-    )
+    restart = SGLangEngineSettings(deterministic=False, restart_on_failure=True)
+    runtime = SGLangRuntime(str(model_dir), servers=(server,), watchdog_s=0.2, retries=0)
+    engine = SGLangEngine(restart, runtime)
     try:
         engine.update_weights(str(weights), 2)
         first_pid = server.pid
@@ -171,13 +177,14 @@ def test_router_gets_generate_and_workers_get_weight_updates(model_dir, tmp_path
     weights = tmp_path / "v1"
     weights.mkdir()
     workers = [make_server(model_dir, tmp_path, name=f"w{i}") for i in range(2)]
-    router = SGLangRouter(
-        [w.url for w in workers],
+    launch = ProcessLaunch(
+        tmp_path / "logs" / "router.log",
         launch_prefix=PREFIX,
         extra_args=["--weight-version", "0"],  # for the stand-in; the real router has none
-        log_path=tmp_path / "logs" / "router.log",
     )
-    engine = SGLangEngine(model_dir, servers=workers, router=router, retries=0)
+    router = SGLangRouter([w.url for w in workers], launch)
+    runtime = SGLangRuntime(str(model_dir), servers=tuple(workers), router=router, retries=0)
+    engine = SGLangEngine(PLAIN, runtime)
     try:
         engine.generate([[1], [2]], 1, SamplingParams(max_new_tokens=2))
         engine.update_weights(str(weights), 1)
@@ -191,15 +198,17 @@ def test_router_gets_generate_and_workers_get_weight_updates(model_dir, tmp_path
 
 
 def test_launch_one_server_per_gpu_group_with_r3(model_dir, tmp_path):
-    engine = SGLangEngine.launch(
-        model_dir,
+    settings = SGLangEngineSettings(
         launch_prefix=PREFIX,
         gpu_groups=["0", "1"],
-        r3=True,
-        log_dir=tmp_path / "logs",
+        use_router=False,
         startup_timeout_s=30,
-        retries=0,
+        deterministic=False,
     )
+    runtime = SGLangRuntime(
+        str(model_dir), r3=True, log_dir=tmp_path / "logs", gpu_groups=("0", "1"), retries=0
+    )
+    engine = SGLangEngine.launch(settings, runtime)
     try:
         groups = engine.generate([[1, 2, 3]], 2, SamplingParams(max_new_tokens=4, seed=3))
         logs = [(tmp_path / "logs" / f"sglang_{i}.log").read_text() for i in range(2)]

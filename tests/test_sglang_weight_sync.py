@@ -20,6 +20,8 @@ from sglang_standin_sync import standin_process
 from sat_cli.engines.base import WeightSyncError
 from sat_cli.engines.local.sync import served_state
 from sat_cli.engines.sglang import SGLangEngine
+from sat_cli.engines.sglang.runtime import SGLangRuntime
+from sat_cli.engines.sglang.settings import SGLangEngineSettings
 from sat_cli.loop.weightsync import GroupSpec, SyncSettings, WeightSync, WeightSyncFailed
 from sat_cli.models.tiny_moe import load_model
 from sat_cli.weightsync.layouts import compare
@@ -44,7 +46,8 @@ def sender():
 
 
 def engine_on(url: str) -> SGLangEngine:
-    return SGLangEngine(str(MODEL), urls=[url], request_timeout_s=60.0)
+    settings = SGLangEngineSettings(urls=[url], request_timeout_s=60.0, deterministic=False)
+    return SGLangEngine(settings, SGLangRuntime(str(MODEL)))
 
 
 class _Trainer:

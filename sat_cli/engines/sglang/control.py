@@ -4,7 +4,7 @@ The methods of :class:`sat_cli.engines.sglang.engine.SGLangEngine` that send one
 to every worker (``/pause_generation``, ``/continue_generation``, ``/flush_cache``) or probe
 them (``/health_generate``, ``/model_info``), as a mixin of the engine.
 
-In-flight updates (``SGLangEngine(inflight_updates=True)``) pause the workers around every weight
+In-flight updates (``SGLangRuntime(inflight_updates=True)``) pause the workers around every weight
 update, in the mode that gives the engine's ``inflight_cache`` (the local engine's names,
 ``sat_cli.engines.local.inflight``); SGLang 0.5.23's modes, from its scheduler:
 

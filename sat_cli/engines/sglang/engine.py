@@ -15,8 +15,10 @@ base checkpoint, or an update that never arrived, fails loudly instead of mislab
 
 Usage (``sat train engine=sglang`` builds this)::
 
-    engine = SGLangEngine.launch("path/to/hf_ckpt", python=".venv-sglang/bin/python",
-                                 device="cpu", dtype="bfloat16", r3=True, log_dir="runs/x/logs")
+    settings = SGLangEngineSettings(device="cpu", dtype="bfloat16")
+    runtime = SGLangRuntime("path/to/hf_ckpt", r3=True, python=".venv-sglang/bin/python",
+                            log_dir=Path("runs/x/logs"))
+    engine = SGLangEngine.launch(settings, runtime)
     samples = engine.generate([[1, 2, 3]], n=4, sampling=SamplingParams(max_new_tokens=32))
     engine.update_weights("runs/x/weights/v1", version=1)
     engine.close()
@@ -24,12 +26,10 @@ Usage (``sat train engine=sglang`` builds this)::
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from sat_cli.engines.base import RolloutEngine
@@ -42,6 +42,7 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
 )
 from sat_cli.engines.sglang.dist_sync import DistributedSync
 from sat_cli.engines.sglang.routes import MoEDims, read_moe_dims
+from sat_cli.engines.sglang.runtime import SGLangRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.supervisor import Supervisor, build_servers
 from sat_cli.engines.sglang.weights import DiskWeightSync
@@ -57,9 +58,9 @@ log = logging.getLogger(__name__)
 class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
-    Construct with already-built (not necessarily started) :class:`SGLangServer` objects, an
-    optional :class:`SGLangRouter`, or plain ``urls`` of servers managed elsewhere (no
-    supervision then; they must be started with ``--weight-version 0``, with
+    Construct with already-built (not necessarily started) :class:`SGLangServer` objects and an
+    optional :class:`SGLangRouter` (``runtime.servers``, ``runtime.router``; what :meth:`launch`
+    does), or ``settings.urls`` of servers managed elsewhere (no supervision then; they must be started with ``--weight-version 0``, with
     ``--enable-return-routed-experts`` for R3 and ``--enable-deterministic-inference`` when
     ``deterministic``). Generation goes to the router when there is one, else round-robin over
     the workers; weight updates and pause/continue go to every worker.
@@ -71,53 +72,32 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
     and weight versions (docs/sglang.md).
     """
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        *,
-        servers: Sequence[SGLangServer] = (),
-        router: SGLangRouter | None = None,
-        urls: Sequence[str] = (),
-        r3: bool = False,
-        num_layers: int | None = None,
-        top_k: int | None = None,
-        num_experts: int | None = None,
-        deterministic: bool = False,
-        max_batch_size: int = 64,
-        concurrency: int = 8,
-        request_timeout_s: float = 600.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-        weight_sync: DiskWeightSync | None = None,
-        initial_version: int = 0,
-        restart_on_failure: bool = False,
-        watchdog_s: float = 0.5,
-        inflight_updates: bool = False,
-        inflight_cache: str = "recompute",
-        server_ranks: int = 1,
-    ) -> None:
+    def __init__(self, settings, runtime: SGLangRuntime) -> None:
+        """``settings``: ``engine.*`` of ``engine=sglang`` (``settings.SGLangEngineSettings``:
+        ``urls``, determinism, batch size,
+        concurrency, request timeout, restart, ``tp``: the ranks per server); ``runtime``: the
+        model, R3, versions, in-flight updates, the servers already built (or none, with
+        ``settings.urls``), the client's retries, the watchdog's period."""
+        s, rt = settings, runtime
+        servers, router, urls = list(rt.servers), rt.router, list(s.urls)
         if bool(servers) == bool(urls):
             raise ValueError("give either servers (launched here) or urls (managed elsewhere)")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.model_path = str(model_path)
+        if s.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {s.max_batch_size}")
+        self.model_path = str(rt.model_path)
         self.moe: MoEDims | None = None
-        if r3:
-            if num_layers is None or top_k is None:
-                dims = read_moe_dims(model_path)
-                num_layers = dims.num_layers if num_layers is None else num_layers
-                top_k = dims.top_k if top_k is None else top_k
-                num_experts = dims.num_experts if num_experts is None else num_experts
-            self.moe = MoEDims(num_layers, top_k, num_experts)
+        if rt.r3:
+            self.moe = rt.moe or read_moe_dims(rt.model_path)
         # in-flight updates: the pause mode around each update (control.py), else None
-        self._inflight_pause = inflight_pause_mode(inflight_cache, r3) if inflight_updates else None
-        self.deterministic = deterministic
-        self.server_ranks = server_ranks  # ranks per server (tp): the weight-sync group's size
-        self.max_batch_size = max_batch_size
-        self.weight_sync = weight_sync or DiskWeightSync(timeout_s=request_timeout_s)
+        pause = inflight_pause_mode(rt.inflight_cache, rt.r3) if rt.inflight_updates else None
+        self._inflight_pause = pause
+        self.deterministic = s.seeded
+        self.server_ranks = s.tp  # ranks per server: the weight-sync group's size
+        self.max_batch_size = s.max_batch_size
+        self.weight_sync = rt.weight_sync or DiskWeightSync(timeout_s=s.request_timeout_s)
 
-        self._version = initial_version  # committed: every worker acknowledged it
-        self._max_version = initial_version  # the newest version any worker may serve
+        self._version = rt.initial_version  # committed: every worker acknowledged it
+        self._max_version = rt.initial_version  # the newest version any worker may serve
         self._update_lock = threading.Lock()
         self._last_weights: tuple[str, int] | None = None
         self._paused: str | None = None  # the pause mode while paused
@@ -128,17 +108,17 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sglang-engine")
 
         self.supervisor = Supervisor(
-            servers, router, restart_on_failure=restart_on_failure, watchdog_s=watchdog_s
+            servers, router, restart_on_failure=s.restart_on_failure, watchdog_s=rt.watchdog_s
         )
         self.supervisor.start()
-        self.worker_urls = [s.url for s in servers] or list(urls)
+        self.worker_urls = [srv.url for srv in servers] or urls
         generate_urls = [router.url] if router is not None else self.worker_urls
         self.client = SGLangClient(
             generate_urls,
-            concurrency=concurrency,
-            timeout_s=request_timeout_s,
-            retries=retries,
-            backoff_s=backoff_s,
+            concurrency=s.concurrency,
+            timeout_s=s.request_timeout_s,
+            retries=rt.retries,
+            backoff_s=rt.backoff_s,
         )
         self.client.abort_reason = self._abort_reason
         self.supervisor.on_dead = self.client.abort_inflight
@@ -146,52 +126,25 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
         self.supervisor.watch()
         if urls:  # servers started elsewhere must serve the base weights under version 0
             served = self.served_versions()
-            if any(v != initial_version for v in served):
+            if any(v != rt.initial_version for v in served):
                 self.close()
                 raise EngineError(
-                    f"the servers at {list(urls)} report weight versions {served}; start them "
-                    f"on the base checkpoint with --weight-version {initial_version}"
+                    f"the servers at {urls} report weight versions {served}; start them "
+                    f"on the base checkpoint with --weight-version {rt.initial_version}"
                 )
 
     @classmethod
-    def launch(
-        cls,
-        model_path: str | os.PathLike,
-        *,
-        r3: bool = False,
-        deterministic: bool = False,
-        initial_version: int = 0,
-        placer=None,
-        **kwargs,
-    ) -> SGLangEngine:
+    def launch(cls, settings, runtime: SGLangRuntime) -> SGLangEngine:
         """Start servers (and a router) with :func:`build_servers`, wait until every one is
-        healthy, return the engine. ``kwargs`` go to the engine when they are its own options
-        (``max_batch_size``, ``request_timeout_s``, ...) and to ``build_servers`` otherwise.
-        ``placer`` (``launcher=ray``): its ``place_servers`` runs each server on a cluster node
+        healthy, return the engine. ``runtime.placer`` (``launcher=ray``): its
+        ``place_servers`` runs each server on a cluster node
         (``sat_cli.cluster.remote.RemoteServer``); the supervisor watches them as local ones."""
-        own = set(inspect.signature(cls.__init__).parameters)
-        engine_kwargs = {k: v for k, v in kwargs.items() if k in own}
-        server_kwargs = {k: v for k, v in kwargs.items() if k not in own}
-        servers, router = build_servers(
-            model_path,
-            initial_version=initial_version,
-            deterministic=deterministic,
-            enable_return_routed_experts=r3,
-            **server_kwargs,
-        )
-        if placer is not None:  # launcher=ray: each server runs on its node, driven from here
-            servers = placer.place_servers(servers)
+        servers, router = build_servers(settings, runtime)
+        if runtime.placer is not None:  # launcher=ray: each server runs on its node
+            servers = runtime.placer.place_servers(servers)
             if router is not None:
                 router.worker_urls = [s.url for s in servers]
-        return cls(
-            model_path,
-            servers=servers,
-            router=router,
-            r3=r3,
-            deterministic=deterministic,
-            initial_version=initial_version,
-            **engine_kwargs,
-        )
+        return cls(settings, replace(runtime, servers=tuple(servers), router=router))
 
     @property
     def servers(self) -> list[SGLangServer]:

@@ -25,10 +25,11 @@ loopback stand-in speaking SGLang's wire format (``tests/sglang_standin.py``) as
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from sat_cli.engines.sglang.process import ManagedProcess
+from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
 from sat_cli.util.procs import free_port
 
 CPU_LAUNCHER = Path(__file__).with_name("cpu_launch.py")
@@ -58,6 +59,7 @@ SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "deepspeed_allreduce_buffer"
 DEVICES = ("cuda", "cpu")
 SGLANG_VENV = ".venv-sglang"  # what `make sglang-cpu` builds
+CPU_KV_TOKENS = 4096  # the KV pool of a CPU server when engine.max_total_tokens is null
 
 
 def resolve_python(spec: str) -> str:
@@ -103,41 +105,33 @@ class SGLangProcess(ManagedProcess):
 
     module = ""
 
-    def __init__(
-        self,
-        *,
-        python: str = "python",
-        launch_prefix: Sequence[str] | None = None,
-        device: str = "cuda",
-        extra_args: Sequence[str] = (),
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        log_path: str | os.PathLike,
-        health_path: str,
-        startup_timeout_s: float,
-        env: Mapping[str, str] | None = None,
-    ) -> None:
-        if device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    health_path = "/health"
+
+    def __init__(self, launch: ProcessLaunch) -> None:
+        """``launch``: the interpreter or launch prefix, device, arguments, log, environment,
+        port and start-up timeout of this process."""
+        if launch.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {launch.device!r}")
         self.shm_tag: tuple[str, str] | None = None
-        if device == "cpu":
+        env = launch.env
+        if launch.device == "cpu":
             env = {**CPU_ENV, **(env or {})}
             if "MASTER_PORT" not in env and "MASTER_PORT" not in os.environ:
                 env.setdefault("MASTER_ADDR", "127.0.0.1")
                 env["MASTER_PORT"] = str(free_port())
                 self.shm_tag = (env["MASTER_ADDR"], env["MASTER_PORT"])
         super().__init__(
-            host=host,
-            port=port,
-            log_path=log_path,
-            health_path=health_path,
-            startup_timeout_s=startup_timeout_s,
+            host="127.0.0.1",
+            port=launch.port,
+            log_path=launch.log_path,
+            health_path=self.health_path,
+            startup_timeout_s=launch.startup_timeout_s,
             env=env,
         )
-        self.launch_prefix = list(launch_prefix) if launch_prefix else [python]
-        self.binds_itself = not launch_prefix
-        self.device = device
-        self.extra_args = list(extra_args)
+        self.launch_prefix = list(launch.launch_prefix) or [launch.python]
+        self.binds_itself = not launch.launch_prefix
+        self.device = launch.device
+        self.extra_args = list(launch.extra_args)
 
     def shm_segments(self) -> list[Path]:
         """This process's SGLang CPU all-reduce segments in /dev/shm (see ``SHM_PREFIX``)."""
@@ -166,39 +160,31 @@ class SGLangServer(SGLangProcess):
     name = "SGLang server"
     module = "sglang.launch_server"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        *,
-        dtype: str = "bfloat16",
-        tp: int = 1,
-        dp: int = 1,
-        ep: int = 1,
-        mem_fraction_static: float | None = None,
-        max_total_tokens: int | None = None,
-        deterministic: bool = False,
-        enable_return_routed_experts: bool = False,
-        weight_version: int | None = 0,
-        startup_timeout_s: float = 600.0,
-        health_path: str = "/health_generate",
-        **process_kwargs,
-    ) -> None:
-        super().__init__(
-            health_path=health_path, startup_timeout_s=startup_timeout_s, **process_kwargs
-        )
-        for key, value in (("tp", tp), ("dp", dp), ("ep", ep)):
-            if value < 1:
-                raise ValueError(f"{key} must be >= 1, got {value}")
-        if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static}")
-        self.model_path = str(model_path)
-        self.dtype = dtype
-        self.tp, self.dp, self.ep = tp, dp, ep
-        self.mem_fraction_static = mem_fraction_static
-        self.max_total_tokens = max_total_tokens
-        self.deterministic = deterministic
-        self.enable_return_routed_experts = enable_return_routed_experts
-        self.weight_version = weight_version
+    health_path = "/health_generate"
+
+    def __init__(self, settings, runtime: ServerRuntime) -> None:
+        """``settings``: ``engine.*`` of ``engine=sglang`` (``settings.SGLangEngineSettings``:
+        launch prefix, device, dtype,
+        parallel sizes, KV pool, determinism, extra arguments, start-up timeout); ``runtime``:
+        the model, this server's log, interpreter, environment and port, the version it starts
+        at, R3 and the planned memory fraction."""
+        s, rt = settings, runtime
+        super().__init__(ProcessLaunch.of(s, rt.log_path, rt.python, rt.env, rt.port))
+        for key in ("tp", "dp", "ep"):
+            if getattr(s, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(s, key)}")
+        mem = s.mem_fraction_static if rt.mem_fraction_static is None else rt.mem_fraction_static
+        if mem is not None and not 0.0 < mem < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem}")
+        self.model_path = str(rt.model_path)
+        self.dtype = s.dtype
+        self.tp, self.dp, self.ep = s.tp, s.dp, s.ep
+        self.mem_fraction_static = mem
+        # SGLang on the CPU: the KV pool is sized explicitly (no device memory to take from)
+        self.max_total_tokens = s.max_total_tokens or (CPU_KV_TOKENS if s.device == "cpu" else None)
+        self.deterministic = s.seeded
+        self.enable_return_routed_experts = rt.r3
+        self.weight_version = rt.weight_version
 
     def absolute_paths(self) -> None:
         """Make the log and model paths absolute (a process started on another node, from
@@ -264,17 +250,9 @@ class SGLangRouter(SGLangProcess):
     ROUTER_ARGS = ("--health-check-timeout-secs", "60", "--health-failure-threshold", "10")
 
     def __init__(
-        self,
-        worker_urls: Sequence[str],
-        *,
-        policy: str = "round_robin",
-        startup_timeout_s: float = 120.0,
-        health_path: str = "/health",
-        **process_kwargs,
-    ) -> None:
-        super().__init__(
-            health_path=health_path, startup_timeout_s=startup_timeout_s, **process_kwargs
-        )
+        self, worker_urls: Sequence[str], launch: ProcessLaunch, policy: str = "round_robin"
+    ):
+        super().__init__(launch)
         if not worker_urls:
             raise ValueError("the router needs at least one worker URL")
         self.worker_urls = list(worker_urls)

@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sat_cli.engines.settings import EngineRuntime, EngineSettings
+from sat_cli.engines.sglang.runtime import SGLangRuntime
 from sat_cli.registry import Resources
 from sat_cli.validate import ConfigError, check_range
 
@@ -154,56 +155,30 @@ class SGLangEngineSettings(EngineSettings):
 def build(s: SGLangEngineSettings, rt: EngineRuntime):
     from sat_cli.devices.apply import server_groups, server_mem_fraction
     from sat_cli.engines.sglang.engine import SGLangEngine
+    from sat_cli.engines.sglang.routes import MoEDims
     from sat_cli.engines.sglang.server import resolve_python
     from sat_cli.errors import UserError
 
-    moe = {}
+    moe = None
     if rt.r3:
         from sat_cli.models.hf_config import read_hf_config
 
         cfg = read_hf_config(rt.model_path)
-        moe = {
-            "num_layers": cfg.get("num_hidden_layers"),
-            "top_k": cfg.get("num_experts_per_tok"),
-            "num_experts": cfg.get("num_experts") or cfg.get("num_local_experts"),
-        }
-    common = dict(
-        r3=rt.r3,
-        deterministic=s.seeded,
-        max_batch_size=s.max_batch_size,
-        concurrency=s.concurrency,
-        request_timeout_s=s.request_timeout_s,
-        restart_on_failure=s.restart_on_failure,
-        server_ranks=s.tp,  # the weight-sync group's ranks per server
-        **moe,
-        **rt.inflight(),
-    )
+        experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+        if cfg.get("num_hidden_layers") is not None and cfg.get("num_experts_per_tok") is not None:
+            moe = MoEDims(cfg["num_hidden_layers"], cfg["num_experts_per_tok"], experts)
+    own = SGLangRuntime(rt.model_path, rt.r3, moe, **rt.inflight())
     if s.urls:
-        return SGLangEngine(rt.model_path, urls=list(s.urls), **common)
+        return SGLangEngine(s, own)
     try:
         python = "python" if s.launch_prefix else resolve_python(s.python)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
-    return SGLangEngine.launch(
-        rt.model_path,
-        python=python,
-        launch_prefix=list(s.launch_prefix) or None,
-        num_servers=s.servers,
-        gpu_groups=server_groups(rt.devices),  # CUDA_VISIBLE_DEVICES per server (None: CPU, Ray)
-        use_router=s.router,
-        device=s.device,
-        dtype=s.dtype,
-        tp=s.tp,
-        dp=s.dp,
-        ep=s.ep,
-        mem_fraction_static=server_mem_fraction(rt.devices, s.mem_fraction_static),
-        max_total_tokens=s.max_total_tokens or (4096 if s.device == "cpu" else None),
-        extra_args=list(s.extra_args),
-        log_dir=rt.logs,
-        startup_timeout_s=s.startup_timeout_s,
-        placer=rt.placer,  # launcher=ray: the servers run on the cluster's nodes
-        **common,
-    )
+    groups = server_groups(rt.devices)  # CUDA_VISIBLE_DEVICES per server (None: CPU, Ray)
+    mem = server_mem_fraction(rt.devices, s.mem_fraction_static)
+    # launcher=ray: the servers run on the cluster's nodes
+    launch = dict(python=python, log_dir=rt.logs, mem_fraction_static=mem, placer=rt.placer)
+    return SGLangEngine.launch(s, replace(own, gpu_groups=groups, **launch))
 
 
 def resources(s: SGLangEngineSettings) -> Resources:

@@ -12,11 +12,11 @@ runs (the engine loads its last weights again), one attempt.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime, SGLangRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.errors import EngineError
 from sat_cli.util.procs import free_port
@@ -24,54 +24,30 @@ from sat_cli.util.procs import free_port
 log = logging.getLogger(__name__)
 
 
-def build_servers(
-    model_path: str | os.PathLike,
-    *,
-    python: str = "python",
-    launch_prefix: Sequence[str] | None = None,
-    num_servers: int = 1,
-    gpu_groups: Sequence[str] | None = None,
-    use_router: bool = False,
-    log_dir: str | os.PathLike = "logs",
-    env: dict[str, str] | None = None,
-    initial_version: int = 0,
-    **server_kwargs,
-) -> tuple[list[SGLangServer], SGLangRouter | None]:
-    """One server per GPU group (``["0,1", "2,3"]`` → CUDA_VISIBLE_DEVICES) or ``num_servers``
-    servers on the device; ``use_router`` puts ``sglang_router`` in front. Ports are distinct."""
-    if gpu_groups and num_servers not in (1, len(gpu_groups)):
-        raise ValueError(f"num_servers={num_servers} but {len(gpu_groups)} gpu_groups")
-    groups = list(gpu_groups) if gpu_groups else [None] * num_servers
-    log_dir = Path(log_dir)
+def build_servers(s, rt: SGLangRuntime) -> tuple[list[SGLangServer], SGLangRouter | None]:
+    """``s.servers`` servers (``s``: ``settings.SGLangEngineSettings``), one per GPU group of ``rt.gpu_groups`` (→ CUDA_VISIBLE_DEVICES)
+    when given, each logging to ``rt.log_dir/sglang_<i>.log``; ``s.router`` puts
+    ``sglang_router`` in front. Ports are distinct."""
+    if rt.gpu_groups and s.servers not in (1, len(rt.gpu_groups)):
+        raise ValueError(f"{s.servers} servers but {len(rt.gpu_groups)} gpu_groups")
+    groups = list(rt.gpu_groups) if rt.gpu_groups else [None] * s.servers
+    log_dir = Path(rt.log_dir)
     servers = []
     for i, group in enumerate(groups):
-        server_env = dict(env or {})
-        if group is not None:
-            server_env["CUDA_VISIBLE_DEVICES"] = group
-        servers.append(
-            SGLangServer(
-                model_path,
-                python=python,
-                launch_prefix=launch_prefix,
-                weight_version=initial_version,
-                log_path=log_dir / f"sglang_{i}.log",
-                env=server_env or None,
-                **server_kwargs,
-            )
+        env = None if group is None else {"CUDA_VISIBLE_DEVICES": group}
+        log = log_dir / f"sglang_{i}.log"
+        at = dict(
+            weight_version=rt.initial_version, r3=rt.r3, mem_fraction_static=rt.mem_fraction_static
         )
+        servers.append(SGLangServer(s, ServerRuntime(rt.model_path, log, rt.python, env, **at)))
     router = None
-    if use_router:
-        router = SGLangRouter(
-            [s.url for s in servers],
-            python=python,
-            launch_prefix=launch_prefix,
-            device=server_kwargs.get("device", "cuda"),
-            log_path=log_dir / "sglang_router.log",
-            env=env,
-        )  # worker URLs are set again below, after the ports are made distinct
+    if s.router:
+        launch = ProcessLaunch(log_dir / "sglang_router.log", rt.python, s.launch_prefix, s.device)
+        # worker URLs are set again below, after the ports are made distinct
+        router = SGLangRouter([srv.url for srv in servers], launch)
     _distinct_ports([*servers, *([router] if router else [])])
     if router is not None:
-        router.worker_urls = [s.url for s in servers]
+        router.worker_urls = [srv.url for srv in servers]
     return servers, router
 
 

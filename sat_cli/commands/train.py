@@ -142,6 +142,7 @@ def _train(cfg, obj, stream: dict) -> dict:
         from sat_cli.tracking.store import check_sqlite_path
 
         check_sqlite_path(obj.tracking.uri)
+    check_port(obj)  # the weight-sync address and port (config only): before the data and model
     task = build_task(obj)  # the data first (cheap: no model read), then the model
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None
@@ -160,7 +161,6 @@ def _train(cfg, obj, stream: dict) -> dict:
         if s is not None
     }
     preflight.check_trainer_layout(obj.trainer, path)
-    check_port(obj)  # engine.weight_sync_port in use: exit 2 before anything is written
     with RunLock(run_dir, log):  # nothing in the run folder is written before this point
         ckpt = resume_checkpoint(run_dir, resuming, path, log, obj.trainer.checkpoint_kind())
         if ckpt:  # the same experiment, or resume=force

@@ -136,11 +136,9 @@ def test_compact_exchange_for_the_character_level_model():
     obs, reward, done, info = env.step("\\boxed{" + p["answer"] + "}")
     assert (obs, reward, done, info["correct"]) == ([], 1.0, True, True)
     env.reset(p)
-    obs, *_ = env.step("[calculator:1//0][shell:ls]")
-    assert [m["content"] for m in obs] == [
-        "error: division by zero",
-        "error: unknown tool 'shell'; the tool is calculator",
-    ]
+    obs, *_ = env.step("[calculator:1//0][shell:ls] [oops")  # errors: one short word each
+    assert [m["content"] for m in obs] == ["error=", "error=", "error="]
+    assert env.stats.errors == {"bad_call": 2}
 
 
 def test_rows_split_by_seed():

@@ -18,11 +18,12 @@ Its calls are still counted in ``stats`` (a ``ToolStats``) like sandboxed ones.
 
 With ``parser=compact`` (for the embedded character-level model) the whole exchange is compact
 and has no system prompt: the prompt is ``123*456=``, the call ``[calc:123*456]``, the tool's
-answer ``56088=`` and the final answer ``\\boxed{56088}``, so each turn reads like the toy task
-the model was warm-started on (``a+b=`` → ``\\boxed{sum}``) and the only new skill is copying.
+answer ``56088=`` (any error: ``error=``) and the final answer ``\\boxed{56088}``, so each turn
+reads like the toy task the model was warm-started on (``a+b=`` → ``\\boxed{sum}``) and the
+only new skill is copying.
 
-Rows: ``rows(split, n, start)`` (``base.split_rows``), problems of ``settings``-independent
-``DIGITS`` digits; the held-out split is 1 seed in 10.
+Rows: ``rows(split, n, start)`` (``base.split_rows``), problems with ``DIGITS``-digit operands;
+the held-out split is 1 seed in 10.
 """
 
 from __future__ import annotations
@@ -184,5 +185,10 @@ class CalculatorEnv(TurnBasedEnv):
         if self.turn.last:
             self.turn.done = True
             return Step([], 0.0, True, {**info, **self._totals(False)})
-        texts = [r.text for r in results] + [f"error: {e}" for e in parsed.errors]
+        if self.compact:  # an error is one short word: observations are tokens of the sequence
+            texts = [r.text if r.ok else "error=" for r in results] + ["error="] * len(
+                parsed.errors
+            )
+        else:
+            texts = [r.text for r in results] + [f"error: {e}" for e in parsed.errors]
         return Step([{"role": "tool", "content": t} for t in texts], 0.0, False, info)

@@ -167,6 +167,14 @@ STEP_NAMES = (
     ESS,
 )
 
+# --- per turn of multi-turn trajectories (loop/multiturn.py; env != none), .format(k), k from 0 -
+TURN_TOKENS = "staleness/turn_{}/tokens"  # the model's tokens of turn k in the batch
+TURN_TOKEN_LAG_MEAN = "staleness/turn_{}/token_version_lag_mean"  # their mean version lag
+TURN_DPI_MU = "staleness/turn_{}/abs_logratio_mean_mu"  # their d̄π against mu (histogram steps)
+HIST_TURN_TOKEN_VERSION_LAG = "staleness/turn_{}/token_version_lag"  # per token of turn k
+TURNS_MEAN = "rollout/turns_mean"  # model turns per trajectory
+ENV_TOKEN_FRAC = "rollout/env_token_frac"  # response tokens that are the environment's
+
 # --- lag profiles (loop/train.py, loop/lag_profile.py) ------------------------------------------
 LAG_PROFILE_TV = "staleness/lag_profile_tv"  # TV(realised lags so far, the profile's target)
 HIST_LAG_PROFILE = "staleness/lag_profile"  # the realised lags so far, one bin per lag

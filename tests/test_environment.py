@@ -145,7 +145,9 @@ def test_environment_comparison_hand_cases():
     assert "different numeric settings" in num
     assert "env.torch.version: '2.13.0' (1 run), '2.14.1' (1 run)" in num
     assert "run.portable_numerics: 'unknown' (1 run), 'true' (1 run)" in num
-    hw, unknown = compare_environments([("r1", a), ("r3", b), ("old", {"algo.name": "grpo"})])
+    # the config's env section (multi-turn rollouts) and run.portable_numerics are no record
+    old = {"algo.name": "grpo", "env.name": "none", "run.portable_numerics": "false"}
+    hw, unknown = compare_environments([("r1", a), ("r3", b), ("old", old)])
     assert unknown.startswith("WARNING: hardware and numeric settings unknown for 1 of 3 runs")
     assert "(not recorded: old)" in unknown
     (none,) = compare_environments([("o1", {}), ("o2", {})])

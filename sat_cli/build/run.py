@@ -83,6 +83,23 @@ def loop_settings(obj, run_dir: Path, tokenizer):
         inflight_updates=obj.lag.inflight_updates,
         weight_sync=sync_settings(obj.engine),
         max_reward_error_frac=obj.reward.max_error_frac,
+        env=env_run(obj),
+    )
+
+
+def env_run(obj):
+    """The loop's ``multiturn.EnvRun`` of the ``env`` section; None for ``env=none``."""
+    e = obj.env
+    if e.name == "none":
+        return None
+    from sat_cli.envs.base import EnvSettings
+    from sat_cli.envs.trajectory import TrajectorySettings
+    from sat_cli.loop.multiturn import EnvRun
+
+    return EnvRun(
+        e.name,
+        EnvSettings(max_turns=e.max_turns, max_tokens=e.max_tokens, parser=e.parser),
+        TrajectorySettings(max_turns=e.max_turns, max_tokens=e.max_tokens, partial=e.partial),
     )
 
 

@@ -31,6 +31,7 @@ GROUPS = (
     "trainer",
     "eval",
     "reward",
+    "env",
     "tracking",
     "experiment",
     "launcher",

@@ -17,6 +17,7 @@ from sat_cli.cluster.settings import LauncherSettings  # where processes go
 from sat_cli.config.additions import check_loss_additions  # STR, score centering
 from sat_cli.config.compat import check_compat, check_layout  # rules across sections
 from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray's requests
+from sat_cli.config.env import EnvConfig, check_env  # multi-turn rollouts (env=none: off)
 from sat_cli.config.options import components  # the registered options
 from sat_cli.config.reward import RewardConfig  # which reward scores a response
 from sat_cli.config.sat_scope import check_sat_scope
@@ -344,6 +345,7 @@ class SatConfig:
     launcher: LauncherSettings = field(default_factory=LauncherSettings)
     eval: EvalConfig = field(default_factory=EvalConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -367,3 +369,4 @@ class SatConfig:
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         check_token_budgets(self.trainer, self.task.max_new_tokens)  # trainers/settings.py
         check_sat_scope(self.algo.name, self.clip)  # SAT needs a clip and a q that can gate
+        check_env(self)  # env=<name>: what multi-turn rollouts cannot be combined with yet

@@ -115,10 +115,16 @@ class RolloutThread:
         """Generate on the rollout thread from ``version`` (``None``: the newest published
         when the generation starts)."""
 
+        return self.submit_job(version, lambda: self.engine.generate(prompts, n, sampling))
+
+    def submit_job(self, version: int | None, generate: Callable[[], list]):
+        """Run ``generate()`` (it returns the batch's groups) on the rollout thread from
+        ``version`` (``None``: the newest published when it starts), timed like ``submit``."""
+
         def job():
             update_s = self._load(version)
             t0 = time.perf_counter()
-            groups = self.engine.generate(prompts, n, sampling)
+            groups = generate()
             return groups, {"gen_s": time.perf_counter() - t0, "update_s": update_s}
 
         return self.pool.submit(job)
@@ -182,6 +188,7 @@ class RolloutBuffer:
         """``s``: the loop's settings (prompts per step, group size, sampling, seed, lag policy,
         steps); ``thread`` sends the requests; ``task`` gives the prompts, ``tokenizer`` their
         ids."""
+        self.env = s.env  # a loop.multiturn.EnvRun: every rollout a trajectory (None: one turn)
         self.thread, self.task, self.tokenizer = thread, task, tokenizer
         self.per_step, self.group_size = s.prompts_per_step, s.group_size
         self.sampling, self.seed, self.lag, self.max_steps = s.sampling, s.seed, s.lag, s.max_steps
@@ -194,9 +201,14 @@ class RolloutBuffer:
 
     def submit(self, k: int, version: int) -> None:
         rows = self.prompts_for(k)
-        ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         sampling = replace(self.sampling, seed=request_seed(self.seed, "rollout", k))
         late = self.lag.mode == "bounded" and self.lag.n > 0
+        if self.env is not None:  # multi-turn: trajectories of the environment (no profile)
+            env, engine, tok, n = self.env, self.thread.engine, self.tokenizer, self.group_size
+            job = lambda: env.generate(engine, tok, rows, n, sampling)  # noqa: E731
+            self.pending[k] = (version, self.thread.submit_job(None if late else version, job))
+            return
+        ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         mixed = self.lag.sample_versions(k) if self.lag.profile is not None else []
         if len(set(mixed)) > 1:  # a profile: the samples of batch k come from several versions
             seed_of = lambda v: request_seed(self.seed, "rollout", k, "v", v)  # noqa: E731

@@ -62,3 +62,4 @@ class LoopSettings:
     weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
     samples_every: int = 0  # a samples table of the step every this many steps (0: none)
     max_reward_error_frac: float = 1.0  # a step with more failed rewards ends the run FAILED
+    env: Any = None  # a loop.multiturn.EnvRun: multi-turn rollouts (None: single-turn)

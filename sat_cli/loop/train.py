@@ -48,6 +48,7 @@ from typing import Any
 
 from sat_cli import metric_names as M
 from sat_cli.checkpoints.state import read_loop_state
+from sat_cli.loop import multiturn
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
 from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError
 from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
@@ -126,6 +127,9 @@ def train_loop(
             )
             if recorder is not None:  # replay.record=true: the stream, as generated and scored
                 recorder.write(t, groups, rows, scored["rewards"])
+            if s.env is not None:  # multi-turn: staleness per turn
+                lags["turns"] = multiturn.turn_lags(samples, t)
+                metrics.update(multiturn.turn_metrics(samples, lags["turns"]))
             metrics[M.PERF_WAIT_S] = wait_s
             if s.lag.profile is not None:  # realised lags against the profile's target
                 _profile_metrics(s, st, lags["sample"] if samples else [], metrics)
@@ -201,6 +205,14 @@ def _take(t: int, buf: RolloutBuffer, replay, recorder):
     if replay is None:
         buf.request_ahead(t)
         _, groups, timing, wait_s = buf.take(t)
+        if buf.env is not None:  # multi-turn: the environment rewarded each trajectory
+            return (
+                groups,
+                buf.prompts_for(t),
+                timing,
+                wait_s,
+                {"rewards": multiturn.rewards(groups)},
+            )
         return groups, buf.prompts_for(t), timing, wait_s, ({} if recorder is not None else None)
     groups, rows, rewards = replay.batch(t)
     return groups, rows, {"gen_s": 0.0, "update_s": 0.0}, 0.0, {"rewards": rewards}
@@ -246,6 +258,8 @@ def _train(
             s.run_dir / "checkpoints",
             diag,
         )
+        if s.env is not None and diag:  # d̄π per turn, from the loss's own diagnostics
+            metrics.update(multiturn.turn_logratio(diag, batch))
     else:
         _skip_step(trainer, st["counters"])
     metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
@@ -269,6 +283,8 @@ def _log(s: LoopSettings, st: dict, new_version: int, sync, tracker, metrics: di
     tracker.log_metrics(metrics, step=new_version)
     if diag:
         log_histograms(tracker, diag, lags, new_version)
+        if "turns" in lags:
+            multiturn.log_turn_histograms(tracker, lags["turns"], new_version)
         if s.lag.profile is not None:
             log_profile_histogram(tracker, s.lag.profile, st["lag_profile_counts"], new_version)
 

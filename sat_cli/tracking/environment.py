@@ -193,8 +193,10 @@ def compare_environments(runs: Sequence[tuple[str, Mapping[str, str]]]) -> list[
     ``unknown``. Empty when all runs recorded the same."""
     if len(runs) < 2:
         return []
-    known = [(n, d) for n, d in runs if any(k.startswith("env.") for k in d)]
-    unknown = [n for n, d in runs if not any(k.startswith("env.") for k in d)]
+    # the recorded environment's keys (not the config's own env.* section: env.name, ...)
+    recorded = {k for k in (*HARDWARE_KEYS, *NUMERIC_KEYS) if k.startswith("env.")}
+    known = [(n, d) for n, d in runs if recorded.intersection(d)]
+    unknown = [n for n, d in runs if not recorded.intersection(d)]
     notes = []
     for kind, keys in (("hardware", HARDWARE_KEYS), ("numeric settings", NUMERIC_KEYS)):
         diffs = []

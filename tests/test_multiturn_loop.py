@@ -1,0 +1,170 @@
+"""Multi-turn rollouts in the training loop (issue 43; sat_cli/loop/multiturn.py): the ``env``
+config section and its bounds, the loop's settings built from it, and a bounded-lag run with
+in-flight updates in which turns of one trajectory come from different weight versions, each
+token keeping its own, and the per-turn staleness metrics and histograms are logged."""
+
+from __future__ import annotations
+
+import pytest
+from test_loop import Recorder, SevensTask
+
+from sat_cli import metric_names as M
+from sat_cli.config import load
+from sat_cli.config.env import MAX_TURNS, PARTIAL_MODES
+from sat_cli.envs import base, trajectory
+from sat_cli.envs.base import EnvSettings, Step, TurnCounter
+from sat_cli.envs.registry import ENVIRONMENTS, register_env
+from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.train import LoopSettings, train_loop
+from sat_cli.samples import SamplingParams
+from sat_cli.validate import ConfigError
+
+
+def test_config_env_section_builds_the_loops_env_run():
+    from sat_cli.build.run import env_run
+
+    _, obj = load([])
+    assert obj.env.name == "none" and env_run(obj) is None  # the single-turn path
+    _, obj = load(["env=calculator", "env.max_turns=3", "env.max_tokens=256", "env.partial=abort"])
+    run = env_run(obj)
+    assert run.name == "calculator"
+    assert run.settings == EnvSettings(max_turns=3, max_tokens=256, parser="hermes")
+    assert run.trajectory == trajectory.TrajectorySettings(3, 256, "abort")
+    # the section's bounds are the driver's
+    assert PARTIAL_MODES == trajectory.PARTIAL_MODES and MAX_TURNS == base.MAX_TURNS
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["env=nope"], "env"),
+        (["env=calculator", "env.max_turns=0"], "env.max_turns"),
+        (["env=calculator", "env.max_turns=65"], "env.max_turns"),
+        (["env=calculator", "env.max_tokens=0"], "env.max_tokens"),
+        (["env=calculator", "env.max_tokens=2097152"], "env.max_tokens"),
+        (["env=calculator", "env.partial=drop"], "env.partial"),
+        (["env=calculator", "env.parser=xml"], "env.parser"),
+        (["env=calculator", "r3=true"], "routed experts"),
+        (["env=calculator", "replay.record=true"], "replay.record"),
+        (["env=calculator", "lag.profile=fixed:1"], "lag.profile"),
+    ],
+)
+def test_env_section_refuses_bad_values(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load(overrides)
+
+
+class SevensEnv:
+    """Every turn is rewarded with its share of '7's; the tool answers "ok" until the last
+    turn. A real environment of the ``Environment`` protocol."""
+
+    def __init__(self, settings: EnvSettings):
+        self.settings = settings
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    def reset(self, row):
+        self.turn = TurnCounter(self.max_turns)
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.turn.begin(text)
+        reward = text.count("7") / max(len(text), 1) / self.max_turns
+        self.turn.done = self.turn.last
+        obs = [] if self.turn.done else [{"role": "tool", "content": "ok"}]
+        return Step(obs, reward, self.turn.done, {})
+
+
+@pytest.fixture
+def sevens_env():
+    register_env("sevens_test")(SevensEnv)
+    yield "sevens_test"
+    ENVIRONMENTS.remove("sevens_test")
+
+
+def test_bounded_inflight_turns_of_one_trajectory_span_versions(tiny_dir, tmp_path, sevens_env):
+    """lag.mode=bounded, lag.n=2, in-flight updates: the engine takes each new version at the
+    next token boundary, between turns too. Some trajectory's turns come from different
+    versions; every model token's version is recorded (the batch the trainer got), never more
+    than n behind, never going back within a trajectory; the per-turn metrics and histograms
+    are logged."""
+    from sat_cli.engines.local import LocalEngine
+    from sat_cli.loop.multiturn import EnvRun
+    from sat_cli.rl.config import LossConfig
+    from sat_cli.trainers.local import LocalTrainer
+
+    class KeepingTrainer(LocalTrainer):  # the real trainer, keeping the batches it trained on
+        batches: list = []
+
+        def step(self, batch, diag=None):
+            self.batches.append(batch)
+            return super().step(batch, diag)
+
+    trainer = KeepingTrainer(
+        str(tiny_dir), lr=1e-2, seed=0, loss=LossConfig(algo="grpo", adaptive=True)
+    )
+    steps, n, turns = 4, 2, 3
+    # a stop at every 8th character: turns of about 8 tokens that end with "stop"
+    stops = tuple(range(3, len(trainer.tokenizer), 8))
+    settings = trajectory.TrajectorySettings(max_turns=turns, max_tokens=512)
+    s = LoopSettings(
+        max_steps=steps,
+        prompts_per_step=2,
+        group_size=4,
+        sampling=SamplingParams(max_new_tokens=32, stop_token_ids=stops),
+        lag=LagPolicy(n, "bounded"),
+        run_dir=tmp_path / "run",
+        seed=2,
+        histogram_every=1,
+        inflight_updates=True,
+        env=EnvRun(sevens_env, EnvSettings(max_turns=turns, max_tokens=512), settings),
+    )
+    rec = Recorder()
+    with LocalEngine(str(tiny_dir), seed=0, inflight_updates=True) as engine:
+        train_loop(
+            s,
+            task=SevensTask(),
+            tokenizer=trainer.tokenizer,
+            engine=engine,
+            trainer=trainer,
+            tracker=rec,
+        )
+    spans = 0
+    for t, batch in enumerate(trainer.batches):
+        assert batch.turn_ids is not None
+        model = batch.loss_mask.bool()
+        tv = batch.token_versions  # None: every trajectory of the batch from one version each
+        tv = batch.versions[:, None].expand_as(model) if tv is None else tv
+        for b in range(batch.batch_size):
+            v = tv[b][model[b]].tolist()
+            k = batch.turn_ids[b][model[b]].tolist()
+            assert v == sorted(v)  # versions only go forward along a trajectory
+            assert all(0 <= t - x <= n for x in v)  # admitted within the bound
+            per_turn = {turn: {x for x, kk in zip(v, k, strict=True) if kk == turn} for turn in k}
+            spans += len(set().union(*per_turn.values())) > 1 and min(per_turn[0]) < max(
+                per_turn[max(k)]
+            )
+        assert int(model.sum()) < int((batch.attention_mask.bool()).sum())  # env tokens exist
+    assert spans > 0  # some trajectory's later turns came from newer weights than its first
+    for t in range(1, steps + 1):
+        m = rec.metrics[t]
+        assert 1 < m[M.TURNS_MEAN] <= turns  # most trajectories run their 3 turns
+        assert 0 < m[M.ENV_TOKEN_FRAC] < 1
+        for k in range(turns):
+            assert 0 <= m[M.TURN_TOKEN_LAG_MEAN.format(k)] <= n
+            assert m[M.TURN_TOKENS.format(k)] > 0
+            assert m[M.TURN_DPI_MU.format(k)] >= 0
+            assert (M.HIST_TURN_TOKEN_VERSION_LAG.format(k), t) in rec.histograms
+    later = [
+        v
+        for t in range(1, steps + 1)
+        for v in rec.values[(M.HIST_TURN_TOKEN_VERSION_LAG.format(turns - 1), t)]
+    ]
+    first = [
+        v
+        for t in range(1, steps + 1)
+        for v in rec.values[(M.HIST_TURN_TOKEN_VERSION_LAG.format(0), t)]
+    ]
+    assert sum(later) / len(later) < sum(first) / len(first)  # later turns: newer weights

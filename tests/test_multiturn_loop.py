@@ -90,7 +90,7 @@ def test_bounded_inflight_turns_of_one_trajectory_span_versions(tiny_dir, tmp_pa
     versions; every model token's version is recorded (the batch the trainer got), never more
     than n behind, never going back within a trajectory; the per-turn metrics and histograms
     are logged."""
-    from sat_cli.engines.local import LocalEngine
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.loop.multiturn import EnvRun
     from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.local import LocalTrainer
@@ -122,7 +122,8 @@ def test_bounded_inflight_turns_of_one_trajectory_span_versions(tiny_dir, tmp_pa
         env=EnvRun(sevens_env, EnvSettings(max_turns=turns, max_tokens=512), settings),
     )
     rec = Recorder()
-    with LocalEngine(str(tiny_dir), seed=0, inflight_updates=True) as engine:
+    runtime = LocalEngineRuntime(str(tiny_dir), seed=0, inflight_updates=True)
+    with LocalEngine(LocalEngineSettings(), runtime) as engine:
         train_loop(
             s,
             task=SevensTask(),

@@ -796,3 +796,24 @@ def test_an_unusable_weight_sync_address_is_refused_at_start():
         check_port(settings("192.0.2.1"), True)  # TEST-NET-1: never this machine's
     check_port(settings("127.0.0.1"), True)
     check_port(settings("no-such-host.invalid"), False)  # the Megatron worker listens elsewhere
+
+
+def test_an_unknown_top_level_key_names_every_group_and_key():
+    """`sat config launchr=ray` answered with a list of the top-level keys that lacked
+    ``launcher`` and ``replay``: the hint names every group of ``conf/`` and every other
+    top-level key of the schema."""
+    import dataclasses
+
+    from sat_cli.config import ConfigError, load
+    from sat_cli.config.schema import SatConfig
+
+    with pytest.raises(ConfigError) as info:
+        load(["launchr=ray"], "config")
+    one_line(info.value)
+    hint = str(info.value)
+    groups = re.search(r"Top-level keys are the groups \(([^)]*)\)", hint).group(1).split(", ")
+    assert sorted(groups) == inv.config_groups()
+    others = hint[hint.index(") and ") + 6 :].split(". To list")[0].split(", ")
+    top = {f.name for f in dataclasses.fields(SatConfig)} - set(groups)
+    assert sorted(k.removesuffix(".*") for k in others) == sorted(top)
+    assert "replay.*" in others and "launcher" in groups

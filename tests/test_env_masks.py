@@ -205,3 +205,26 @@ def test_model_token_helpers_leave_environment_tokens_out():
     plain = Sample([1], [10, 11], [-0.1, -0.2], "stop", weight_version=2)
     assert plain.model_token_versions() == [2, 2] and plain.model_turns() == [0, 0]
     assert plain.oldest_version() == 2
+
+
+def test_replay_recording_keeps_masks_turns_and_versions():
+    """``sat replay``'s store (format sat-replay v1) records multi-turn samples with their
+    masks, turns and per-token versions; a single-turn sample beside them stays single-turn."""
+    from sat_cli.replay.store import RecordingError, decode_step, encode_step
+
+    s = multiturn_sample(torch.Generator().manual_seed(7), turns=3)
+    s.token_versions = [4 if k == 0 else 5 for k in s.turn_ids]
+    single = Sample([5, 6], [7, 8, 9], [-0.5, -0.25, -1.0], "stop", 4)
+    data = encode_step(3, [[s, single]], [{"prompt": "p"}], [[1.0, 0.0]])
+    (back,), rows, rewards = decode_step(data, "step_000003")
+    assert rows == [{"prompt": "p"}] and rewards == [[1.0, 0.0]]
+    assert back[0].loss_mask == s.loss_mask and back[0].turn_ids == s.turn_ids
+    assert back[0].token_versions == s.token_versions
+    assert back[1].loss_mask is None and back[1].turn_ids is None
+    a = collate([s, single], [1.0, -1.0], pad_id=0)
+    b = collate(back, [1.0, -1.0], pad_id=0)
+    for name in ("input_ids", "loss_mask", "rollout_logp", "token_versions", "turn_ids"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    s.loss_mask = s.loss_mask[:-1]  # one entry short: the recording does not line up
+    with pytest.raises(RecordingError, match="loss_mask"):
+        decode_step(encode_step(3, [[s, single]], [{"prompt": "p"}], [[1.0, 0.0]]), "step")

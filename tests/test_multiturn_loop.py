@@ -45,7 +45,6 @@ def test_config_env_section_builds_the_loops_env_run():
         (["env=calculator", "env.partial=drop"], "env.partial"),
         (["env=calculator", "env.parser=xml"], "env.parser"),
         (["env=calculator", "r3=true"], "routed experts"),
-        (["env=calculator", "replay.record=true"], "replay.record"),
         (["env=calculator", "lag.profile=fixed:1"], "lag.profile"),
     ],
 )

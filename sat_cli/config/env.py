@@ -46,7 +46,6 @@ def check_env(c) -> None:
     for on, what in (
         (c.r3, "r3=true (routed experts are not recorded across turns yet)"),
         (c.lag.profile is not None, "lag.profile (a profile's per-sample versions)"),
-        (c.replay.record, "replay.record=true (recordings hold no environment masks yet)"),
     ):
         if on:
             raise ConfigError(f"env={c.env.name} cannot be combined with {what}")

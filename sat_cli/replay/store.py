@@ -18,6 +18,9 @@ the engine returned them (prompt-major, then the group), ``S`` samples:
   ``mask_ids`` (int32, every token's kept set, concatenated) with ``mask_len`` (int32, per
   response token) and ``has_mask`` (uint8 ``[S]``); ``topk_ids`` / ``topk_logp`` (int32 /
   float32 ``[response tokens, K]``) with ``has_topk`` (uint8 ``[S]``);
+* multi-turn samples (``env=<name>``): ``loss_mask`` (uint8, per response token: 1 the
+  model's, 0 the environment's) and ``turn_ids`` (int64, per response token) with
+  ``has_turns`` (uint8 ``[S]``);
 * metadata ``step`` and ``rows`` (the prompt rows, JSON: the data order).
 
 Without those settings no kept set or top-k is stored (the behaviour log-probs already have
@@ -97,6 +100,7 @@ def encode_step(t: int, groups: list[list[Any]], rows: list[dict], rewards: list
         arrays["route_off"] = offsets([len(p) for p in parts])
         arrays["has_routes"] = np.array([r is not None for r in routed], np.uint8)
     arrays.update(_sampler_arrays(samples))
+    arrays.update(_turn_arrays(samples))
     meta = {
         "step": str(t),
         "rows": json.dumps(rows),
@@ -122,6 +126,8 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
             raise ValueError(f"{n} samples do not make {len(rows)} groups of {g}")
         if ro[-1] != len(a["response_ids"]) or ro[-1] != len(a["rollout_logp"]):
             raise ValueError("the response arrays do not match their offsets")
+        if "loss_mask" in a and not len(a["loss_mask"]) == len(a["turn_ids"]) == ro[-1]:
+            raise ValueError("loss_mask / turn_ids do not have one entry per response token")
         if "mask_len" in a:  # offsets of each response token's kept set in mask_ids
             if len(a["mask_len"]) != len(a["response_ids"]):
                 raise ValueError("mask_len does not have one entry per response token")
@@ -140,6 +146,7 @@ def decode_step(data: bytes, where: str) -> tuple[list[list[Any]], list[dict], l
             samples.append(
                 Sample(
                     **_sampler_fields(a, i, rs, re_),
+                    **_turn_fields(a, i, rs, re_),
                     prompt_ids=[int(x) for x in a["prompt_ids"][int(po[i]) : int(po[i + 1])]],
                     response_ids=[int(x) for x in a["response_ids"][rs:re_]],
                     rollout_logp=[float(x) for x in a["rollout_logp"][rs:re_]],
@@ -207,6 +214,32 @@ def _sampler_fields(a: dict, i: int, rs: int, re_: int) -> dict:
     if "topk_ids" in a and a["has_topk"][i]:
         out["topk_ids"], out["topk_logp"] = a["topk_ids"][rs:re_], a["topk_logp"][rs:re_]
     return out
+
+
+def _turn_arrays(samples) -> dict[str, np.ndarray]:
+    """Multi-turn samples' ``loss_mask`` (uint8) and ``turn_ids`` (int64) per response token,
+    with ``has_turns`` (uint8 ``[S]``); none when no sample is multi-turn."""
+    if all(s.loss_mask is None for s in samples):
+        return {}
+    return {
+        "loss_mask": np.array(
+            [m for s in samples for m in (s.loss_mask or [1] * s.response_len)], np.uint8
+        ),
+        "turn_ids": np.array(
+            [k for s in samples for k in (s.turn_ids or [0] * s.response_len)], np.int64
+        ),
+        "has_turns": np.array([s.loss_mask is not None for s in samples], np.uint8),
+    }
+
+
+def _turn_fields(a: dict, i: int, rs: int, re_: int) -> dict:
+    """Sample ``i``'s ``loss_mask`` and ``turn_ids`` (response tokens ``rs:re_``), if recorded."""
+    if "loss_mask" not in a or not a["has_turns"][i]:
+        return {}
+    return {
+        "loss_mask": [int(x) for x in a["loss_mask"][rs:re_]],
+        "turn_ids": [int(x) for x in a["turn_ids"][rs:re_]],
+    }
 
 
 class StreamWriter:

@@ -1,0 +1,57 @@
+"""The multi-turn driver (sat_cli/envs/trajectory.py) on a REAL SGLang 0.5.23 server on this CPU
+(tier ``sglang``, as tests/test_sglang_real.py): each turn is one ``/generate`` request with
+``input_ids`` (the trajectory so far), and the trainer's sequence is exactly the engine's
+returned ids plus the environment's ids, token for token; the model tokens' log-probs are the
+engine's, the environment's 0 and masked."""
+
+from __future__ import annotations
+
+import pytest
+from sglang_real import MODEL, launch
+from test_trajectory import EchoEnv, Recorder
+
+from sat_cli.envs.base import EnvSettings
+from sat_cli.envs.trajectory import TrajectorySettings, run_trajectories
+from sat_cli.samples import SamplingParams
+from sat_cli.trainers.batch import collate
+
+pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    eng = launch(log_dir=tmp_path_factory.mktemp("sglang-logs"), r3=False)
+    yield eng
+    eng.close()
+
+
+def test_sglang_trajectory_tokens_are_the_engine_ids_plus_the_environment_ids(engine):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(MODEL))
+    stops = tuple(range(3, len(tok), 2))  # turns of a few tokens that end with "stop"
+    sampling = SamplingParams(max_new_tokens=12, stop_token_ids=stops, seed=3)
+    rec = Recorder(engine)
+    envs = [EchoEnv(EnvSettings(max_turns=3)) for _ in range(2)]
+    rows = [{"question": "123+456="}, {"question": "7+8="}]
+    samples = run_trajectories(rec, envs, tok, rows, sampling, TrajectorySettings(max_turns=3))
+    for i, (s, env) in enumerate(zip(samples, envs, strict=True)):
+        expected, logp = [], []
+        for k, reply in enumerate(rec.replies):
+            turn = reply[i]
+            assert rec.requests[k][i] == s.prompt_ids + expected  # token in
+            expected += turn.response_ids  # token out
+            logp += turn.rollout_logp
+            assert env.seen[k] == tok.decode(turn.response_ids, skip_special_tokens=True)
+            if k < len(rec.replies) - 1:
+                obs = tok(f"turn {k + 1}: {len(env.seen[k])}\n", add_special_tokens=False)
+                expected += obs["input_ids"]
+                logp += [0.0] * len(obs["input_ids"])
+        assert len(rec.replies) == 3 and s.finish_reason == "stop"
+        assert s.response_ids == expected and s.rollout_logp == logp
+        assert sum(s.loss_mask) == sum(r[i].response_len for r in rec.replies)
+    batch = collate(samples, [1.0, -1.0], pad_id=tok.pad_token_id)
+    for b, s in enumerate(samples):
+        P, T = len(s.prompt_ids), len(s.prompt_ids) + s.response_len
+        assert batch.input_ids[b, :T].tolist() == s.prompt_ids + s.response_ids
+        assert batch.loss_mask[b, P:T].tolist() == s.loss_mask

@@ -319,13 +319,18 @@ def test_pilot2_rules_outcomes_and_selection_from_a_hand_made_csv():
         "(not yet run); D4 at 0.67 × lr (not yet run)." in md
     )
     # round 2 that qualifies nothing: the stop sentence, nothing broader; or its first qualifier
-    r2 = [_cand(f"D{i} r2", (0, 0, 0), design="pilot2-r2") for i in range(1, 5)]
+    # (a round-2 sweep keeps its candidate's method label: the rounds are two rows, not pooled)
+    r2 = [_cand(f"D{i}", (0, 0, 0), design="pilot2-r2") for i in range(1, 5)]
+    md = _pilot2_md(d1 + lag1_fell + no3 + no4 + r2[0])  # D1's round 2 has run, D2's has not
+    assert "| D1 | 0/3 (0 late, 0 early) | 0/3 (0 late, 0 early) |" in md
+    assert "| D1 (round 2) | 0/3 (0 late, 0 early) | 0/3 (0 late, 0 early) |" in md
+    assert "Round 2: D2 at 0.67 × lr (not yet run); D3 at 600 steps (not yet run); D4" in md
     md = _pilot2_md(d1 + lag1_fell + no3 + no4 + sum(r2, []))
     assert "| does not qualify |" in md
     assert "Pilot 2: **none of these candidates qualified**." in md
-    r2[1] = _cand("D2 r2", (1, 1, 0), design="pilot2-r2")
+    r2[1] = _cand("D2", (1, 1, 0), design="pilot2-r2")
     md = _pilot2_md(d1 + lag1_fell + no3 + no4 + sum(r2, []))
-    assert "Selected in round 2: **D2 r2**" in md
+    assert "Selected in round 2: **D2 (round 2)**" in md
     # an unfinished candidate before a qualifying one: pending, no selection yet
     d1[0].status = "RUNNING"
     md = _pilot2_md(d1 + d3)

@@ -121,13 +121,18 @@ def pilot2_markdown(rows: list[StudyRow]) -> str:
         "|---|---|---|---|---|---|---|---|---|"
     )
     lines, notes, outs = [head], [], {}
-    for m in method_order(rows):
-        lag1 = [r for r in rows if r.method == m and r.lag == "1"]
-        lag8 = [r for r in rows if r.method == m and r.lag == "8"]
+    # a round-2 sweep keeps its candidate's method label (the design's rule): the round is part
+    # of the key, so the two rounds of one candidate are two rows, never one pooled row
+    groups = [(m, is_r2) for m in method_order(rows) for is_r2 in (False, True)]
+    for m, is_r2 in groups:
+        mine = [r for r in rows if r.method == m and (r.design == ROUND2) == is_r2]
+        if not mine:
+            continue
+        lag1 = [r for r in mine if r.lag == "1"]
+        lag8 = [r for r in mine if r.lag == "8"]
         if not lag8:  # the shared start of a candidate (one lag-1 run): context only
             notes.append(f"{m}: {_curve(lag1)} (lag 1, the start of a candidate).")
             continue
-        is_r2 = any(r.design == ROUND2 for r in lag1 + lag8)
         if _done(lag1) and _done(lag8):
             rule = rules(lag1, lag8)
             out = outcome(rule, is_r2)
@@ -135,11 +140,12 @@ def pilot2_markdown(rows: list[StudyRow]) -> str:
         else:
             n_done = sum(r.status == "FINISHED" for r in lag1 + lag8)
             out, yn = f"pending ({n_done} of {2 * RUNS_PER_LAG} runs finished)", "—"
-        outs[(m.split()[0], is_r2)] = (m, out)
+        label = f"{m} (round 2)" if is_r2 else m
+        outs[(m.split()[0], is_r2)] = (label, out)
         t = ", ".join(r.t_collapse or "—" for r in lag8)
         act = ", ".join(r.can_act_early or "—" for r in lag8)
         lines.append(
-            f"| {m} | {_count(lag1)} | {_count(lag8)} | {t} | {act} | {_curve(lag1)} "
+            f"| {label} | {_count(lag1)} | {_count(lag8)} | {t} | {act} | {_curve(lag1)} "
             f"| {_curve(lag8)} | {yn} | {out} |"
         )
     verdict = _verdict(outs)

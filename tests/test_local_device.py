@@ -96,7 +96,10 @@ def test_builders_hand_device_and_dtype_to_engine_and_trainer(monkeypatch, tmp_p
     def recorder(name):
         return lambda path, **kw: seen.setdefault(name, kw)
 
-    monkeypatch.setattr(engine_mod, "LocalEngine", recorder("engine"))
+    def engine(settings, runtime):  # LocalEngine(settings, runtime): the device the plan gave
+        seen["engine"] = {"device": runtime.device, "dtype": settings.dtype}
+
+    monkeypatch.setattr(engine_mod, "LocalEngine", engine)
     monkeypatch.setattr(trainer_mod, "LocalTrainer", recorder("trainer"))
     _, obj = load([*CUDA, "engine.dtype=bfloat16", "trainer.dtype=bfloat16"])
     build_engine(obj, "model", tmp_path, r3=False)

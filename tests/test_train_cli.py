@@ -201,12 +201,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     ],
 )
 def test_sat_with_a_recompute_denominator_warns_loudly(overrides, inert):
-    from sat_cli.build.parts import sat_inert_recompute
+    from sat_cli.build.parts import loss_config
     from sat_cli.commands.train import _warn_recompute
     from sat_cli.config import load
+    from sat_cli.rl.registry import sat_inert
 
     _, obj = load(overrides)
-    assert sat_inert_recompute(obj) is inert
+    assert sat_inert(loss_config(obj), obj.algo.num_minibatches) is inert
     lines: list[str] = []
     if inert:
         with pytest.warns(UserWarning, match="SAT IS INERT IN THIS RUN"):

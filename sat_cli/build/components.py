@@ -1,5 +1,5 @@
 """The registered components of a run, built from their own settings (``sat_cli.registry``):
-the engine, the trainer, the launcher, their ``env.*`` params and the weight-sync checks."""
+the engine, the trainer, the launcher and their ``env.*`` params."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from sat_cli.engines.registry import ENGINES
 from sat_cli.engines.settings import EngineRuntime
 from sat_cli.trainers.registry import TRAINERS
 from sat_cli.trainers.settings import TrainerRuntime
-from sat_cli.weightsync import spec
 
 
 def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
@@ -27,16 +26,10 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
     from sat_cli.build.parts import loss_config
     from sat_cli.config.additions import ledger_versions
 
-    a = obj.algo
-    options = dict(
-        temperature=obj.task.temperature,
-        r3=obj.r3,
-        num_minibatches=a.num_minibatches,
-        seed=obj.seed,
-        replay_sampling_mask=a.replay_sampling_mask,
-        score_centering_topk=a.score_centering_topk,
-        ledger_keep=ledger_versions(a.ledger, obj.lag.n, obj.lag.profile),
-    )
+    a, own = obj.algo, ("num_minibatches", "replay_sampling_mask", "score_centering_topk")
+    options = {k: getattr(a, k) for k in own}  # the step keywords from outside trainer.*
+    ledger = ledger_versions(a.ledger, obj.lag.n, obj.lag.profile)
+    options.update(temperature=obj.task.temperature, r3=obj.r3, seed=obj.seed, ledger_keep=ledger)
     from sat_cli.config.devices import device_plan
 
     loss, plan = loss_config(obj), device_plan(obj)  # the GPUs each process gets
@@ -73,14 +66,3 @@ def run_environment(obj) -> dict[str, str]:
 
     e = obj.engine
     return {**environment_params(), **ENGINES.of(e).environment(e)}
-
-
-def check_port(obj) -> None:
-    """``engine.weight_sync_port`` in use where the trainer's sender listens here: exit 2."""
-    spec.check_port(obj.engine, type(obj.trainer).SENDER_IN_PROCESS)
-
-
-def gpus(obj) -> tuple[int, int]:
-    """(rollout, training) GPUs of the run on its machines (``sat plan``)."""
-    e, t = obj.engine, obj.trainer
-    return ENGINES.of(e).resources(e).gpus, TRAINERS.of(t).resources(t).gpus

@@ -1,23 +1,14 @@
-"""The edge of the program: the typed config in, objects and plain values out.
-
-``sat_cli.cli`` composes the config (``sat_cli.config``); the commands (``sat_cli.commands``)
-call the builders here, and below this edge nothing reads the config: the loop, engines,
-trainers and losses receive plain values and objects (a ``LossConfig`` for the loss).
-
-* :func:`model_path` — the model folder a run starts from (``model.path``, or the warm start);
-* :func:`build_task`, :func:`build_engine`, :func:`build_trainer` (with :func:`loss_config`),
-  :func:`eval_problems` / :func:`build_evaluator`, and the MLflow tracker of a run.
-"""
+"""The parts of a run built at the edge (``sat_cli.build``): the model folder it starts from
+(``model.path`` or the warm start), the task, the loss settings and the evaluation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sat_cli.errors import UserError
 from sat_cli.models.weights_check import check_hf_dir
 from sat_cli.rewards.grading import logging_samples, plugin_grader
-
-# ----------------------------------------------------------------------------- builders
 
 
 def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
@@ -36,51 +27,31 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
         raise UserError(
             "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
         )
+    from sat_cli.models.arch import TINY_MOE_CONFIG
     from sat_cli.models.warmstart import WarmStartSettings, ensure_warm_start
 
-    ws = obj.model.warm_start
-    overrides = {}
-    if obj.model.num_layers != 4:
-        overrides["num_hidden_layers"] = obj.model.num_layers
-    if obj.model.num_experts != 8:
-        overrides["num_experts"] = obj.model.num_experts
-    if obj.model.top_k != 2:
-        overrides["num_experts_per_tok"] = obj.model.top_k
-    if obj.model.hidden_size != 128:
-        overrides["hidden_size"] = obj.model.hidden_size
-    return str(
-        ensure_warm_start(
-            Path(obj.run.dir) / "cache",
-            WarmStartSettings(
-                digits=obj.task.digits,
-                task_seed=0,
-                heldout_size=ws.eval_size,
-                seed=0,
-                model_overrides=overrides,
-                **{k: getattr(ws, k) for k in ("batch_size", "lr", "eval_every", "max_steps")},
-                target_accuracy=ws.target_accuracy,
-            ),
-            use_shipped=use_shipped,
-            log=log,
-        )
-    )
+    m, ws = obj.model, obj.model.warm_start
+    hf = {"num_hidden_layers": m.num_layers, "num_experts": m.num_experts}
+    hf.update(num_experts_per_tok=m.top_k, hidden_size=m.hidden_size)
+    overrides = {k: v for k, v in hf.items() if v != TINY_MOE_CONFIG[k]}
+    kw = {k: getattr(ws, k) for k in ("batch_size", "lr", "eval_every", "max_steps")}
+    kw.update(target_accuracy=ws.target_accuracy, model_overrides=overrides)
+    settings = WarmStartSettings(digits=obj.task.digits, heldout_size=ws.eval_size, **kw)
+    cache = Path(obj.run.dir) / "cache"
+    return str(ensure_warm_start(cache, settings, use_shipped=use_shipped, log=log))
 
 
 def build_task(obj):
     """The training task: the toy generator, or a prompt set graded by the math grader."""
-    if obj.task.kind == "toy":
+    t = obj.task
+    if t.kind == "toy":  # the problems' seed is 0 whatever the run's
         from sat_cli.tasks.toy import ToyTask
 
-        return ToyTask(
-            digits=obj.task.digits,
-            seed=0,
-            heldout_size=obj.task.heldout_size,
-            template=obj.task.template,
-        )
+        return ToyTask(digits=t.digits, seed=0, heldout_size=t.heldout_size, template=t.template)
     from sat_cli.tasks.dataset import DatasetTask
 
     heldout = obj.eval.benchmark == "heldout"  # its own held-out rows, split off training
-    return DatasetTask.from_config(obj.task, data_dir=obj.data.dir, seed=obj.seed, heldout=heldout)
+    return DatasetTask.from_config(t, data_dir=obj.data.dir, seed=obj.seed, heldout=heldout)
 
 
 def loss_config(obj):
@@ -103,6 +74,16 @@ def loss_config(obj):
         group_size=obj.task.samples_per_prompt,
         **same,
     )
+
+
+def sampling_params(section, tokenizer, **extra):
+    """``SamplingParams`` of ``task.*`` or ``eval.*`` (temperature, top-p, top-k, response
+    length), stopping at the tokenizer's EOS; ``extra``: its other fields."""
+    from sat_cli.engines.base import SamplingParams
+
+    s, eos = section, (tokenizer.eos_token_id,)
+    keys = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    return SamplingParams(**keys, max_new_tokens=s.max_new_tokens, stop_token_ids=eos, **extra)
 
 
 _CONFIGURED = object()
@@ -149,21 +130,15 @@ def eval_runner(
     evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
     problems, default all). ``max_new_tokens``: instead of ``eval.max_new_tokens`` (`sat eval`
     caps it at the model's context)."""
-    from sat_cli.engines.base import SamplingParams
     from sat_cli.evaluation import evaluate
 
     e = obj.eval
     if spec is None:
         spec = eval_problems(obj, task, limit=e.final_limit) if final else eval_problems(obj, task)
     problems, grader, template = spec
-    sampling = SamplingParams(
-        temperature=e.temperature,
-        top_p=e.top_p,
-        top_k=e.top_k,
-        max_new_tokens=e.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        stop_token_ids=(tokenizer.eos_token_id,),
-        seed=obj.seed + 7919,
-    )
+    sampling = sampling_params(e, tokenizer, seed=obj.seed + 7919)
+    if max_new_tokens is not None:
+        sampling = replace(sampling, max_new_tokens=max_new_tokens)
     n, skip = (e.final_n if final else e.n), overlong or frozenset()
     kw = dict(template=template, grader=grader, batch_size=e.batch_size, name=e.name)
     return lambda: evaluate(
@@ -182,14 +157,3 @@ def build_evaluator(
     run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
     run = logging_samples(run, tracker, final) if tracker is not None else run
     return lambda: metrics(run(), final=final)
-
-
-def sat_inert_recompute(obj) -> bool:
-    """SAT with a recompute denominator (TIS, MIS, IcePop, decoupled PPO, M2PO or
-    ``ratio_denominator=recompute``) at one optimizer step per batch: ``d == 0``, SAT inert."""
-    from sat_cli.rl import registry
-
-    if not obj.clip.adaptive or obj.algo.num_minibatches != 1:
-        return False
-    spec = registry.resolve(obj.algo.name, obj.algo.correction, obj.algo.ratio_denominator)
-    return spec.denominator == "old"

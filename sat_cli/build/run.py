@@ -1,38 +1,13 @@
-"""What `sat train` runs: the checked inputs (:class:`RunInputs`, one dataclass for the run
-command), the loop's settings, sampling, lag policy and evaluators, and the run's MLflow
-tracker (its tags and params, ``env.*`` included)."""
+"""What `sat train` runs: the loop's settings, sampling, lag policy and evaluators, and the
+run's MLflow tracker (its tags and params, ``env.*`` included)."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sat_cli import __version__
 from sat_cli.build.components import run_environment
-from sat_cli.build.parts import build_evaluator, sat_inert_recompute
-
-
-@dataclass
-class RunInputs:
-    """Everything `sat train` checked before its run folder was locked: the config (composed
-    ``cfg`` and typed ``obj``), the run folder and checkpoint to resume, the model, tokenizer and
-    task, the evaluation specs (in-training, final, overlong problems), the prompts dropped as
-    too long, the log and the stream (``overrides``, a ``replay`` recording or None)."""
-
-    cfg: Any
-    obj: Any
-    run_dir: Path
-    ckpt: Path | None
-    path: str
-    tokenizer: Any
-    task: Any
-    specs: tuple
-    dropped: int
-    log: Callable[[str], None]
-    stream: dict
+from sat_cli.build.parts import build_evaluator, loss_config, sampling_params
 
 
 def lag_policy(obj):
@@ -49,19 +24,11 @@ def lag_policy(obj):
 
 def loop_settings(obj, run_dir: Path, tokenizer):
     """The loop's ``LoopSettings``: steps, batch, sampling, lag, clip schedule, periods."""
-    from sat_cli.engines.base import SamplingParams
     from sat_cli.loop.train import ClipSchedule, LoopSettings
 
     t, a = obj.task, obj.algo
-    sampling = SamplingParams(
-        temperature=t.temperature,
-        top_p=t.top_p,
-        top_k=t.top_k,
-        max_new_tokens=t.max_new_tokens,
-        stop_token_ids=(tokenizer.eos_token_id,),
-        sampling_mask=a.replay_sampling_mask,  # the kept sets the trainer replays
-        topk_logprobs=a.score_centering_topk,
-    )
+    replay = dict(sampling_mask=a.replay_sampling_mask, topk_logprobs=a.score_centering_topk)
+    sampling = sampling_params(t, tokenizer, **replay)  # the kept sets the trainer replays
     return LoopSettings(
         max_steps=obj.max_steps,
         prompts_per_step=t.prompts_per_step,
@@ -103,54 +70,31 @@ def env_run(obj):
     )
 
 
-def evaluators(run: RunInputs, engine, tracker) -> tuple:
-    """(in-training, final) evaluators of the run's engine (their samples tables logged to
-    ``tracker``); None where not configured."""
+def evaluators(run, engine, tracker) -> tuple:
+    """(in-training, final) evaluators of the run's engine (``run``: `sat train`'s
+    ``RunInputs``; their samples tables logged to ``tracker``); None where not configured."""
     spec, final_spec, overlong = run.specs
     args = (run.obj, engine, run.tokenizer, run.task)
     evaluator = final = None
     if spec is not None:
-        evaluator = build_evaluator(
-            *args, spec=spec, overlong=overlong.get("eval"), tracker=tracker
-        )
+        evaluator = build_evaluator(*args, spec, overlong=overlong.get("eval"), tracker=tracker)
     if run.obj.eval.final_n is not None:
-        final = build_evaluator(
-            *args, spec=final_spec, final=True, overlong=overlong.get("final"), tracker=tracker
-        )
+        skip = overlong.get("final")
+        final = build_evaluator(*args, final_spec, final=True, overlong=skip, tracker=tracker)
     return evaluator, final
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-# tracking.tags keys that `sat sweep` sets, and the MLflow tags they become
-TAG_NAMES = {
-    "sweep_id": "sat.sweep_id",
-    "override_hash": "sat.override_hash",
-    "method": "sat.method",
-    "parent_run_id": "mlflow.parentRunId",
-}
-
-
 def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):
+    from sat_cli.rl.registry import sat_inert
     from sat_cli.tracking import Tracker, TrackerSettings, flatten_config
+    from sat_cli.tracking.environment import git_commit
     from sat_cli.tracking.final_status import apply_pending
+    from sat_cli.tracking.params import SWEEP_TAG_NAMES
 
     uri = obj.tracking.uri if obj.tracking.backend == "mlflow" else None
     tags = {
         "sat.version": __version__,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "algo": obj.algo.name,
         "clip": obj.clip.name,
         "lag": obj.lag.n if obj.lag.profile is None else obj.lag.profile,
@@ -158,9 +102,9 @@ def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dr
         "r3": obj.r3,
         "seed": obj.seed,
         "correction": obj.algo.correction,
-        "sat.inert_recompute": sat_inert_recompute(obj),
+        "sat.inert_recompute": sat_inert(loss_config(obj), obj.algo.num_minibatches),
     }
-    tags.update({TAG_NAMES.get(k, k): v for k, v in obj.tracking.tags.items()})
+    tags.update({SWEEP_TAG_NAMES.get(k, k): v for k, v in obj.tracking.tags.items()})
     if dropped:
         tags["data.overlong_dropped"] = dropped
     # tracking.tags are tags, not params: a resumed sweep run may get another parent run id

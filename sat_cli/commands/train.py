@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sat_cli.build.components import build_engine, build_launcher, build_trainer, check_port
-from sat_cli.build.parts import build_task, eval_problems, model_path, sat_inert_recompute
-from sat_cli.build.run import RunInputs, evaluators, loop_settings, make_tracker
+from sat_cli.build.components import build_engine, build_launcher, build_trainer
+from sat_cli.build.parts import build_task, eval_problems, loss_config, model_path
+from sat_cli.build.run import evaluators, loop_settings, make_tracker
 from sat_cli.commands.common import check_devices, loading, write_pids
 from sat_cli.errors import UserError
 from sat_cli.rewards import build_reward
+from sat_cli.weightsync.spec import check_port
 
 
 def default_run_name(obj) -> str:
@@ -86,6 +90,26 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     return run_dir, False
 
 
+@dataclass
+class RunInputs:
+    """Everything `sat train` checked before its run folder was locked: the config (composed
+    ``cfg`` and typed ``obj``), the run folder and checkpoint to resume, the model, tokenizer and
+    task, the evaluation specs (in-training, final, overlong problems), the prompts dropped as
+    too long, the log and the stream (``overrides``, a ``replay`` recording or None)."""
+
+    cfg: Any
+    obj: Any
+    run_dir: Path
+    ckpt: Path | None
+    path: str
+    tokenizer: Any
+    task: Any
+    specs: tuple
+    dropped: int
+    log: Callable[[str], None]
+    stream: dict
+
+
 def _warn_recompute(obj, log) -> None:
     if (
         obj.algo.ratio_denominator == "recompute"
@@ -100,7 +124,9 @@ def _warn_recompute(obj, log) -> None:
         )
         warnings.warn(msg, stacklevel=2)
         log(msg)
-    if sat_inert_recompute(obj):
+    from sat_cli.rl.registry import sat_inert
+
+    if sat_inert(loss_config(obj), obj.algo.num_minibatches):
         msg = (
             "WARNING: SAT IS INERT IN THIS RUN. clip=" + obj.clip.name + " with algo="
             f"{obj.algo.name}, correction={obj.algo.correction}, ratio_denominator="
@@ -142,7 +168,9 @@ def _train(cfg, obj, stream: dict) -> dict:
         from sat_cli.tracking.store import check_sqlite_path
 
         check_sqlite_path(obj.tracking.uri)
-    check_port(obj)  # the weight-sync address and port (config only): before the data and model
+    # the weight-sync address and port where the trainer's sender listens here (config only):
+    # before the data and model
+    check_port(obj.engine, type(obj.trainer).SENDER_IN_PROCESS)
     task = build_task(obj)  # the data first (cheap: no model read), then the model
     spec = eval_problems(obj, task) if obj.eval.every > 0 else None
     final_spec = eval_problems(obj, task, limit=obj.eval.final_limit) if obj.eval.final_n else None

@@ -382,3 +382,12 @@ def _weight_metrics(weight: torch.Tensor, mask: torch.Tensor) -> dict[str, float
             M.TOKEN_WEIGHT_MEAN: float(w.sum()) / n,
             M.TOKEN_WEIGHT_ZERO_FRAC: float((w == 0).sum()) / n,
         }
+
+
+def sat_inert(loss, num_minibatches: int) -> bool:
+    """SAT (``loss.adaptive``) with a recompute denominator (TIS, MIS, IcePop, decoupled PPO,
+    M2PO or ``ratio_denominator=recompute``) at one optimizer step per batch: the ratio's
+    denominator is the current policy, ``d == 0``, SAT inert. ``loss``: a ``LossConfig``."""
+    if not loss.adaptive or num_minibatches != 1:
+        return False
+    return resolve(loss.algo, loss.correction, loss.ratio_denominator).denominator == "old"

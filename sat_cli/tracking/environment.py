@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sat_cli.numerics import cpu_info, isa_summary, numeric_env
 
@@ -127,6 +128,22 @@ def _gpu_name(torch) -> str:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     except (RuntimeError, AssertionError):
         return UNKNOWN
+
+
+def git_commit() -> str:
+    """The sat checkout's ``git rev-parse HEAD`` (the ``git_commit`` tag), ``unknown`` outside
+    a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def environment_params(sglang: str | None = None) -> dict[str, str]:

@@ -9,6 +9,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+# tracking.tags keys that `sat sweep` sets, and the MLflow tags they become
+SWEEP_TAG_NAMES = {
+    "sweep_id": "sat.sweep_id",
+    "override_hash": "sat.override_hash",
+    "method": "sat.method",
+    "parent_run_id": "mlflow.parentRunId",
+}
+
 MAX_PARAM_VALUE_LEN = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 MAX_TAG_VALUE_LEN = 8000  # mlflow.utils.validation.MAX_TAG_VAL_LENGTH
 MAX_KEY_LEN = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH

@@ -124,20 +124,29 @@ def pretrain_cmd(
 
 @app.command("eval", context_settings=_EXTRA)
 def eval_cmd(
-    benchmark: str = arg(LINE, ..., help="toy | aime24 | aime25 | math500 | gsm8k | jsonl"),
+    benchmark: str = arg(
+        LINE, ..., help="toy | aime24 | aime25 | math500 | gsm8k | jsonl | an environment"
+    ),
     overrides: list[str] = arg(OVERRIDE, None, help=_OVERRIDES_HELP),
 ) -> None:
-    """avg@k / pass@k of a model or checkpoint on a benchmark (e.g. `sat eval aime24 model.path=…`)."""
+    """avg@k / pass@k of a model or checkpoint on a benchmark (e.g. `sat eval aime24 model.path=…`)
+    or on an environment's held-out rows (e.g. `sat eval guess model.path=…`)."""
     from sat_cli.config import group_options
+    from sat_cli.envs.registry import ENVIRONMENTS
 
     if "=" in benchmark:
         fail(
             f"the first argument is the benchmark, got {benchmark!r}; "
-            f"choose one of: {', '.join(group_options('eval'))}"
+            f"choose one of: {', '.join([*group_options('eval'), *ENVIRONMENTS.names()])}"
         )
-    cfg, obj = _load([f"eval={benchmark}", *(overrides or [])], "eval")
+    chosen = [f"eval={benchmark}"]
+    if benchmark in ENVIRONMENTS:  # the env section's settings; eval's n, temperature, limit
+        own_env = any(o.startswith("env=") for o in overrides or [])
+        chosen = [f"eval.name={benchmark}", f"eval.benchmark={benchmark}"]
+        chosen += [] if own_env else [f"env={benchmark}"]
+    cfg, obj = _load([*chosen, *(overrides or [])], "eval")
     _pin_numerics(obj)
-    from sat_cli.commands.eval import run_eval_command as evaluate
+    from sat_cli.commands.eval_env import run_any_eval as evaluate
 
     guard(lambda: evaluate(cfg, obj))
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from cli_helpers import seeded_store
 
+from sat_cli.envs.guess import rows as guess_rows
 from sat_cli.evaluation.envs import format_summary, metrics, succeeded, summarize
 from sat_cli.samples import Sample
 
@@ -64,3 +67,42 @@ def test_tool_error_frac_sums_the_last_steps_totals():
     b.meta["info"].update(tool_calls_total=3, tool_errors_total=2)
     s = summarize([[a, b], [traj(True, 1)]], max_turns=3)
     assert (s["tool_calls"], s["tool_error_frac"]) == (4, 0.5)
+
+
+def test_sat_eval_guess_end_to_end(tmp_path, sat_cli):
+    """`sat eval guess` on the shipped model: the summary's numbers are those of its own rows,
+    and the MLflow run holds them."""
+    seeded_store(tmp_path / "runs" / "mlflow.db")
+    args = ["eval", "guess", "env.parser=compact", "env.max_tokens=128", "eval.limit=6", "eval.n=2"]
+    out = sat_cli(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "guess: success (avg@2)" in out.stdout and "6 held-out rows" in out.stdout
+    (folder,) = sorted((tmp_path / "runs" / "eval").glob("guess-*"))
+    summary = json.loads((folder / "summary.json").read_text())
+    rows = json.loads((folder / "rows.json").read_text())
+    assert [r["seed"] for r in rows] == [r["seed"] for r in guess_rows("heldout", 6)]
+    flags = [r["success"] for r in rows]
+    assert summary["success"] == pytest.approx(100 * sum(sum(f) / 2 for f in flags) / 6)
+    assert summary["complete"] and summary["trajectories"] == 12
+    turns = [t for r in rows for t in r["turns"]]
+    assert summary["turns_mean"] == pytest.approx(sum(turns) / 12) and max(turns) <= 4
+
+    mlflow = pytest.importorskip("mlflow")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("eval").experiment_id])
+    assert run.data.metrics["eval/guess/success"] == pytest.approx(summary["success"])
+    assert run.data.params["eval.rows"] == "6" and run.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["env=calculator"], "sat eval guess needs env=guess"),
+        (["env.max_turns=0"], "env.max_turns"),
+        (["env.parser=xml"], "env.parser"),
+    ],
+)
+def test_sat_eval_env_bad_input_is_one_line_and_exit_2(tmp_path, sat_cli, extra, message):
+    out = sat_cli("eval", "guess", *extra, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs" / "eval").exists()

@@ -44,7 +44,6 @@ def test_config_env_section_builds_the_loops_env_run():
         (["env=calculator", "env.max_tokens=2097152"], "env.max_tokens"),
         (["env=calculator", "env.partial=drop"], "env.partial"),
         (["env=calculator", "env.parser=xml"], "env.parser"),
-        (["env=calculator", "r3=true"], "routed experts"),
         (["env=calculator", "lag.profile=fixed:1"], "lag.profile"),
     ],
 )

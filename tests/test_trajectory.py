@@ -4,6 +4,7 @@ turns, the token budget, versions across turns and partial trajectories; and the
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -159,6 +160,41 @@ def test_partial_abort_runs_the_trajectory_again_from_the_new_version(tiny_engin
     assert [r[0].weight_version for r in rec.replies] == [0, 1, 1, 1]
     assert s.token_versions is None and s.weight_version == 1 and s.finish_reason == "stop"
     assert s.response_ids[: rec.replies[2][0].response_len] == rec.replies[2][0].response_ids
+
+
+@pytest.fixture(scope="module")
+def r3_engine(tiny_dir):
+    from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
+
+    runtime = LocalEngineRuntime(str(tiny_dir), seed=0, r3=True)
+    with LocalEngine(LocalEngineSettings(), runtime) as engine:
+        yield engine
+
+
+def test_routed_experts_across_turns_are_each_positions_first_feed(r3_engine, tiny_dir):
+    """R3: row ``s`` of a trajectory's routes is the routing of position ``s`` in the first
+    request that fed it, and (one weight version) equals a plain forward's of the whole
+    trajectory: the rows line up with the trainer's positions."""
+    from sat_cli.models.r3 import RouteCapture
+
+    rec = Recorder(r3_engine)
+    env = EchoEnv(EnvSettings(max_turns=3))
+    s = run_trajectory(rec, env, TOK, {"question": "12+34="}, SAMPLING, TrajectorySettings(3))
+    T = len(s.prompt_ids) + s.response_len
+    assert s.routed_experts.shape[0] == T - 1 and len(rec.replies) == 3
+    held = 0
+    for (reply,) in rec.replies:  # each request's rows beyond those held: new positions
+        rows = len(reply.routed_experts)
+        assert np.array_equal(s.routed_experts[held:rows], reply.routed_experts[held:rows])
+        held = rows
+    assert held == T - 1
+    model = load_model(tiny_dir)
+    with torch.no_grad(), RouteCapture(model) as cap:
+        model(input_ids=torch.tensor([s.prompt_ids + s.response_ids]))
+        routes = cap.last_call()[: T - 1].numpy()
+    assert (np.sort(routes, -1) == np.sort(s.routed_experts, -1)).all()
+    batch = collate([s], [1.0], pad_id=0, need_routes=True)
+    assert batch.routed_experts.shape[1] == T
 
 
 CHATML = (

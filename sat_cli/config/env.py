@@ -41,11 +41,8 @@ class EnvConfig:
 
 def check_env(c) -> None:
     """The rules between ``env`` and other sections (``c``: a ``SatConfig``)."""
-    if c.env.name == NONE:
-        return
-    for on, what in (
-        (c.r3, "r3=true (routed experts are not recorded across turns yet)"),
-        (c.lag.profile is not None, "lag.profile (a profile's per-sample versions)"),
-    ):
-        if on:
-            raise ConfigError(f"env={c.env.name} cannot be combined with {what}")
+    if c.env.name != NONE and c.lag.profile is not None:
+        raise ConfigError(
+            f"env={c.env.name} cannot be combined with lag.profile (a profile draws each "
+            "sample's version in advance; a trajectory's turns are generated one by one)"
+        )

@@ -26,7 +26,11 @@ Partial trajectories (``settings.partial``): when the weights change while a tra
 them. ``abort`` drops it and runs it again from a fresh ``env.reset`` (at most
 ``MAX_REQUEUES`` times; then it ends ``abort`` and the loop drops its group).
 
-R3 (routed experts) is not recorded across turns yet: a turn's routes are dropped.
+R3 (``routed_experts``, ``[prompt_len + response_len - 1, L, K]`` as a single-turn sample's):
+row ``s`` is the routing of position ``s`` in the first request that fed it to the engine (a
+turn's request re-feeds the trajectory so far; its new rows are the previous turn's last token,
+the observation and its own tokens), so each row is what the engine routed when the tokens
+after it were sampled. Without routes from every turn the sample has none.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class _Run:
     versions: list[int] = field(default_factory=list)
     kept: list | None = None  # per token kept sets, while every turn has them
     topk: list | None = None  # per turn (ids, logp) [R, K], while every turn has them
+    routes: list | None = None  # per turn its new rows of routed experts, while every turn has them
     turn: int = 0
     reward: float = 0.0
     info: dict = field(default_factory=dict)
@@ -86,6 +91,7 @@ class _Run:
         self.prompt = list(renderer.prompt_ids(self.env.reset(self.row)))
         self.ids, self.logp, self.mask, self.turns, self.versions = [], [], [], [], []
         self.kept, self.topk, self.turn, self.reward, self.info = [], [], 0, 0.0, {}
+        self.routes = []
 
     @property
     def length(self) -> int:
@@ -93,6 +99,7 @@ class _Run:
 
     def add_turn(self, s: Sample) -> None:
         n = s.response_len
+        self._add_routes(s.routed_experts, self.length + n - 1)
         self.ids += list(s.response_ids)
         self.logp += [float(x) for x in s.rollout_logp]
         self.mask += [1] * n
@@ -105,6 +112,14 @@ class _Run:
         self.topk = self.topk if self.topk is not None and has_topk else None
         if self.topk is not None:
             self.topk.append((np.asarray(s.topk_ids), np.asarray(s.topk_logp), n))
+
+    def _add_routes(self, routes, rows: int) -> None:
+        """The rows of this turn's routes not held yet (``rows``: the request's row count)."""
+        if self.routes is None or routes is None or len(routes) != rows:
+            self.routes = None
+            return
+        held = sum(len(r) for r in self.routes)
+        self.routes.append(np.asarray(routes, np.int32)[held:])
 
     def add_observation(self, ids: list[int]) -> None:
         n = len(ids)
@@ -134,6 +149,8 @@ class _Run:
             meta={"reward": self.reward, "turns": self.turn, "requeues": self.requeues},
         )
         out.meta["info"] = self.info
+        if self.routes:
+            out.routed_experts = np.concatenate(self.routes)
         if self.topk:
             out.topk_ids, out.topk_logp = _stack_topk(self.topk)
         return out

@@ -817,3 +817,36 @@ def test_an_unknown_top_level_key_names_every_group_and_key():
     top = {f.name for f in dataclasses.fields(SatConfig)} - set(groups)
     assert sorted(k.removesuffix(".*") for k in others) == sorted(top)
     assert "replay.*" in others and "launcher" in groups
+
+
+def _sections() -> list[str]:
+    """Every section of the schema that is not a config group: a nested settings class
+    (``run``, ``task.fields``) or a free-form map (``tracking.tags``)."""
+    import dataclasses
+
+    from sat_cli.config.schema import SatConfig
+
+    out, stack = [], [(SatConfig, "")]
+    while stack:
+        cls, prefix = stack.pop()
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            t, key = hints[f.name], prefix + f.name
+            if dataclasses.is_dataclass(t):
+                stack.append((t, key + "."))
+                out += [key] if key not in inv.config_groups() else []
+            elif typing.get_origin(t) is dict:
+                out.append(key)
+    return sorted(out)
+
+
+def test_a_section_given_a_value_is_named_as_a_section():
+    """``replay=x`` answered with OmegaConf's "str is not a subclass of ReplayConfig": every
+    section of the schema given a value says it is a section, in one line."""
+    from sat_cli.config import ConfigError, load
+
+    sections = _sections()
+    assert {"run", "replay", "task.fields", "tracking.tags"} <= set(sections)
+    for key in sections:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)} is a section of settings"):
+            load([f"{key}=x"], "config")

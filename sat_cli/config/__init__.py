@@ -176,6 +176,11 @@ def _translate(exc: Exception, overrides: list[str]) -> ConfigError:
         vm = re.search(r"Value '([^']*)'", msg)
         got = vm.group(1) if vm else "?"
         low = msg.lower()
+        if "is not a subclass of" in msg or re.search(r"cannot assign \w+ to dict", low):
+            return ConfigError(  # `replay=x`: a section given a value
+                f"{key} is a section of settings ({key}.<name>=…), not a value; "
+                "to list every key: sat config"
+            )
         if "bool" in low:
             return ConfigError(f"{key}: expected a boolean (true or false), got {got!r}")
         if "integer" in low or "type int" in low:

@@ -299,7 +299,7 @@ CASES = [
     Case(
         "train-run-name-climbs", "refusals leave nothing", ("train", "run.name=../x"), r"run\.name"
     ),
-    Case("replay-section-value", "refusals leave nothing", ("config", "replay=x"), r"replay"),
+    Case("replay-section-value", "refusals leave nothing", ("config", "replay=x"), r"is a section"),
     # reports on nothing
     Case("report-empty-store", "reports on nothing", ("report", "nope"), r"no MLflow store"),
     Case(

@@ -850,3 +850,14 @@ def test_a_section_given_a_value_is_named_as_a_section():
     for key in sections:
         with pytest.raises(ConfigError, match=rf"^{re.escape(key)} is a section of settings"):
             load([f"{key}=x"], "config")
+
+
+def test_utf8_arguments_under_an_ascii_locale_are_what_they_say():
+    """Under an ASCII (C/POSIX) locale Python hands ``sat`` the UTF-8 bytes of ``run.name='café'``
+    as lone surrogates, and the typed-option layer refused them as "not valid UTF-8": they are
+    taken as the text they encode; bytes that are not UTF-8 are still refused."""
+    from sat_cli.util.options import OVERRIDE
+
+    assert OVERRIDE.parse("run.name='caf\udcc3\udca9'") == "run.name='café'"
+    with pytest.raises(ValueError, match="is not valid UTF-8"):
+        OVERRIDE.parse("run.name=\udcff")

@@ -121,8 +121,11 @@ def _text(value: Any) -> str:
     text = str(value)
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes of argv arrive as lone surrogates
-        raise ValueError(f"{text[:80]!r} is not valid UTF-8") from None
+    except UnicodeEncodeError:  # bytes of argv the locale could not decode: lone surrogates
+        try:  # under an ASCII (C/POSIX) locale UTF-8 bytes arrive so too: they are fine
+            return os.fsencode(text).decode("utf-8")
+        except (UnicodeError, ValueError):
+            raise ValueError(f"{text[:80]!r} is not valid UTF-8") from None
     return text
 
 

@@ -114,22 +114,14 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
 
 
 def eval_runner(
-    obj,
-    engine,
-    tokenizer,
-    task,
-    spec=None,
-    *,
-    final: bool = False,
-    overlong: frozenset[int] | None = None,
-    max_new_tokens: int | None = None,
+    obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None, max_new_tokens=None
 ):
     """A call that evaluates the engine's current weights: ``() -> EvalResult``.
 
     ``spec``: the result of :func:`eval_problems` when already loaded. ``final``: the larger
     evaluation of the final weights (``eval.final_n`` samples per problem on ``eval.final_limit``
     problems, default all). ``max_new_tokens``: instead of ``eval.max_new_tokens`` (`sat eval`
-    caps it at the model's context)."""
+    caps it at the model's context). ``overlong``: problems too long for the context."""
     from sat_cli.evaluation import evaluate
 
     e = obj.eval

@@ -63,11 +63,9 @@ def env_run(obj):
     from sat_cli.envs.trajectory import TrajectorySettings
     from sat_cli.loop.multiturn import EnvRun
 
-    return EnvRun(
-        e.name,
-        EnvSettings(max_turns=e.max_turns, max_tokens=e.max_tokens, parser=e.parser),
-        TrajectorySettings(max_turns=e.max_turns, max_tokens=e.max_tokens, partial=e.partial),
-    )
+    limits = dict(max_turns=e.max_turns, max_tokens=e.max_tokens)
+    trajectory = TrajectorySettings(**limits, partial=e.partial)
+    return EnvRun(e.name, EnvSettings(**limits, parser=e.parser), trajectory)
 
 
 def evaluators(run, engine, tracker) -> tuple:
@@ -110,9 +108,8 @@ def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dr
     # tracking.tags are tags, not params: a resumed sweep run may get another parent run id
     params = {**flatten_config(cfg_container), **run_environment(obj)}
     params = {k: v for k, v in params.items() if k.split(".")[:2] != ["tracking", "tags"]}
-    tracker = Tracker(
-        TrackerSettings(uri, obj.run.experiment), run_name, run_id=run_id, tags=tags, params=params
-    )
+    store = TrackerSettings(uri, obj.run.experiment)
+    tracker = Tracker(store, run_name, run_id=run_id, tags=tags, params=params)
     apply_pending(Path(obj.run.dir), tracker)
     return tracker
 
@@ -122,12 +119,7 @@ def sync_settings(engine):
     engine runs on the CPU, nccl on a GPU)."""
     from sat_cli.loop.weightsync import GroupSpec, SyncSettings
 
-    group = GroupSpec(
-        master_addr=engine.weight_sync_master_addr,
-        port=engine.weight_sync_port,
-        backend="nccl" if engine.device == "cuda" else "gloo",
-        timeout_s=engine.weight_sync_timeout_s,
-    )
-    return SyncSettings(
-        mode=engine.weight_sync, verify=engine.verify_weights, dtype=engine.dtype, group=group
-    )
+    e, backend = engine, "nccl" if engine.device == "cuda" else "gloo"
+    addr, port, timeout = e.weight_sync_master_addr, e.weight_sync_port, e.weight_sync_timeout_s
+    group = GroupSpec(master_addr=addr, port=port, backend=backend, timeout_s=timeout)
+    return SyncSettings(mode=e.weight_sync, verify=e.verify_weights, dtype=e.dtype, group=group)

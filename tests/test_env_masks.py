@@ -1,8 +1,8 @@
 """Multi-turn samples' environment masks (issue 43): ``collate`` puts ``Sample.loss_mask`` into
 the batch's loss mask, and the losses and corrections then train on the model's tokens only.
 
-Loss values and gradients of SAT-GRPO, GSPO and TIS on collated multi-turn batches are checked
-against the float64 loop reference of ``test_rl_losses`` over the model tokens (taken from the
+Loss values and gradients of SAT-GRPO, GSPO, TIS, MIS and IcePop on collated multi-turn batches
+are checked against the float64 loop reference of ``test_rl_losses`` over the model tokens (taken from the
 samples themselves, not from the collated mask). The environment tokens are given log-ratios far
 off every other token's, so counting any of them changes the loss, its gradient and SAT's
 batch quantile.
@@ -85,6 +85,18 @@ CASES = {
     "sat-gspo": dict(cfg=LossConfig("gspo", adaptive=True, quantile=0.7), level="sequence"),
     "tis": dict(cfg=LossConfig("grpo", "tis"), level="token"),
     "sat-tis": dict(cfg=LossConfig("grpo", "tis", adaptive=True), level="token"),
+    "gspo-tis": dict(cfg=LossConfig("gspo", "tis"), level="sequence"),
+    "mis": dict(cfg=LossConfig("grpo", "mis", tis_cap=1.3), level="token"),
+    "icepop": dict(
+        cfg=LossConfig("grpo", "icepop", icepop_low=0.8, icepop_high=1.25), level="token"
+    ),
+}
+
+# the corrections' weights of k = pi_old / mu, one model token at a time (ALGORITHMS.md §5)
+WEIGHT = {
+    "tis": lambda k, c: min(k, c.tis_cap),
+    "mis": lambda k, c: k if k <= c.tis_cap else 0.0,
+    "icepop": lambda k, c: k if c.icepop_low <= k <= c.icepop_high else 0.0,
 }
 
 
@@ -93,7 +105,7 @@ CASES = {
 def test_env_masked_loss_and_gradient_match_float64_loop_reference(name, seed):
     samples, batch, logp, old, model, adv = multiturn_batch(seed)
     cfg, level = CASES[name]["cfg"], CASES[name]["level"]
-    tis = cfg.correction == "tis"
+    tis = cfg.correction != "none"  # a correction: the ratio is against pi_old
     out = registry.compute(
         cfg,
         LossInputs(
@@ -112,7 +124,8 @@ def test_env_masked_loss_and_gradient_match_float64_loop_reference(name, seed):
     if tis:
         weights = torch.zeros_like(mu)
         for b, t in model.nonzero().tolist():
-            weights[b, t] = min(math.exp(float(old[b, t]) - float(mu[b, t])), cfg.tis_cap)
+            k = math.exp(float(old[b, t]) - float(mu[b, t]))
+            weights[b, t] = WEIGHT[cfg.correction](k, cfg)
     ref_logp = logp.detach().clone().requires_grad_()
     ref = ref_policy_loss(
         ref_logp,

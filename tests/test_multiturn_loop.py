@@ -52,6 +52,36 @@ def test_env_section_refuses_bad_values(overrides, match):
         load(overrides)
 
 
+def test_per_turn_metrics_hand_case():
+    """Turn lags, counts and d̄π per turn, by hand: the loss's ``abs_d_mu`` comes in row-major
+    order of the trained tokens, and the batch's turn ids tell them apart."""
+    import torch
+
+    from sat_cli.loop.multiturn import turn_lags, turn_logratio, turn_metrics
+    from sat_cli.samples import Sample
+    from sat_cli.trainers.batch import collate
+
+    a = Sample(
+        [1], [5, 6, 7, 8, 9], [-0.1, -0.2, 0.0, -0.3, -0.4], "stop", 3,
+        token_versions=[3, 3, 3, 4, 4], loss_mask=[1, 1, 0, 1, 1], turn_ids=[0, 0, 0, 1, 1],
+        meta={"turns": 2},
+    )  # fmt: skip
+    b = Sample([1], [5], [-0.5], "stop", 4, loss_mask=[1], turn_ids=[0], meta={"turns": 1})
+    lags = turn_lags([a, b], t=5)
+    assert lags == {0: [2, 2, 1], 1: [1, 1]}
+    m = turn_metrics([a, b], lags)
+    assert m[M.TURN_TOKENS.format(0)] == 3 and m[M.TURN_TOKEN_LAG_MEAN.format(0)] == 5 / 3
+    assert m[M.TURN_TOKEN_LAG_MEAN.format(1)] == 1.0 and m[M.TURNS_MEAN] == 1.5
+    assert m[M.ENV_TOKEN_FRAC] == 1 / 6
+    batch = collate([a, b], [1.0, -1.0], pad_id=0)
+    # trained tokens in row-major order: a's 5, 6 (turn 0), 8, 9 (turn 1), then b's 5 (turn 0)
+    diag = {"abs_d_mu": torch.tensor([0.1, 0.3, 0.5, 0.7, 0.2], dtype=torch.float64)}
+    d = turn_logratio(diag, batch)
+    assert d[M.TURN_DPI_MU.format(0)] == pytest.approx(0.2, rel=1e-12)
+    assert d[M.TURN_DPI_MU.format(1)] == pytest.approx(0.6, rel=1e-12)
+    assert turn_logratio({"abs_d_mu": torch.zeros(3)}, batch) == {}  # does not line up: none
+
+
 class SevensEnv:
     """Every turn is rewarded with its share of '7's; the tool answers "ok" until the last
     turn. A real environment of the ``Environment`` protocol."""

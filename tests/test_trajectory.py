@@ -162,6 +162,33 @@ def test_partial_abort_runs_the_trajectory_again_from_the_new_version(tiny_engin
     assert s.response_ids[: rec.replies[2][0].response_len] == rec.replies[2][0].response_ids
 
 
+def test_kept_sets_and_sampler_topk_cover_every_token(tiny_engine):
+    """Mask replay and score centering on trajectories: each model token keeps the kept set and
+    top-k its turn reported; environment tokens have an empty kept set and top-k ids -1."""
+    rec = Recorder(tiny_engine)
+    sampling = SamplingParams(
+        top_p=0.9, max_new_tokens=12, stop_token_ids=STOPS, seed=4, sampling_mask=True,
+        topk_logprobs=2,
+    )  # fmt: skip
+    s = run_trajectory(rec, EchoEnv(EnvSettings(max_turns=2)), TOK, {"question": "q"}, sampling)
+    assert len(s.sampling_mask) == s.topk_ids.shape[0] == s.response_len
+    turns = [r[0] for r in rec.replies]
+    at = 0
+    for t in turns:
+        for j in range(t.response_len):
+            assert np.array_equal(s.sampling_mask[at + j], t.sampling_mask[j])
+        assert np.array_equal(s.topk_ids[at : at + t.response_len], t.topk_ids)
+        assert np.array_equal(s.topk_logp[at : at + t.response_len], t.topk_logp)
+        at += t.response_len
+        while at < s.response_len and not s.loss_mask[at]:  # the observation after the turn
+            assert len(s.sampling_mask[at]) == 0 and (s.topk_ids[at] == -1).all()
+            at += 1
+    assert at == s.response_len and len(turns) == 2
+    batch = collate([s], [1.0], pad_id=0, need_mask=True, need_topk=2)
+    env = ~batch.loss_mask.bool() & batch.attention_mask.bool()
+    assert (batch.sampling_mask[env] == -1).all() and (batch.topk_ids[env] == -1).all()
+
+
 @pytest.fixture(scope="module")
 def r3_engine(tiny_dir):
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings

@@ -110,6 +110,22 @@ def test_trainer_tokens_are_the_engine_ids_plus_the_environment_ids(tiny_engine)
     assert batch.loss_mask[0, P:T].tolist() == samples[0].loss_mask
 
 
+def test_trainer_recompute_equals_the_engine_logp_on_every_turn(tiny_engine, tiny_dir):
+    """The trainer's log-probs of the collated trajectories, same weights, equal the engine's on
+    every model token of every turn (positions and context line up across turns)."""
+    from sat_cli.trainers.local import LocalTrainer
+
+    envs = [EchoEnv(EnvSettings(max_turns=3)) for _ in range(3)]
+    rows = [{"question": q} for q in ("12+34=", "hello there", "7")]
+    samples = run_trajectories(tiny_engine, envs, TOK, rows, SAMPLING, TrajectorySettings(3))
+    batch = collate(samples, [1.0, -1.0, 0.5], pad_id=0)
+    lp = LocalTrainer(str(tiny_dir), temperature=1.0).logprobs(batch)
+    m = batch.loss_mask.bool()
+    assert batch.turn_ids[m].max() == 2  # later turns are in it
+    assert (lp - batch.rollout_logp)[m].abs().max() <= 1e-5
+    assert batch.rollout_logp[m].mean() < -1.0  # real log-probs, not zeros
+
+
 def test_one_turn_trajectory_is_the_single_turn_request(tiny_engine):
     env = EchoEnv(EnvSettings(max_turns=1))
     s = run_trajectory(tiny_engine, env, TOK, {"question": "7+8="}, SAMPLING)

@@ -861,3 +861,22 @@ def test_utf8_arguments_under_an_ascii_locale_are_what_they_say():
     assert OVERRIDE.parse("run.name='caf\udcc3\udca9'") == "run.name='café'"
     with pytest.raises(ValueError, match="is not valid UTF-8"):
         OVERRIDE.parse("run.name=\udcff")
+
+
+def test_the_megatron_loaders_header_reader_is_bounded(tmp_path):
+    """The Megatron worker reads safetensors headers itself (plain reads, no memory map): a
+    forged length of 2**60 was read as asked (a MemoryError in the worker); a length past the
+    file's end or a header that is not an object is a ValueError naming the file."""
+    from sat_cli.trainers.megatron.hf_io import read_header
+
+    real = (TINY / "model.safetensors").read_bytes()
+    start, header = read_header(TINY / "model.safetensors")
+    assert start == 8 + int.from_bytes(real[:8], "little") and "lm_head.weight" in header
+    for name, data in {
+        "huge": (2**60).to_bytes(8, "little") + real[8:],
+        "past-end": (len(real)).to_bytes(8, "little") + real[8:],
+        "list": (2).to_bytes(8, "little") + b"[]",
+    }.items():
+        (tmp_path / name).write_bytes(data)
+        with deadline(10), pytest.raises(ValueError, match="is not a safetensors file"):
+            read_header(tmp_path / name)

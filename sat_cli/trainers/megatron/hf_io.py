@@ -62,12 +62,21 @@ _DTYPES = {
 }
 
 
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
+
+
 def read_header(path: Path) -> tuple[int, dict[str, dict]]:
     """``(offset of the data, {name: {"dtype", "shape", "data_offsets"}})`` of a safetensors
-    file: an 8-byte little-endian header length, then the JSON header."""
+    file: an 8-byte little-endian header length, then the JSON header. A length past the file's
+    end or safetensors' limit is a ``ValueError`` (read as asked, 2**60 was a ``MemoryError``)."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         n = int.from_bytes(f.read(8), "little")
+        if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
+            raise ValueError(f"{path} is not a safetensors file (header length {n}, {size} bytes)")
         header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
     return 8 + n, header
 

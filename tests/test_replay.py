@@ -336,3 +336,27 @@ def test_report_pairs_each_replay_with_its_recorded_run(tmp_path):
         "replay,method,replay_of,metric,replay_value,recorded,difference"
     )
     assert replay_markdown([]) == ""
+
+
+@pytest.mark.slow  # two sat processes, ~70 s on the loaded 2-core machine
+def test_sat_replay_inherits_the_recordings_numerics_pins(tmp_path):
+    """A recording made with run.portable_numerics=true is replayed under the same pins (the
+    replay composes the recorded config and pins before torch is imported), read back from the
+    run's logged environment: the same numeric variables and torch CPU code path as the
+    recording, and not the unpinned ones."""
+    from mlflow import MlflowClient
+
+    from tests.cli_helpers import run_sat
+
+    rec = ["max_steps=2", "run.name=rec", "replay.record=true", "run.portable_numerics=true"]
+    r = run_sat("train", *SMOKE, *rec, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_sat("replay", "runs/sat/rec", "run.name=same", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    c = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    exp = c.get_experiment_by_name("sat").experiment_id
+    runs = {x.info.run_name: x.data.params for x in c.search_runs([exp])}
+    assert runs["rec"]["env.torch.cpu_capability"] == "AVX2"
+    for key in ("env.numeric_env", "env.torch.cpu_capability", "env.torch.num_threads"):
+        assert runs["same"][key] == runs["rec"][key], key
+    assert "ATEN_CPU_CAPABILITY=avx2" in runs["same"]["env.numeric_env"]

@@ -6,6 +6,7 @@ token keeping its own, and the per-turn staleness metrics and histograms are log
 from __future__ import annotations
 
 import pytest
+import torch
 from test_loop import Recorder, SevensTask
 
 from sat_cli import metric_names as M
@@ -55,8 +56,6 @@ def test_env_section_refuses_bad_values(overrides, match):
 def test_per_turn_metrics_hand_case():
     """Turn lags, counts and d̄π per turn, by hand: the loss's ``abs_d_mu`` comes in row-major
     order of the trained tokens, and the batch's turn ids tell them apart."""
-    import torch
-
     from sat_cli.loop.multiturn import turn_lags, turn_logratio, turn_metrics
     from sat_cli.samples import Sample
     from sat_cli.trainers.batch import collate
@@ -197,3 +196,41 @@ def test_bounded_inflight_turns_of_one_trajectory_span_versions(tiny_dir, tmp_pa
         for v in rec.values[(M.HIST_TURN_TOKEN_VERSION_LAG.format(0), t)]
     ]
     assert sum(later) / len(later) < sum(first) / len(first)  # later turns: newer weights
+
+
+def _env_loop(tiny_dir, run_dir, env_name, recorder=None, replay=None):
+    """test_replay's 4-step loop at fixed lag 1, with 2 prompts x 4 trajectories of
+    ``env_name`` (3 turns of up to 8 tokens)."""
+    from test_replay import _loop
+
+    from sat_cli.loop.multiturn import EnvRun
+    from sat_cli.models.tiny_moe import build_char_tokenizer
+
+    stops = tuple(range(3, len(build_char_tokenizer()), 4))
+    env = EnvRun(env_name, EnvSettings(max_turns=3), trajectory.TrajectorySettings(max_turns=3))
+    sampling = SamplingParams(max_new_tokens=8, stop_token_ids=stops)
+    lag = LagPolicy(1, "fixed")
+    return _loop(tiny_dir, run_dir, "grpo", recorder, replay, lag, sampling=sampling, env=env)
+
+
+def test_a_multiturn_recording_replays_bit_for_bit(tiny_dir, tmp_path, sevens_env):
+    """replay.record=true with an environment: the recording keeps the trajectories' masks,
+    turns and versions, and replaying it trains on the same batches with the same losses and
+    weights, bit for bit."""
+    from sat_cli.replay.store import StreamWriter, open_recording
+
+    writer = StreamWriter(tmp_path / "orig" / "replay", {}, prompts_per_step=2, group_size=4)
+    orig, t_orig = _env_loop(tiny_dir, tmp_path / "orig", sevens_env, recorder=writer)
+    rec = open_recording(tmp_path / "orig", 4)
+    same, t_same = _env_loop(tiny_dir, tmp_path / "same", sevens_env, replay=rec)
+    assert len(t_orig.batches) == len(t_same.batches) == 4
+    for a, b in zip(t_orig.batches, t_same.batches, strict=True):
+        assert a.keys() == b.keys() and "turn_ids" in a
+        assert (a["loss_mask"] == 0).logical_and(a["attention_mask"] == 1).any()  # env tokens
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    for t in range(1, 5):
+        for key in ("loss/policy", "loss/grad_norm", "rollout/reward_mean", M.TURNS_MEAN):
+            assert same.metrics[t][key] == orig.metrics[t][key], (t, key)
+    for k, v in t_orig.model.state_dict().items():
+        assert torch.equal(v, t_same.model.state_dict()[k]), k

@@ -113,7 +113,10 @@ class SpyTrainer:
         return getattr(self.inner, name)
 
 
-def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed")):
+def _loop(
+    tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed"), **kw
+):
+    """4 steps of 2 prompts x 4 samples; ``kw``: other ``LoopSettings`` (``sampling``, ``env``)."""
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.rl.config import LossConfig
     from sat_cli.trainers.local import LocalTrainer
@@ -124,8 +127,9 @@ def _loop(tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolic
     rec = Recorder()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=4,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
-    s = LoopSettings(max_steps=4, prompts_per_step=2, group_size=4, sampling=sampling, lag=lag,
-                     run_dir=run_dir, seed=3, histogram_every=0)  # fmt: skip
+    kw.setdefault("sampling", sampling)
+    s = LoopSettings(max_steps=4, prompts_per_step=2, group_size=4, lag=lag,
+                     run_dir=run_dir, seed=3, histogram_every=0, **kw)  # fmt: skip
     engine = None  # replay: no engine
     if replay is None:
         engine = LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))

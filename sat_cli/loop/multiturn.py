@@ -70,7 +70,8 @@ def turn_metrics(samples: list[Sample], lags: dict[int, list[int]]) -> dict[str,
         metrics[M.TURN_TOKENS.format(k)] = float(len(values))
         metrics[M.TURN_TOKEN_LAG_MEAN.format(k)] = sum(values) / len(values)
     n = max(len(samples), 1)
-    metrics[M.TURNS_MEAN] = sum(int(s.meta.get("turns", 1)) for s in samples) / n
+    # turns from the tokens (a replayed sample has no meta): the last model turn's index + 1
+    metrics[M.TURNS_MEAN] = sum(max(s.model_turns(), default=0) + 1 for s in samples) / n
     total = sum(s.response_len for s in samples)
     model = sum(len(s.model_positions()) for s in samples)
     metrics[M.ENV_TOKEN_FRAC] = (total - model) / total if total else 0.0

@@ -213,6 +213,8 @@ def _env_loop(tiny_dir, run_dir, env_name, recorder=None, replay=None):
     return _loop(tiny_dir, run_dir, "grpo", recorder, replay, lag, sampling=sampling, env=env)
 
 
+@pytest.mark.slow  # ~18 s; the store's round trip of multi-turn samples stays in the default
+# suite (tests/test_env_masks.py::test_replay_recording_keeps_masks_turns_and_versions)
 def test_a_multiturn_recording_replays_bit_for_bit(tiny_dir, tmp_path, sevens_env):
     """replay.record=true with an environment: the recording keeps the trajectories' masks,
     turns and versions, and replaying it trains on the same batches with the same losses and

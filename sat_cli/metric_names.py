@@ -136,6 +136,11 @@ def eval_prefix(task: str, final: bool = False) -> str:
     return f"{FINAL if final else EVAL}/{task}/"
 
 
+def env_eval_key(env: str, what: str) -> str:
+    """``eval/<env>/<what>`` of ``sat eval <env>`` (success, turns_mean, pass@k, …)."""
+    return f"{eval_prefix(env)}{what}"
+
+
 def avg_key(task: str, n: int, final: bool = False) -> str:
     """The logged name of avg@n (MLflow stores it as ``…/avg_at_<n>``)."""
     return f"{eval_prefix(task, final)}avg@{n}"
@@ -174,6 +179,10 @@ TURN_DPI_MU = "staleness/turn_{}/abs_logratio_mean_mu"  # their d̄π against mu
 HIST_TURN_TOKEN_VERSION_LAG = "staleness/turn_{}/token_version_lag"  # per token of turn k
 TURNS_MEAN = "rollout/turns_mean"  # model turns per trajectory
 ENV_TOKEN_FRAC = "rollout/env_token_frac"  # response tokens that are the environment's
+
+# --- env/ (loop/multiturn.py; env != none: the step's tool calls, from the environments' infos) -
+ENV_TOOL_CALLS = "env/tool_calls"  # tool calls of the step's trajectories
+ENV_TOOL_ERROR_FRAC = "env/tool_error_frac"  # of those, the ones that failed (crash, hang, flood)
 
 # --- lag profiles (loop/train.py, loop/lag_profile.py) ------------------------------------------
 LAG_PROFILE_TV = "staleness/lag_profile_tv"  # TV(realised lags so far, the profile's target)

@@ -72,6 +72,13 @@ def test_per_turn_metrics_hand_case():
     assert m[M.TURN_TOKENS.format(0)] == 3 and m[M.TURN_TOKEN_LAG_MEAN.format(0)] == 5 / 3
     assert m[M.TURN_TOKEN_LAG_MEAN.format(1)] == 1.0 and m[M.TURNS_MEAN] == 1.5
     assert m[M.ENV_TOKEN_FRAC] == 1 / 6
+    assert M.ENV_TOOL_ERROR_FRAC not in m  # no infos (a replayed batch): nothing was called
+    a.meta["info"] = {"tool_calls_total": 3, "tool_errors_total": 2}  # crash, hang, one good
+    b.meta["info"] = {"tool_calls_total": 1, "tool_errors_total": 0}
+    m = turn_metrics([a, b], lags)
+    assert (m[M.ENV_TOOL_CALLS], m[M.ENV_TOOL_ERROR_FRAC]) == (4.0, 0.5)
+    b.meta["info"], a.meta["info"] = {"correct": True}, {}  # an environment without tools
+    assert turn_metrics([a, b], lags)[M.ENV_TOOL_ERROR_FRAC] == 0.0
     batch = collate([a, b], [1.0, -1.0], pad_id=0)
     # trained tokens in row-major order: a's 5, 6 (turn 0), 8, 9 (turn 1), then b's 5 (turn 0)
     diag = {"abs_d_mu": torch.tensor([0.1, 0.3, 0.5, 0.7, 0.2], dtype=torch.float64)}

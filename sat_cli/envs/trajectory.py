@@ -255,3 +255,14 @@ def _step(r: _Run, smp: Sample, renderer, tokenizer, stop_ids, s: TrajectorySett
         r.finish = "length"  # no room for the observation and a next turn
         return
     r.add_observation(obs)
+
+
+def tool_totals(samples: list[Sample]) -> tuple[int, int] | None:
+    """``(tool calls, failed calls)`` over the trajectories' last-step infos
+    (``tool_calls_total`` / ``tool_errors_total``; 0 for an environment without tools), or None
+    when no sample carries an info (a replayed batch keeps no meta: nothing was called)."""
+    infos = [s.meta["info"] for s in samples if isinstance(s.meta.get("info"), dict)]
+    if not infos:
+        return None
+    calls = sum(int(i.get("tool_calls_total", 0)) for i in infos)
+    return calls, sum(int(i.get("tool_errors_total", 0)) for i in infos)

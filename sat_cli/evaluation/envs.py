@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sat_cli import metric_names as M
+from sat_cli.envs.trajectory import tool_totals
 from sat_cli.evaluation.estimators import avg_at_k, pass_at_k_table
 
 
@@ -49,9 +51,7 @@ def summarize(groups: list[list[Any]], max_turns: int) -> dict[str, Any]:
     finish: dict[str, int] = {}
     for s in flat:
         finish[s.finish_reason] = finish.get(s.finish_reason, 0) + 1
-    infos = [s.meta.get("info") or {} for s in flat]
-    calls = sum(int(i.get("tool_calls_total", 0)) for i in infos)
-    errors = sum(int(i.get("tool_errors_total", 0)) for i in infos)
+    calls, errors = tool_totals(flat) or (0, 0)
     return {
         "tool_calls": calls,
         "tool_error_frac": errors / calls if calls else 0.0,
@@ -68,13 +68,15 @@ def summarize(groups: list[list[Any]], max_turns: int) -> dict[str, Any]:
 
 def metrics(summary: dict[str, Any], name: str) -> dict[str, float]:
     """Flat MLflow metrics ``eval/<name>/…`` of a summary."""
-    out = {
-        f"eval/{name}/success": summary["success"],
-        f"eval/{name}/turns_mean": summary["turns_mean"],
-        f"eval/{name}/tool_error_frac": summary["tool_error_frac"],
+    within = {f"success_within_{k}": v for k, v in summary["success_within"].items()}
+    flat = {
+        "success": summary["success"],
+        "turns_mean": summary["turns_mean"],
+        "tool_error_frac": summary["tool_error_frac"],
+        **{f"pass@{k}": v for k, v in summary["pass@k"].items()},
+        **within,
     }
-    out.update({f"eval/{name}/pass@{k}": v for k, v in summary["pass@k"].items()})
-    out.update({f"eval/{name}/success_within_{k}": v for k, v in summary["success_within"].items()})
+    out = {M.env_eval_key(name, what): v for what, v in flat.items()}
     return {k: float(v) for k, v in out.items() if not math.isnan(v)}
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sat_cli import metric_names as M
 from sat_cli.envs.base import EnvSettings
-from sat_cli.envs.trajectory import TrajectorySettings, run_trajectories
+from sat_cli.envs.trajectory import TrajectorySettings, run_trajectories, tool_totals
 from sat_cli.samples import Sample, SamplingParams
 
 
@@ -75,6 +75,11 @@ def turn_metrics(samples: list[Sample], lags: dict[int, list[int]]) -> dict[str,
     total = sum(s.response_len for s in samples)
     model = sum(len(s.model_positions()) for s in samples)
     metrics[M.ENV_TOKEN_FRAC] = (total - model) / total if total else 0.0
+    tools = tool_totals(samples)
+    if tools is not None:  # a replayed batch has no infos: nothing was called
+        calls, failed = tools
+        metrics[M.ENV_TOOL_CALLS] = float(calls)
+        metrics[M.ENV_TOOL_ERROR_FRAC] = failed / calls if calls else 0.0
     return metrics
 
 

@@ -19,7 +19,10 @@ from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.samples import SamplingParams
 from sat_cli.trainers.batch import collate
 
-pytestmark = [pytest.mark.sglang, pytest.mark.xdist_group("sglang")]
+# slow: its own R3 server costs ~85 s of the sglang worker's time, the critical path of make test;
+# the class (trainer tokens = engine ids + environment ids, versions across an update) stays in
+# the default suite on the local engine (tests/test_trajectory.py); make test-full runs this file
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.xdist_group("sglang")]
 
 
 @pytest.fixture(scope="module")

@@ -61,10 +61,16 @@ def test_per_turn_metrics_hand_case():
     from sat_cli.trainers.batch import collate
 
     a = Sample(
-        [1], [5, 6, 7, 8, 9], [-0.1, -0.2, 0.0, -0.3, -0.4], "stop", 3,
-        token_versions=[3, 3, 3, 4, 4], loss_mask=[1, 1, 0, 1, 1], turn_ids=[0, 0, 0, 1, 1],
+        [1],
+        [5, 6, 7, 8, 9],
+        [-0.1, -0.2, 0.0, -0.3, -0.4],
+        "stop",
+        3,
+        token_versions=[3, 3, 3, 4, 4],
+        loss_mask=[1, 1, 0, 1, 1],
+        turn_ids=[0, 0, 0, 1, 1],
         meta={"turns": 2},
-    )  # fmt: skip
+    )
     b = Sample([1], [5], [-0.5], "stop", 4, loss_mask=[1], turn_ids=[0], meta={"turns": 1})
     lags = turn_lags([a, b], t=5)
     assert lags == {0: [2, 2, 1], 1: [1, 1]}

@@ -128,8 +128,16 @@ def _loop(
     sampling = SamplingParams(temperature=1.0, max_new_tokens=4,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
     kw.setdefault("sampling", sampling)
-    s = LoopSettings(max_steps=4, prompts_per_step=2, group_size=4, lag=lag,
-                     run_dir=run_dir, seed=3, histogram_every=0, **kw)  # fmt: skip
+    s = LoopSettings(
+        max_steps=4,
+        prompts_per_step=2,
+        group_size=4,
+        lag=lag,
+        run_dir=run_dir,
+        seed=3,
+        histogram_every=0,
+        **kw,
+    )
     engine = None  # replay: no engine
     if replay is None:
         engine = LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))

@@ -183,9 +183,13 @@ def test_kept_sets_and_sampler_topk_cover_every_token(tiny_engine):
     top-k its turn reported; environment tokens have an empty kept set and top-k ids -1."""
     rec = Recorder(tiny_engine)
     sampling = SamplingParams(
-        top_p=0.9, max_new_tokens=12, stop_token_ids=STOPS, seed=4, sampling_mask=True,
+        top_p=0.9,
+        max_new_tokens=12,
+        stop_token_ids=STOPS,
+        seed=4,
+        sampling_mask=True,
         topk_logprobs=2,
-    )  # fmt: skip
+    )
     s = run_trajectory(rec, EchoEnv(EnvSettings(max_turns=2)), TOK, {"question": "q"}, sampling)
     assert len(s.sampling_mask) == s.topk_ids.shape[0] == s.response_len
     turns = [r[0] for r in rec.replies]

@@ -64,9 +64,17 @@ class Layout:
     @classmethod
     def of(cls, t) -> Layout:
         return cls(
-            t.nnodes, t.nproc_per_node, t.tp, t.pp, t.cp, t.ep, t.etp or 1, t.dtype,
-            t.optimizer_offload, t.recompute,
-        )  # fmt: skip
+            t.nnodes,
+            t.nproc_per_node,
+            t.tp,
+            t.pp,
+            t.cp,
+            t.ep,
+            t.etp or 1,
+            t.dtype,
+            t.optimizer_offload,
+            t.recompute,
+        )
 
     @property
     def world(self) -> int:

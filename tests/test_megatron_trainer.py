@@ -298,14 +298,16 @@ def test_trainer_subprocess_matches_local_and_dies_cleanly(tiny_dir, tmp_path):
         no_routes.routed_experts = None
         with pytest.raises(R3Error, match="no routed experts"):
             trainer.step(no_routes)
-        # kill the worker in the middle of a (large) step: clear error within seconds
-        big = collate(*make_samples(n=48, seed=3, max_prompt=40, max_resp=80), 0, need_routes=True)
+        # kill the worker in the middle of a step: clear error within seconds. The worker is
+        # stopped (SIGSTOP) before the step is sent, so it cannot answer before the kill lands
+        # however fast the machine (a timer alone raced a step that finished within it)
         (worker,), launcher = trainer.worker_pids, trainer.launcher_pid
+        os.kill(worker, signal.SIGSTOP)
         killer = threading.Timer(0.5, os.kill, (worker, signal.SIGKILL))
         t0 = time.monotonic()
         killer.start()
         with pytest.raises(MegatronWorkerError, match="died during step"):
-            trainer.step(big)
+            trainer.step(batch)
         assert time.monotonic() - t0 < 10.0
         assert not _pid_alive(worker) and not _pid_alive(launcher)
         assert _processes_mentioning(str(work)) == []  # no orphan torchrun or worker

@@ -85,10 +85,6 @@ class TrainerSettings:
     max_tokens_per_micro_batch: int = 0  # > 0: forwards of at most this many tokens (packing.py)
 
 
-# every keyword a trainer constructor accepts besides its backend's own (device, dtype)
-TRAINER_KEYS = ("loss", *(f.name for f in fields(TrainerSettings)))
-
-
 class PolicyTrainer:
     """The shared policy update; subclasses call ``_init_step`` first in their constructor."""
 

@@ -184,13 +184,38 @@ def rows_csv(rows: list[StudyRow]) -> str:
     return buf.getvalue()
 
 
+# the string columns that hold a number or "" (the tables call float() on them when they use them)
+OPTIONAL_NUMBERS = (
+    "t_collapse",
+    "min_ess",
+    "can_act_frac",
+    "ledger_mismatch",
+    "ledger_staleness",
+    "best_step",
+    "late_gain",
+    "can_act_early",
+)
+
+
+def _number(text: str, column: str, line: int) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"line {line}: column {column} is {text!r}, not a number") from None
+
+
 def read_rows(text: str) -> list[StudyRow]:
     """The rows of a CSV written by ``rows_csv`` (a clear error for another file)."""
     reader = csv.DictReader(io.StringIO(text))
     if reader.fieldnames not in (COLUMNS, COLUMNS_PILOT1):
         raise ValueError(f"not a collapse-study CSV: columns {reader.fieldnames}, want {COLUMNS}")
     out = []
-    for d in reader:
+    for i, d in enumerate(reader, start=2):
+        for k in OPTIONAL_NUMBERS:  # "" or a number: the reports parse them where they use them
+            if d.get(k) and not math.isfinite(_number(d[k], k, i)):
+                raise ValueError(f"line {i}: column {k} is {d[k]!r}, want a finite number or empty")
+        if d.get("best_step") and not (d["best_step"].isascii() and d["best_step"].isdigit()):
+            raise ValueError(f"line {i}: column best_step is {d['best_step']!r}, not a step")
         out.append(
             StudyRow(
                 **{

@@ -181,6 +181,27 @@ class RayTestCluster:
         return found
 
 
+def stop_processes_of(tmp: Path, timeout_s: float = 20) -> list[int]:
+    """SIGTERM, then SIGKILL after ``timeout_s``, every process that carries ``RAY_TMPDIR=tmp``;
+    returns those still there. Not ``ray stop``: that stops every Ray process of the machine's
+    user, whatever its RAY_TMPDIR (``ray.scripts.scripts.stop`` matches process names), so it
+    would take down the shared test cluster of another test running beside it."""
+    import time
+
+    probe = RayTestCluster.__new__(RayTestCluster)
+    probe.tmp = tmp
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        for pid in probe.leftover_pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while probe.leftover_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return probe.leftover_pids()
+
+
 def new_tmp() -> Path:
     # Ray's socket paths must stay under 107 bytes: a short folder of its own
     return Path(tempfile.mkdtemp(prefix="sat-ray-"))

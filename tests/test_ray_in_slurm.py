@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ STANDINS = {
     "ray": (
         'echo "ray $*" >> "$CALLS"\n'
         'case "$1" in\n'
-        '  start) echo x >> "$CALLS.nodes"; exec sleep 60;;\n'
+        # a daemon of the node (Ray's raylet, GCS) outlives `ray start --block`'s own process
+        '  start) echo x >> "$CALLS.nodes"; sleep 60 & exec sleep 60;;\n'
         '  status) while read -r _; do echo " 1 node_0123abcd"; done < "$CALLS.nodes";;\n'
         "esac\n"
     ),
@@ -54,10 +56,35 @@ def _standins(tmp_path: Path) -> dict:
     }
 
 
+def _carrying(mark: str) -> list[int]:
+    """Live processes whose environment holds ``mark`` (``NAME=value``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if mark.encode() in env and state not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
 def test_ray_in_slurm_starts_the_cluster_runs_sat_and_stops(tmp_path):
-    env = _standins(tmp_path)
-    args = ["bash", str(SCRIPT), "experiment=paper_qwen3_30b_a3b", "trainer.nnodes=2"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    job = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+    env = {**_standins(tmp_path), "SLURM_JOB_ID": job}
+    ours, other = f"RAY_TMPDIR=/tmp/sat-ray-{job}", f"/tmp/sat-ray-{job}-another-job"
+    # another job's Ray on the same node: `ray stop` would stop it too, the script must not
+    bystander = subprocess.Popen(["sleep", "60"], env={**os.environ, "RAY_TMPDIR": other})
+    try:
+        args = ["bash", str(SCRIPT), "experiment=paper_qwen3_30b_a3b", "trainer.nnodes=2"]
+        out = subprocess.run(
+            args, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+        )
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 node(s) gpu-a gpu-b; head gpu-a" in out.stdout and "8 GPU(s) per node" in out.stdout
     calls = (tmp_path / "calls").read_text().splitlines()
@@ -71,22 +98,33 @@ def test_ray_in_slurm_starts_the_cluster_runs_sat_and_stops(tmp_path):
     assert sat == [
         f"sat train launcher=ray launcher.address={ip} experiment=paper_qwen3_30b_a3b trainer.nnodes=2"
     ]
-    # sat ran after both nodes had started; every node stopped Ray afterwards
+    # sat ran after both nodes had started; every node stopped this job's Ray afterwards: no
+    # process with its RAY_TMPDIR is left (the daemons included), and no `ray stop` ran
     assert calls.index(sat[0]) > max(i for i, c in enumerate(calls) if c.startswith("ray start"))
     after = calls[calls.index(sat[0]) :]
-    assert after.count("ray stop") == 2 and "srun gpu-a" in after and "srun gpu-b" in after
+    assert "srun gpu-a" in after and "srun gpu-b" in after and "ray stop" not in calls
+    assert _carrying(ours) == []
 
 
 def test_ray_in_slurm_bad_input_exits_2(tmp_path):
     env = {k: v for k, v in _standins(tmp_path).items() if k != "SLURM_JOB_NODELIST"}
     out = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30, env=env)
     assert out.returncode == 2 and "not inside a SLURM allocation" in out.stderr
-    for bad in ({"RAY_PORT": "70000"}, {"RAY_START_TIMEOUT_S": "soon"}):
-        env = {**_standins(tmp_path / next(iter(bad))), **bad}
+    port = "must be a port (1-65535)"
+    tmp = "must be an absolute path of at most 64 characters"
+    for bad, message in (
+        ({"RAY_PORT": "70000"}, port),
+        ({"RAY_START_TIMEOUT_S": "soon"}, port),
+        ({"SAT_RAY_TMPDIR": "relative/ray"}, tmp),
+        ({"SAT_RAY_TMPDIR": "/tmp/" + "r" * 60}, tmp),  # Ray's socket paths: < 107 bytes
+        ({"SAT_RAY_TMPDIR": "/tmp/a b"}, tmp),
+        ({"SAT_RAY_TMPDIR": "/tmp/$(id)"}, tmp),
+    ):
+        env = {**_standins(tmp_path / next(iter(bad)) / str(len(bad[next(iter(bad))]))), **bad}
         out = subprocess.run(
             ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30, env=env
         )
-        assert out.returncode == 2 and "must be a port (1-65535)" in out.stderr, bad
+        assert out.returncode == 2 and message in out.stderr, (bad, out.stderr)
     assert (tmp_path / "calls").read_text() == ""  # nothing was started
 
 

@@ -51,7 +51,9 @@ echo "ray_in_slurm.sh: ${#NODES[@]} node(s) ${NODES[*]}; head $HEAD ($HEAD_IP:$P
 PIDS=()
 cleanup() {
   for node in "${NODES[@]}"; do
-    srun --nodes=1 --ntasks=1 -w "$node" bash -c "$STOP_JOB_RAY" stop "$RAY_DIR" >/dev/null 2>&1 || true
+    # --overlap: the node's CPUs are held by its `ray start` step, a new step would wait for them
+    timeout 60 srun --overlap --nodes=1 --ntasks=1 -w "$node" \
+      bash -c "$STOP_JOB_RAY" stop "$RAY_DIR" >/dev/null 2>&1 || true
   done
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
 }

@@ -166,6 +166,41 @@ def test_timeout_counts_as_wrong_and_returns() -> None:
     assert R.signal.getsignal(R.signal.SIGALRM) == handler_before
 
 
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("\\dfrac{4}{3}", "(1 + i)\\left(1 - 2^{-2^{2001}}\\right)"),
+        ("1", "10^{10^{8}}"),
+        ("1", "(10^{6})!"),
+        ("2^{-10^{30}}", "0"),
+        ("\\frac{3}{7^{9^{12}}}", "1"),
+    ],
+)
+def test_a_number_no_time_limit_can_stop_counts_as_wrong_at_once(pred: str, gold: str) -> None:
+    """Each makes sympy build one exact number of 10^8+ digits in C code, which no SIGALRM
+    interrupts (one grew a test worker to 18 GB): refused before math-verify runs, both ways."""
+    for a, b in ((pred, gold), (gold, pred)):
+        t0 = time.monotonic()
+        assert answers_equal(a, b, timeout_s=60.0) is False
+        assert time.monotonic() - t0 < 5.0
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("2^{2^{3}}", "256"),
+        ("\\frac{1}{2^{100}}", "2^{-100}"),
+        ("10!", "3628800"),
+        ("3^{3^{3}}", "7625597484987"),
+        ("2^{330000}", "2^{330000}\\cdot 1"),
+        ("(101!)^{100}", "(101!)^{100}"),
+    ],
+)
+def test_numbers_under_the_bound_still_grade(pred: str, gold: str) -> None:
+    # 2^330000 has 99,340 digits: just under the bound (reward.MAX_EXACT_LOG10)
+    assert answers_equal(pred, gold, timeout_s=30.0) is True
+
+
 def test_grade_many_matches_grade_and_checks_lengths() -> None:
     responses = [c[0] for c in GRADE_CASES]
     golds = [c[1] for c in GRADE_CASES]

@@ -172,6 +172,7 @@ def test_timeout_counts_as_wrong_and_returns() -> None:
         ("\\dfrac{4}{3}", "(1 + i)\\left(1 - 2^{-2^{2001}}\\right)"),
         ("1", "10^{10^{8}}"),
         ("1", "(10^{6})!"),
+        ("1", "\\binom{10^{9}}{5 \\cdot 10^{8}}"),
         ("2^{-10^{30}}", "0"),
         ("\\frac{3}{7^{9^{12}}}", "1"),
     ],
@@ -197,7 +198,7 @@ def test_a_number_no_time_limit_can_stop_counts_as_wrong_at_once(pred: str, gold
     ],
 )
 def test_numbers_under_the_bound_still_grade(pred: str, gold: str) -> None:
-    # 2^330000 has 99,340 digits: just under the bound (reward.MAX_EXACT_LOG10)
+    # 2^330000 has 99,340 digits: just under the bound (number_bound.MAX_EXACT_LOG10)
     assert answers_equal(pred, gold, timeout_s=30.0) is True
 
 

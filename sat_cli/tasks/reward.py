@@ -24,7 +24,7 @@ ourselves, per answer:
 A timer cannot stop one C-level computation (handlers run between bytecodes): sympy building an
 exact number such as ``2^{-2^{2001}}`` would run, and grow in memory, without end. So before
 math-verify runs, every power and factorial of the parsed answers is bounded in size
-(``MAX_EXACT_LOG10`` digits); an answer that would build a larger exact number counts as wrong.
+(``number_bound.MAX_EXACT_LOG10`` digits); an answer that would build a larger exact number counts as wrong.
 
 A timed-out answer counts as wrong. ``grade_many`` grades a batch, in a process pool of
 ``workers`` processes when the batch is large enough to pay for starting one.
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import multiprocessing
 import os
 import re
@@ -53,6 +52,7 @@ from functools import lru_cache
 from math_verify import parse, verify
 
 from sat_cli.tasks.answer import extract_answer
+from sat_cli.tasks.number_bound import too_large
 
 logger = logging.getLogger(__name__)
 
@@ -133,68 +133,6 @@ def _parse_cached(text: str) -> tuple:
     return tuple(parse(_wrap(text), parsing_timeout=None))
 
 
-MAX_EXACT_LOG10 = 100_000.0
-"""The largest exact number (in decimal digits) a comparison may make sympy build. A time limit
-cannot bound it: sympy evaluates ``2^{-2^{2001}}`` as one Python ``int`` power, C code that no
-``SIGALRM`` handler interrupts (handlers run between bytecodes), and it grows in memory until the
-machine runs out (seen: a test worker at 18 GB after 5 minutes). A power or a product of 10^5
-digits takes about 10 ms; gold answers such as ``(101!)^{100}`` (16,000 digits) stay gradable."""
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _log10_int(n: int) -> float:
-    n = abs(n)
-    if n < 2:
-        return 0.0
-    return math.log10(n) if n.bit_length() < 1000 else n.bit_length() * math.log10(2)
-
-
-def _digits_bound(e) -> float | None:
-    """An upper bound of log10|value| of the exact number ``e`` (a parsed sympy expression) would
-    evaluate to, or None where it is not an exact number (symbols, floats: mpmath's floats carry
-    any exponent cheaply). Raises ``_TooLarge`` as soon as a power or factorial inside ``e``
-    would exceed ``MAX_EXACT_LOG10``."""
-    import sympy
-
-    if isinstance(e, sympy.Rational):  # Integer included
-        return max(_log10_int(int(e.p)), _log10_int(int(e.q)))
-    bounds = [_digits_bound(a) for a in e.args]  # every subexpression is checked
-    if any(b is None for b in bounds):
-        return None
-    if isinstance(e, sympy.Pow):
-        base, expo = bounds
-        size = base * (10.0**expo if expo < 300 else math.inf)  # |b^e| <= |b|^(10^log10|e|)
-    elif isinstance(e, sympy.factorial):
-        n = 10.0 ** bounds[0] if bounds[0] < 300 else math.inf
-        size = n * math.log10(max(n, 2.0))
-    elif isinstance(e, sympy.Mul):
-        size = sum(bounds)
-    elif isinstance(e, sympy.Add):
-        size = max(bounds, default=0.0) + math.log10(max(len(bounds), 1))
-    else:
-        return None
-    if size > MAX_EXACT_LOG10:
-        raise _TooLarge
-    return size
-
-
-def _too_large(parsed: tuple) -> bool:
-    import sympy
-
-    try:
-        for e in parsed:
-            if isinstance(e, sympy.Basic):
-                _digits_bound(e)
-    except _TooLarge:
-        return True
-    except RecursionError:  # a nesting deeper than the interpreter's stack: not a number to build
-        return True
-    return False
-
-
 def _verify_unbounded(pred: str, gold: str) -> bool:
     gold_parsed = _parse_cached(gold)
     pred_parsed = _parse_cached(pred)
@@ -202,7 +140,7 @@ def _verify_unbounded(pred: str, gold: str) -> bool:
         return False
     if gold_parsed == pred_parsed:  # structurally identical (no evaluation): equal
         return True
-    if _too_large(gold_parsed) or _too_large(pred_parsed):
+    if too_large(gold_parsed) or too_large(pred_parsed):
         logger.warning(
             "grading: a number over 10^100000 counts as wrong: %.80r vs %.80r", pred, gold
         )

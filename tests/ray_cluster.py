@@ -166,19 +166,23 @@ class RayTestCluster:
 
     def leftover_pids(self) -> list[int]:
         """Processes that carry this cluster's RAY_TMPDIR (Ray's, and what its actors started)."""
-        mark = f"RAY_TMPDIR={self.tmp}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                env = Path(f"/proc/{entry}/environ").read_bytes()
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if mark in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] not in "ZX":
-                found.append(int(entry))
-        return found
+        return pids_carrying(f"RAY_TMPDIR={self.tmp}")
+
+
+def pids_carrying(mark: str) -> list[int]:
+    """Live processes (not this one) whose environment holds ``mark`` (``NAME=value``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if mark.encode() in env.split(b"\0") and stat.rsplit(")", 1)[1].split()[0] not in "ZX":
+            found.append(int(entry))
+    return found
 
 
 def stop_processes_of(tmp: Path, timeout_s: float = 20) -> list[int]:
@@ -188,18 +192,17 @@ def stop_processes_of(tmp: Path, timeout_s: float = 20) -> list[int]:
     would take down the shared test cluster of another test running beside it."""
     import time
 
-    probe = RayTestCluster.__new__(RayTestCluster)
-    probe.tmp = tmp
+    mark = f"RAY_TMPDIR={tmp}"
     for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        for pid in probe.leftover_pids():
+        for pid in pids_carrying(mark):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
-        while probe.leftover_pids() and time.monotonic() < deadline:
+        while pids_carrying(mark) and time.monotonic() < deadline:
             time.sleep(0.2)
-    return probe.leftover_pids()
+    return pids_carrying(mark)
 
 
 def new_tmp() -> Path:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_cluster import pids_carrying
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "ray_in_slurm.sh"
@@ -56,20 +57,6 @@ def _standins(tmp_path: Path) -> dict:
     }
 
 
-def _carrying(mark: str) -> list[int]:
-    """Live processes whose environment holds ``mark`` (``NAME=value``)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if mark.encode() in env and state not in "ZX":
-            found.append(int(entry.name))
-    return found
-
-
 def test_ray_in_slurm_starts_the_cluster_runs_sat_and_stops(tmp_path):
     job = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
     env = {**_standins(tmp_path), "SLURM_JOB_ID": job}
@@ -103,7 +90,7 @@ def test_ray_in_slurm_starts_the_cluster_runs_sat_and_stops(tmp_path):
     assert calls.index(sat[0]) > max(i for i, c in enumerate(calls) if c.startswith("ray start"))
     after = calls[calls.index(sat[0]) :]
     assert "srun gpu-a" in after and "srun gpu-b" in after and "ray stop" not in calls
-    assert _carrying(ours) == []
+    assert pids_carrying(ours) == []
 
 
 def test_ray_in_slurm_bad_input_exits_2(tmp_path):

@@ -197,11 +197,13 @@ OPTIONAL_NUMBERS = (
 )
 
 
-def _number(text: str, column: str, line: int) -> float:
+def _check_number(text: str, column: str, line: int) -> None:
     try:
-        return float(text)
+        ok = math.isfinite(float(text))
     except ValueError:
-        raise ValueError(f"line {line}: column {column} is {text!r}, not a number") from None
+        ok = False
+    if not ok:
+        raise ValueError(f"line {line}: column {column} is {text!r}, want a finite number or empty")
 
 
 def read_rows(text: str) -> list[StudyRow]:
@@ -212,8 +214,8 @@ def read_rows(text: str) -> list[StudyRow]:
     out = []
     for i, d in enumerate(reader, start=2):
         for k in OPTIONAL_NUMBERS:  # "" or a number: the reports parse them where they use them
-            if d.get(k) and not math.isfinite(_number(d[k], k, i)):
-                raise ValueError(f"line {i}: column {k} is {d[k]!r}, want a finite number or empty")
+            if d.get(k):
+                _check_number(d[k], k, i)
         if d.get("best_step") and not (d["best_step"].isascii() and d["best_step"].isdigit()):
             raise ValueError(f"line {i}: column best_step is {d['best_step']!r}, not a step")
         out.append(

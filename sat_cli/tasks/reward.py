@@ -23,8 +23,8 @@ ourselves, per answer:
 
 A timer cannot stop one C-level computation (handlers run between bytecodes): sympy building an
 exact number such as ``2^{-2^{2001}}`` would run, and grow in memory, without end. So before
-math-verify runs, every power and factorial of the parsed answers is bounded in size
-(``number_bound.MAX_EXACT_LOG10`` digits); an answer that would build a larger exact number counts as wrong.
+math-verify runs, every power, factorial and binomial of the parsed answers is bounded in size
+(``number_bound.MAX_EXACT_LOG10`` digits); an answer over it counts as wrong.
 
 A timed-out answer counts as wrong. ``grade_many`` grades a batch, in a process pool of
 ``workers`` processes when the batch is large enough to pay for starting one.
@@ -52,7 +52,7 @@ from functools import lru_cache
 from math_verify import parse, verify
 
 from sat_cli.tasks.answer import extract_answer
-from sat_cli.tasks.number_bound import too_large
+from sat_cli.tasks.number_bound import MAX_EXACT_LOG10, too_large
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,10 @@ def _verify_unbounded(pred: str, gold: str) -> bool:
         return True
     if too_large(gold_parsed) or too_large(pred_parsed):
         logger.warning(
-            "grading: a number over 10^100000 counts as wrong: %.80r vs %.80r", pred, gold
+            "grading: a number over 10^%d counts as wrong: %.80r vs %.80r",
+            MAX_EXACT_LOG10,
+            pred,
+            gold,
         )
         return False
     return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None))

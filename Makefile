@@ -77,6 +77,9 @@ bench: $(STAMP) ## run the benchmarks in bench/ (results are recorded in bench/R
 	$(BIN)/python bench/cli_startup.py
 	$(BIN)/python bench/loss_overhead.py
 
+gpu-bundle: ## wheels for a bare, air-gapped GPU node into .gpu_deps/wheels (GPU_PYVER, default 3.12; <= 64 MiB): carry it for scripts/gpu_check.sh
+	scripts/gpu_bundle.sh
+
 lint: $(STAMP) ## ruff check and format check
 	$(BIN)/ruff check sat_cli tests bench
 	$(BIN)/ruff format --check sat_cli tests bench
@@ -85,4 +88,4 @@ clean: ## remove the venvs, caches and build outputs (keeps runs/)
 	rm -rf $(VENV) $(SGLANG_VENV) build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-.PHONY: help install sglang-cpu sglang-kernel run test test-full bench lint clean
+.PHONY: help install sglang-cpu sglang-kernel run test test-full bench gpu-bundle lint clean

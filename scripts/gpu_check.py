@@ -7,16 +7,27 @@ runs out of time is recorded and the next one runs):
 
 - ``plan``: the device plans of the GPU layouts (paper preset on one 8-GPU node, 2 × 8, one GPU
   local/local and SGLang + local colocated) against this machine's GPU count (CPU-only);
+- ``losses``: ``scripts/gpu_check_losses.py --device cuda``: GRPO, SAT-GRPO, GSPO, SAT-GSPO on the
+  GPU (float32 from bf16 log-probs, the trainers' path; all-bf16 reported) against float64 on the
+  CPU, values and gradients;
+- ``nccl``: ``scripts/gpu_check_nccl.py``: whether two processes on one GPU can form an NCCL group
+  (what ``engine.weight_sync=distributed`` with ``engine.colocate=true`` needs on one GPU);
+  reported;
 - ``local``: ``scripts/gpu_check_local.py --device cuda``: engine/trainer parity fp32 and bf16,
   bf16 training on the tiny model and random weights of Qwen3-0.6B's shape, generation and
   training tokens/s measured separately on one GPU, ``sat train`` on the GPU;
 - ``sglang``: ``scripts/gpu_check_sglang.py``: a real SGLang server on GPU 0, log-probs and routes
-  against transformers, an update from disk;
+  against transformers, an update from disk (skipped, saying why, where the SGLang Python cannot
+  import sglang: a bare GPU image has none, and SGLang's environment is far over what a call can
+  carry);
 - ``megatron``: ``scripts/gpu_check_megatron.py --models tiny --steps 2``: megatron-core bf16
   steps against the local trainer, one step through torchrun;
 - ``weight_sync``: ``scripts/gpu_check_weight_sync.py``: an NCCL broadcast to the SGLang server,
-  verified against its checksums and a disk load;
-- ``placement``: ``sat train engine=sglang trainer.device=cuda`` for a few steps; while it runs,
+  verified against its checksums and a disk load (skipped as ``sglang`` is);
+- ``placement``: ``sat train engine=sglang trainer.device=cuda`` for a few steps (without SGLang:
+  ``engine=local engine.device=cuda`` in bf16 with ``engine.verify_weights=every``, its weights
+  over NCCL (``engine.weight_sync=distributed``) where engine and trainer have GPUs of their
+  own, through the disk on one GPU); while it runs,
   ``nvidia-smi --query-compute-apps`` says which GPU each process of the run computes on
   (SGLang's schedulers are children of the server process), compared with the device plan
   (2+ GPUs: engine GPU 0, trainer GPU 1; one GPU: both on GPU 0 with engine.colocate=true).
@@ -41,7 +52,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 570.0  # the call's limit (gpu_check.sh: timeout 590)
-STEP_LIMIT_S = {"local": 200, "sglang": 120, "megatron": 120, "weight_sync": 90, "placement": 150}
+STEP_LIMIT_S = {
+    "losses": 60,
+    "nccl": 100,
+    "local": 230,
+    "megatron": 110,
+    "placement": 100,
+    "sglang": 120,
+    "weight_sync": 90,
+}
+GPU_STEPS = tuple(STEP_LIMIT_S)  # in this order: the SGLang-free ones first
 ROW = re.compile(r"^\|([^|]+)\|([^|]+)\|([^|]+)\|([^|]+)\|([^|]+)\|\s*(PASS|FAIL|-)\s*\|$")
 LAYOUTS = {  # name: (overrides, GPUs per node)
     "paper 1x8": (["experiment=paper_qwen3_30b_a3b"], 8),
@@ -126,7 +146,7 @@ def run_step(name: str, cmd: list[str], logs: Path, limit: float, env=None) -> d
                 stderr=subprocess.STDOUT,
                 timeout=limit,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
             ).returncode
     except subprocess.TimeoutExpired:
         rc = 124
@@ -152,13 +172,44 @@ def run_step(name: str, cmd: list[str], logs: Path, limit: float, env=None) -> d
     }
 
 
-def step_placement(out: Path, gpus: int, limit: float, sglang_python: str) -> dict:
-    """`sat train` with SGLang + the local trainer; nvidia-smi while it runs vs the plan."""
+def _pythonpath() -> str:
+    """The project root ahead of what the caller's PYTHONPATH holds (gpu_check.sh puts the
+    offline wheels of ``make gpu-bundle`` there: the steps need them too)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return str(ROOT) + (os.pathsep + rest if rest else "")
+
+
+def sglang_missing(python: str) -> str | None:
+    """Why ``python`` cannot run an SGLang server, or None when it imports sglang."""
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sglang"], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python}: {exc}"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
+        return f"{python} cannot import sglang ({last})"
+    return None
+
+
+def step_placement(out: Path, gpus: int, limit: float, sglang_python: str | None) -> dict:
+    """`sat train` on the GPU (SGLang + the local trainer, or without SGLang the local engine with
+    its weights broadcast over NCCL and verified); nvidia-smi while it runs vs the plan."""
     run_dir = out / "placement_run"
     colocate = gpus < 2
+    if sglang_python:
+        engine = ["engine=sglang", f"engine.python={sglang_python}"]
+    else:
+        engine = [
+            "engine.device=cuda",
+            "engine.dtype=bfloat16",
+            "trainer.dtype=bfloat16",
+            "engine.verify_weights=every",
+        ]
+        engine += [] if colocate else ["engine.weight_sync=distributed"]
     args = [
-        "engine=sglang",
-        f"engine.python={sglang_python}",
+        *engine,
         "trainer.device=cuda",
         "max_steps=3",
         "eval.every=0",
@@ -176,7 +227,7 @@ def step_placement(out: Path, gpus: int, limit: float, sglang_python: str) -> di
             cwd=ROOT,
             stdout=f,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
         )
         try:
             while proc.poll() is None and time.monotonic() - t0 < limit:
@@ -202,6 +253,7 @@ def step_placement(out: Path, gpus: int, limit: float, sglang_python: str) -> di
         "want": want,
         "seen": seen_roles,
         "colocate": colocate,
+        "engine": "sglang" if sglang_python else "local",
     }
 
 
@@ -227,9 +279,8 @@ def main() -> int:
     steps["nvidia_smi_parser"] = {
         "status": "PASS" if gpu_of_pids(SAMPLE_APPS, SAMPLE_GPUS) == {4242: 0, 4243: 1} else "FAIL"
     }
-    gpu_steps = ("local", "sglang", "megatron", "weight_sync", "placement")
     if args.cpu_dry_run:
-        for name in gpu_steps:
+        for name in GPU_STEPS:
             steps[name] = {"status": "SKIPPED", "why": "--cpu-dry-run: needs a GPU"}
     else:
         ckpt = Path(tempfile.mkdtemp(prefix="sat-gpu-check-")) / "tiny"
@@ -244,11 +295,15 @@ def main() -> int:
             ],
             check=True,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
             timeout=120,
         )
         py, sg = sys.executable, args.sglang_python
+        no_sglang = sglang_missing(sg)
+        summary["sglang_python"] = {"python": sg, "missing": no_sglang}
         cmds = {
+            "losses": [py, "scripts/gpu_check_losses.py", "--device", "cuda"],
+            "nccl": [py, "scripts/gpu_check_nccl.py"],
             "local": [py, "scripts/gpu_check_local.py", "--device", "cuda", "--steps", "3"],
             "sglang": [
                 sg,
@@ -277,14 +332,16 @@ def main() -> int:
                 sg,
             ],
         }
-        for name in gpu_steps:
+        for name in GPU_STEPS:
             left = BUDGET_S - (time.monotonic() - t0)
             if left < 20:
                 steps[name] = {"status": "SKIPPED", "why": f"the call's {BUDGET_S:g} s were spent"}
                 continue
             limit = min(STEP_LIMIT_S[name], left - 10)
-            if name == "placement":
-                steps[name] = step_placement(out, gpus, limit, sg)
+            if name in ("sglang", "weight_sync") and no_sglang:
+                steps[name] = {"status": "SKIPPED", "why": f"no SGLang environment: {no_sglang}"}
+            elif name == "placement":
+                steps[name] = step_placement(out, gpus, limit, None if no_sglang else sg)
             else:
                 steps[name] = run_step(name, cmds[name], out / "logs", limit)
             print(

@@ -1,23 +1,49 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (docs/gpus.md): every GPU path of sat in one call of at most 10
 # minutes on one GPU machine (e.g. one H200, 16 cores) — local engine + trainer (random weights of
-# Qwen3-0.6B's shape; generation and training tokens/s apart), a real SGLang server, Megatron bf16
-# steps, the NCCL weight sync verified, and each process's GPUs checked with nvidia-smi against
-# the device plan. Writes OUT/summary.json and OUT/logs/ (scripts/gpu_check.py).
+# Qwen3-0.6B's shape; generation and training tokens/s apart), the SAT/GSPO losses on the device
+# against a float64 reference, Megatron bf16 steps, a real SGLang server and the NCCL weight sync
+# to it (where an SGLang environment exists), `sat train` on the GPU with its weights broadcast
+# and verified, and each process's GPUs checked with nvidia-smi against the device plan. Writes
+# OUT/summary.json and OUT/logs/ (scripts/gpu_check.py).
 #
 #   scripts/gpu_check.sh OUT [--sglang-python PY]   # on the GPU machine
 #   scripts/gpu_check.sh OUT --cpu-dry-run          # the CPU-only parts, anywhere (the tests)
+#   make gpu-bundle                                 # here: .gpu_deps/wheels for a bare GPU node
 #
-# Dependencies as the per-part checks: scripts/gpu_check_local.sh --prepare and
-# scripts/gpu_check_megatron.sh --prepare (wheels into .gpu_deps/, carried with the tree);
-# SGLang in its own environment (--sglang-python, or $SAT_SGLANG_PYTHON).
+# Its Python, in this order: $PYTHON; the project's .venv; else the first of python3, python on
+# PATH that imports torch (a bare GPU image's own). What that Python lacks comes from the wheels
+# of `make gpu-bundle` (.gpu_deps/wheels, carried with the tree), installed offline with
+# --no-deps into .gpu_deps/site and put on PYTHONPATH; nothing is installed into the machine's
+# environment. SGLang runs in its own environment (--sglang-python, or $SAT_SGLANG_PYTHON).
 set -euo pipefail
 if [[ $# -lt 1 || "$1" == -* ]]; then
-  sed -n '2,13p' "$0"
+  sed -n '2,19p' "$0"
   exit 2
 fi
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python}"
+find_python() {
+  if [[ -n "${PYTHON:-}" ]]; then
+    echo "$PYTHON"
+    return
+  fi
+  if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then
+    echo .venv/bin/python
+    return
+  fi
+  local py
+  for py in python3 python; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import torch' 2>/dev/null; then
+      command -v "$py"
+      return
+    fi
+  done
+  echo "gpu_check.sh: no Python with torch found (\$PYTHON, .venv/bin/python, python3, python):" \
+       "set PYTHON=/path/to/python" >&2
+  exit 2
+}
+PY="$(find_python)"
+echo "gpu_check.sh: Python $PY" >&2
 if [[ " $* " != *" --cpu-dry-run "* ]]; then
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "gpu_check.sh: no GPU here (nvidia-smi finds none): run it on a GPU machine; here," \
@@ -25,7 +51,8 @@ if [[ " $* " != *" --cpu-dry-run "* ]]; then
     exit 2
   fi
   if ls .gpu_deps/wheels/*.whl >/dev/null 2>&1 && [[ ! -d .gpu_deps/site ]]; then
-    "$PY" -m pip install --quiet --no-index --no-deps --target .gpu_deps/site .gpu_deps/wheels/*.whl
+    "$PY" -m pip install --quiet --no-index --no-deps --no-compile --target .gpu_deps/site \
+      .gpu_deps/wheels/*.whl
   fi
   if [[ -d .gpu_deps/site ]]; then
     export PYTHONPATH="$PWD/.gpu_deps/site${PYTHONPATH:+:$PYTHONPATH}"

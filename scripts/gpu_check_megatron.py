@@ -261,7 +261,7 @@ def check_bf16(name, ckpt, dev, batch, work):
     m = core.step(batch)
     after = _main_weights(core)
     row("bf16 core", name, "non-finite loss", float(not math.isfinite(m["loss/total"])), 0)
-    row("bf16 core", name, "|max dmain / lr - 1|", abs(_max_diff(after, before) / lr - 1), 0.1)
+    row("bf16 core", name, "abs(max dmain / lr - 1)", abs(_max_diff(after, before) / lr - 1), 0.1)
     row("bf16 core", name, "s/step (incl. build)", time.perf_counter() - t0, None)
     if name == "tiny":  # checkpoint on this path: save -> step equals load -> step
         core.save(Path(work) / f"ckpt_{name}")
@@ -336,7 +336,7 @@ def check_memory_options(name, ckpt, dev, batch):
     row("bf16 memory", name, "abs dloss vs plain", abs(m1["loss/total"] - m0["loss/total"]), 1e-5)
     rel = abs(m1["loss/grad_norm"] / m0["loss/grad_norm"] - 1)
     row("bf16 memory", name, "rel dgradnorm vs plain", rel, 1e-4)
-    row("bf16 memory", name, "|max dmain / lr - 1|", abs(_max_diff(w1, b1) / lr - 1), 0.1)
+    row("bf16 memory", name, "abs(max dmain / lr - 1)", abs(_max_diff(w1, b1) / lr - 1), 0.1)
     row("bf16 memory", name, "dmain / lr vs plain", _max_diff(w1, w0) / lr, 0.1)
     if on_gpu:
         torch.cuda.empty_cache()

@@ -130,8 +130,48 @@ def test_gpu_check_cpu_dry_run_writes_the_summary(tmp_path):
     shared = steps["plan"]["layouts"]["sglang+local 1 GPU"]["procs"]
     assert shared == {"sglang server 0": [0, [0]], "local trainer": [0, [0]]}
     assert steps["nvidia_smi_parser"]["status"] == "PASS"
-    for name in ("local", "sglang", "megatron", "weight_sync", "placement"):
+    for name in ("losses", "nccl", "local", "megatron", "placement", "sglang", "weight_sync"):
         assert steps[name]["status"] == "SKIPPED", name
+
+
+def test_gpu_check_finds_the_projects_python_without_the_venv_on_path(tmp_path):
+    """With no PYTHON and a PATH that lacks the venv (a plain shell, a bare GPU image), the
+    check finds a Python that imports torch itself (the project's .venv here) and runs."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", str(tmp_path / "out"), "--cpu-dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "gpu_check.sh: Python " in out.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "PASS"
+
+
+def test_gpu_check_losses_on_the_cpu_match_float64():
+    """scripts/gpu_check_losses.py --device cpu: the GPU check's loss rows, here on the CPU:
+    every loss (GRPO, SAT-GRPO, GSPO, SAT-GSPO) in float32 within 1e-5 (relative) of the float64
+    reference, gradients within 1e-4; the all-bf16 GSPO rows are far off (its radii are below
+    bf16's spacing at 1), which is why they are reported and not gated."""
+    rc, text = _run([sys.executable, "scripts/gpu_check_losses.py", "--device", "cpu"])
+    assert rc == 0, text[-3000:]
+    rows = {}
+    for ln in text.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if ln.startswith("| loss") and len(cells) == 6:
+            rows[(cells[0], cells[1], cells[2])] = (float(cells[3]), cells[5])
+    for algo in ("grpo", "sat-grpo", "gspo", "sat-gspo"):
+        loss, verdict = rows[("loss fp32", algo, "rel abs dloss vs float64")]
+        assert verdict == "PASS" and loss <= 1e-5, algo
+        grad, verdict = rows[("loss fp32", algo, "rel max abs dgrad")]
+        assert verdict == "PASS" and grad <= 1e-4, algo
+    assert rows[("loss bf16", "gspo", "rel abs dloss vs float64")][0] > 1e-2
 
 
 def test_gpu_check_without_a_gpu_exits_2(tmp_path):

@@ -268,7 +268,24 @@ def main() -> int:
     ap.add_argument("out", help="folder for summary.json and logs/ (created)")
     ap.add_argument("--cpu-dry-run", action="store_true", help="the CPU-only parts, here")
     ap.add_argument("--sglang-python", default=os.environ.get("SAT_SGLANG_PYTHON", "python"))
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=BUDGET_S,
+        help=f"seconds for all steps together, in [60, {BUDGET_S:g}] (default {BUDGET_S:g})",
+    )
+    ap.add_argument(
+        "--steps",
+        default=",".join(GPU_STEPS),
+        help=f"the GPU steps to run, comma-separated, in their fixed order: {','.join(GPU_STEPS)}",
+    )
     args = ap.parse_args()
+    if not 60 <= args.budget_s <= BUDGET_S:
+        ap.error(f"--budget-s must be in [60, {BUDGET_S:g}], got {args.budget_s:g}")
+    chosen = [x.strip() for x in args.steps.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - set(GPU_STEPS))
+    if unknown or not chosen:
+        ap.error(f"--steps: unknown {unknown or 'none given'}; valid: {','.join(GPU_STEPS)}")
     out = Path(args.out).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -333,9 +350,12 @@ def main() -> int:
             ],
         }
         for name in GPU_STEPS:
-            left = BUDGET_S - (time.monotonic() - t0)
+            left = args.budget_s - (time.monotonic() - t0)
+            if name not in chosen:
+                steps[name] = {"status": "SKIPPED", "why": "not in --steps"}
+                continue
             if left < 20:
-                steps[name] = {"status": "SKIPPED", "why": f"the call's {BUDGET_S:g} s were spent"}
+                steps[name] = {"status": "SKIPPED", "why": f"the {args.budget_s:g} s were spent"}
                 continue
             limit = min(STEP_LIMIT_S[name], left - 10)
             if name in ("sglang", "weight_sync") and no_sglang:

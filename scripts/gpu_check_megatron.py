@@ -208,8 +208,9 @@ def check_training(name, ckpt, dev, steps, bf16: bool, big: bool):
     lw = convert.unfuse_experts(dict(local.model.state_dict()))
     mw = actor.hf_state()
     w0 = convert.load_hf_state(ckpt)
-    dw = max((lw[k].float() - mw[k].float()).abs().max().item() for k in lw)
-    upd = max((lw[k].float() - w0[k].float()).abs().max().item() for k in lw)
+    # lw on the device, w0 read from the file (CPU): compare on the CPU
+    dw = max((lw[k].float().cpu() - mw[k].float().cpu()).abs().max().item() for k in lw)
+    upd = max((lw[k].float().cpu() - w0[k].float().cpu()).abs().max().item() for k in lw)
     row("train fp32 R3", name, f"max abs dloss {steps} st", dloss, 1e-4)
     row("train fp32 R3", name, "max abs dweight", dw, None)
     # Adam normalises each gradient, so a float-level difference in a near-zero gradient moves
@@ -225,7 +226,7 @@ def check_training(name, ckpt, dev, steps, bf16: bool, big: bool):
         before = {k: v.clone() for k, v in actor.hf_state().items()}
         losses = [actor.step(b)["loss/total"] for b in batches]
         after = actor.hf_state()
-        moved = max((after[k].float() - before[k].float()).abs().max().item() for k in after)
+        moved = _max_diff(after, before)
         row("train bf16", name, "non-finite losses", sum(not math.isfinite(x) for x in losses), 0)
         row("train bf16", name, "weights moved (1=yes)", float(moved > 0), None)
         del actor
@@ -244,7 +245,7 @@ def _main_weights(actor) -> dict[str, torch.Tensor]:
 
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max((a[k].float().cpu() - b[k].float().cpu()).abs().max().item() for k in a)
 
 
 def check_bf16(name, ckpt, dev, batch, work):

@@ -233,6 +233,16 @@ def test_one_gpu_sglang_and_local_trainer_colocated(tmp_path, boundary):
             [*PAPER, "engine.colocate=true", "launcher=ray", "launcher.address=h:1"],
             "with launcher=ray each process gets the GPUs of its own bundle",
         ),
+        (
+            ["engine.device=cuda", "trainer.device=cuda", "engine.colocate=true"]
+            + ["engine.weight_sync=distributed"],
+            "engine.weight_sync=distributed with engine.colocate=true: .* NCCL refuses two ranks",
+        ),
+        (
+            ["engine=sglang", "trainer.device=cuda", "engine.colocate=true"]
+            + ["engine.weight_sync=distributed"],
+            "engine.weight_sync=distributed with engine.colocate=true",
+        ),
     ],
 )
 def test_impossible_device_plans_are_refused_at_compose_time(overrides, message):

@@ -40,6 +40,15 @@ def check_device_plan(cfg) -> None:
         plan = device_plan(cfg)
     except DevicePlanError as exc:
         raise ConfigError(str(exc)) from None
+    if plan.colocate and cfg.engine.weight_sync == "distributed":
+        # the trainer's sender and the engine's first rank would be two ranks of one NCCL group
+        # on one GPU: NCCL refuses that ("invalid usage"; scripts/gpu_check_nccl.py, measured on
+        # an H200 with NCCL 2.28.9, bench/README.md)
+        raise ConfigError(
+            "engine.weight_sync=distributed with engine.colocate=true: the trainer and the engine "
+            "share a GPU, and NCCL refuses two ranks of one group on one GPU; use "
+            "engine.weight_sync=disk, or give the trainer GPUs of its own (drop engine.colocate)"
+        )
     la = cfg.launcher
     if not la.places:
         return

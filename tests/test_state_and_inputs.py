@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sat_cli.config import ConfigError, load
 from sat_cli.errors import RunFailed, UserError
@@ -283,6 +285,21 @@ def _sweep(tmp_path: Path, axes: str = "{}", base: str = "", methods: str = "{A:
      "range(1.0,2.0,0.25)", "range(0,0)", "7"],
 )  # fmt: skip
 def test_axis_sizes_are_computed_without_enumerating(value):
+    _check_axis_size(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.integers(-50, 50),
+    stop=st.integers(-50, 50),
+    step=st.integers(-7, 7).filter(bool),
+)
+def test_integer_range_sizes_equal_their_enumeration(start, stop, step):
+    """The size arithmetic (divmod, exact for any integer) against Hydra's own enumeration."""
+    _check_axis_size(f"range({start},{stop},{step})")
+
+
+def _check_axis_size(value):
     from sat_cli.sweep.overrides import axis_size, override_parser
 
     parser = override_parser()
@@ -299,6 +316,12 @@ def test_axis_sizes_are_computed_without_enumerating(value):
         ('{lag: "shuffle(1,2)"}', r"shuffle\(\) gives another order"),
         ('{trainer.lr: "interval(0,1)"}', r"interval\(\) is a continuous range"),
         ('{lag: "range(0,10,0)"}', r"has no finite list of values"),
+        (
+            '{lag: "range(0,99999999999999999999999999999999)"}',
+            r"99999999999999999999999999999999 runs",
+        ),
+        ('{trainer.lr: "range(0,1e308,1e-308)"}', r"has more values than any sweep can hold"),
+        ('{trainer.lr: "range(0,10,1e-320)"}', r"has more values than any sweep can hold"),
         ('{"++seed": "1,2"}', r"axes\.\+\+seed sets 'seed', which the sweep sets"),
         ('{trainer.lr: "0.1,0.2", "++trainer.lr": "0.3,0.4"}', r"both set 'trainer\.lr'"),
     ],
@@ -308,6 +331,54 @@ def test_sweep_grids_refused_at_once(tmp_path, axes, pattern):
     with pytest.raises(UserError, match=pattern):
         _sweep(tmp_path, axes=axes)
     assert time.monotonic() - t0 < 10  # never enumerated
+
+
+@pytest.mark.parametrize(
+    "section, pattern",
+    [
+        (
+            "slurm: {partition: [a, b]}",
+            r"slurm\.partition must be a single value, got \['a', 'b'\]",
+        ),
+        ('slurm: {gpus_per_node: "x"}', r"slurm\.gpus_per_node must be a number"),
+        ("slurm: {time_min: true}", r"slurm\.time_min must be a number"),
+        ('slurm: {setup: "module load cuda"}', r"slurm\.setup must be a list of strings"),
+        ("slurm: {setup: {a: 1}}", r"slurm\.setup must be a list of strings"),
+        ("slurm: {additional: 5}", r"slurm\.additional must be a mapping KEY: VALUE"),
+        ("slurm: {additional: [qos]}", r"slurm\.additional must be a mapping"),
+        ("slurm: {additional: {qos: [a]}}", r"slurm\.additional must be a mapping"),
+        ("ray: {address: [1]}", r"ray\.address must be a single value"),
+        ("ray: {resources: 5}", r"ray\.resources must be a mapping"),
+        ('ray: {num_cpus: "a"}', r"ray\.num_cpus must be a number"),
+    ],
+)
+def test_executor_sections_of_the_wrong_shape_are_refused_when_read(tmp_path, section, pattern):
+    """A scalar where a list or a mapping belongs (or the reverse) is refused by load_sweep
+    itself, whatever --executor is chosen: `setup: "module load cuda"` was taken as the 16 lines
+    'm', 'o', 'd', ... and a list partition was sent as its repr."""
+    from sat_cli.sweep import load_sweep
+
+    (tmp_path / "s.yaml").write_text(
+        SWEEP.format(axes="{}", base="", methods="{A: [algo=grpo]}") + section + "\n"
+    )
+    with pytest.raises(UserError, match=pattern):
+        load_sweep(tmp_path / "s.yaml")
+
+
+def test_executor_sections_of_the_right_shape_are_read(tmp_path):
+    from sat_cli.sweep import load_sweep
+
+    section = (
+        "slurm: {partition: gpu, time_min: 60, mem_gb: 64.5, setup: ['module load cuda'], "
+        "additional: {qos: high}}\nray: {address: 'h:1', num_cpus: 2, resources: ['TPU=1']}\n"
+    )
+    (tmp_path / "s.yaml").write_text(
+        SWEEP.format(axes="{}", base="", methods="{A: [algo=grpo]}") + section
+    )
+    sweep = load_sweep(tmp_path / "s.yaml", [f"run.dir={tmp_path / 'runs'}", "tracking=none"])
+    assert sweep.executors["slurm"]["setup"] == ["module load cuda"]
+    assert sweep.executors["slurm"]["additional"] == {"qos": "high"}
+    assert sweep.executors["ray"]["resources"] == ["TPU=1"]
 
 
 def test_max_runs_is_the_sweep_files_to_raise(tmp_path):

@@ -28,17 +28,26 @@ from pathlib import Path
 
 from sat_cli.errors import UserError
 
-SLURM_KEYS = (
-    "cluster",
-    "partition",
-    "time_min",
-    "gpus_per_node",
-    "cpus_per_task",
-    "mem_gb",
-    "setup",
-    "additional",
-)
-RAY_KEYS = ("address", "num_cpus", "num_gpus", "resources")
+# each key of a sweep file's executor section and its shape (check_section): "text" a scalar,
+# "number" an int or float, "lines" a list of strings, "pairs" a KEY: VALUE mapping or a list of
+# 'KEY=VALUE' strings; the values themselves are checked by the settings readers below
+SLURM_SHAPES = {
+    "cluster": "text",
+    "partition": "text",
+    "time_min": "number",
+    "gpus_per_node": "number",
+    "cpus_per_task": "number",
+    "mem_gb": "number",
+    "setup": "lines",
+    "additional": "pairs",
+}
+RAY_SHAPES = {"address": "text", "num_cpus": "number", "num_gpus": "number", "resources": "pairs"}
+SHAPE_HINTS = {
+    "text": "a single value",
+    "number": "a number",
+    "lines": "a list of strings, e.g. ['module load cuda']",
+    "pairs": "a mapping KEY: VALUE or a list of 'KEY=VALUE' strings",
+}
 LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 LOCAL_FS = ("tmpfs", "ramfs", "devtmpfs")
 
@@ -62,19 +71,45 @@ class ExecutorOptions:
     ray_resources: list[str] = field(default_factory=list)
 
 
-def check_section(where: str, name: str, value, keys: tuple[str, ...]) -> dict:
-    """A sweep file's executor section (``slurm:``, ``ray:``): a mapping with known keys."""
+def check_section(where: str, name: str, value, keys: dict[str, str] | tuple[str, ...]) -> dict:
+    """A sweep file's executor section (``slurm:``, ``ray:``): a mapping with known keys, each
+    value of its key's shape (``SLURM_SHAPES``), so a scalar where a list or a mapping belongs
+    is refused when the file is read, not taken apart letter by letter. ``keys``: key -> shape,
+    or (a plug-in's) key names alone, whose values its settings reader checks."""
+    shapes = keys if isinstance(keys, dict) else dict.fromkeys(keys, "any")
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserError(f"{where}: {name} must be a mapping with keys {', '.join(keys)}")
-    unknown = sorted(set(map(str, value)) - set(keys))
+        raise UserError(f"{where}: {name} must be a mapping with keys {', '.join(shapes)}")
+    unknown = sorted(set(map(str, value)) - set(shapes))
     if unknown:
         raise UserError(
             f"{where}: {name}: unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(keys)}"
+            f"known: {', '.join(shapes)}"
         )
+    for key, item in value.items():
+        if item is not None and not _has_shape(item, shapes[str(key)]):
+            raise UserError(
+                f"{where}: {name}.{key} must be {SHAPE_HINTS[shapes[str(key)]]}, got {item!r}"
+            )
     return dict(value)
+
+
+def _has_shape(value, shape: str) -> bool:
+    def scalar(x) -> bool:
+        return isinstance(x, str | int | float) and not isinstance(x, bool)
+
+    if shape == "any":
+        return True
+    if shape == "text":
+        return scalar(value)
+    if shape == "number":
+        return scalar(value) and not isinstance(value, str)
+    if shape == "lines":
+        return isinstance(value, list) and all(isinstance(x, str) for x in value)
+    if isinstance(value, dict):  # pairs
+        return all(scalar(k) and scalar(v) for k, v in value.items())
+    return isinstance(value, list) and all(isinstance(x, str) and "=" in x for x in value)
 
 
 def _pairs(items: list[str] | dict, what: str, number: bool) -> dict:

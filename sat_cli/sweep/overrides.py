@@ -79,9 +79,15 @@ def axis_size(parser, key: str, value: Any, where: str) -> int:
         nums = (start, stop, step)
         if step == 0 or not all(math.isfinite(x) for x in nums):
             raise UserError(f"{where}: range({start}, {stop}, {step}) has no finite list of values")
-        if all(isinstance(x, int) for x in nums):
-            return len(range(start, stop, step))
-        return max(0, math.ceil((stop - start) / step))
+        if all(isinstance(x, int) for x in nums):  # exact for any size (len(range) is not)
+            q, r = divmod(stop - start, step)
+            return max(0, q + (r != 0))
+        ratio = (stop - start) / step
+        if not math.isfinite(ratio):  # e.g. range(0, 1e308, 1e-308)
+            raise UserError(
+                f"{where}: range({start}, {stop}, {step}) has more values than any sweep can hold"
+            )
+        return max(0, math.ceil(ratio))
     return 1  # glob(): bounded by the option files; expanded (or refused) by expand_axis
 
 

@@ -7,7 +7,7 @@ and one ``EXECUTORS.add`` line here (docs/ARCHITECTURE.md, "How to add")."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,7 +57,8 @@ def nothing(*args) -> None:
 class SweepExecutor:
     """A registered executor: ``gpus(plan, section, opts)`` is the GPUs each job asks for (the
     runs' device plans, or the sweep file's / command line's checked against them);
-    ``settings(section, opts, gpus)`` reads the sweep file's ``<name>:`` section (``keys``) and
+    ``settings(section, opts, gpus)`` reads the sweep file's ``<name>:`` section (``keys``: each
+    key's shape) and
     the command line (``ExecutorOptions``) into its settings (UserError, exit 2);
     ``require(settings)`` checks its library is there; ``check(settings, plan)`` refuses what its
     runs cannot use, before anything is submitted; ``build(settings, plan)`` connects it (None:
@@ -68,7 +69,8 @@ class SweepExecutor:
     build: Callable[[Any, Any], Executor | None] = nothing
     check: Callable[[Any, Any], None] = nothing
     require: Callable[[Any], None] = nothing
-    keys: tuple[str, ...] = ()
+    # the sweep file's section: key -> shape (executor.SLURM_SHAPES), or key names alone
+    keys: dict[str, str] | tuple[str, ...] = field(default_factory=dict)
     cluster: bool = True
     gpus: Callable[[Any, dict, Any], int] = no_gpus
 
@@ -78,9 +80,9 @@ def _executors() -> Registry:
 
     reg = Registry("--executor", "sweep executor")
     reg.add("local", SweepExecutor(cluster=False))
-    slurm = (ex.slurm_settings, ex.open_slurm, ex.check_slurm, ex.require_slurm, ex.SLURM_KEYS)
+    slurm = (ex.slurm_settings, ex.open_slurm, ex.check_slurm, ex.require_slurm, ex.SLURM_SHAPES)
     reg.add("slurm", SweepExecutor(*slurm, gpus=ex.slurm_gpus))
-    ray = (ex.ray_settings, ex.open_ray, ex.check_ray, ex.require_ray, ex.RAY_KEYS)
+    ray = (ex.ray_settings, ex.open_ray, ex.check_ray, ex.require_ray, ex.RAY_SHAPES)
     reg.add("ray", SweepExecutor(*ray, gpus=ex.ray_gpus))
     return reg
 

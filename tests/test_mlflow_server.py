@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sat_cli.errors import UserError
 from sat_cli.tracking import Tracker, TrackerSettings, ui_command
 
 mlflow = pytest.importorskip("mlflow")
@@ -181,3 +183,64 @@ def test_server_outage_mid_run_buffers_and_recovers(tmp_path, caplog):
         assert _history(client, tr.run_id, "rollout/reward_mean") == [(2, 0.5)]
         assert _history(client, tr.run_id, "tracking/dropped_artifacts") == [(3, 2.0)]
         assert client.get_run(tr.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize(
+    "uri, pattern",
+    [
+        ("sqlite:///regfile/x.db", r"'regfile' is a file, not a folder for the store"),
+        ("sqlite:///regfile/a/b/x.db", r"'regfile' is a file"),
+        ("sqlite://", r"a sqlite store is a file"),
+        ("sqlite:///:memory:", r"a sqlite store is a file"),
+        ("postgresql://u:secret@[::1/db", r"malformed \(Invalid IPv6 URL\)"),
+        ("postgresql://u@h:99999/db", r"malformed \(Port out of range"),
+        ("postgresql://u@h:port/db", r"malformed"),
+        ("foo://bar", r"expected a database URI"),
+    ],
+)
+def test_malformed_backend_uris_are_one_line_before_anything_starts(
+    tmp_path, monkeypatch, uri, pattern
+):
+    """`sat mlflow-server --backend-store-uri`: each of these was a traceback (urlsplit's
+    ValueError, or the server's own FileExistsError) or a server on a store no worker shares."""
+    from sat_cli.commands.mlflow_server import backend_uri
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "regfile").write_text("")
+    with pytest.raises(UserError, match=pattern) as err:
+        backend_uri(uri)
+    assert "secret" not in str(err.value)
+
+
+def test_a_sqlite_store_gets_its_folder_and_mysql_needs_its_driver(tmp_path, monkeypatch):
+    import importlib.util
+
+    from sat_cli.commands.mlflow_server import backend_uri
+
+    monkeypatch.chdir(tmp_path)
+    assert backend_uri("sqlite:///sub/dir/x.db") == "sqlite:///sub/dir/x.db"
+    assert (tmp_path / "sub" / "dir").is_dir()
+    absolute = f"sqlite:///{tmp_path}/abs/x.db"
+    assert backend_uri(absolute) == absolute and (tmp_path / "abs").is_dir()
+    assert backend_uri("postgresql://u@h:5432/db") == "postgresql+psycopg://u@h:5432/db"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "MySQLdb" else real(name, *a)
+    )
+    with pytest.raises(UserError, match=r"needs the MySQLdb module.*pip install mysqlclient"):
+        backend_uri("mysql://a:b@h/db")
+
+
+def test_a_store_under_a_regular_file_exits_2_without_a_traceback(tmp_path):
+    (tmp_path / "regfile").write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", "mlflow-server"]
+        + ["--backend-store-uri", "sqlite:///regfile/x.db"]
+        + ["--artifacts-destination", str(tmp_path / "art"), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and "'regfile' is a file" in out.stderr

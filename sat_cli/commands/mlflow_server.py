@@ -15,6 +15,7 @@ SIGHUP (the whole process group). MLflow's telemetry is off unless ``--telemetry
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,6 +23,7 @@ from sat_cli.errors import UserError
 
 POSTGRES_INSTALL = "pip install -e '.[postgres]'  (psycopg 3; or pip install 'psycopg[binary]')"
 SCHEMES = ("postgresql", "postgresql+psycopg", "mysql", "mysql+pymysql", "sqlite")
+MYSQL_DRIVERS = {"mysql": ("MySQLdb", "mysqlclient"), "mysql+pymysql": ("pymysql", "pymysql")}
 
 
 def backend_uri(uri: str) -> str:
@@ -32,9 +34,46 @@ def backend_uri(uri: str) -> str:
             f"--backend-store-uri {_redacted(uri)!r}: expected a database URI such as "
             "postgresql://USER[:PASSWORD]@HOST:5432/DB (or mysql://…, sqlite:///…)"
         )
+    try:  # every part of the URI read once here: a malformed one is one line, not a traceback
+        parts = urlsplit(uri)
+        _ = (parts.port, parts.hostname)  # ValueError for a bad port or IPv6 host
+    except ValueError as exc:
+        raise UserError(f"--backend-store-uri {_redacted(uri)!r}: malformed ({exc})") from None
+    if scheme == "sqlite":
+        _check_sqlite_path(uri)
+    driver = MYSQL_DRIVERS.get(scheme)
+    if driver and importlib.util.find_spec(driver[0]) is None:
+        raise UserError(
+            f"--backend-store-uri {scheme}://…: needs the {driver[0]} module, which is not "
+            f"installed: pip install {driver[1]}"
+        )
     if scheme == "postgresql":
         return "postgresql+psycopg://" + uri.split("://", 1)[1]
     return uri
+
+
+def _check_sqlite_path(uri: str) -> None:
+    """``sqlite:///path``: a file every worker of the server opens (not an in-memory store),
+    whose folder exists or is created here (not under a regular file)."""
+    path = uri.split("://", 1)[1].split("?", 1)[0]
+    if not path.startswith("/") or path in ("/", "/:memory:"):
+        raise UserError(
+            f"--backend-store-uri {uri!r}: a sqlite store is a file, sqlite:///relative.db or "
+            "sqlite:////absolute/path.db (an in-memory store would be one per server worker)"
+        )
+    folder = Path(path[1:]).parent  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
+    for above in (folder, *folder.parents):
+        if above.exists() and not above.is_dir():
+            raise UserError(
+                f"--backend-store-uri {uri!r}: {str(above)!r} is a file, not a folder for the store"
+            )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"--backend-store-uri {uri!r}: cannot create its folder {str(folder)!r} "
+            f"({exc.strerror})"
+        ) from None
 
 
 def _unspecified(host: str) -> bool:

@@ -67,13 +67,14 @@ def _check_sqlite_path(uri: str) -> None:
             raise UserError(
                 f"--backend-store-uri {uri!r}: {str(above)!r} is a file, not a folder for the store"
             )
+    _make_folder(folder, f"--backend-store-uri {uri!r}: its folder {str(folder)!r}")
+
+
+def _make_folder(folder: Path, what: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(
-            f"--backend-store-uri {uri!r}: cannot create its folder {str(folder)!r} "
-            f"({exc.strerror})"
-        ) from None
+        raise UserError(f"{what}: cannot create it ({exc.strerror})") from None
 
 
 def _unspecified(host: str) -> bool:
@@ -152,13 +153,7 @@ def run_server(
     check_port(host, port)
     artifacts = Path(artifacts_destination).expanduser()
     if "://" not in artifacts_destination:
-        try:
-            artifacts.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(
-                f"--artifacts-destination {artifacts_destination}: cannot create it "
-                f"({exc.strerror})"
-            ) from None
+        _make_folder(artifacts, f"--artifacts-destination {artifacts_destination}")
         artifacts_destination = str(artifacts.resolve())
     check_database(store, db_timeout_s)
     url = base_url(host, port)

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("parity", "train", "real-batch", "sat-train")  # --only
 sys.path.insert(0, str(ROOT))
 
 from sat_cli.engines.base import SamplingParams  # noqa: E402
@@ -295,7 +296,15 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--model-path", default=None, help="a real HF checkpoint folder (GPU only)")
+    ap.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"the parts to run, comma-separated: {','.join(PARTS)} (default: all)",
+    )
     args = ap.parse_args()
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - set(PARTS):
+        ap.error(f"--only: unknown {sorted(only - set(PARTS)) or 'none given'}; valid: {PARTS}")
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run with --device cpu for a smoke of this script", file=sys.stderr)
@@ -309,18 +318,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_local_") as tmp_name:
         tmp = Path(tmp_name)
         models = {"tiny": save_hf(build_tiny_moe(seed=0), build_char_tokenizer(), tmp / "tiny")}
-        if on_gpu:
+        if on_gpu and only & {"parity", "train", "real-batch"}:
             models["qwen3-0.6b"] = save_qwen3_shape(tmp / "qwen3")
         for name, ckpt in models.items():
             shape = (16, 4, 64) if on_gpu else (4, 2, 12)  # prompts, samples each, new tokens
-            for dtype in ("float32", "bfloat16"):
+            for dtype in ("float32", "bfloat16") if "parity" in only else ():
                 _guarded(f"parity {dtype}", name, check_parity, name, ckpt, dev, dtype, shape)
-            _guarded("train bf16", name, check_training, name, ckpt, dev, args.steps, shape)
-        if on_gpu:  # a real batch: 16 responses of 1,536 tokens after 512-token prompts
+            if "train" in only:
+                _guarded("train bf16", name, check_training, name, ckpt, dev, args.steps, shape)
+        if on_gpu and "real-batch" in only:  # 16 responses of 1,536 tokens after 512-token prompts
             big = models["qwen3-0.6b"]
             _guarded("train bf16 real batch", "qwen3-0.6b", check_real_batch, "qwen3-0.6b", big,
                      dev, 16, 512, 1536)  # fmt: skip
-        _guarded("sat train", "tiny", check_cli, dev, tmp, not on_gpu)
+        if "sat-train" in only:
+            _guarded("sat train", "tiny", check_cli, dev, tmp, not on_gpu)
         if args.model_path and on_gpu:
             _guarded("sat train real", "qwen3", check_real, args.model_path, tmp)
     failed = [r for r in ROWS if _verdict(r[3], r[4], r[5]) == "FAIL"]

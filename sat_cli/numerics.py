@@ -67,9 +67,9 @@ ISA_FLAGS = (
 
 
 def cpu_info(path: str = "/proc/cpuinfo") -> dict:
-    """``{"model": name, "flags": set}`` of the first CPU in ``path`` (Linux); elsewhere the
-    model from ``platform`` and no flags."""
-    model, flags = "", set()
+    """``{"model": name, "vendor": vendor id, "flags": set}`` of the first CPU in ``path``
+    (Linux); elsewhere the model from ``platform``, vendor ``"unknown"`` and no flags."""
+    model, vendor, flags = "", "", set()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -77,14 +77,17 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
                 key = key.strip()
                 if key == "model name" and not model:
                     model = " ".join(value.split())
+                elif key == "vendor_id" and not vendor:
+                    vendor = value.strip()
                 elif key == "flags" and not flags:
                     flags = set(value.split())
-                if model and flags:
+                if model and vendor and flags:
                     break
     except OSError:
         pass
     return {
         "model": model or platform.processor() or platform.machine() or "unknown",
+        "vendor": vendor or "unknown",
         "flags": flags,
     }
 

@@ -66,9 +66,14 @@ ISA_FLAGS = (
 )
 
 
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+def cpu_info(path: str | None = None) -> dict:
     """``{"model": name, "vendor": vendor id, "flags": set}`` of the first CPU in ``path``
-    (Linux); elsewhere the model from ``platform``, vendor ``"unknown"`` and no flags."""
+    (default ``$SAT_CPUINFO``, else ``/proc/cpuinfo``: Linux); where it cannot be read, the
+    model from ``platform``, vendor ``"unknown"`` and no flags."""
+    if path is None:
+        from sat_cli.util.options import env  # torch-free, stdlib only
+
+        path = env("SAT_CPUINFO", "/proc/cpuinfo")
     model, vendor, flags = "", "", set()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:

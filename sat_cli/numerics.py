@@ -66,10 +66,15 @@ ISA_FLAGS = (
 )
 
 
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
-    """``{"model": name, "flags": set}`` of the first CPU in ``path`` (Linux); elsewhere the
-    model from ``platform`` and no flags."""
-    model, flags = "", set()
+def cpu_info(path: str | None = None) -> dict:
+    """``{"model": name, "vendor": vendor id, "flags": set}`` of the first CPU in ``path``
+    (default ``$SAT_CPUINFO``, else ``/proc/cpuinfo``: Linux); where it cannot be read, the
+    model from ``platform``, vendor ``"unknown"`` and no flags."""
+    if path is None:
+        from sat_cli.util.options import env  # torch-free, stdlib only
+
+        path = env("SAT_CPUINFO", "/proc/cpuinfo")
+    model, vendor, flags = "", "", set()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -77,14 +82,17 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
                 key = key.strip()
                 if key == "model name" and not model:
                     model = " ".join(value.split())
+                elif key == "vendor_id" and not vendor:
+                    vendor = value.strip()
                 elif key == "flags" and not flags:
                     flags = set(value.split())
-                if model and flags:
+                if model and vendor and flags:
                     break
     except OSError:
         pass
     return {
         "model": model or platform.processor() or platform.machine() or "unknown",
+        "vendor": vendor or "unknown",
         "flags": flags,
     }
 

@@ -38,6 +38,7 @@ processor\t: 1
 model name\t: another model (not read)
 """
 ZEN4 = """processor : 0
+vendor_id : AuthenticAMD
 model name : AMD EPYC 9654 96-Core Processor
 flags : fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16
 """
@@ -95,6 +96,8 @@ def test_cpu_info_and_isa_summary_of_hand_written_cpuinfo(tmp_path):
     spr, zen = cpu_info(str(tmp_path / "spr")), cpu_info(str(tmp_path / "zen4"))
     assert spr["model"] == "Intel(R) Xeon(R) Platinum 8480+"
     assert zen["model"] == "AMD EPYC 9654 96-Core Processor"
+    assert spr["vendor"] == "GenuineIntel" and zen["vendor"] == "AuthenticAMD"
+    assert cpu_info(str(tmp_path / "absent"))["vendor"] == "unknown"
     assert isa_summary(spr["flags"]) == {
         "amx": "true", "avx512": "true", "avx2": "true",
         "flags": "avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 "

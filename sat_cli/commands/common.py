@@ -57,9 +57,12 @@ def _node_plan(obj, trainer: bool):
 def check_devices(obj, *, trainer: bool = True) -> None:
     """``engine.device=cuda`` / ``trainer.device=cuda`` of the local engine and trainer: a CUDA
     device must be visible now, with bf16 where a dtype asks for it; the device plan's node 0
-    must fit this machine's GPUs (``sat_cli.devices``); else ``UserError`` (one line, exit 2),
+    must fit this machine's GPUs (``sat_cli.devices``); an engine started here must be able to
+    run on this CPU (its settings' ``check_host``); else ``UserError`` (one line, exit 2),
     raised before anything is written or started. ``trainer``: whether the
     command trains (``sat eval`` runs the engine only)."""
+    if not type(obj.launcher).places:  # its processes start here: this CPU can run them
+        obj.engine.check_host()
     wanted = []
     if type(obj.engine).TORCH_HERE and obj.engine.device == "cuda":
         wanted.append(("engine", obj.engine.dtype))

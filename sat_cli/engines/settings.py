@@ -49,6 +49,11 @@ class EngineSettings:
         check_range("engine.weight_sync_timeout_s", self.weight_sync_timeout_s, 0, lo_open=True)
         check_range("engine.weight_sync_port", self.weight_sync_port, 0, 65535)
 
+    def check_host(self) -> None:
+        """Refuse (``UserError``) when this machine cannot run the processes it would start
+        here (called before anything is written or started; not when a launcher places them on
+        other machines). Default: no rule."""
+
     def plan_lines(self, procs, params: int | None) -> list[str]:
         """Its lines of ``sat plan`` (``procs``: its processes of the device plan, ``params``:
         the model's parameter count when known)."""

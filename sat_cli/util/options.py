@@ -185,6 +185,9 @@ ENV: dict[str, Spec] = {
     "SAT_DATA_DIR": Text("line"),
     "SAT_SGLANG_PYTHON": PATH,
     "SAT_SGLANG_CPU_SKIP": Text("line"),
+    # a file in /proc/cpuinfo's format read instead of /proc/cpuinfo (CPU model, vendor and ISA
+    # flags: sat_cli.numerics.cpu_info); tests fake a CPU kind with it
+    "SAT_CPUINFO": PATH,
     "SAT_MEGATRON_CORE_OPTIMIZER": Text("choice", ("0", "1")),
     "TMPDIR": PATH,
     "CUDA_VISIBLE_DEVICES": Text("line"),

@@ -13,6 +13,10 @@ from sat_cli.engines.sglang.runtime import SGLangRuntime
 from sat_cli.registry import Resources
 from sat_cli.validate import ConfigError, check_range
 
+# the instruction sets of x86-64-v4, which SGLang's CPU kernel is compiled for (its
+# CMakeLists: -march=x86-64-v4 plus AVX512-BF16, VNNI and AMX, used only where present)
+X86_64_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+
 
 @dataclass
 class SGLangEngineSettings(EngineSettings):
@@ -85,6 +89,27 @@ class SGLangEngineSettings(EngineSettings):
             )
         if self.gpu_groups:
             raise ConfigError("engine.gpu_groups needs engine.device=cuda")
+
+    def check_host(self) -> None:
+        """``engine.device=cpu`` with servers launched here: SGLang's CPU kernel is compiled for
+        x86-64-v4 and dies of SIGILL (exit -4, before ready) on a CPU without AVX-512
+        (docs/sglang.md, "Minimum ISA"); refused naming what the CPU lacks. A CPU whose flags
+        cannot be read (not Linux) is not refused."""
+        if self.device != "cpu" or self.urls or self.launch_prefix:
+            return
+        from sat_cli.errors import UserError
+        from sat_cli.numerics import cpu_info
+
+        cpu = cpu_info()
+        missing = [f for f in X86_64_V4 if f not in cpu["flags"]]
+        if cpu["flags"] and missing:
+            raise UserError(
+                f"engine=sglang engine.device=cpu needs AVX-512 (x86-64-v4): SGLang's CPU kernel "
+                f"would die of SIGILL on this CPU ({cpu['model']}), which lacks "
+                f"{', '.join(missing)}; use engine=local (the embedded engine, any CPU), or run "
+                "SGLang on an AVX-512 CPU or a GPU (engine.device=cuda, or engine.urls=<servers "
+                "started there>)"
+            )
 
     def check_weight_sync(self) -> None:
         """SGLang: ``/init_weights_update_group`` refuses data-parallel servers; checksums are

@@ -18,6 +18,7 @@ import typer
 from sat_cli import __version__
 from sat_cli.cli_cluster import mlflow_server_cmd, sweep_cmd, worker_cmd
 from sat_cli.cli_guard import SatGroup, arg, exit_with, fail, guard, opt
+from sat_cli.cli_model import model_app
 from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, URI, Num
 from sat_cli.util.procs import exit_process  # no teardown of torch at exit (1-1.5 s of CPU)
 
@@ -239,6 +240,7 @@ def ui_cmd(
 
 app.command("worker")(worker_cmd)
 app.command("mlflow-server")(mlflow_server_cmd)
+app.add_typer(model_app, name="model")
 
 
 @app.command("version")

@@ -91,7 +91,10 @@ def cli_params() -> dict[tuple[str, str], typing.Any]:
     from sat_cli.cli import app
 
     out = {}
-    for name, cmd in get_command(app).commands.items():
+    commands = dict(get_command(app).commands)
+    for group, cmd in list(commands.items()):  # a group's commands: "model fetch"
+        commands.update({f"{group} {n}": c for n, c in getattr(cmd, "commands", {}).items()})
+    for name, cmd in commands.items():
         for prm in cmd.params:
             key = prm.opts[0] if prm.param_type_name == "option" else prm.name.upper()
             if getattr(prm, "is_bool_flag", False):

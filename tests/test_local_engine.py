@@ -131,7 +131,8 @@ def test_sampling_mask_replay_reproduces_mu_and_the_sampler_top_k(engine, ckpt, 
         lp_off = tr.logprobs(batch)
         # replay off: the trainer's full softmax differs from mu by log(kept mass)
         with torch.no_grad():
-            p = torch.softmax(tr._logits(tr.model, batch)[:, :-1].double() / T, -1)
+            logits = tr.model.get_output_embeddings()(tr._hidden(tr.model, batch))
+            p = torch.softmax(logits[:, :-1].double() / T, -1)
         kept = batch.sampling_mask[:, 1:].long()
         mass = torch.where(kept >= 0, p.gather(-1, kept.clamp(min=0)), 0.0).sum(-1)
         gap = (lp_off - batch.rollout_logp)[:, 1:][m[:, 1:]].double()

@@ -7,18 +7,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from sat_cli.errors import UserError
+from sat_cli.models import hub
 from sat_cli.models.weights_check import check_hf_dir
 from sat_cli.rewards.grading import logging_samples, plugin_grader
 
 
 def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
-    """The HF checkpoint the run starts from: the warm-started tiny model, or model.path (an HF
-    directory, or a hub id such as ``Qwen/Qwen3-30B-A3B-Base``, which is not checked here)."""
+    """The HF checkpoint folder the run starts from: the warm-started tiny model, or model.path
+    (an HF directory, or a hub id such as ``Qwen/Qwen3-30B-A3B-Base`` resolved to its snapshot
+    in the HF cache at ``model.revision``, downloaded if missing and the node is online:
+    ``sat_cli.models.hub``; every process reads that folder)."""
     if obj.model.kind == "hf":
         p = obj.model.path
-        hub_id = p.count("/") == 1 and not p.startswith((".", "/", "~")) and not Path(p).exists()
-        if not hub_id:
-            check_hf_dir(p, "model.path", values=True)  # values: no NaN/inf weight either
+        if hub.is_hub_id(p):
+            snap = hub.resolve(p, obj.model.revision, log)
+            log(f"model {p}: revision {snap.revision} ({snap.path})")
+            check_hf_dir(snap.path, "model.path")  # a published snapshot: structure only
+            return snap.path
+        check_hf_dir(p, "model.path", values=True)  # values: no NaN/inf weight either
         return p
     if obj.model.path:
         check_hf_dir(obj.model.path, "model.path", values=True)

@@ -19,9 +19,13 @@ from sat_cli.models.arch import params_text
 
 def _throughput_line(t) -> str:
     """How the trainer lays out its forwards: packing and the micro-batch token budget."""
+    from sat_cli.trainers.settings import micro_batch_tokens
+
+    budget = micro_batch_tokens(t)
+    default = " (the GPU default)" if budget and t.max_tokens_per_micro_batch is None else ""
     micro = (
-        f"micro-batches of at most {t.max_tokens_per_micro_batch} tokens"
-        if t.max_tokens_per_micro_batch
+        f"micro-batches of at most {budget} tokens{default}"
+        if budget
         else "one forward per minibatch"
     )
     if t.max_tokens_per_row:

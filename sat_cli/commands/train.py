@@ -29,6 +29,7 @@ from sat_cli.build.parts import build_task, eval_problems, loss_config, model_pa
 from sat_cli.build.run import evaluators, loop_settings, make_tracker
 from sat_cli.commands.common import check_devices, loading, write_pids
 from sat_cli.errors import UserError
+from sat_cli.models.hub import source_tags
 from sat_cli.rewards import build_reward
 from sat_cli.weightsync.spec import check_port
 
@@ -250,6 +251,7 @@ def _run(run: RunInputs) -> dict:
         write_pids(logs, engine)
         # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
         tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
+        tracker.set_tags(source_tags(path))  # a hub id's resolved commit (sat_cli/models/hub.py)
         if obj.replay.record:  # the stream for `sat replay` (sat_cli/replay/store.py)
             from sat_cli.replay.store import StreamWriter
 

@@ -72,6 +72,9 @@ class ModelConfig:
     name: str = "tiny_moe"
     kind: str = "tiny"  # tiny: built and warm-started here; hf: an HF directory or hub id
     path: str | None = None  # HF checkpoint dir or hub id; tiny: None = warm-start cache
+    # a hub id's branch, tag or commit (null: main); resolved to a snapshot of the HF cache
+    # before the run starts (sat_cli/models/hub.py; `sat model fetch` downloads it)
+    revision: str | None = None
     num_layers: int = 4
     hidden_size: int = 128
     num_experts: int = 8
@@ -82,6 +85,10 @@ class ModelConfig:
         check_choice("model.kind", self.kind, ("tiny", "hf"))
         if self.kind == "hf" and not self.path:
             raise ConfigError(f"model.path must be set for model={self.name} (an HF dir or hub id)")
+        if self.revision is not None and not re.fullmatch(r"[\w.\-/]{1,200}", self.revision):
+            raise ConfigError(
+                f"model.revision={self.revision!r} is not a branch, tag or commit name"
+            )
         for k in ("num_layers", "hidden_size", "num_experts", "top_k"):
             check_range(f"model.{k}", getattr(self, k), 1)
         if self.top_k > self.num_experts:

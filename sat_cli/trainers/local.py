@@ -22,6 +22,11 @@ log-probs are ``z[y] - logsumexp(z[kept])`` with ``z = logits / T`` (``step.toke
 ``score_centering_topk > 0``: the step also gets the policy's log-probs at the sampler's top-k
 ids, from the same forward (``step.topk_logprobs``).
 
+Memory: the forward runs the decoder only; the LM head and the log-probs are applied a chunk of
+positions at a time (``trainers/head_chunks.py``, ``logprob_chunk_tokens``; by default 128 MiB
+of fp32 logits), recomputed in backward, so ``[tokens, vocab]`` logits are never held for a
+whole minibatch. A minibatch that fits one chunk (the CPU default) is scored exactly as before.
+
 Checkpoints: ``publish_weights(dir, version)`` writes ``dir/v{version}`` in HF format (atomic
 rename); ``save(dir)`` writes ``dir/model`` (HF), ``dir/optimizer.safetensors`` (the AdamW moment
 tensors and the torch RNG state) and ``dir/trainer_state.json`` (param groups, step counter),
@@ -44,9 +49,10 @@ from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers import packing
 from sat_cli.trainers.batch import TrainBatch
+from sat_cli.trainers.head_chunks import head_scores
 from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
 from sat_cli.trainers.packing import PackPlan, sample_lengths
-from sat_cli.trainers.step import PolicyTrainer, topk_logprobs
+from sat_cli.trainers.step import PolicyTrainer
 from sat_cli.trainers.step import token_logprobs as token_logprobs
 from sat_cli.util.fsio import staged_dir
 
@@ -62,11 +68,14 @@ class LocalTrainer(PolicyTrainer):
         device: str = "cpu",
         dtype: str = "float32",
         weight_sender=None,
+        logprob_chunk_tokens: int | None = None,
         **options,
     ):
         """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...);
         ``loss``: every loss setting (default ``LossConfig()``).
-        ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring)."""
+        ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring).
+        ``logprob_chunk_tokens``: positions whose full-vocabulary logits are held at once
+        (``head_chunks.head_scores``; None: its default bound)."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")
         self._init_step(loss, options)
@@ -74,6 +83,9 @@ class LocalTrainer(PolicyTrainer):
         self.weight_sender = weight_sender  # engine.weight_sync=distributed: a WeightSender
         self.device = torch.device(device)
         self.dtype = dtype
+        if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
+            raise ValueError(f"logprob_chunk_tokens must be >= 1, got {logprob_chunk_tokens}")
+        self.logprob_chunk_tokens = logprob_chunk_tokens
         self.model = load_model(model_path, "float32", self.device).train()
         self.tokenizer = self._load_tokenizer(model_path)
         if self.r3 and not hasattr(self.model.config, "num_experts"):
@@ -111,25 +123,40 @@ class LocalTrainer(PolicyTrainer):
             if not plan.saves(batch.input_ids.numel()):
                 plan = None  # rows of nearly equal length: the padded forward, as cheap
         if plan is None:
-            logits = self._logits(model, batch)
+            hidden = self._hidden(model, batch)
             ids, topk_ids = batch.input_ids.to(dev), batch.topk_ids
         else:
             ids = plan.pack(batch.input_ids)
-            logits = self._logits(model, batch, (ids, plan.position_ids, None), plan)
+            hidden = self._hidden(model, batch, (ids, plan.position_ids, None), plan)
             ids = ids.to(dev)
             kept = None if kept is None else plan.pack(kept, -1)
             topk_ids = None if batch.topk_ids is None else plan.pack(batch.topk_ids, -1)
-        out = token_logprobs(logits, ids, self.temperature, kept)
-        if topk:
-            out = (*out, topk_logprobs(logits, topk_ids.to(dev), self.temperature, kept))
+        topk_ids = topk_ids.to(dev) if topk else None
+        with self._autocast():  # the LM head as in the model's own forward
+            out = head_scores(
+                hidden,
+                model.get_output_embeddings(),
+                ids,
+                self.temperature,
+                kept,
+                topk_ids,
+                self.logprob_chunk_tokens,
+            )
         return tuple(out) if plan is None else tuple(plan.unpack_scored(t) for t in out)
 
-    def _logits(self, model, batch: TrainBatch, inputs=None, plan=None) -> torch.Tensor:
-        """Logits of ``model`` on the given (packed or padded) inputs of ``batch``: R3 replay,
-        the route audit (the routes packed like the tokens), bf16 autocast. Packed rows attend
-        within each sample: short rows through the block-diagonal mask, long ones segment by
-        segment (``packing.segment_attention``), or with a flash kernel varlen from the
-        restarting position ids (its own packed-sequence path). ``inputs``: ``(input_ids,
+    def _autocast(self):
+        """bf16 autocast of the forward with ``dtype="bfloat16"``, else nothing."""
+        if self.dtype == "bfloat16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _hidden(self, model, batch: TrainBatch, inputs=None, plan=None) -> torch.Tensor:
+        """The decoder's last hidden states ``[rows, S, H]`` of ``model`` on the given (packed
+        or padded) inputs of ``batch`` (the LM head is applied in chunks by ``head_scores``):
+        R3 replay, the route audit (the routes packed like the tokens), bf16 autocast. Packed
+        rows attend within each sample: short rows through the block-diagonal mask, long ones
+        segment by segment (``packing.segment_attention``), or with a flash kernel varlen from
+        the restarting position ids (its own packed-sequence path). ``inputs``: ``(input_ids,
         position_ids, attention_mask)`` of the packed rows; default the batch's padded ones."""
         if inputs is None:
             inputs = (batch.input_ids, batch.position_ids, batch.attention_mask)
@@ -146,11 +173,6 @@ class LocalTrainer(PolicyTrainer):
             recorded = batch.recorded_routes
             recorded = recorded if plan is None else plan.pack(recorded, False)
         audit = RouteAudit(model, routes, recorded) if auditing else contextlib.nullcontext()
-        autocast = (
-            torch.autocast(dev.type, dtype=torch.bfloat16)
-            if self.dtype == "bfloat16"
-            else contextlib.nullcontext()
-        )
         extra, attend = {}, contextlib.nullcontext()
         impl = str(getattr(model.config, "_attn_implementation", "sdpa"))
         if plan is None or impl.startswith("flash"):
@@ -162,10 +184,10 @@ class LocalTrainer(PolicyTrainer):
         with (
             maybe_replay(model, None if routes is None else routes.to(dev), self.r3),
             audit,
-            autocast,
+            self._autocast(),
             attend,
         ):
-            out = model(
+            out = model.get_decoder()(
                 input_ids=input_ids.to(dev),
                 attention_mask=None if attention_mask is None else attention_mask.to(dev),
                 position_ids=position_ids.to(dev),
@@ -175,7 +197,7 @@ class LocalTrainer(PolicyTrainer):
         if isinstance(audit, RouteAudit):
             self._audit[0] += audit.rows
             self._audit[1] += audit.mismatched
-        return out.logits
+        return out.last_hidden_state
 
     # --- the backend's part of the training step (sat_cli.trainers.step) ---------------------
     def _clip_gradients(self, max_norm: float) -> torch.Tensor:

@@ -13,6 +13,11 @@ from typing import Any, ClassVar
 
 from sat_cli.validate import ConfigError, check_choice, check_range
 
+# the local trainer's token budget per forward on a GPU when trainer.max_tokens_per_micro_batch
+# is null (a sample longer than it is a micro-batch of its own): activations of ~8k tokens of a
+# 0.6B model in bf16 are a few GB, where a 512 x 1.2k-token minibatch in one forward is not
+GPU_MICRO_BATCH_TOKENS = 8192
+
 
 @dataclass
 class TrainerSettings:
@@ -100,12 +105,18 @@ class TrainerSettings:
 class LocalTrainerSettings(TrainerSettings):
     name: str = "local"
     device: str = "cpu"  # torch device (cuda: one GPU)
+    # positions whose full-vocabulary logits the log-probs hold at once (the LM head applied
+    # chunk by chunk, recomputed in backward: trainers/head_chunks.py); null: as many as keep
+    # one fp32 copy of them within 128 MiB (2^25 / vocabulary size)
+    logprob_chunk_tokens: int | None = None
 
     SENDER_IN_PROCESS: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("trainer.device", self.device, ("cpu", "cuda"))
+        if self.logprob_chunk_tokens is not None:
+            check_range("trainer.logprob_chunk_tokens", self.logprob_chunk_tokens, 1, 1 << 24)
 
     def on_gpu(self) -> bool:
         return self.device == "cuda"
@@ -160,6 +171,17 @@ class TrainerRuntime:
         return step_keywords(s, self.loss, self.options)
 
 
+def micro_batch_tokens(s: TrainerSettings) -> int:
+    """The trainer's token budget per forward (0: one forward per minibatch):
+    ``trainer.max_tokens_per_micro_batch`` when set, else on a GPU (``on_gpu``: the local
+    trainer on cuda) ``GPU_MICRO_BATCH_TOKENS`` (at least one packed row), else off (CPU)."""
+    if s.max_tokens_per_micro_batch is not None:
+        return s.max_tokens_per_micro_batch
+    if not s.on_gpu():
+        return 0
+    return max(GPU_MICRO_BATCH_TOKENS, s.max_tokens_per_row or 0)
+
+
 def step_keywords(s: TrainerSettings, loss, options: dict) -> dict:
     """A trainer's step keywords (``trainers.step.TrainerSettings``, ``loss``): the optimizer
     and token budgets of ``trainer.*``, and ``options``, the ones from outside it."""
@@ -171,7 +193,7 @@ def step_keywords(s: TrainerSettings, loss, options: dict) -> dict:
         grad_clip=s.grad_clip,
         r3_audit=s.r3_audit,
         max_tokens_per_row=s.max_tokens_per_row or 0,  # null: off
-        max_tokens_per_micro_batch=s.max_tokens_per_micro_batch or 0,
+        max_tokens_per_micro_batch=micro_batch_tokens(s),
         **options,
     )
 
@@ -183,5 +205,10 @@ def build_local(s: LocalTrainerSettings, rt: TrainerRuntime):
     device = rt.devices.find("local trainer").device  # cuda:K of the device plan
     sender = weight_sender(rt.engine, device, rt.model_path)  # None with weight_sync=disk
     return LocalTrainer(
-        rt.model_path, device=device, dtype=s.dtype, weight_sender=sender, **rt.keywords(s)
+        rt.model_path,
+        device=device,
+        dtype=s.dtype,
+        weight_sender=sender,
+        logprob_chunk_tokens=s.logprob_chunk_tokens,
+        **rt.keywords(s),
     )

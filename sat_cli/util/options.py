@@ -191,6 +191,7 @@ ENV: dict[str, Spec] = {
     "SAT_MEGATRON_CORE_OPTIMIZER": Text("choice", ("0", "1")),
     "TMPDIR": PATH,
     "CUDA_VISIBLE_DEVICES": Text("line"),
+    "HF_HUB_OFFLINE": Text("line"),  # a true value: hub ids resolve from the cache only
     "PATH": Text("line", max_len=1 << 16),  # passed on to a tool sandbox (envs/sandbox.py)
 }
 ENV_FROM_LAUNCHERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

@@ -99,6 +99,35 @@ def redact_uri(text: str) -> str:
     return _URI.sub(lambda m: _redact_query(m.group(0)), text)
 
 
+_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)=(?P<q>['\"]?)(?P<value>[^\s,'\"\]}&;]+)")
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>--?[A-Za-z][\w\-]*)(?P<sep>[ ,=])(?P<value>[^\s,'\"\]}-][^\s,'\"\]}]*)"
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` for a message (the terminal, a log): :func:`redact_uri`, and the value of every
+    ``key=value`` whose key names a secret (an override ``engine.api_key=…``) and after every
+    secret-named flag (``--api-key VALUE``, ``--token=VALUE``) masked."""
+    text = redact_uri(text)
+    text = _ASSIGNMENT.sub(
+        lambda m: (
+            f"{m.group('key')}={m.group('q')}{REDACTED}"
+            if is_secret_key(m.group("key"))
+            else m.group(0)
+        ),
+        text,
+    )
+    return _FLAG_VALUE.sub(
+        lambda m: (
+            f"{m.group('flag')}{m.group('sep')}{REDACTED}"
+            if is_secret_key(m.group("flag").lstrip("-"))
+            else m.group(0)
+        ),
+        text,
+    )
+
+
 def truncate(value: str, limit: int) -> str:
     if len(value) <= limit:
         return value

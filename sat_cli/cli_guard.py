@@ -15,8 +15,12 @@ from sat_cli.util.options import Spec
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``message`` as the ``sat: error:`` paragraph (secrets masked: an error may quote an
+    input, e.g. an override or a URL) and exit with ``code``."""
+    from sat_cli.tracking.params import redact_text
+
     try:
-        typer.echo(f"sat: error: {message}", err=True)
+        typer.echo(f"sat: error: {redact_text(message)}", err=True)
     except OSError:  # no terminal any more (SIGHUP)
         pass
     raise typer.Exit(code)
@@ -100,8 +104,10 @@ class SatGroup(TyperGroup):
             if isinstance(exc, BadParameter) and param is not None and exc.message:
                 name = param.opts[0] if param.param_type_name == "option" else param.name.upper()
                 line = f"{name}: {' '.join(exc.message.split())}"
+            from sat_cli.tracking.params import redact_text
+
             try:
-                sys.stderr.write(f"sat: error: {line} (see `{path} --help`)\n")
+                sys.stderr.write(f"sat: error: {redact_text(line)} (see `{path} --help`)\n")
             except OSError:
                 pass
             sys.exit(exc.exit_code)

@@ -270,7 +270,7 @@ FILE_SITES = {
     "sweep.spec:load_sweep": "sweep-yaml",
     "sweep.state:_recorded_hash": "sweep-run-record",
     "sweep.state:read_state": "state-file",
-    "rewards.http:post": "reward-server-answer",
+    "rewards.http_client:_attempt": "reward-server-answer",
     "tasks.rows:parse_row": "data-rows",
     "tasks.sources:_arrow_folder_table": "dataset-folder",
     "tracking.final_status:apply_pending": "pending-status",

@@ -12,32 +12,56 @@ import threading
 import time
 
 import pytest
+from sandbox_tools import sandbox_python
 
 from sat_cli.envs import confine, sandbox
 from sat_cli.envs.sandbox import ToolLimits, ToolStats, call_tool, run_tool
-from sat_cli.util.procs import live_group_members
+from sat_cli.util.procs import live_group_members, pid_alive
 
-PY = sys.executable
-PGID = "import os,sys; print('pgid', os.getpgid(0), flush=True)\n"
+PY = sys.executable  # replaced by the fixture below: a Python the sandbox's uid can run
+PGID = "import os,sys; print('pgid', os.getpgid(0), os.readlink('/proc/self/ns/pid'), flush=True)\n"
+
+
+@pytest.fixture(autouse=True)
+def tool_python(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PY", sandbox_python())
 
 
 @pytest.fixture
 def scratch_root(tmp_path, monkeypatch):
-    """Scratch folders go under tmp_path, so that the test sees whether they were removed."""
+    """Scratch folders (of the ``unsafe_local`` sandbox; the strict one makes none on the host)
+    go under tmp_path, so that the test sees whether they were removed."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield tmp_path
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("sat-tool-")] == []
 
 
-def run_clean(code: str, limits: ToolLimits, budget_s: float):
-    """Run a Python tool that first prints its process group; check the deadline and that the
-    group is gone afterwards."""
+def in_pid_namespace(ns: str) -> list[int]:
+    """The live processes (not zombies) whose PID namespace is ``ns`` (``pid:[inode]``)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.readlink(f"/proc/{pid}/ns/pid") == ns and pid_alive(int(pid)):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def run_clean(code: str, limits: ToolLimits, budget_s: float, mode: str = "strict"):
+    """Run a Python tool that first prints its process group and PID namespace; check the
+    deadline and that no process of it is left: none in its PID namespace (strict), none in its
+    process group (``unsafe_local``, where the tool shares this process's namespace)."""
     t0 = time.monotonic()
-    r = run_tool([PY, "-c", PGID + code], limits)
+    r = run_tool([PY, "-c", PGID + code], limits, mode=mode)
     assert time.monotonic() - t0 < budget_s, r
     first = r.text.split("\n", 1)[0]
     assert first.startswith("pgid "), r.text[:200]
-    assert live_group_members(int(first.split()[1])) == []
+    _, pgid, ns = first.split()
+    if ns != os.readlink("/proc/self/ns/pid"):
+        assert mode == "strict" and in_pid_namespace(ns) == []
+    else:
+        assert mode == "unsafe_local" and live_group_members(int(pgid)) == []
     if confine.proc_mode() == "cgroup":
         parent = confine.new_pids_cgroup(1)
         assert parent is not None
@@ -50,7 +74,10 @@ def test_ok_tool_gets_its_input_and_a_scratch_folder(scratch_root):
     code = "import os,sys; print(sys.stdin.read()[::-1], os.getcwd() == os.environ['HOME'])"
     r = run_tool([PY, "-c", code], ToolLimits(), stdin=b"abc")
     assert (r.kind, r.text, r.returncode) == ("ok", "cba True\n", 0)
-    cwd = run_tool([PY, "-c", "import os; print(os.getcwd())"]).text.strip()
+    # strict: the work folder is its own tmpfs on /tmp, empty at each call
+    code = "import os; print(os.getcwd(), os.listdir('.')); open('f', 'w').write('x')"
+    assert [run_tool([PY, "-c", code]).text for _ in range(2)] == ["/tmp []\n"] * 2
+    cwd = run_tool([PY, "-c", "import os; print(os.getcwd())"], mode="unsafe_local").text.strip()
     assert os.path.dirname(cwd) == str(scratch_root) and not os.path.exists(cwd)
 
 
@@ -93,13 +120,16 @@ def test_network_is_unreachable_even_on_loopback(scratch_root):
 def test_python_fallback_blocks_sockets(scratch_root, monkeypatch):
     """Where no namespace may be made, Python tools still cannot create a socket."""
     monkeypatch.setattr(confine, "net_mode", lambda: "python")
-    r = run_tool([PY, "-c", "import socket; socket.socket()"])
+    r = run_tool([PY, "-c", "import socket; socket.socket()"], mode="unsafe_local")
     assert r.kind == "crash" and "network access is disabled in the tool sandbox" in r.text
 
 
 def test_fork_bomb_is_contained(scratch_root):
     code = "import time\nfor _ in range(10000):\n    if os.fork() == 0: time.sleep(60)"
     r = run_clean(code, ToolLimits(wall_s=3, max_procs=16), budget_s=12)
+    # strict: never root, so RLIMIT_NPROC holds even without a pids cgroup
+    assert r.kind == "crash" and "Resource temporarily unavailable" in r.text
+    r = run_clean(code, ToolLimits(wall_s=3, max_procs=16), budget_s=12, mode="unsafe_local")
     if confine.proc_mode() in ("cgroup", "rlimit"):
         assert r.kind == "crash" and "Resource temporarily unavailable" in r.text
     else:  # root without a pids cgroup: only the deadline and the group kill stop it
@@ -144,7 +174,7 @@ def test_a_tool_that_leaves_its_session_is_killed_through_its_cgroup(scratch_roo
         "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
         "print('child', p.pid, flush=True)"
     )
-    r = run_clean(code, ToolLimits(wall_s=5), budget_s=10)
+    r = run_clean(code, ToolLimits(wall_s=5), budget_s=10, mode="unsafe_local")
     child = int(r.text.split("child ")[1].split()[0])
     time.sleep(0.2)
     assert not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read()
@@ -167,7 +197,7 @@ lim = {l[:26].strip(): l[26:].split()[:2] for l in open('/proc/self/limits').rea
 print(lim['Max cpu time'], lim['Max address space'], lim['Max file size'], lim['Max core file size'])
 print(os.readlink('/proc/self/ns/net'))
 print('/sat-tool-' in open('/proc/self/cgroup').read())
-print(os.getsid(0) == os.getpid(), sorted(os.listdir('/proc/self/fd')))
+print(os.getpid(), sorted(os.listdir('/proc/self/fd')))
 """
 
 
@@ -183,8 +213,9 @@ def test_the_tool_runs_with_the_limits_namespace_and_cgroup_it_was_given(scratch
         assert lines[1] != os.readlink("/proc/self/ns/net")
     if confine.proc_mode() == "cgroup":
         assert lines[2] == "True"
-    # a new session (the group kill), and no descriptor beyond stdio: the status pipe closed on exec
-    assert lines[3] == "True ['0', '1', '2', '3']"  # 3: the listing's own descriptor
+    # pid 2 of its own PID namespace (1: its init), and no descriptor beyond stdio: the status
+    # and report pipes closed
+    assert lines[3] == "2 ['0', '1', '2', '3']"  # 3: the listing's own descriptor
 
 
 def test_no_python_runs_between_fork_and_exec(scratch_root, monkeypatch):

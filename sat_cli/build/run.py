@@ -65,7 +65,7 @@ def env_run(obj):
 
     limits = dict(max_turns=e.max_turns, max_tokens=e.max_tokens)
     trajectory = TrajectorySettings(**limits, partial=e.partial)
-    return EnvRun(e.name, EnvSettings(**limits, parser=e.parser), trajectory)
+    return EnvRun(e.name, EnvSettings(**limits, parser=e.parser, sandbox=e.sandbox), trajectory)
 
 
 def evaluators(run, engine, tracker) -> tuple:

@@ -47,7 +47,7 @@ class EnvEvaluator(Evaluator):
         env = getattr(obj, "env", None)
         if env is None or env.name != e.benchmark:
             raise UserError(f"sat eval {e.benchmark} needs env={e.benchmark} (the env section)")
-        self.settings = EnvSettings(env.max_turns, env.max_tokens, env.parser)
+        self.settings = EnvSettings(env.max_turns, env.max_tokens, env.parser, env.sandbox)
         self.trajectory = TrajectorySettings(env.max_turns, env.max_tokens)
         self.rows = ENVIRONMENTS.get(e.benchmark).rows("heldout", e.limit or DEFAULT_ROWS)
         self.spec = ([], None, None)  # no problems: the parent's run() closes spec[1] if any

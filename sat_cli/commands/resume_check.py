@@ -2,7 +2,9 @@
 with a config that differs from the run's ``config.yaml`` in anything but what may change
 between the parts of one run (:data:`MAY_CHANGE`) is refused, naming the differing keys, before
 anything is written; ``resume=force`` continues anyway (the tracker still records the changed
-params in the MLflow tag ``sat.resume.changed_params``)."""
+params in the MLflow tag ``sat.resume.changed_params``). ``config.yaml`` holds the config with
+its secrets masked (:func:`config_yaml`), and a resume compares it with the new config masked
+the same way."""
 
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ def differences(old: dict, new: dict) -> list[str]:
     return out
 
 
+def config_yaml(cfg) -> str:
+    """The run's ``config.yaml`` text: ``cfg`` (an OmegaConf config) with its secrets masked
+    (``config.to_yaml``): the run folder and the MLflow artifact never hold a credential; a
+    resume compares masked with masked, so a rotated credential is no difference."""
+    from sat_cli.config import to_yaml
+
+    return to_yaml(cfg)
+
+
 def check_same_config(run_dir: Path, new: dict, resume: str | None) -> None:
     """Refuse (``UserError``) to resume ``run_dir`` with a config that differs from its
     ``config.yaml``, unless ``resume == "force"``; a run without ``config.yaml`` passes."""
@@ -50,7 +61,9 @@ def check_same_config(run_dir: Path, new: dict, resume: str | None) -> None:
     old = read_yaml(path, "the config.yaml sat wrote")  # bounded: size, depth, nodes
     if not isinstance(old, dict):
         raise UserError(f"{path} is not the config sat wrote (not a mapping)")
-    diff = differences(old, new)
+    from sat_cli.tracking.params import redact_config
+
+    diff = differences(old, redact_config(new))  # config.yaml holds secrets masked
     if diff:
         shown = "; ".join(diff[:8]) + (f"; and {len(diff) - 8} more" if len(diff) > 8 else "")
         raise UserError(

@@ -215,6 +215,7 @@ def _run(run: RunInputs) -> dict:
     from omegaconf import OmegaConf
 
     from sat_cli.checkpoints.state import read_loop_state
+    from sat_cli.commands.resume_check import config_yaml
     from sat_cli.loop.progress import Progress
     from sat_cli.loop.train import train_loop
     from sat_cli.tracking.final_status import PENDING_DIR, end_run, keep_previous_status
@@ -227,7 +228,7 @@ def _run(run: RunInputs) -> dict:
     log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    atomic_write_text(run_dir / "config.yaml", config_yaml(cfg))  # secrets masked
     _warn_recompute(obj, log)
     torch.set_num_threads(obj.trainer.num_threads)
     cfg_container = OmegaConf.to_container(cfg, resolve=True)

@@ -286,6 +286,11 @@ def _scale_radii(cfg, obj) -> None:
 
 
 def to_yaml(cfg) -> str:
+    """``cfg`` as YAML with its secrets masked (``tracking.params.redact_config``: secret-named
+    keys, URI passwords, secret query values, values after secret flags): what ``sat config``
+    prints and a run's ``config.yaml`` holds."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(cfg)
+    from sat_cli.tracking.params import redact_config
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact_config(OmegaConf.to_container(cfg))))

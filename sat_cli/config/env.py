@@ -13,6 +13,7 @@ NONE = "none"
 PARTIAL_MODES = ("resume", "abort")  # as sat_cli.envs.trajectory.PARTIAL_MODES (tested equal)
 MAX_TURNS = 64  # as sat_cli.envs.base (tested equal)
 MAX_TOKENS = 1 << 20
+SANDBOX_MODES = ("strict", "unsafe_local")  # as sat_cli.envs.sandbox.MODES (tested equal)
 
 
 @dataclass
@@ -24,6 +25,10 @@ class EnvConfig:
     # keeps its version) | abort it and run it again from the new weights
     partial: str = "resume"
     parser: str = "hermes"  # the tool-call format (sat_cli.envs.toolcalls)
+    # how an environment's tools are confined (sat_cli.envs.sandbox): strict (another uid, its
+    # own namespaces, read-only root; refused where the kernel cannot) | unsafe_local (what the
+    # machine permits, maybe much less; only on a machine you trust)
+    sandbox: str = "strict"
 
     def __post_init__(self) -> None:
         from sat_cli.envs.registry import ENVIRONMENTS
@@ -37,6 +42,7 @@ class EnvConfig:
             check_range(f"env.{key}", value, 1, hi)
         check_choice("env.partial", self.partial, PARTIAL_MODES)
         check_choice("env.parser", self.parser, tuple(sorted(PARSERS)))
+        check_choice("env.sandbox", self.sandbox, SANDBOX_MODES)
 
 
 def check_env(c) -> None:

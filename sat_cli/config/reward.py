@@ -11,6 +11,7 @@ from sat_cli.validate import ConfigError, check_choice, check_range
 
 MAX_TIMEOUT_S = 3600.0
 MAX_WORKERS = 64
+MIN_MEMORY_MB, MAX_MEMORY_MB = 128, 1 << 20
 
 
 @dataclass
@@ -31,10 +32,14 @@ class RewardConfig:
     on_error: float = 0.0  # the reward of a sample whose reward raised, timed out or was NaN
     max_error_frac: float = 0.5  # a step with more failed rewards than this ends the run FAILED
     workers: int = 2  # python: processes that run your function (http: threads)
+    # python: each worker's address space in MiB (RLIMIT_AS; more is a MemoryError, counted as
+    # that sample's error)
+    memory_mb: int = 16384
     # an evaluation counts a sample correct when its reward is at least this (math: its grader)
     pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
+        from sat_cli.rewards import reserved_components
         from sat_cli.rewards.registry import REWARDS
 
         check_choice("reward.name", self.name, tuple(REWARDS.names()))
@@ -43,6 +48,9 @@ class RewardConfig:
         check_range("reward.on_error", self.on_error, -1e6, 1e6)
         check_range("reward.max_error_frac", self.max_error_frac, 0, 1)
         check_range("reward.workers", self.workers, 1, MAX_WORKERS)
+        if isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int):
+            raise ConfigError(f"reward.memory_mb={self.memory_mb!r} must be an integer")
+        check_range("reward.memory_mb", self.memory_mb, MIN_MEMORY_MB, MAX_MEMORY_MB)
         check_range("reward.pass_threshold", self.pass_threshold, -1e6, 1e6)
         for key, weight in self.weights.items():
             if not re.fullmatch(r"[a-z0-9_]{1,64}", str(key)):
@@ -50,6 +58,11 @@ class RewardConfig:
                     f"reward.weights: {key!r} is not a component name (a-z, 0-9, _; at most 64)"
                 )
             check_range(f"reward.weights.{key}", weight, -1e6, 1e6)
+            if key in reserved_components():
+                raise ConfigError(
+                    f"reward.weights: {key!r} is a built-in metric's name (reward/{key}); "
+                    "name the component otherwise"
+                )
         need = {"python": "fn", "http": "url", "regex": "pattern"}.get(self.name)
         if need and not getattr(self, need):
             raise ConfigError(f"reward={self.name} needs reward.{need}")

@@ -40,15 +40,19 @@ class EnvSettings:
     max_turns: int = 4  # model turns per trajectory
     max_tokens: int = 4096  # tokens per trajectory, prompt and observations included
     parser: str = "hermes"  # tool-call format (toolcalls.PARSERS)
+    sandbox: str = "strict"  # how tools are confined (sandbox.MODES)
 
     def __post_init__(self):
         for name, hi in (("max_turns", MAX_TURNS), ("max_tokens", MAX_TOKENS)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
                 raise ValueError(f"env.{name}={v!r} must be an integer in [1, {hi}]")
+        from sat_cli.envs.sandbox import MODES
         from sat_cli.envs.toolcalls import get_parser
 
         get_parser(self.parser)
+        if self.sandbox not in MODES:
+            raise ValueError(f"env.sandbox={self.sandbox!r} must be one of {', '.join(MODES)}")
 
 
 class Step(NamedTuple):
@@ -92,6 +96,7 @@ class TurnBasedEnv:
     parser is, for small character-level models), the current row and the turn count."""
 
     needs: tuple[str, ...] = ()  # the keys a row must have
+    uses_sandbox = False  # True: runs tools in the sandbox (registry.make checks it can)
 
     def __init__(self, settings: EnvSettings):
         self.settings = settings

@@ -1,5 +1,10 @@
 """How the tool sandbox confines a child, probed once per process (Linux; ``sandbox.py`` uses it).
 
+The ``strict`` sandbox (``env.sandbox=strict``, the default; ``isolate.py``) needs every layer:
+``strict_refusal()`` probes it once and says which step the kernel refused; then a strict call
+does not run (and an environment that runs tools refuses to start). What follows is the
+``unsafe_local`` sandbox, which takes what the machine permits:
+
 Two mechanisms depend on what the machine permits, so each is probed and the chosen mode is
 reported (``isolation()``):
 
@@ -124,8 +129,31 @@ def proc_mode() -> str:
 
 
 def isolation() -> dict[str, str]:
-    """The modes this machine gives the sandbox: ``{"network": …, "processes": …}``."""
-    return {"network": net_mode(), "processes": proc_mode()}
+    """The modes this machine gives the sandbox: ``{"network": …, "processes": …}`` (the
+    ``unsafe_local`` sandbox) and ``"strict"``: ``available`` or why the kernel refuses it."""
+    strict = strict_refusal()
+    return {"network": net_mode(), "processes": proc_mode(), "strict": strict or "available"}
+
+
+@functools.cache
+def strict_refusal() -> str | None:
+    """None when the strict sandbox (``isolate.py``: every layer) starts a shell here; else the
+    step the kernel refused, one line (e.g. ``isolate: OSError: [Errno 1] unshare: …``)."""
+    spec = {"isolate": True, "work_mb": 1, "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
+    try:
+        done = subprocess.run(
+            launch.command(spec, ["sh", "-c", "exit 0"]),
+            env=launch.launcher_environment(),
+            capture_output=True,
+            timeout=10,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the probe did not run: {e}"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"the probe exited with status {done.returncode}"
 
 
 def user_process_count(uid: int) -> int:

@@ -14,11 +14,14 @@ launcher is single-threaded, so everything below is ordinary code. It also makes
      "cpu_s": 5, "memory_mb": 512, "max_file_mb": 16, "nproc": 140,   # rlimits
      "net_flags": 1073741824,                    # unshare(2) flags (confine.NET_FLAGS)
      "env": {"PATH": …, "HOME": …},              # the tool's whole environment
+     "isolate": true, "work_mb": 64,             # the strict sandbox (isolate.py)
      "status_fd": 5}                             # where a failure is reported
 
 In that order: join the cgroup, set ``RLIMIT_CPU`` (hard = soft + 1 s), ``RLIMIT_AS``,
 ``RLIMIT_FSIZE``, ``RLIMIT_CORE`` 0 and ``RLIMIT_NPROC``, unshare the network, then ``execvpe``
-the tool (a ``PATH`` search in the tool's environment). The status descriptor is close-on-exec:
+the tool (a ``PATH`` search in the tool's environment). With ``isolate`` (the strict sandbox,
+``env.sandbox=strict``) the last two steps are ``isolate.run_isolated`` instead: another uid,
+all namespaces, a private ``/proc``, a read-only root, a ``tmpfs`` work folder, no capabilities. The status descriptor is close-on-exec:
 the parent reads it to end of file; nothing there means the tool is running, a line means a step
 failed (``"<step>: <error>"``) and the launcher exited with status 127 without starting the tool.
 The launcher's own start-up (~30 ms of CPU) counts against the tool's CPU limit.
@@ -86,8 +89,13 @@ def main(argv: list[str]) -> None:
             os.set_inheritable(status, False)  # closed by a successful exec
         step = "confine"
         confine_self(spec)
-        step = "exec"
         env = spec.get("env", {})
+        if spec.get("isolate"):
+            from sat_cli.envs import isolate
+
+            step = "isolate"
+            isolate.run_isolated(spec, args, env, status)
+        step = "exec"
         os.execvpe(args[0], args, env)
     except Exception as e:  # noqa: BLE001 — every failure is reported, none raised past here
         msg = f"{step}: {type(e).__name__}: {e}"[:1000]

@@ -3,7 +3,11 @@
 ``ENVIRONMENTS`` is a :class:`sat_cli.registry.Registry` of factories
 ``(EnvSettings) -> Environment`` (``base.Environment``); ``register_env("name")`` on a factory adds
 one, from this package or from the user's own module; ``make`` refuses an unknown name with a
-one-line ``ConfigError`` (a ``ValueError``; exit 2) listing the registered ones.
+one-line ``ConfigError`` (a ``ValueError``; exit 2) listing the registered ones. A factory with
+``uses_sandbox = True`` (it runs tools through ``sandbox.call_tool``) starts only where its
+``settings.sandbox`` mode can run: with ``strict`` (the default) where the kernel permits every
+layer of the strict sandbox, else ``make`` refuses with a one-line ``ConfigError`` that names the
+refused step and ``env.sandbox=unsafe_local``.
 """
 
 from __future__ import annotations
@@ -31,4 +35,11 @@ def make(name: str, settings: EnvSettings | None = None) -> Environment:
     if name not in ENVIRONMENTS:
         valid = ", ".join(sorted(ENVIRONMENTS.names()))
         raise ConfigError(f"unknown environment {name!r}; valid: {valid}")
-    return ENVIRONMENTS.get(name)(settings or EnvSettings())
+    settings = settings or EnvSettings()
+    factory = ENVIRONMENTS.get(name)
+    if getattr(factory, "uses_sandbox", False):
+        from sat_cli.envs.sandbox import refusal
+
+        if (why := refusal(settings.sandbox)) is not None:
+            raise ConfigError(f"env={name} runs tools and cannot start: {why}")
+    return factory(settings)

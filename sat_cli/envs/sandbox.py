@@ -36,8 +36,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sat_cli.envs import confine, launch
+from sat_cli.envs import confine, isolate, launch
 
+MODES = ("strict", "unsafe_local")  # env.sandbox (config/env.py)
+UNSAFE_HINT = "env.sandbox=unsafe_local runs tools without it, on a machine you trust"
 ERROR_KINDS = ("timeout", "cpu_limit", "output_limit", "file_limit", "crash", "start", "bad_call")
 KILL_WAIT_S = 5.0  # how long cleanup waits for killed processes to go
 READ_CHUNK = 65536
@@ -54,9 +56,11 @@ class ToolLimits:
     max_procs: int = 32
     max_file_mb: int = 16
     max_output_bytes: int = 16384
+    work_mb: int = 64  # the strict sandbox's tmpfs work folder
 
     def __post_init__(self):
         bounds = {
+            "work_mb": (1, 65536),
             "wall_s": (0.1, 600.0),
             "cpu_s": (1, 600),
             "memory_mb": (32, 65536),
@@ -103,8 +107,9 @@ class ToolStats:
 
 
 def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> dict:
-    """What the launcher applies before it execs the tool (``launch.py``)."""
-    return {
+    """What the launcher applies before it execs the tool (``launch.py``); ``net`` is
+    ``strict`` for the strict sandbox (``isolate.py``: all namespaces) or a network mode."""
+    spec = {
         "cgroup": str(cgroup) if cgroup is not None else None,
         "cpu_s": limits.cpu_s,
         "memory_mb": limits.memory_mb,
@@ -112,6 +117,9 @@ def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net
         "nproc": nproc,
         "net_flags": confine.NET_FLAGS.get(net, 0),
     }
+    if net == "strict":
+        spec.update(isolate=True, work_mb=limits.work_mb)
+    return spec
 
 
 def _start_status(fd: int, deadline: float) -> str | None:
@@ -213,23 +221,42 @@ def _classify(reason: str, returncode: int | None) -> str:
     return "crash"
 
 
-def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b"") -> ToolResult:
-    """Run ``args`` confined (module docstring); any failure is a ``ToolResult``, never raised."""
+def refusal(mode: str) -> str | None:
+    """Why ``mode`` cannot run here, or None."""
+    if mode not in MODES:
+        return f"env.sandbox={mode!r} must be one of {', '.join(MODES)}"
+    if mode == "strict" and (why := confine.strict_refusal()) is not None:
+        return f"the strict tool sandbox is not available here ({why}); {UNSAFE_HINT}"
+    return None
+
+
+def run_tool(
+    args: list[str], limits: ToolLimits | None = None, stdin: bytes = b"", mode: str = "strict"
+) -> ToolResult:
+    """Run ``args`` confined (module docstring) in sandbox ``mode`` (``MODES``); any failure is
+    a ``ToolResult``, never raised. A ``strict`` sandbox the machine cannot make is a ``start``
+    result: the call never runs less confined than asked."""
     limits = limits or ToolLimits()
     start = time.monotonic()
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         return ToolResult("start", f"tool arguments must be a non-empty list of strings: {args!r}")
     if len(stdin) > MAX_STDIN_BYTES:
         return ToolResult("start", f"tool input over {MAX_STDIN_BYTES} bytes: {len(stdin)}")
-    net = confine.net_mode()
+    if (why := refusal(mode)) is not None:
+        return ToolResult("start", f"tool could not start: {why}")
+    strict = mode == "strict"
+    net = "strict" if strict else confine.net_mode()
     cgroup = confine.new_pids_cgroup(limits.max_procs) if confine.proc_mode() == "cgroup" else None
     nproc = None
-    if cgroup is None and os.geteuid() != 0:
+    if strict:  # the tool never runs as root here: RLIMIT_NPROC holds (for its uid)
+        uid = isolate.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+        nproc = confine.user_process_count(uid) + limits.max_procs
+    elif cgroup is None and os.geteuid() != 0:
         nproc = confine.user_process_count(os.getuid()) + limits.max_procs
-    scratch = Path(tempfile.mkdtemp(prefix="sat-tool-"))
+    scratch = Path(tempfile.mkdtemp(prefix="sat-tool-")) if not strict else None
     status_r, status_w = os.pipe()
-    spec = {**_launch_spec(limits, cgroup, nproc, net), "env": _environment(scratch, net)}
-    spec["status_fd"] = status_w
+    env = _environment(Path(isolate.WORK) if strict else scratch, net)
+    spec = {**_launch_spec(limits, cgroup, nproc, net), "env": env, "status_fd": status_w}
     try:
         try:
             proc = subprocess.Popen(
@@ -237,7 +264,7 @@ def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                cwd=scratch,
+                cwd=scratch or "/",
                 env=launch.launcher_environment(),
                 start_new_session=True,
                 pass_fds=(status_w,),
@@ -255,6 +282,10 @@ def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b
                 out, reason = b"", "timeout"
             elif failed:
                 out, reason = failed.encode(), "start"
+                try:  # the launcher exits 127 right after saying why
+                    proc.wait(timeout=KILL_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
             else:
                 _feed(proc, stdin)
                 out, reason = _read(proc, limits, start + limits.wall_s)
@@ -264,7 +295,8 @@ def run_tool(args: list[str], limits: ToolLimits | None = None, stdin: bytes = b
             proc.stdin.close()
             proc.stdout.close()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     kind = _classify(reason, proc.returncode)
     text = out.decode("utf-8", errors="replace")
     if kind == "timeout":
@@ -291,10 +323,15 @@ def _feed(proc: subprocess.Popen, stdin: bytes) -> None:
 
 
 def call_tool(
-    args: list[str], stats: ToolStats, limits: ToolLimits | None = None, stdin: bytes = b""
+    args: list[str],
+    stats: ToolStats,
+    limits: ToolLimits | None = None,
+    stdin: bytes = b"",
+    mode: str = "strict",
 ) -> dict[str, str]:
     """Run one tool call for an environment: counted in ``stats`` and returned as the ``tool``
-    message to append: the output when it succeeded, else ``error (<kind>): <what happened>``."""
-    r = run_tool(args, limits, stdin)
+    message to append: the output when it succeeded, else ``error (<kind>): <what happened>``.
+    ``mode``: the environment's ``settings.sandbox``."""
+    r = run_tool(args, limits, stdin, mode)
     stats.add(r)
     return {"role": "tool", "content": r.text if r.ok else f"error ({r.kind}): {r.text}"}

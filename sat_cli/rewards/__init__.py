@@ -59,29 +59,65 @@ class Scores:
         return next((e for e in self.errors if e is not None), None)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: the trainer's reward dtype
+MAX_COMPONENT_CHARS = 64
+
+
+def reserved_components() -> frozenset[str]:
+    """Component names whose ``reward/<name>`` is a built-in metric (``metric_names``), such as
+    ``error_frac``, which the failure guard reads: a reward may not overwrite them."""
+    from sat_cli import metric_names as M
+
+    prefix = M.REWARD + "/"
+    names = (v for v in vars(M).values() if isinstance(v, str) and v.startswith(prefix))
+    return frozenset(v[len(prefix) :] for v in names)
+
+
+def _number(what: str, value: Any) -> float:
+    """``value`` as a float that float32 holds; :class:`BadReward` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadReward(f"{what} {type(value).__name__}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float64
+        raise BadReward(f"{what} an integer too large for float32 (the trainer's dtype)") from None
+    if not math.isfinite(number):
+        raise BadReward(f"{what} {number}")
+    if abs(number) > FLOAT32_MAX:
+        raise BadReward(f"{what} {number:g}, beyond float32 (the trainer's dtype)")
+    return number
+
+
+def _component_name(key: Any) -> str:
+    name = str(key)
+    if name in reserved_components():
+        raise BadReward(f"component {name!r} is a built-in metric's name (reward/{name})")
+    if not 1 <= len(name) <= MAX_COMPONENT_CHARS or not name.isprintable():
+        raise BadReward(
+            f"component name {name[:MAX_COMPONENT_CHARS]!r} is not 1-{MAX_COMPONENT_CHARS} "
+            "printable characters"
+        )
+    return name
+
+
 def combine(result: Any, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
     """``(reward, components)`` of what a reward returned; :class:`BadReward` saying why it is not
-    usable (not a number or a dict of numbers, NaN/inf, a weighted component missing)."""
+    usable (not a number or a dict of numbers, NaN/inf, beyond float32, a component named like a
+    built-in metric, a weighted component missing)."""
     if isinstance(result, bool) or not isinstance(result, (int, float, dict)):
         raise BadReward(f"returned {type(result).__name__}, not a number or a dict of numbers")
     if not isinstance(result, dict):
-        value = float(result)
-        if not math.isfinite(value):
-            raise BadReward(f"returned {value}")
-        return value, {}
+        return _number("returned", result), {}
     parts: dict[str, float] = {}
     for key, value in result.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BadReward(f"component {key!r} is {type(value).__name__}, not a number")
-        if not math.isfinite(float(value)):
-            raise BadReward(f"component {key!r} is {value}")
-        parts[str(key)] = float(value)
+        parts[_component_name(key)] = _number(f"component {str(key)[:64]!r} is", value)
     if not weights:
-        return sum(parts.values()), parts
+        return _number("returned components summing to", sum(parts.values())), parts
     missing = sorted(set(weights) - set(parts))
     if missing:
         raise BadReward(f"components {missing} (reward.weights) are missing; got {sorted(parts)}")
-    return sum(w * parts[k] for k, w in weights.items()), parts
+    total = sum(w * parts[k] for k, w in weights.items())
+    return _number("returned components weighing", total), parts
 
 
 class Scorer:

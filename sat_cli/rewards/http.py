@@ -7,54 +7,22 @@ answer is a number, ``{"reward": x}`` or ``{"components": {name: x}}`` (combined
 ``reward.timeout_s``, an HTTP 429 or 5xx — is retried with a growing pause (0.2 s doubling to
 2 s) until ``reward.deadline_s`` has passed since its first try, so a server that restarts or
 stops for a few seconds costs time, not rewards; past the deadline, or on any other HTTP status,
-the sample's reward has failed (``reward.on_error``).
+the sample's reward has failed (``reward.on_error``). ``reward.timeout_s`` bounds a whole
+attempt (connection, headers and body), redirects to another host are refused, and closing the
+scorer aborts what is in flight at once (``http_client.py``). Before the run starts, ``check``
+refuses a server whose host and port do not accept a connection (exit 2).
 """
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sat_cli.errors import UserError
 from sat_cli.rewards import ReportedError, Scorer, Scores
+from sat_cli.rewards.http_client import Client, health_check
 
-RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-MAX_ANSWER_BYTES = 16 << 20
-
-
-def post(url: str, body: Any, timeout_s: float, deadline_s: float) -> Any:
-    """The decoded JSON answer to ``body``, retried until ``deadline_s`` (module docstring)."""
-    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    end, pause, last = time.monotonic() + deadline_s, 0.2, "no attempt"
-    while True:
-        left = end - time.monotonic()
-        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=max(0.05, min(timeout_s, left))) as resp:
-                raw = resp.read(MAX_ANSWER_BYTES + 1)
-            if len(raw) > MAX_ANSWER_BYTES:
-                raise ReportedError(f"reward server {url}: answer over {MAX_ANSWER_BYTES} bytes")
-            try:
-                return json.loads(raw)
-            except ValueError:
-                raise ReportedError(f"reward server {url}: the answer is not JSON") from None
-        except urllib.error.HTTPError as exc:
-            if exc.code not in RETRY_STATUS:
-                raise ReportedError(f"reward server {url}: HTTP {exc.code} {exc.reason}") from None
-            last = f"HTTP {exc.code}"
-        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
-            last = str(getattr(exc, "reason", exc)) or type(exc).__name__
-        left = end - time.monotonic()
-        if left <= 0:
-            raise ReportedError(
-                f"reward server {url} did not answer within reward.deadline_s={deadline_s:g} s "
-                f"(last: {last})"
-            )
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 2.0)
+HEALTH_CHECK_S = 10.0  # at most this long (and at most reward.deadline_s) for the check
 
 
 def _value(answer: Any) -> Any:
@@ -74,10 +42,11 @@ class HttpScorer(Scorer):
     def __init__(self, settings):
         super().__init__(None, settings)
         self.threads = ThreadPoolExecutor(settings.workers, thread_name_prefix="sat-reward-http")
+        self.client = Client()
 
     def _ask(self, body: Any) -> Any:
         s = self.settings
-        return post(s.url, body, s.timeout_s, s.deadline_s)
+        return self.client.post(s.url, body, s.timeout_s, s.deadline_s)
 
     def score(self, prompts: list[str], responses: list[str], rows: list[dict]) -> Scores:
         out = Scores([], [], [])
@@ -107,6 +76,7 @@ class HttpScorer(Scorer):
         return out
 
     def close(self) -> None:
+        self.client.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
 
 
@@ -119,3 +89,10 @@ def _raise(exc: Exception):
 
 def build(settings, runtime: dict) -> HttpScorer:
     return HttpScorer(settings)
+
+
+def check(settings) -> None:
+    """The server at ``reward.url`` accepts a connection (``health_check``), else ``UserError``."""
+    why = health_check(settings.url, min(HEALTH_CHECK_S, settings.deadline_s))
+    if why is not None:
+        raise UserError(f"{why}; start it first, or check reward.url")

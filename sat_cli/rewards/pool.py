@@ -8,6 +8,11 @@ abandoned: its worker is killed (whatever the function does, even an endless loo
 fresh one started for the next call; a worker that dies answers its call with the exit code.
 Neither stops the run: the sample gets ``reward.on_error`` (:class:`sat_cli.rewards.Scorer`).
 
+Each worker is a contained process tree (``contain.py``): its own session, a subreaper of what
+it starts, ``reward.memory_mb`` of address space; killing a worker kills its whole tree, on every
+exit path (a timed-out call, ``close()`` in the run's ``finally`` after an error, Ctrl-C or
+SIGTERM, ``atexit``), and a worker whose ``sat`` was killed kills its tree itself.
+
 :func:`check` starts one worker at start-up and stops it, so a ``reward.fn`` that cannot be
 loaded (no such file, module or function; an import that raises) is refused (exit 2) before
 anything starts.
@@ -15,6 +20,7 @@ anything starts.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import multiprocessing
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.errors import UserError
-from sat_cli.rewards import ReportedError, Scorer, Scores, error_text
+from sat_cli.rewards import ReportedError, Scorer, Scores, contain, error_text
 
 START_TIMEOUT_S = 120.0  # a worker's start: interpreter, the user's module and its imports
 
@@ -68,9 +74,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _serve(conn, spec: str) -> None:
-    """A worker: load ``spec``, then answer ``(index, args)`` with ``("ok"|"err", index, …)``."""
+def _serve(conn, spec: str, memory_mb: int | None = None) -> None:
+    """A worker: contain itself (``contain.py``), load ``spec``, then answer ``(index, args)``
+    with ``("ok"|"err", index, …)``; asked to stop, it kills what it started, then returns."""
     try:
+        contain.contain_self(memory_mb)
         fn = load_function(spec)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which refuses it
         conn.send(("load_error", -1, error_text(exc)))
@@ -82,6 +90,7 @@ def _serve(conn, spec: str) -> None:
         except (EOFError, OSError):  # the parent is gone
             return
         if msg is None:
+            contain.kill_tree(os.getpid(), include_self=False)
             return
         index, args = msg
         try:
@@ -95,10 +104,10 @@ def _serve(conn, spec: str) -> None:
 
 
 class _Worker:
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, memory_mb: int | None = None):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, spec), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, spec, memory_mb), daemon=True)
         self.proc.start()
         child.close()
         if not self.conn.poll(START_TIMEOUT_S):
@@ -117,8 +126,9 @@ class _Worker:
             raise ValueError(f"reward.fn={spec!r} cannot be loaded: {text}")
 
     def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
+        """The worker and everything it started (``contain.kill_tree``)."""
+        if self.proc.pid is not None:
+            contain.stop_worker_tree(self.proc.pid)
         self.proc.join(5)
         self.conn.close()
 
@@ -134,13 +144,20 @@ class _Worker:
 class WorkerPool:
     """``run(calls)``: each call's ``("ok", value)`` or ``("err", message)``, in order."""
 
-    def __init__(self, spec: str, workers: int, timeout_s: float):
-        self.spec, self.timeout_s = spec, timeout_s
-        self.workers: list[_Worker | None] = [_Worker(spec) for _ in range(workers)]
+    def __init__(self, spec: str, workers: int, timeout_s: float, memory_mb: int | None = None):
+        self.spec, self.timeout_s, self.memory_mb = spec, timeout_s, memory_mb
+        self.workers: list[_Worker | None] = []
+        atexit.register(self.close)  # an exit path that skipped the run's finally
+        try:
+            for _ in range(workers):
+                self.workers.append(_Worker(spec, memory_mb))
+        except BaseException:
+            self.close()
+            raise
 
     def _get(self, i: int) -> _Worker:
         if self.workers[i] is None:
-            self.workers[i] = _Worker(self.spec)
+            self.workers[i] = _Worker(self.spec, self.memory_mb)
         return self.workers[i]
 
     def run(self, calls: list[tuple]) -> list[tuple[str, Any]]:
@@ -185,6 +202,7 @@ class WorkerPool:
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         for worker in self.workers:
             if worker is not None:
                 worker.stop()
@@ -198,7 +216,9 @@ class PoolScorer(Scorer):
     def __init__(self, settings):
         super().__init__(None, settings)
         try:
-            self.pool = WorkerPool(settings.fn, settings.workers, settings.timeout_s)
+            self.pool = WorkerPool(
+                settings.fn, settings.workers, settings.timeout_s, memory_of(settings)
+            )
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
@@ -243,10 +263,15 @@ def _unwrap(kind: str, payload: Any):
     return call
 
 
+def memory_of(settings) -> int | None:
+    """``reward.memory_mb``: each worker's address-space limit (None: settings without it)."""
+    return getattr(settings, "memory_mb", None)
+
+
 def check(settings) -> None:
     """Load ``reward.fn`` in one worker process and stop it; ``UserError`` if it cannot load."""
     try:
-        _Worker(settings.fn).stop()
+        _Worker(settings.fn, memory_of(settings)).stop()
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

@@ -68,9 +68,64 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+_QUERY_PAIR = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
+_QUERY_SECRET_KEYS = frozenset({"key", "sig", "signature", "code", "x-amz-signature"})
+
+
+def _is_secret_query_key(key: str) -> bool:
+    return key.lower() in _QUERY_SECRET_KEYS or is_secret_key(key)
+
+
+def _redact_query(url: str) -> str:
+    head, q, rest = url.partition("?")
+    if not q:
+        return url
+    return head + _QUERY_PAIR.sub(
+        lambda m: (
+            f"{m.group('sep')}{m.group('key')}={REDACTED}"
+            if _is_secret_query_key(m.group("key")) and m.group("value")
+            else m.group(0)
+        ),
+        "?" + rest,
+    )
+
+
 def redact_uri(text: str) -> str:
-    """Mask the password of every ``scheme://user:password@host`` inside ``text``."""
-    return _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
+    """Mask the password of every ``scheme://user:password@host`` inside ``text``, and the value
+    of every query parameter named like a secret (``?api_key=…``, ``&token=…``, ``key``,
+    ``sig``, ``signature``, ``code``)."""
+    text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
+    return _URI.sub(lambda m: _redact_query(m.group(0)), text)
+
+
+_ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)=(?P<q>['\"]?)(?P<value>[^\s,'\"\]}&;]+)")
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>--?[A-Za-z][\w\-]*)(?P<sep>[ ,=])(?P<value>[^\s,'\"\]}-][^\s,'\"\]}]*)"
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` for a message (the terminal, a log): :func:`redact_uri`, and the value of every
+    ``key=value`` whose key names a secret (an override ``engine.api_key=…``) and after every
+    secret-named flag (``--api-key VALUE``, ``--token=VALUE``) masked."""
+    text = redact_uri(text)
+    text = _ASSIGNMENT.sub(
+        lambda m: (
+            f"{m.group('key')}={m.group('q')}{REDACTED}"
+            if is_secret_key(m.group("key"))
+            else m.group(0)
+        ),
+        text,
+    )
+    return _FLAG_VALUE.sub(
+        lambda m: (
+            f"{m.group('flag')}{m.group('sep')}{REDACTED}"
+            if is_secret_key(m.group("flag").lstrip("-"))
+            else m.group(0)
+        ),
+        text,
+    )
 
 
 def truncate(value: str, limit: int) -> str:
@@ -119,6 +174,14 @@ def _redact_nested(value: Any) -> Any:
     if isinstance(value, str):
         return redact_uri(value)
     return value
+
+
+def redact_config(config: Mapping[str, Any]) -> Any:
+    """A copy of a plain nested config with what :func:`flatten_config` masks masked: secret
+    keys (a whole secret section too), URI passwords and secret query values in every string,
+    the value after a secret-named flag in argument lists. What ``config.yaml`` (in the run
+    folder and the MLflow artifact) holds, and what a resume compares it with."""
+    return _redact_nested(config)
 
 
 def flatten_config(d: Mapping[str, Any], sep: str = ".") -> dict[str, str]:

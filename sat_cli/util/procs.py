@@ -20,6 +20,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def abort_connection(conn) -> None:
+    """Shut an ``http.client`` connection's socket down, so that a read or write blocked on it
+    in another thread fails now (a deadline passed, or the client is closing)."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def tail_lines(path: str | os.PathLike, n: int = LOG_TAIL_LINES) -> str:
     """The last ``n`` lines of a text file ('' when it does not exist)."""
     try:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from sat_cli.engines.sglang.wire import wire_excerpt
 from sat_cli.errors import EngineError
+from sat_cli.util.procs import abort_connection
 
 # Errors before any response byte arrives: safe to retry on this or another server.
 _RETRYABLE = (
@@ -183,12 +184,7 @@ class SGLangClient:
         with self._lock:
             conns = list(self._active)
         for conn in conns:
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            abort_connection(conn)
 
     def close(self) -> None:
         self.abort_inflight()

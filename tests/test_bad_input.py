@@ -1006,10 +1006,10 @@ CASES = {
         2,
         r"resume is a setting of `sat train` and `sat plan`; `sat eval` does not use it",
     ),
-    "megatron-dense-model": (
-        lambda t: ["plan", "trainer=megatron", "model=qwen3_0_6b"],
+    "megatron-dense-model-with-r3": (
+        lambda t: ["plan", "trainer=megatron", "model=qwen3_0_6b", "r3=true"],
         2,
-        r"trainer=megatron cannot train model=qwen3_0_6b .*qwen3_moe models only, this one is 'qwen3'",
+        r"r3=true needs a Mixture-of-Experts model",
     ),
     "tiny-model-other-task": (
         lambda t: ["config", "task=gsm8k"],

@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import run_sat
 
 from sat_cli.config import ConfigError, load
-from sat_cli.models.arch import QWEN3_30B_A3B, TINY_MOE_CONFIG, Arch
+from sat_cli.models.arch import QWEN3_8B, QWEN3_30B_A3B, TINY_MOE_CONFIG, Arch
 from sat_cli.trainers.megatron.layout import NOT_YET, Layout, params_per_gpu, unimplemented
 
 PAPER = "experiment=paper_qwen3_30b_a3b"
@@ -100,6 +100,47 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
     assert _row(text141, "total") == total and "gpu_memory_gb=141 (fits)" in text141
     assert not list(tmp_path.iterdir())  # wrote nothing
+
+
+# Qwen3-8B by hand (dense: hidden 4096, 36 layers, 32 q / 8 kv heads of 128, FFN 12288, vocab
+# 151936, untied)
+ATTN_8B = 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096  # q, k, v + o = 41,943,040
+MLP_8B = 3 * 4096 * 12288  # gate, up, down = 150,994,944
+NORMS_8B = 2 * 4096 + 2 * 128  # 2 RMSNorms, q/k norms
+EMB_8B = 151936 * 4096
+DENSE_8B = "experiment=qwen3_8b_megatron_8gpu"
+
+
+def test_dense_hand_counts_match_the_table():
+    arch = Arch.from_hf(QWEN3_8B)
+    assert arch.total() == 36 * (ATTN_8B + MLP_8B + NORMS_8B) + 2 * EMB_8B + 4096 == 8_190_735_360
+    lay = Layout(1, 4, tp=2, pp=1, cp=1, ep=1, etp=1, dtype="bfloat16",
+                 optimizer_offload=False, recompute=True)  # fmt: skip
+    # tp 2: attention, MLP, embedding and output layer halved; norms whole; no experts
+    assert params_per_gpu(arch, lay) == (
+        36 * ((ATTN_8B + MLP_8B) // 2 + NORMS_8B) + EMB_8B + 4096,
+        0,
+    )
+    # Llama has no q/k norms
+    llama = Arch.from_hf({**QWEN3_8B, "model_type": "llama"})
+    assert arch.total() - llama.total() == 36 * 2 * 128
+
+
+def test_plan_dense_8gpu_preset_fits_80_gb(tmp_path):
+    text = _plan(DENSE_8B, cwd=tmp_path)
+    assert "8,190,735,360 (8.19 B) parameters" in text and "dense)" in text
+    assert "sglang: 4 server(s) × tp 1 × dp 1 (ep 1) = 4 GPUs" in text
+    assert "1 node(s) × 4 processes = 4 ranks" in text and "tp 2, pp 1, cp 1, ep 1" in text
+    assert "4 rollout + 4 training, disjoint (engine.colocate=false): node 0 needs 8" in text
+    n = 36 * ((ATTN_8B + MLP_8B) // 2 + NORMS_8B) + EMB_8B + 4096  # 4,095,521,792 per GPU
+    assert f"parameters        {n:,} (4.10 B): dense {n:,} (4.10 B)" in text
+    assert "experts" not in text.split("per trainer GPU")[1]
+    assert _row(text, "weights") == round(2 * n / 1e9, 1)  # 8.2
+    assert _row(text, "gradients") == round(4 * n / 1e9, 1)  # 16.4
+    assert _row(text, "optimizer states") == round(12 * n / 2 / 1e9, 1)  # ÷ dp 2: 24.6
+    assert "4 × 2048 tokens, full recompute" in text  # 1024 prompt + 1024 response
+    assert _row(text, "total") <= 80 and "(fits)" in text and "cannot run" not in text
+    assert not list(tmp_path.iterdir())
 
 
 def test_plan_tiny_megatron_default(tmp_path):

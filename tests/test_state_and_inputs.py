@@ -511,9 +511,8 @@ def test_settings_each_command_takes_are_accepted():
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
-        (["trainer=megatron", "model=qwen3_0_6b"],
-         r"trainer=megatron cannot train model=qwen3_0_6b \(Qwen/Qwen3-0\.6B-Base .*\): it builds "
-         r"qwen3_moe models only, this one is 'qwen3'"),
+        (["trainer=megatron", "model=qwen3_0_6b", "r3=true"],
+         r"r3=true needs a Mixture-of-Experts model"),
         (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task only; task\.kind=gsm8k"),
         (["engine=sglang", "engine.device=cpu", "engine.dtype=bfloat16", "lag=2",
           "lag.mode=bounded", "lag.inflight_updates=true", "r3=true"],
@@ -526,7 +525,12 @@ def test_combinations_train_cannot_run_are_refused_at_compose_time(overrides, pa
 
 
 MEGATRON_MODELS = [
-    ({"model_type": "qwen3", "num_experts": 0}, r"qwen3_moe models only, this one is 'qwen3'"),
+    ({"model_type": "mistral"}, r"qwen3_moe, qwen3, llama models only, this one is 'mistral'"),
+    ({"model_type": "qwen3"}, None),
+    ({"model_type": "llama", "tie_word_embeddings": True}, None),
+    ({"model_type": "llama", "mlp_bias": True}, r"mlp_bias"),
+    ({"model_type": "llama", "hidden_act": "gelu"}, r"hidden_act='gelu'"),
+    ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3"}}, r"rope_scaling"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "mlp_only_layers": [0]}, r"dense layers"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2}, r"dense layers"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "attention_bias": True}, r"attention_bias"),
@@ -559,10 +563,41 @@ def test_megatron_model_rules_follow_the_worker(config, problem):
 
 
 def test_a_model_folder_of_another_kind_is_refused_for_megatron(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_experts": 0}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
     with pytest.raises(ConfigError, match=r"trainer=megatron cannot train .*config\.json\): it "
-                       r"builds qwen3_moe models only, this one is 'llama'"):  # fmt: skip
+                       r"builds qwen3_moe, qwen3, llama models only, this one is 'mistral'"):  # fmt: skip
         load(["trainer=megatron", "model=qwen3_0_6b", f"model.path={tmp_path}"])
+
+
+def _dense_model_folder(path, family="qwen3"):
+    from sat_cli.models.tiny_dense import TINY_DENSE_CONFIG
+
+    path.mkdir(exist_ok=True)
+    cfg = {"model_type": family, **TINY_DENSE_CONFIG, "rms_norm_eps": 1e-6}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_dense_models_compose_for_megatron_and_refuse_r3(tmp_path, family):
+    model = ["model.kind=hf", f"model.path={_dense_model_folder(tmp_path / family, family)}"]
+    load(["trainer=megatron", "trainer.tp=2", *model])  # a dense Qwen3 or Llama: accepted
+    # r3: model.num_experts (8, the tiny model's default) says MoE, the folder says dense
+    for trainer in ("megatron", "local"):
+        with pytest.raises(ConfigError, match=r"^r3=true replays MoE routes, but model=tiny_moe "
+                           r"\(.*config\.json\) is dense: drop r3$"):  # fmt: skip
+            load([f"trainer={trainer}", *model, "r3=true"])
+
+
+def test_r3_on_a_dense_model_folder_exits_2_with_one_line(tmp_path):
+    from cli_helpers import run_sat
+
+    folder = _dense_model_folder(tmp_path / "dense")
+    out = run_sat("plan", "trainer=megatron", "model.kind=hf", f"model.path={folder}", "r3=true",
+                  cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "is dense: drop r3" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 # ----------------------------------------------------------------------------- hostile files

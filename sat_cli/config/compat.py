@@ -8,11 +8,13 @@ the same way (``ConfigError``, exit 2):
 
 * ``model=tiny_moe`` without ``model.path`` is warm-started on the toy task only: another
   ``task.kind`` needs ``model.path`` (the warm start refused it at start-up);
-* ``trainer=megatron`` builds all-MoE Qwen3 models only (``qwen3_moe``, every layer MoE, no
-  attention bias, no sliding window; ``sat_cli.trainers.megatron.model.check_supported``, kept in
-  step with it here because that module needs torch): a dense model (``model.num_experts`` <= 1,
-  e.g. ``model=qwen3_0_6b``) or a ``config.json`` of another kind is refused; a hub id whose
-  config is not known here is left to the worker;
+* ``trainer=megatron`` builds all-MoE Qwen3 models (``qwen3_moe``, every layer MoE), dense Qwen3
+  (``qwen3``) and Llama (``llama``) models, with no attention or MLP bias, no sliding window, no
+  RoPE scaling and SiLU (``sat_cli.trainers.megatron.model.check_supported``, kept in step with
+  it here because that module needs torch): a ``config.json`` of another kind is refused; a hub
+  id whose config is not known here is left to the worker;
+* ``r3=true`` replays MoE routes: a model whose ``config.json`` (or known architecture) has no
+  experts is refused, whatever ``model.num_experts`` says;
 * ``engine=sglang`` with in-flight updates that recompute the cache (``lag.inflight_cache=
   recompute``, SGLang's ``retract`` pause) cannot keep R3's routes (``r3=true``);
 * ``algo.replay_sampling_mask`` and ``algo.score_centering_topk`` are wired into
@@ -31,19 +33,34 @@ from typing import Any
 
 from sat_cli.validate import ConfigError
 
+MEGATRON_FAMILIES = ("qwen3_moe", "qwen3", "llama")  # model.FAMILIES, torch-free
+
 
 def megatron_model_problem(cfg: dict[str, Any]) -> str | None:
     """Why the Megatron worker cannot build the model a ``config.json`` describes, or None."""
     kind = cfg.get("model_type", "qwen3_moe")
-    if kind != "qwen3_moe":
-        return f"it builds qwen3_moe models only, this one is {kind!r}"
-    if int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0) <= 1:
-        return "it builds Mixture-of-Experts models only, this one is dense"
-    if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
-        return "it builds all-MoE models only, this one has dense layers"
-    for key in ("attention_bias", "use_sliding_window"):
+    if kind not in MEGATRON_FAMILIES:
+        return f"it builds {', '.join(MEGATRON_FAMILIES)} models only, this one is {kind!r}"
+    if kind == "qwen3_moe":
+        if int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0) <= 1:
+            return "a qwen3_moe config needs num_experts > 1"
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+            return "it builds all-MoE qwen3_moe models only, this one has dense layers"
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window", "rope_scaling"):
         if cfg.get(key):
-            return f"{key}=true is not supported"
+            return f"{key} is not supported"
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"hidden_act={cfg['hidden_act']!r} is not supported (SiLU only)"
+    return None
+
+
+def r3_problem(c) -> str | None:
+    """Why ``r3=true`` cannot run on the model (no experts in its config), or None."""
+    from sat_cli.config.layout import architecture
+
+    arch, where = architecture(c)
+    if arch is not None and not arch.experts:
+        return f"r3=true replays MoE routes, but model={c.model.name} ({where}) is dense: drop r3"
     return None
 
 
@@ -69,6 +86,8 @@ def check_compat(c) -> None:
             "run.portable_numerics=true pins torch's CPU code paths; it needs engine=local "
             "on the CPU (SGLang's kernels and CUDA devices are not pinned)"
         )
+    if c.r3 and (why := r3_problem(c)):
+        raise ConfigError(why)
     e, t = c.engine, c.trainer
     if is_megatron(t):  # the model kind it builds, its limits
         check_megatron(c)
@@ -101,13 +120,11 @@ def check_megatron(c) -> None:
     from sat_cli.config.layout import model_config
 
     cfg, where = model_config(c)
-    if cfg is None and m.num_experts <= 1:
-        cfg, where = {"num_experts": m.num_experts}, f"model.num_experts={m.num_experts}"
     why = megatron_model_problem(cfg) if cfg is not None else None
     if why:
         raise ConfigError(
             f"trainer=megatron cannot train model={m.name} ({where}): {why}; use "
-            "trainer=local, or an all-MoE Qwen3 model (e.g. model=qwen3_30b_a3b)"
+            "trainer=local, or a Qwen3-MoE, Qwen3 or Llama model"
         )
     on = [k for k in ("replay_sampling_mask", "score_centering_topk") if getattr(c.algo, k)]
     if on:

@@ -43,7 +43,15 @@ QWEN3_0_6B: dict = json.loads(
     (Path(__file__).parent.parent / "assets" / "arch" / "qwen3_0_6b.json").read_text()
 )
 
+# Qwen/Qwen3-8B-Base (model=qwen3_8b; and Qwen/Qwen3-8B, same shapes): dense, untied embeddings,
+# ~8.19 B parameters, 36 layers, 32/8 q/kv heads. Data: assets/arch/qwen3_8b.json.
+QWEN3_8B: dict = json.loads(
+    (Path(__file__).parent.parent / "assets" / "arch" / "qwen3_8b.json").read_text()
+)
+
 KNOWN_HF_CONFIGS: dict[str, dict] = {
+    "Qwen/Qwen3-8B-Base": QWEN3_8B,
+    "Qwen/Qwen3-8B": QWEN3_8B,
     "Qwen/Qwen3-0.6B-Base": QWEN3_0_6B,
     "Qwen/Qwen3-0.6B": QWEN3_0_6B,
     "Qwen/Qwen3-30B-A3B-Base": QWEN3_30B_A3B,
@@ -66,6 +74,7 @@ class Arch:
     top_k: int
     moe_ffn: int
     tied: bool
+    qk_norm: bool = True  # per-head q/k RMSNorm (Qwen3); Llama has none
 
     @classmethod
     def from_hf(cls, c: dict) -> Arch:
@@ -83,6 +92,7 @@ class Arch:
             top_k=int(c.get("num_experts_per_tok") or 0) if experts else 0,
             moe_ffn=int(c.get("moe_intermediate_size") or 0) if experts else 0,
             tied=bool(c.get("tie_word_embeddings", False)),
+            qk_norm=c.get("model_type") != "llama",
         )
 
     # parameters of one layer, by kind (the split rules apply per kind)
@@ -92,8 +102,8 @@ class Arch:
         return h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
 
     @property
-    def replicated(self) -> int:  # two RMSNorms, q/k norms, the router
-        return 2 * self.hidden + 2 * self.head_dim + self.experts * self.hidden
+    def replicated(self) -> int:  # two RMSNorms, q/k norms (not Llama's), the router
+        return 2 * self.hidden + 2 * self.head_dim * self.qk_norm + self.experts * self.hidden
 
     @property
     def dense_mlp(self) -> int:  # gate, up, down

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3-MoE ⇄ megatron-core GPTModel weight conversion (own converter).
+"""Hugging Face Qwen3-MoE, Qwen3 and Llama ⇄ megatron-core GPTModel weight conversion (own converter).
 
 Why not mbridge: mbridge 0.15.1 maps HF names onto Transformer-Engine parameter names
 (``linear_qkv.layer_norm_weight`` …), while this backend uses megatron-core's *local* layer spec
@@ -15,11 +15,13 @@ embedding.word_embeddings.weight                   model.embed_tokens.weight
 decoder.layers.L.input_layernorm.weight            model.layers.L.input_layernorm.weight
 decoder.layers.L.self_attention.linear_qkv.weight  q_proj, k_proj, v_proj, interleaved per KV group
 decoder.layers.L.self_attention.linear_proj.weight model.layers.L.self_attn.o_proj.weight
-decoder.layers.L.self_attention.{q,k}_layernorm    model.layers.L.self_attn.{q,k}_norm.weight
+decoder.layers.L.self_attention.{q,k}_layernorm    model.layers.L.self_attn.{q,k}_norm.weight  (not Llama)
 decoder.layers.L.pre_mlp_layernorm.weight          model.layers.L.post_attention_layernorm.weight
 decoder.layers.L.mlp.router.weight                 model.layers.L.mlp.gate.weight
 …mlp.experts.local_experts.e.linear_fc1.weight     cat(experts.e.gate_proj, experts.e.up_proj)
 …mlp.experts.local_experts.e.linear_fc2.weight     experts.e.down_proj.weight
+decoder.layers.L.mlp.linear_fc1.weight (dense)     cat(mlp.gate_proj, mlp.up_proj)
+decoder.layers.L.mlp.linear_fc2.weight (dense)     model.layers.L.mlp.down_proj.weight
 decoder.final_layernorm.weight                     model.norm.weight
 output_layer.weight                                lm_head.weight (absent when tied)
 =================================================  ===============================================
@@ -32,7 +34,10 @@ split: ``expert_tensor_parallel_size = 1``): the vocabulary rows of ``embedding`
 ``output_layer`` and the rows of ``linear_qkv`` (whole KV groups, since groups are the outer
 row blocks: rank ``r`` holds groups ``r*ng/tp …``, with their query heads) are split in
 contiguous blocks, ``linear_proj`` by columns (the same heads); norms, router and experts are
-whole on every tensor-parallel rank. Pipeline parallel size 1. Expert parallelism: ``hf_to_megatron`` takes the
+whole on every tensor-parallel rank. A dense MLP is split like attention: ``linear_fc1`` by
+FFN rows, but each rank holds ``[gate_r; up_r]`` (its block of gate rows, then the same block of
+up rows: megatron-core's SwiGLU chunks the local output in two), ``linear_fc2`` by the same
+FFN columns (``tp_shard`` / ``tp_merge``). Pipeline parallel size 1. Expert parallelism: ``hf_to_megatron`` takes the
 slice of experts a rank owns (``ep_rank``/``ep_size``); export needs all experts on one rank
 (``megatron_to_hf`` of a full state). HF checkpoints may store experts either per expert (the
 on-disk layout of transformers 5 ``save_pretrained``) or fused (``mlp.experts.gate_up_proj``
@@ -50,7 +55,7 @@ from typing import Any
 import torch
 
 from . import hf_io
-from .hf_io import SAME_TENSORS, hf_dims
+from .hf_io import hf_dims, same_tensors
 from .model import hf_get
 
 
@@ -126,8 +131,12 @@ def hf_to_megatron(
             dim=1,
         )  # [ng, (nh/ng + 2)*hd, H]
         mg[m + "self_attention.linear_qkv.weight"] = qkv.reshape(-1, hidden)
-        for mg_name, hf_name in SAME_TENSORS:
+        for mg_name, hf_name in same_tensors(hf_config):
             mg[m + mg_name] = take(h + hf_name)
+        if not n_experts:  # dense SwiGLU MLP
+            gate, up = take(h + "mlp.gate_proj.weight"), take(h + "mlp.up_proj.weight")
+            mg[m + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)  # [2F, H]
+            mg[m + "mlp.linear_fc2.weight"] = take(h + "mlp.down_proj.weight")  # [H, F]
         for e in range(n_experts):
             gate = take(h + f"mlp.experts.{e}.gate_proj.weight")  # [I, H]
             up = take(h + f"mlp.experts.{e}.up_proj.weight")  # [I, H]
@@ -150,33 +159,55 @@ def tp_split_dim(name: str) -> int | None:
         return 0  # VocabParallelEmbedding / ColumnParallelLinear: vocabulary rows
     if name.endswith("self_attention.linear_qkv.weight"):
         return 0  # ColumnParallelLinear: rows, whole KV groups per rank
-    if name.endswith("self_attention.linear_proj.weight"):
-        return 1  # RowParallelLinear: the input columns of the rank's heads
+    if name.endswith(".mlp.linear_fc1.weight"):
+        return 0  # dense MLP, ColumnParallelLinear: FFN rows (of gate and of up, see tp_shard)
+    if name.endswith("self_attention.linear_proj.weight") or name.endswith(
+        ".mlp.linear_fc2.weight"
+    ):
+        return 1  # RowParallelLinear: the input columns of the rank's heads / FFN rows
     return None  # norms, router, experts (expert_tensor_parallel_size = 1)
 
 
+def _gated(name: str) -> bool:
+    """A dense gated MLP's ``linear_fc1`` (``[gate; up]``): each TP rank holds the same block
+    of gate rows and of up rows, ``[gate_r; up_r]`` (megatron-core's SwiGLU chunks its local
+    output in two), not a contiguous block of the whole."""
+    return name.endswith(".mlp.linear_fc1.weight")
+
+
+def tp_shard(name: str, t: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """Rank ``tp_rank``'s part of the full tensor ``name`` (``t`` itself when not split)."""
+    dim = tp_split_dim(name)
+    if dim is None or tp_size == 1:
+        return t
+    if t.shape[dim] % (2 * tp_size if _gated(name) else tp_size):
+        raise ValueError(f"{name}: size {t.shape[dim]} is not divisible by tp={tp_size}")
+    if _gated(name):
+        gate, up = t.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp_size)[tp_rank], up.chunk(tp_size)[tp_rank]])
+    return t.chunk(tp_size, dim=dim)[tp_rank]
+
+
+def tp_merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """The full tensor ``name`` from every TP rank's part, in rank order (``tp_shard``'s inverse)."""
+    dim = tp_split_dim(name)
+    if dim is None:
+        return parts[0]
+    if _gated(name):
+        halves = [p.chunk(2, dim=0) for p in parts]
+        return torch.cat([g for g, _ in halves] + [u for _, u in halves])
+    return torch.cat(parts, dim=dim)
+
+
 def split_tp(mg_state: dict[str, torch.Tensor], tp_rank: int, tp_size: int) -> dict:
-    """Tensor-parallel rank ``tp_rank``'s shard of a full megatron state (views, no copy)."""
-    if tp_size == 1:
-        return dict(mg_state)
-    out = {}
-    for key, t in mg_state.items():
-        dim = tp_split_dim(key)
-        if dim is not None:
-            if t.shape[dim] % tp_size:
-                raise ValueError(f"{key}: size {t.shape[dim]} is not divisible by tp={tp_size}")
-            t = t.chunk(tp_size, dim=dim)[tp_rank]
-        out[key] = t
-    return out
+    """Tensor-parallel rank ``tp_rank``'s shard of a full megatron state (views, except a dense
+    MLP's ``linear_fc1``)."""
+    return {key: tp_shard(key, t, tp_rank, tp_size) for key, t in mg_state.items()}
 
 
 def gather_tp(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The full megatron state from every tensor-parallel rank's shard (in rank order)."""
-    out = {}
-    for key, t in shards[0].items():
-        dim = tp_split_dim(key)
-        out[key] = t if dim is None else torch.cat([s[key] for s in shards], dim=dim)
-    return out
+    return {key: tp_merge(key, [s[key] for s in shards]) for key in shards[0]}
 
 
 def megatron_to_hf(
@@ -190,7 +221,7 @@ def megatron_to_hf(
     ``expert_offset`` is the global index of local expert 0 (``ep_rank * E / ep_size``); for a
     full (world size 1 or gathered) state it is 0.
     """
-    nh, ng, hd, n_layers, _ = hf_dims(hf_config)
+    nh, ng, hd, n_layers, n_experts = hf_dims(hf_config)
     mg = {k: v for k, v in mg_state.items() if not k.endswith("_extra_state")}
     used: set[str] = set()
 
@@ -214,8 +245,13 @@ def megatron_to_hf(
         hf[h + "self_attn.q_proj.weight"] = q.reshape(nh * hd, hidden)
         hf[h + "self_attn.k_proj.weight"] = k.reshape(ng * hd, hidden)
         hf[h + "self_attn.v_proj.weight"] = v.reshape(ng * hd, hidden)
-        for mg_name, hf_name in SAME_TENSORS:
+        for mg_name, hf_name in same_tensors(hf_config):
             hf[h + hf_name] = take(m + mg_name)
+        if not n_experts:
+            gate, up = take(m + "mlp.linear_fc1.weight").chunk(2, dim=0)
+            hf[h + "mlp.gate_proj.weight"] = gate
+            hf[h + "mlp.up_proj.weight"] = up
+            hf[h + "mlp.down_proj.weight"] = take(m + "mlp.linear_fc2.weight")
     for key in list(mg):
         match = expert_re.match(key)
         if match is None or not key.endswith("linear_fc1.weight"):

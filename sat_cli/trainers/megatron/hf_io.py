@@ -7,7 +7,8 @@ file reads of exactly its bytes (a tensor-parallel rank's row block: only those 
 through a memory map (see ``CheckpointReader`` for why). ``rank_plan`` maps every megatron parameter name a rank
 holds (global layer numbers, local expert numbers) to a thunk that reads exactly that rank's
 part: its experts (``ep``), its TP shard (vocabulary rows of the embedding and output layer,
-the rows of its KV groups in q/k/v, its heads' columns of ``o_proj``); a pipeline stage then
+the rows of its KV groups in q/k/v, its heads' columns of ``o_proj``; in a dense model its
+block of FFN rows of ``gate_proj`` and ``up_proj`` and columns of ``down_proj``); a pipeline stage then
 keeps the thunks of its layers (``pipeline.select_stage`` works on any mapping), so no rank
 materialises a tensor it does not own. The result equals ``split_tp(hf_to_megatron(full))``
 bit for bit (tests/test_megatron_shard.py). The reader counts what it read (``read_log``).
@@ -27,25 +28,35 @@ import torch
 
 from sat_cli.models.hf_checkpoint import INDEX_NAME
 
-from .model import hf_get
+from .model import family, head_dim, hf_get
 
 # per-layer tensors that are the same in both layouts: (megatron-core name, HF name), in the
-# order both conversions write them
-SAME_TENSORS = (
-    ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+# order both conversions write them; q/k norms only in families that have them (not Llama),
+# the router only in MoE models
+_QK_NORMS = (
     ("self_attention.q_layernorm.weight", "self_attn.q_norm.weight"),
     ("self_attention.k_layernorm.weight", "self_attn.k_norm.weight"),
-    ("input_layernorm.weight", "input_layernorm.weight"),
-    ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
-    ("mlp.router.weight", "mlp.gate.weight"),
 )
+_ROUTER = (("mlp.router.weight", "mlp.gate.weight"),)
+
+
+def same_tensors(hf_config: Any) -> tuple[tuple[str, str], ...]:
+    fam = family(hf_config)
+    return (
+        ("self_attention.linear_proj.weight", "self_attn.o_proj.weight"),
+        *(_QK_NORMS if fam.qk_norm else ()),
+        ("input_layernorm.weight", "input_layernorm.weight"),
+        ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight"),
+        *(_ROUTER if fam.moe else ()),
+    )
 
 
 def hf_dims(hf_config: Any) -> tuple[int, int, int, int, int]:
+    """``(heads, KV heads, head_dim, layers, experts)``; experts 0 for a dense model."""
     nh = hf_get(hf_config, "num_attention_heads")
-    ng = hf_get(hf_config, "num_key_value_heads")
-    hd = hf_get(hf_config, "head_dim")
-    return nh, ng, hd, hf_get(hf_config, "num_hidden_layers"), hf_get(hf_config, "num_experts")
+    ng = hf_get(hf_config, "num_key_value_heads") or nh
+    experts = hf_get(hf_config, "num_experts") if family(hf_config).moe else 0
+    return nh, ng, head_dim(hf_config), hf_get(hf_config, "num_hidden_layers"), experts
 
 
 _DTYPES = {
@@ -236,13 +247,25 @@ def rank_plan(
         a = h + "self_attn."
         known.update(a + f"{p}_proj.weight" for p in "qkv")
         plan[m + "self_attention.linear_qkv.weight"] = lambda a=a: qkv(a)
-        for mg_name, hf_name in SAME_TENSORS:
+        for mg_name, hf_name in same_tensors(cfg):
             known.add(h + hf_name)
             if mg_name == "self_attention.linear_proj.weight" and tp_size > 1:
                 cols = _block(nh * hd, tp_rank, tp_size, h + hf_name)
                 plan[m + mg_name] = lambda k=h + hf_name, c=cols: get(k, (slice(None), c))
             else:
                 plan[m + mg_name] = lambda k=h + hf_name: get(k)
+        if not n_experts:  # dense MLP: [gate; up] rows and down columns of this TP rank
+            gate, up, down = (f"{h}mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
+            known.update((gate, up, down))
+            ffn = _block(reader.shape(gate)[0], tp_rank, tp_size, gate)
+            plan[m + "mlp.linear_fc1.weight"] = lambda g=gate, u=up, f=ffn: torch.cat(
+                [get(g, f), get(u, f)]
+            )
+            if tp_size == 1:
+                plan[m + "mlp.linear_fc2.weight"] = lambda d=down: get(d)
+            else:
+                plan[m + "mlp.linear_fc2.weight"] = lambda d=down, f=ffn: get(d, (slice(None), f))
+            continue
         known.update((h + "mlp.experts.gate_up_proj", h + "mlp.experts.down_proj"))
         for e in range(n_experts):
             known.update(f"{h}mlp.experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down"))

@@ -1,9 +1,14 @@
-"""Build a megatron-core ``GPTModel`` with MoE layers from a Hugging Face Qwen3-MoE config.
+"""Build a megatron-core ``GPTModel`` from a Hugging Face Qwen3-MoE, Qwen3 (dense) or Llama config.
 
-The model uses megatron-core's local (non-Transformer-Engine) layer spec,
-``get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=False, qk_layernorm=True,
-normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU alike. The
-``TransformerConfig`` reproduces Qwen3-MoE exactly:
+Families (``FAMILIES``, by ``model_type``): ``qwen3_moe`` (every layer MoE, q/k RMSNorm),
+``qwen3`` (dense SwiGLU MLP, q/k RMSNorm) and ``llama`` (dense SwiGLU MLP, no q/k norm); all
+with grouped-query attention, RMSNorm, RoPE and no biases, tied embeddings where the config
+ties them. The model uses megatron-core's local (non-Transformer-Engine) layer spec,
+``get_gpt_layer_local_spec(num_experts=E or None, moe_grouped_gemm=False,
+qk_layernorm=<family>, normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on
+GPU alike. The ``TransformerConfig`` reproduces the HF models exactly (the dense families: the
+same without the MoE part; the dense MLP is ``linear_fc1 = [gate; up]``, SiLU-gated, and
+``linear_fc2 = down``, split over tensor-parallel ranks like attention):
 
 - RMSNorm (eps = ``rms_norm_eps``), SwiGLU experts (``gated_linear_unit=True``, SiLU), no
   biases, per-head q/k RMSNorm, RoPE with ``rope_theta`` (no rope fusion);
@@ -21,8 +26,9 @@ normalization="RMSNorm")``, so it runs on CPU (with ``cpu_shims``) and on GPU al
   (``parallel_output=False``).
 
 Only Qwen3-MoE models whose every layer is an MoE layer are supported
-(``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs fail loudly.
-``routing_replay=True`` enables megatron-core's ``RouterReplay`` (R3); build only the trained
+(``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs (biases, sliding
+windows, RoPE scaling, an activation other than SiLU) fail loudly.
+``routing_replay=True`` (MoE only: a dense model has no routes to replay) enables megatron-core's ``RouterReplay`` (R3); build only the trained
 actor with it, because RouterReplay registers every router instance in a global list.
 """
 
@@ -55,16 +61,55 @@ def rope_theta(hf_config: Any) -> float:
     return float(theta)
 
 
-def check_supported(hf_config: Any) -> None:
+@dataclass(frozen=True)
+class Family:
+    """What a HF ``model_type`` builds: MoE layers (else a dense MLP), per-head q/k RMSNorm."""
+
+    moe: bool
+    qk_norm: bool
+
+
+FAMILIES = {
+    "qwen3_moe": Family(moe=True, qk_norm=True),
+    "qwen3": Family(moe=False, qk_norm=True),
+    "llama": Family(moe=False, qk_norm=False),
+}
+
+
+def family(hf_config: Any) -> Family:
     model_type = hf_get(hf_config, "model_type")
-    if model_type != "qwen3_moe":
-        raise NotImplementedError(f"megatron trainer supports qwen3_moe only, got {model_type!r}")
-    if hf_get(hf_config, "decoder_sparse_step", 1) != 1 or hf_get(hf_config, "mlp_only_layers"):
+    if model_type not in FAMILIES:
+        raise NotImplementedError(
+            f"megatron trainer supports {', '.join(FAMILIES)} models, got {model_type!r}"
+        )
+    return FAMILIES[model_type]
+
+
+def head_dim(hf_config: Any) -> int:
+    """``head_dim``, or ``hidden_size / num_attention_heads`` where the config has none."""
+    d = hf_get(hf_config, "head_dim")
+    return (
+        int(d)
+        if d
+        else hf_get(hf_config, "hidden_size") // hf_get(hf_config, "num_attention_heads")
+    )
+
+
+def check_supported(hf_config: Any) -> None:
+    fam = family(hf_config)
+    moe_dense = hf_get(hf_config, "decoder_sparse_step", 1) != 1 or hf_get(
+        hf_config, "mlp_only_layers"
+    )
+    if fam.moe and moe_dense:
         raise NotImplementedError("dense (non-MoE) layers in a Qwen3-MoE model are not supported")
-    if hf_get(hf_config, "attention_bias", False):
-        raise NotImplementedError("attention_bias=True is not supported")
-    if hf_get(hf_config, "use_sliding_window", False):
-        raise NotImplementedError("sliding-window attention is not supported")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
+        if hf_get(hf_config, key, False):
+            raise NotImplementedError(f"{key}=true is not supported")
+    act = hf_get(hf_config, "hidden_act", "silu")
+    if act != "silu":
+        raise NotImplementedError(f"hidden_act={act!r} is not supported (SiLU only)")
+    if hf_get(hf_config, "rope_scaling"):
+        raise NotImplementedError("rope_scaling is not supported")
 
 
 @dataclass(frozen=True)
@@ -83,40 +128,35 @@ class ModelSettings:
 
 
 def transformer_config(hf_config: Any, settings: ModelSettings | None = None):
-    """The ``TransformerConfig`` equivalent of a HF Qwen3-MoE config built with ``settings``."""
+    """The ``TransformerConfig`` equivalent of a HF config built with ``settings``."""
     st = settings or ModelSettings()
     dtype, tp, pp, ep, cp = st.dtype, st.tp, st.pp, st.ep, st.cp
     routing_replay, recompute = st.routing_replay, st.recompute
     from megatron.core.transformer import TransformerConfig
 
     check_supported(hf_config)
+    moe = family(hf_config).moe
+    if routing_replay and not moe:
+        raise NotImplementedError(
+            "R3 (routing replay) needs an MoE model: a dense one has no routes"
+        )
     return TransformerConfig(
         num_layers=hf_get(hf_config, "num_hidden_layers"),
         hidden_size=hf_get(hf_config, "hidden_size"),
         num_attention_heads=hf_get(hf_config, "num_attention_heads"),
         num_query_groups=hf_get(hf_config, "num_key_value_heads"),
-        kv_channels=hf_get(hf_config, "head_dim"),
+        kv_channels=head_dim(hf_config),
         ffn_hidden_size=hf_get(hf_config, "intermediate_size"),
         layernorm_epsilon=hf_get(hf_config, "rms_norm_eps"),
         normalization="RMSNorm",
-        qk_layernorm=True,
+        qk_layernorm=family(hf_config).qk_norm,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        # MoE
-        num_moe_experts=hf_get(hf_config, "num_experts"),
-        moe_ffn_hidden_size=hf_get(hf_config, "moe_intermediate_size"),
-        moe_router_topk=hf_get(hf_config, "num_experts_per_tok"),
-        moe_router_score_function="softmax",
-        moe_router_pre_softmax=not hf_get(hf_config, "norm_topk_prob", True),
-        moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0,
-        moe_grouped_gemm=False,
-        moe_token_dispatcher_type="allgather",
-        moe_enable_routing_replay=routing_replay,
+        **(_moe_fields(hf_config, routing_replay) if moe else {}),
         # parallelism
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
@@ -145,6 +185,21 @@ def transformer_config(hf_config: Any, settings: ModelSettings | None = None):
     )
 
 
+def _moe_fields(hf_config: Any, routing_replay: bool) -> dict:
+    return dict(
+        num_moe_experts=hf_get(hf_config, "num_experts"),
+        moe_ffn_hidden_size=hf_get(hf_config, "moe_intermediate_size"),
+        moe_router_topk=hf_get(hf_config, "num_experts_per_tok"),
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not hf_get(hf_config, "norm_topk_prob", True),
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="allgather",
+        moe_enable_routing_replay=routing_replay,
+    )
+
+
 def build_gpt_model(
     hf_config: Any, settings: ModelSettings | None = None, *, clear_replay_registry: bool = True
 ):
@@ -170,7 +225,7 @@ def build_gpt_model(
     spec = get_gpt_layer_local_spec(
         num_experts=config.num_moe_experts,
         moe_grouped_gemm=False,
-        qk_layernorm=True,
+        qk_layernorm=config.qk_layernorm,
         normalization="RMSNorm",
     )
     block = _with_rms_norm(spec, config)
@@ -235,7 +290,8 @@ def _with_rms_norm(layer_spec, config):
 
     layer = layer_spec.submodules
     attention = layer.self_attention.submodules
-    attention = dataclasses.replace(attention, q_layernorm=RMSNorm, k_layernorm=RMSNorm)
+    if config.qk_layernorm:
+        attention = dataclasses.replace(attention, q_layernorm=RMSNorm, k_layernorm=RMSNorm)
     layer = dataclasses.replace(
         layer,
         input_layernorm=RMSNorm,

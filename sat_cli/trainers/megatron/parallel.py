@@ -164,7 +164,7 @@ class ParallelMixin:
                 continue
             parts = [torch.empty_like(state[key]) for _ in range(self.tp)]
             dist.all_gather(parts, state[key].contiguous(), group=self.tp_group)
-            out[key] = torch.cat(parts, dim=dim)
+            out[key] = convert.tp_merge(key, parts)
         return out
 
     def _gather_ep(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

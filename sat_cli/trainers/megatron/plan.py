@@ -47,7 +47,9 @@ def memory_lines(lay: Layout, limit: float, arch, micro: int, seq: int) -> list[
     notes = {
         "weights": f"{lay.dtype}, {w} B/param",
         "gradients": f"fp32 main grads, {g} B/param" if w == 2 else f"{g} B/param",
-        "optimizer states": f"{o} B/param ÷ dp {lay.dp} (experts ÷ {lay.edp}); {opt}",
+        "optimizer states": f"{o} B/param ÷ dp {lay.dp}"
+        + (f" (experts ÷ {lay.edp})" if arch.experts else "")
+        + f"; {opt}",
         "activations": f"{micro} × {seq} tokens"
         + (", full recompute" if lay.recompute else ", no recompute"),
         "overhead": "CUDA context, NCCL buffers",

@@ -159,10 +159,13 @@ def confirm_markdown(rows: list[StudyRow]) -> str:
 
 
 def study_markdown(rows: list[StudyRow]) -> str:
-    """Pilot 2's table when its runs carry its design tag, else pilot 1's when the rows span
-    lags 1 and 8, else the confirmatory table."""
+    """Study v5's tables when its runs carry its design tag, pilot 2's when they carry pilot 2's,
+    else pilot 1's when the rows span lags 1 and 8, else the confirmatory table."""
     from sat_cli.report.collapse_pilot2 import ROUND1, ROUND2, pilot2_markdown
+    from sat_cli.report.lag_study import DESIGN, lag_study_markdown
 
+    if any(r.design == DESIGN for r in rows):
+        return lag_study_markdown(rows)
     if any(r.design in (ROUND1, ROUND2) for r in rows):
         return pilot2_markdown(rows)
     lags = {r.lag for r in rows}

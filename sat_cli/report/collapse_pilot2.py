@@ -78,7 +78,7 @@ def _curve(rows: list[StudyRow]) -> str:
     )
 
 
-def _provenance(rows: list[StudyRow]) -> str:
+def provenance(rows: list[StudyRow]) -> str:
     commits: dict[str, int] = {}
     for r in rows:
         commits[r.commit or "?"] = commits.get(r.commit or "?", 0) + 1
@@ -152,4 +152,4 @@ def pilot2_markdown(rows: list[StudyRow]) -> str:
     out_text = "\n".join(lines) + "\n\n" + verdict + "\n"
     if notes:
         out_text += "\n" + "\n".join(notes) + "\n"
-    return out_text + "\n" + _provenance(rows) + "\n"
+    return out_text + "\n" + provenance(rows) + "\n"

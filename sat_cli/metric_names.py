@@ -5,7 +5,7 @@ consumers (``sat report``, the progress line, the tests) import these constants 
 spelling the names, so a rename is one edit and a typo is a NameError, not a silently empty
 plot. No other module spells a ``<group>/…`` string, f-strings included
 (``tests/test_metric_names.py``); evaluation keys come from ``avg_key`` / ``pass_key`` /
-``overlong_key``. Torch-free: ``sat report`` imports it.
+``overlong_key`` / ``reward_error_key``. Torch-free: ``sat report`` imports it.
 
 Groups (``<group>/<name>``): ``loss/`` the policy loss and optimizer step, ``sat/`` SAT's
 interval, ``staleness/`` the mismatch between the trained and the behaviour policy,
@@ -224,6 +224,11 @@ LOSS_GROUP = "loss/"  # the loop stops on a non-finite value of any loss/ metric
 def pass_key(task: str, k: int, final: bool = False) -> str:
     """The logged name of pass@k (MLflow stores it as ``…/pass_at_<k>``)."""
     return f"{eval_prefix(task, final)}pass@{k}"
+
+
+def reward_error_key(task: str, final: bool = False) -> str:
+    """The fraction of an evaluation's graded samples whose reward failed (a reward plugin)."""
+    return f"{eval_prefix(task, final)}reward_error_frac"
 
 
 def overlong_key(task: str, final: bool = False) -> str:

@@ -398,3 +398,36 @@ def test_pilot2_design_commit_precedes_every_run():
         started = dt.datetime.fromisoformat(r.started.replace("Z", "+00:00"))
         assert started > made, r.run
         assert git("merge-base", "--is-ancestor", PILOT2_DESIGN, r.commit).returncode == 0, r.run
+
+
+def test_pilot2_corrected_record_recomputes_from_the_committed_csvs():
+    """The corrected record of pilot 2 (issue 55) in collapse_cpu.md is what
+    ``record_markdown`` computes from the committed rows and curves, byte for byte; its key
+    numbers against hand values: D2 crashed early in 6 of 6 lag-8 runs and 0 of 6 lag-1 runs
+    (Fisher exact p = 2 / C(12, 6)); lag 8 below lag 1 in 20 of 24 pairs (sign test p =
+    2 * P(X <= 4), X ~ Bin(24, 1/2))."""
+    from math import comb
+
+    from sat_cli.report.collapse_curves import read_curves
+    from sat_cli.report.collapse_pilot2 import early_crashes, lag_pairs, record_markdown
+
+    d = ROOT / "docs/results/collapse_cpu"
+    rows = read_rows((d / "pilot2.csv").read_text())
+    curves = read_curves((d / "pilot2_curves.csv").read_text())
+    crashes = early_crashes(rows, curves)
+    assert crashes[("D2", "8")] == (6, 6) and crashes[("D2", "1")] == (0, 6)
+    assert all(crashes[(c, lag)] == (0, 6) for c in ("D1", "D3", "D4") for lag in ("1", "8"))
+    pairs = lag_pairs(rows)
+    assert len(pairs) == 24 and sum(dd < 0 for *_, dd in pairs) == 20
+    round1 = [dd for g, _, dd in pairs if g.endswith("round 1")]
+    assert sum(dd < 0 for dd in round1) == 9
+    assert [dd > 0 for g, _, dd in pairs if g == "D4 round 1"] == [True] * 3
+    md = record_markdown(rows, curves)
+    assert f"| D2 | 6/6 | 0/6 | {2 / comb(12, 6):.3g} |" in md
+    p_sign = 2 * sum(comb(24, k) for k in range(5)) / 2**24
+    assert f"both rounds 20 of 24 pairs (two-sided sign test p = {p_sign:.2g})" in md
+    mean = sum(dd for *_, dd in pairs) / 24
+    assert f"lag 8 − lag 1: {mean:+.1f} points" in md and "-7.0 points" in md
+    doc = (ROOT / "docs/results/collapse_cpu.md").read_text()
+    head = "<!-- generated: pilot2-record from collapse_cpu/pilot2.csv and collapse_cpu/pilot2_curves.csv -->\n"
+    assert head + md + "<!-- /generated -->" in doc

@@ -54,16 +54,17 @@ def test_a_damaged_config_yaml_is_refused_in_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- sat report
-def _store(tmp_path, runs):
-    """A real MLflow sqlite store with one finished run per ``(model, seed, evals)``."""
+def _store(tmp_path, runs, extra=None):
+    """A real MLflow sqlite store with one finished run per ``(model, seed, evals)``; ``extra``:
+    more params per run (``extra[i]`` for run ``i``)."""
     import mlflow
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("mixed")
-    for model, seed, evals in runs:
-        run = client.create_run(exp, run_name=f"{model}-s{seed}")
+    for i, (model, seed, evals) in enumerate(runs):
+        run = client.create_run(exp, run_name=f"{model}-s{seed}-{i}")
         params = {
             "algo.name": "grpo",
             "clip.name": "ppo",
@@ -72,6 +73,10 @@ def _store(tmp_path, runs):
             "model.name": model,
             "task.name": "toy_add",
             "eval.name": "toy",
+            "run.name": f"r{i}",  # names and places a run: never splits a cell
+            "tracking.uri": f"sqlite:///{i}.db",
+            "env.cpu.count": str(i),  # the recorded machine: warned about, not split
+            **(extra[i] if extra else {}),
         }
         for k, v in params.items():
             client.log_param(run.info.run_id, k, v)
@@ -100,6 +105,41 @@ def test_report_splits_a_cell_holding_runs_of_two_models(tmp_path):
     assert sizes == {"GRPO · model=tiny_moe": 2, "GRPO · model=qwen3_0_6b": 1}  # never n = 3
     note = next(n for n in rep["selection"].notes if "differ in model" in n)
     assert "qwen3_0_6b, tiny_moe" in note
+
+
+def test_report_splits_a_cell_on_every_differing_parameter_but_the_seed(tmp_path):
+    """Runs of one method and lag that differ in the learning rate or the batch size are never
+    one cell (issue 55: "n = 2" of two learning rates); the seed, names and the recorded
+    machine do not split."""
+    from sat_cli.report.run import build_report
+
+    ev = [(0, 10.0), (5, 20.0)]
+    lrs = [{"trainer.lr": "0.0003"}, {"trainer.lr": "0.0003"}, {"trainer.lr": "0.001"}]
+    client = _store(tmp_path, [("tiny_moe", s, ev) for s in (0, 1, 0)], lrs)
+    rep = build_report(client, "mixed")
+    sizes = {row: len(rep["cells"][(row, "1")].runs) for row in rep["rows"]}
+    assert sizes == {"GRPO · trainer.lr=0.0003": 2, "GRPO · trainer.lr=0.001": 1}
+    assert any("differ in trainer.lr" in n for n in rep["selection"].notes)
+    both = [{"trainer.lr": "1", "task.prompts_per_step": "8"}, {"trainer.lr": "2"}]
+    client = _store(tmp_path / "b", [("tiny_moe", s, ev) for s in (0, 1)], both)
+    rows = build_report(client, "mixed")["rows"]
+    want = [
+        "GRPO · task.prompts_per_step=8 · trainer.lr=1",
+        "GRPO · task.prompts_per_step=? · trainer.lr=2",
+    ]
+    assert rows == want
+
+
+def test_report_refuses_two_runs_of_one_seed_in_a_cell(tmp_path):
+    from sat_cli.report.run import build_report
+
+    ev = [(0, 10.0), (5, 20.0)]
+    client = _store(tmp_path, [("tiny_moe", 0, ev), ("tiny_moe", 1, ev), ("tiny_moe", 0, ev)])
+    with pytest.raises(UserError) as err:
+        build_report(client, "mixed")
+    msg = str(err.value)
+    assert "the cell 'GRPO' at lag 1 holds 2 runs of seed=0 (tiny_moe-s0-0, tiny_moe-s0-2)" in msg
+    assert "which differ in env.cpu.count, run.name, tracking.uri: a seed counts once" in msg
 
 
 def test_report_refuses_to_compute_statistics_when_no_run_has_an_outcome(tmp_path):

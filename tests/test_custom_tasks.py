@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -282,7 +283,9 @@ def test_parquet_fields_python_reward_chat_template_on_a_tiny_llama(tmp_path):
         {"q": f"{i}+1", "gold": str(i + 1), "flaky": i % 10 == 3, "k": f"r{i}"} for i in range(20)
     ]
     _parquet(tmp_path / "train.parquet", rows)
-    _parquet(tmp_path / "held.parquet", [{**r, "k": f"h{i}"} for i, r in enumerate(rows[:3])])
+    # held-out row h1's reward fails: 1 of the 3 samples of each evaluation (below the limit)
+    held = [{**r, "k": f"h{i}", "flaky": i == 1} for i, r in enumerate(rows[:3])]
+    _parquet(tmp_path / "held.parquet", held)
     (tmp_path / "my_reward.py").write_text(FLAKY_REWARD)
     out = run_sat(
         "train",
@@ -333,6 +336,9 @@ def test_parquet_fields_python_reward_chat_template_on_a_tiny_llama(tmp_path):
     assert flaky_calls == 4  # rows 3 and 13, twice each
     assert sum(m.value * 10 for m in errors) == pytest.approx(flaky_calls)
     assert len(client.get_metric_history(run.info.run_id, "reward/correct")) == 4
+    (key,) = [k for k in run.data.metrics if re.fullmatch(r"eval/.+/reward_error_frac", k)]
+    errs = client.get_metric_history(run.info.run_id, key)
+    assert sorted((m.step, m.value) for m in errs) == [(0, 1 / 3), (4, 1 / 3)]
     assert len(client.get_metric_history(run.info.run_id, "reward/short")) == 4
     assert run.info.status == "FINISHED"
     # what the model wrote: a samples table per evaluation and every tracking.samples_every steps

@@ -211,8 +211,10 @@ def test_evaluate_arithmetic_and_rows() -> None:
         "eval/toy/pass@2": res.pass_at_k[2],
         "eval/toy/pass@3": res.pass_at_k[3],
         "eval/toy/pass@4": res.pass_at_k[4],
+        "eval/toy/reward_error_frac": 0.0,  # the task's grader never fails
     }
     assert set(metrics(res, final=True)) == {
+        "final/toy/reward_error_frac",
         "final/toy/avg@4",
         "final/toy/pass@1",
         "final/toy/pass@2",
@@ -364,3 +366,58 @@ def test_eval_folder_is_created_exclusively(tmp_path):
     got = [_own_folder(base) for _ in range(3)]
     assert [p.name for p in got] == [base.name, base.name + "-2", base.name + "-3"]
     assert all(p.is_dir() for p in got)
+
+
+FAILING_REWARD = """
+def score(prompt, response, row):
+    if "boxed" not in response:
+        raise ValueError("no box in " + response)
+    return 1.0 if "{" + row["answer"] + "}" in response else 0.0
+"""
+
+
+def test_reward_errors_of_an_evaluation_are_logged_and_refused_above_the_limit(tmp_path):
+    """A reward plugin (real worker processes) that raises on the responses without a box:
+    those samples count as wrong in avg@k, and the evaluation reports their fraction
+    (``eval/<bench>/reward_error_frac``); above ``reward.max_error_frac`` it is refused."""
+    from types import SimpleNamespace
+
+    from test_rewards import settings as reward_settings
+
+    from sat_cli.evaluation.output import check_reward_errors
+    from sat_cli.rewards import RewardFailed
+    from sat_cli.rewards.grading import PassGrader
+
+    fn = tmp_path / "reward.py"
+    fn.write_text(FAILING_REWARD)
+    reward = reward_settings(name="python", fn=f"{fn}:score", on_error=0.0, workers=1)
+    settings = SimpleNamespace(**vars(reward), pass_threshold=1.0)
+    grader = PassGrader(settings, SimpleNamespace(scorer=None))
+    engine, tok = _engine()
+    try:
+        res = evaluate(
+            engine,
+            tok,
+            PROBLEMS,
+            n=4,
+            sampling=SamplingParams(),
+            template=TEMPLATE,
+            grader=grader,
+            name="toy",
+        )
+    finally:
+        grader.close()
+    # without a box: "Answer: 5", "no idea" (p1), "Answer: 6" (p3): 3 of 12 samples failed
+    assert (res.meta["reward_errors"], res.meta["graded"]) == (3, 12)
+    assert res.reward_error_frac == 0.25
+    assert metrics(res)["eval/toy/reward_error_frac"] == 0.25
+    assert "no box in Answer: 5" in res.meta["reward_error"]
+    # correct with the box only: p1 1 (\boxed{5}), p2 0 (the gold is \frac{1}{2}), p3 0
+    assert [r.correct for r in res.rows] == [1, 0, 0]
+    check_reward_errors(res, 0.25)  # at the limit: allowed
+    with pytest.raises(
+        RewardFailed,
+        match=r"evaluation toy: 3 of 12 rewards failed \(25.0% > "
+        r"reward.max_error_frac=0.2\), so its avg@4 8.3 counts them as wrong",
+    ):
+        check_reward_errors(res, 0.2)

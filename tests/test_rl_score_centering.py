@@ -180,7 +180,6 @@ def _inputs(seed=2, B=4, T=5):
         ("grpo", "icepop", "rollout", "token-mean", Weight("mask", 0.9, 1.1)),
         # GSPO aggregates seq-mean-token-mean whatever agg says
         ("gspo", "none", "recompute", "token-mean", NO_IS),
-        ("dppo_tv", "none", "rollout", "token-mean", Weight("ratio")),
     ],
 )
 def test_loss_is_base_plus_aggregated_a_times_c(algo, correction, denom, agg, weight):
@@ -248,6 +247,13 @@ def _expected_gradient(cfg: LossConfig, z, head, q):
     return total
 
 
+def _wide(algo: str, correction: str, denom: str) -> LossConfig:
+    """Radii wide enough that no token is clipped; TIS, MIS and IcePop bounds that bite on some
+    tokens of ``_categorical`` (p/q from .57 to 2.5; the tail 1.4)."""
+    wide = dict(eps_low=0.9, eps_high=5.0, tis_cap=1.2, icepop_low=0.8, icepop_high=1.6)
+    return LossConfig(algo=algo, correction=correction, ratio_denominator=denom, **wide)
+
+
 @pytest.mark.parametrize(
     "algo,correction,denom",
     [
@@ -258,7 +264,6 @@ def _expected_gradient(cfg: LossConfig, z, head, q):
         ("grpo", "icepop", "rollout"),
         ("gspo", "none", "recompute"),
         ("gspo_token", "tis", "rollout"),
-        ("dppo_tv", "none", "rollout"),
     ],
 )
 def test_centred_loss_has_zero_expected_gradient_under_the_sampler(algo, correction, denom):
@@ -270,17 +275,7 @@ def test_centred_loss_has_zero_expected_gradient_under_the_sampler(algo, correct
     z, head, q = _categorical()
     p = torch.softmax(z.detach(), -1)
     assert float((p / q).min()) < 0.6 and float((p / q).max()) > 1.8
-    cfg = LossConfig(
-        algo=algo,
-        correction=correction,
-        ratio_denominator=denom,
-        eps_low=0.9,
-        eps_high=5.0,
-        tis_cap=1.2,
-        icepop_low=0.8,
-        icepop_high=1.6,
-        dppo_delta=1.0,
-    )
+    cfg = _wide(algo, correction, denom).replace(dppo_delta=1.0)
     drift = _expected_gradient(cfg, z, head, q)
     centred = _expected_gradient(cfg.replace(score_centering=True), z, head, q)
     torch.testing.assert_close(centred, torch.zeros_like(centred), rtol=0, atol=1e-14)
@@ -330,6 +325,8 @@ def test_config_refuses_centering_without_an_estimator():
             load([f"algo={algo}", *sc])
         _, obj = load([f"algo={algo}", "algo.ratio_denominator=recompute", *sc])
         assert obj.algo.score_centering
+    with pytest.raises(ConfigError, match="not drift-free on algo=dppo_tv"):
+        load(["algo=dppo_tv", *sc])  # its keep-mask: no drift-free centering (issue 55)
     for correction in ("mis", "icepop"):  # defined now (docs/algorithms.md §5)
         assert load([f"algo.correction={correction}", *sc])[1].algo.correction == correction
     r = subprocess.run(
@@ -340,3 +337,61 @@ def test_config_refuses_centering_without_an_estimator():
     )
     assert r.returncode == 2 and "no estimator for algo=gspo" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("denom", ["rollout", "recompute"])
+@pytest.mark.parametrize("correction", ["none", "tis", "mis", "icepop"])
+@pytest.mark.parametrize(
+    "algo",
+    ["ppo", "grpo", "gspo", "gspo_token", "dppo_tv", "decoupled_ppo", "m2po", "a3po", "vcpo"],
+)
+def test_centering_is_drift_free_on_every_base_it_accepts(algo, correction, denom):
+    """Every algorithm x correction x ratio denominator that is a base (the loss takes it
+    without centering): the config (``check_loss_additions``) and the loss refuse score
+    centering alike, or the centred loss has zero expected gradient
+    under the sampler (the exact 6-token expectation above) with each setting at its default
+    (``dppo_delta`` 1e-3, where DPPO-TV's keep-mask bites; radii wide, so no clip does)."""
+    from types import SimpleNamespace
+
+    from sat_cli.config.additions import check_loss_additions
+    from sat_cli.rl.names import ALGOS, CORRECTIONS, DENOMINATORS
+    from sat_cli.validate import ConfigError
+
+    assert algo in ALGOS and correction in CORRECTIONS and denom in DENOMINATORS  # every base
+    assert len(ALGOS) * len(CORRECTIONS) * len(DENOMINATORS) == 72  # ... and no other
+    z, head, q = _categorical()
+    cfg = _wide(algo, correction, denom)
+    algo_cfg = SimpleNamespace(
+        name=algo,
+        correction=correction,
+        ratio_denominator=denom,
+        str_delta=None,
+        score_centering=True,
+        score_centering_topk=3,
+    )
+    try:
+        _expected_gradient(cfg, z, head, q)
+    except ValueError:  # not a base with these inputs (no correction allowed, other inputs)
+        with pytest.raises(ValueError):
+            _expected_gradient(cfg.replace(score_centering=True), z, head, q)
+        return
+    try:
+        check_loss_additions(algo_cfg)
+    except ConfigError:
+        with pytest.raises(ValueError, match="score.centering|no estimator"):
+            _expected_gradient(cfg.replace(score_centering=True), z, head, q)
+        return
+    centred = _expected_gradient(cfg.replace(score_centering=True), z, head, q)
+    torch.testing.assert_close(centred, torch.zeros_like(centred), rtol=0, atol=1e-14)
+
+
+def test_dppo_tv_keeps_a_drift_that_centering_cannot_cancel():
+    """Why score centering refuses DPPO-TV: against mu its token weight is k = p/q on the kept
+    tokens, so the centering term is exactly 0 (c = p - p), and the keep-mask, which drops
+    tokens by |p - q| > delta, leaves the base's drift in place."""
+    z, head, q = _categorical()
+    cfg = LossConfig(algo="dppo_tv", eps_low=0.9, eps_high=5.0)  # dppo_delta: its default 1e-3
+    drift = _expected_gradient(cfg, z, head, q)
+    assert float(drift.abs().max()) == pytest.approx(0.1363, abs=1e-4)
+    with pytest.raises(ValueError, match="not drift-free on 'dppo_tv'"):
+        _expected_gradient(cfg.replace(score_centering=True), z, head, q)

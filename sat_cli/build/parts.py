@@ -151,7 +151,14 @@ def build_evaluator(
     its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`).
     With ``tracker``, each evaluation's samples table goes to ``samples/eval_step_<version>``."""
     from sat_cli.evaluation import metrics
+    from sat_cli.evaluation.output import check_reward_errors
 
     run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
     run = logging_samples(run, tracker, final) if tracker is not None else run
-    return lambda: metrics(run(), final=final)
+
+    def evaluate() -> dict[str, float]:
+        res = run()
+        check_reward_errors(res, obj.reward.max_error_frac)  # above it: the run ends FAILED
+        return metrics(res, final=final)
+
+    return evaluate

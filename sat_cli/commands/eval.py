@@ -234,7 +234,8 @@ class Evaluator:
             tracker.log_dict(samples_table(res.samples), M.samples_artifact("eval", 0))
         if res.interrupted is not None:
             return "KILLED"
-        return "FINISHED" if res.complete and self.write_error is None else "FAILED"
+        ok = res.complete and res.reward_error_frac <= self.obj.reward.max_error_frac
+        return "FINISHED" if ok and self.write_error is None else "FAILED"
 
     def _outcome(self, res: EvalResult) -> EvalResult:
         """``res`` when complete; else the reason it is not, raised (the run has ended)."""
@@ -245,6 +246,9 @@ class Evaluator:
             raise res.interrupted
         if not res.complete:
             raise RunFailed(f"evaluation INCOMPLETE ({res.error}); partial results in {self.out}")
+        from sat_cli.evaluation.output import check_reward_errors
+
+        check_reward_errors(res, self.obj.reward.max_error_frac)
         return res
 
 

@@ -2,7 +2,9 @@
 
 * ``algo.str_delta`` (the sequence trust region) and ``algo.score_centering`` compose with the
   clipped algorithms that carry no behaviour weight of their own (``rl.names.TRUST_ALGOS``);
-* score centering has no estimator for a sequence-level ratio against ``mu`` (GSPO and
+* score centering is not drift-free on ``dppo_tv`` (its keep-mask is not a function of the
+  token's ratio; ``rl.names.CENTERING_ALGOS``), and has no estimator for a sequence-level
+  ratio against ``mu`` (GSPO and
   GSPO-token with ``algo.correction=none`` and ``algo.ratio_denominator=rollout``;
   ``rl.score_centering.weight_for``), and needs the sampler's top-k
   (``algo.score_centering_topk >= 1``).
@@ -13,7 +15,7 @@ fail at compose time, like every other setting.
 
 from __future__ import annotations
 
-from sat_cli.rl.names import SEQUENCE_ALGOS, TRUST_ALGOS
+from sat_cli.rl.names import CENTERING_ALGOS, SEQUENCE_ALGOS, TRUST_ALGOS
 from sat_cli.validate import ConfigError, check_range
 
 
@@ -29,6 +31,12 @@ def check_loss_additions(algo) -> None:
         )
     if not algo.score_centering:
         return
+    if algo.name not in CENTERING_ALGOS:
+        raise ConfigError(
+            f"algo.score_centering=true is not drift-free on algo={algo.name}: its keep-mask "
+            "drops tokens by |pi - mu|, not by their own ratio, which the centering cannot "
+            f"cancel; it composes with algo={'|'.join(CENTERING_ALGOS)} (docs/algorithms.md §5)"
+        )
     seq_ratio = algo.name in SEQUENCE_ALGOS and algo.correction == "none"
     if seq_ratio and algo.ratio_denominator == "rollout":
         raise ConfigError(

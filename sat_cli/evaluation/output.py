@@ -24,7 +24,23 @@ def metrics(result: EvalResult, final: bool = False) -> dict[str, float]:
     out.update({M.pass_key(name, k, final): v for k, v in result.pass_at_k.items()})
     if result.meta.get("overlong"):
         out[M.overlong_key(name, final)] = float(result.meta["overlong"])
+    out[M.reward_error_key(name, final)] = result.reward_error_frac
     return out
+
+
+def check_reward_errors(result: EvalResult, max_frac: float) -> None:
+    """:class:`~sat_cli.rewards.RewardFailed` when more of the evaluation's rewards failed than
+    ``reward.max_error_frac`` allows: its avg@k would count them as wrong answers, silently."""
+    frac = result.reward_error_frac
+    if frac > max_frac:
+        from sat_cli.rewards import RewardFailed
+
+        raise RewardFailed(
+            f"evaluation {result.name}: {result.meta['reward_errors']} of "
+            f"{result.meta['graded']} rewards failed ({frac:.1%} > reward.max_error_frac="
+            f"{max_frac:g}), so its avg@{result.n} {result.avg_at_k:.1f} counts them as wrong; "
+            f"the first: {result.meta.get('reward_error')}"
+        )
 
 
 def write_results(result: EvalResult, out_dir: str | os.PathLike) -> dict[str, Path]:

@@ -54,6 +54,11 @@ class EvalResult:
     def num_finished(self) -> int:
         return len(self.rows)
 
+    @property
+    def reward_error_frac(self) -> float:
+        """The fraction of graded samples whose reward failed (counted as wrong in avg@k)."""
+        return self.meta.get("reward_errors", 0) / max(self.meta.get("graded", 0), 1)
+
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -150,6 +155,8 @@ def evaluate(
         "sampling": asdict(sampling),
         "batch_size": batch_size,
         "overlong": len(overlong),
+        "reward_errors": 0,  # graded samples whose reward failed (a reward plugin's error)
+        "graded": 0,  # samples graded
     }
     try:
         for start in range(0, len(problems), batch_size):
@@ -180,6 +187,10 @@ def evaluate(
                 ]
                 prompt = _prompt(template, prob, tokenizer)
                 flags, rewards, parts, errors = grade_group(grader, prompt, texts, prob)
+                meta["graded"] += len(errors)
+                meta["reward_errors"] += sum(e is not None for e in errors)
+                if "reward_error" not in meta and any(e is not None for e in errors):
+                    meta["reward_error"] = next(e for e in errors if e is not None)
                 for j, t in enumerate(texts[: max(0, MAX_TABLE_ROWS - len(table))]):
                     table.append(
                         {

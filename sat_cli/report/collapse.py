@@ -18,6 +18,11 @@ evaluation step ``k`` from which every evaluation is below ``0.5 * best_k`` (non
 **SAT can act** on a step iff ``q < max(ln(1 + eps_high), -ln(1 - eps_low))``, with ``q`` the
 logged ``staleness/q_shadow`` (runs without SAT) or ``sat/q`` (SAT runs); the fraction counts
 the steps before the time to collapse (all steps without one).
+
+Study v5 (docs/results/sat_lag_v5_cpu.md) adds, per run: the mean of the evaluations at steps
+200-300 (its primary endpoint), the early crash ``E_20 < 0.5 * E_0``, the final evaluation, the
+realised clipped fraction (the dose) and the mean d̄π; ``sat_cli.report.lag_study`` holds its
+rules.
 """
 
 from __future__ import annotations
@@ -62,11 +67,20 @@ class StudyRow:
     late_gain: str = ""  # the run's tag collapse_late_gain ("" = the design's default)
     can_act_early: str = ""  # fraction of steps EARLY_WINDOW on which SAT can act
     started: str = ""  # the MLflow run's start time, UTC (a resumed run keeps its first)
+    # added for study v5 (docs/results/sat_lag_v5_cpu.md); absent from pilot 1's and 2's CSVs
+    eval_window: str = ""  # mean of the evaluations at steps PRIMARY_WINDOW (both ends included)
+    early_crash: str = ""  # 1 iff E_20 < 0.5 * E_0 (EARLY_CRASH_STEP), "" without both
+    final_eval: str = ""  # the final evaluation (final/<bench>/avg@k), "" if not logged
+    dose: str = ""  # mean over steps of loss/clipfrac (+ sat/clipfrac_sat_band when logged)
+    dpi_mean: str = ""  # mean over steps of d̄π (staleness/abs_logratio_mean or its stand-in)
 
 
 COLUMNS = [f.name for f in fields(StudyRow)]
 COLUMNS_PILOT1 = COLUMNS[: COLUMNS.index("design")]  # the columns of pilot 1's CSV
+COLUMNS_PILOT2 = COLUMNS[: COLUMNS.index("eval_window")]  # ... and of pilot 2's
 EARLY_WINDOW = (1, 32)  # pilot 2's rule 3 window: training steps 1..32, whatever happens later
+PRIMARY_WINDOW = (200, 300)  # study v5's primary endpoint: the mean of E_200 .. E_300
+EARLY_CRASH_STEP = 20  # study v5's early crash: E_20 below half of E_0
 
 
 def _fmt(x: float | None) -> str:
@@ -113,6 +127,30 @@ def window_fraction(q: list[tuple[int, float]], threshold: float, window=EARLY_W
     return sum(v < threshold for v in steps) / len(steps) if steps else None
 
 
+def window_mean(evals: list[tuple[int, float]], window=PRIMARY_WINDOW) -> float | None:
+    """Mean of the evaluations at steps ``window[0] <= step <= window[1]`` (None if none)."""
+    vals = [v for s, v in evals if window[0] <= s <= window[1]]
+    return sum(vals) / len(vals) if vals else None
+
+
+def early_crash(evals: list[tuple[int, float]], step: int = EARLY_CRASH_STEP) -> int | None:
+    """1 iff the evaluation at ``step`` is below half the one at step 0 (None without both)."""
+    at = dict(evals)
+    if 0 not in at or step not in at:
+        return None
+    return int(at[step] < HALF * at[0])
+
+
+def mean_dose(clipfrac: list[tuple[int, float]], band: list[tuple[int, float]]) -> float | None:
+    """Mean over the logged steps of the clipped fraction plus, step by step, SAT's band (the
+    fraction only SAT's contracted interval clips; 0 on a step without it): the dose of
+    ``sat calibrate-control``, realised in a run."""
+    if not clipfrac:
+        return None
+    extra = dict(band)
+    return sum(v + extra.get(s, 0.0) for s, v in clipfrac) / len(clipfrac)
+
+
 def _utc(ms: int) -> str:
     import datetime as dt
 
@@ -135,6 +173,7 @@ def study_row(run) -> StudyRow:
     thr = can_act_threshold(run.eps_low, run.eps_high)
     ess = [v for _, v in run.values(M.ESS)]
     steps = [s for s, _ in rewards]
+    final = run.last(run.final_key) if run.final_key else None
     return StudyRow(
         method=run.method,
         lag=run.lag,
@@ -158,6 +197,11 @@ def study_row(run) -> StudyRow:
         late_gain=run.tags.get("collapse_late_gain", ""),
         can_act_early=_fmt(window_fraction(q, thr)),
         started=_utc(run.start_time),
+        eval_window=_fmt(window_mean(ev)),
+        early_crash=_fmt(early_crash(ev)),
+        final_eval=_fmt(final[0] if final else None),
+        dose=_fmt(mean_dose(run.values(M.CLIPFRAC), run.values(M.SAT_BAND))),
+        dpi_mean=_fmt(_mean(run.values(run.dpi_key))),
     )
 
 
@@ -194,6 +238,11 @@ OPTIONAL_NUMBERS = (
     "best_step",
     "late_gain",
     "can_act_early",
+    "eval_window",
+    "early_crash",
+    "final_eval",
+    "dose",
+    "dpi_mean",
 )
 
 
@@ -209,7 +258,7 @@ def _check_number(text: str, column: str, line: int) -> None:
 def read_rows(text: str) -> list[StudyRow]:
     """The rows of a CSV written by ``rows_csv`` (a clear error for another file)."""
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames not in (COLUMNS, COLUMNS_PILOT1):
+    if reader.fieldnames not in (COLUMNS, COLUMNS_PILOT1, COLUMNS_PILOT2):
         raise ValueError(f"not a collapse-study CSV: columns {reader.fieldnames}, want {COLUMNS}")
     out = []
     for i, d in enumerate(reader, start=2):
@@ -218,6 +267,10 @@ def read_rows(text: str) -> list[StudyRow]:
                 _check_number(d[k], k, i)
         if d.get("best_step") and not (d["best_step"].isascii() and d["best_step"].isdigit()):
             raise ValueError(f"line {i}: column best_step is {d['best_step']!r}, not a step")
+        if d.get("early_crash", "") not in ("", "0", "1"):
+            raise ValueError(
+                f"line {i}: column early_crash is {d['early_crash']!r}, want 0, 1 or empty"
+            )
         out.append(
             StudyRow(
                 **{

@@ -159,10 +159,13 @@ def confirm_markdown(rows: list[StudyRow]) -> str:
 
 
 def study_markdown(rows: list[StudyRow]) -> str:
-    """Pilot 2's table when its runs carry its design tag, else pilot 1's when the rows span
-    lags 1 and 8, else the confirmatory table."""
+    """Study v5's tables when its runs carry its design tag, pilot 2's when they carry pilot 2's,
+    else pilot 1's when the rows span lags 1 and 8, else the confirmatory table."""
     from sat_cli.report.collapse_pilot2 import ROUND1, ROUND2, pilot2_markdown
+    from sat_cli.report.lag_study import DESIGN, lag_study_markdown
 
+    if any(r.design == DESIGN for r in rows):
+        return lag_study_markdown(rows)
     if any(r.design in (ROUND1, ROUND2) for r in rows):
         return pilot2_markdown(rows)
     lags = {r.lag for r in rows}
@@ -182,7 +185,24 @@ def study_from_csv(path: Path) -> str:
         raise UserError(f"{path}: not a collapse-study CSV ({str(exc)[:200]})") from None
     if not rows:
         raise UserError(f"{path}: no runs")
-    return study_markdown(rows)
+    return study_markdown(rows) + _pilot2_record(rows, path)
+
+
+def _pilot2_record(rows: list[StudyRow], path: Path) -> str:
+    """Pilot 2's corrected record (early crash, lag gap over both rounds) when its curves file
+    (``<name>_curves.csv``) lies beside its rows; else nothing."""
+    from sat_cli.report.collapse_curves import read_curves
+    from sat_cli.report.collapse_pilot2 import ROUND1, ROUND2, record_markdown
+    from sat_cli.util.readers import read_text
+
+    curves = path.with_name(f"{path.stem}_curves.csv")
+    if not any(r.design in (ROUND1, ROUND2) for r in rows) or not curves.is_file():
+        return ""
+    text = read_text(curves, what=str(curves), error=UserError, max_bytes=64 << 20)
+    try:
+        return "\n" + record_markdown(rows, read_curves(text))
+    except (ValueError, KeyError) as exc:
+        raise UserError(f"{curves}: not a collapse-curves CSV ({str(exc)[:200]})") from None
 
 
 def write_study(runs, out_dir: Path) -> None:

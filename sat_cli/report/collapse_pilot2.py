@@ -78,7 +78,7 @@ def _curve(rows: list[StudyRow]) -> str:
     )
 
 
-def _provenance(rows: list[StudyRow]) -> str:
+def provenance(rows: list[StudyRow]) -> str:
     commits: dict[str, int] = {}
     for r in rows:
         commits[r.commit or "?"] = commits.get(r.commit or "?", 0) + 1
@@ -152,4 +152,91 @@ def pilot2_markdown(rows: list[StudyRow]) -> str:
     out_text = "\n".join(lines) + "\n\n" + verdict + "\n"
     if notes:
         out_text += "\n" + "\n".join(notes) + "\n"
-    return out_text + "\n" + _provenance(rows) + "\n"
+    return out_text + "\n" + provenance(rows) + "\n"
+
+
+# ----------------------------------------------------------------------------- the record
+# Added after pilot 2 ended (issue 55), descriptive, no rule of the pilot changes: what its rows
+# and curves show beyond the qualification rules, computed here so the write-up quotes code.
+
+
+def _candidate(r: StudyRow) -> str:
+    return r.method.split()[0]
+
+
+def early_crashes(rows: list[StudyRow], curves: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    """``(candidate, lag) -> (runs with E_20 < 0.5 * E_0, runs)`` over both rounds, from the
+    evaluation curves (``read_curves``); the shared start (no lag-8 run) is left out."""
+    from sat_cli.report.collapse import early_crash
+
+    compared = {(r.method, r.design) for r in rows if r.lag == "8"}
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in rows:
+        crash = early_crash(curves.get((r.run, "eval"), []))
+        if (r.method, r.design) not in compared or crash is None:
+            continue
+        k, n = out.get((_candidate(r), r.lag), (0, 0))
+        out[(_candidate(r), r.lag)] = (k + crash, n + 1)
+    return out
+
+
+def lag_pairs(rows: list[StudyRow]) -> list[tuple[str, str, float]]:
+    """``(candidate and round, seed, E_last at lag 8 - E_last at lag 1)`` for every seed run
+    at both lags, in the rows' order (both rounds; their last evaluation: step 300 or 600)."""
+    at = {}
+    for r in rows:
+        group = f"{_candidate(r)} round {2 if r.design == ROUND2 else 1}"
+        at[(group, r.seed, r.lag)] = r.eval_last
+    return [
+        (group, seed, v - at[(group, seed, "1")])
+        for (group, seed, lag), v in at.items()
+        if lag == "8" and (group, seed, "1") in at
+    ]
+
+
+def _sign_line(pairs: list[tuple[str, str, float]]) -> str:
+    from scipy import stats
+
+    from sat_cli.report.stats import t_interval
+
+    diffs = [d for *_, d in pairs]
+    rounds = [
+        f"{label} {sum(d < 0 for g, _, d in pairs if g.endswith(suffix))} of "
+        f"{sum(g.endswith(suffix) for g, _, _ in pairs)}"
+        for label, suffix in (("round 1", "round 1"), ("round 2", "round 2"))
+    ]
+    below = sum(d < 0 for d in diffs)
+    p_sign = stats.binomtest(below, sum(d != 0 for d in diffs), 0.5).pvalue
+    mean, half, n = t_interval(diffs)
+    groups = list(dict.fromkeys(g for g, _, _ in pairs))
+    above = {g: sum(d > 0 for h, _, d in pairs if h == g) for g in groups}
+    total = {g: sum(h == g for h, _, _ in pairs) for g in groups}
+    flipped = [f"{g} ({above[g]} of {total[g]})" for g in groups if 2 * above[g] > total[g]]
+    text = (
+        "Lag 8 ended below lag 1 (last evaluation, same candidate, round and seed) in "
+        + "; ".join(rounds)
+        + f"; both rounds {below} of {len(diffs)} pairs (two-sided sign test p = {p_sign:.2g}). "
+        f"Mean difference lag 8 − lag 1: {mean:+.1f} points, 95 % t-interval "
+        f"{mean - half:+.1f} … {mean + half:+.1f} (n = {n})."
+    )
+    if flipped:
+        text += " Lag 8 above lag 1 in most pairs: " + ", ".join(flipped) + "."
+    return text
+
+
+def record_markdown(rows: list[StudyRow], curves: dict) -> str:
+    """The corrected record of pilot 2 (collapse_cpu.md): the early crash per candidate and lag
+    with Fisher's exact test, and the lag gap of the last evaluation over both rounds."""
+    from scipy import stats
+
+    crashes = early_crashes(rows, curves)
+    lines = [
+        "| candidate | early crash (E_20 < ½ E_0), lag 8 | lag 1 | Fisher exact p |",
+        "|---|---|---|---|",
+    ]
+    for cid in CANDIDATES:
+        (k8, n8), (k1, n1) = crashes.get((cid, "8"), (0, 0)), crashes.get((cid, "1"), (0, 0))
+        if n8 and n1:
+            p = stats.fisher_exact([[k8, n8 - k8], [k1, n1 - k1]]).pvalue
+            lines.append(f"| {cid} | {k8}/{n8} | {k1}/{n1} | {p:.3g} |")
+    return "\n".join(lines) + "\n\n" + _sign_line(lag_pairs(rows)) + "\n"

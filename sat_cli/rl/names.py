@@ -13,6 +13,10 @@ UNCLIPPED_ALGOS = ("m2po", "vcpo")  # no clip interval: SAT (clip.adaptive) cann
 # clipped algorithms without a behaviour weight of their own: the sequence trust region
 # (str_delta) and score centering compose with these only
 TRUST_ALGOS = ("ppo", "grpo", "gspo", "gspo_token", "dppo_tv")
+# score centering cancels the drift of a token weight that is a function of the token's own
+# ratio k = p/mu (docs/algorithms.md §5); dppo_tv's keep-mask depends on |p - mu| instead, so
+# on it the centred loss keeps a drift: score centering composes with these only
+CENTERING_ALGOS = ("ppo", "grpo", "gspo", "gspo_token")
 # sequence-level ratios: with the ratio against mu (no correction) score centering has no estimator
 SEQUENCE_ALGOS = ("gspo", "gspo_token")
 CORRECTIONS = ("none", "tis", "mis", "icepop")

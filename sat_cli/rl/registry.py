@@ -40,7 +40,8 @@ Two additions compose with the clipped algorithms without a behaviour weight of 
 (``names.TRUST_ALGOS``: ppo, grpo, gspo, gspo_token, dppo_tv): the sequence trust region
 (``str_delta``, ``rl.seq_trust``) multiplies the per-token factor by 0 on every token of a
 response whose mean Bernoulli ``KL(mu || pi)`` exceeds ``str_delta``; score centering
-(``score_centering``, ``rl.score_centering``; coefficients for the loss's token weight) adds
+(``score_centering``, ``rl.score_centering``; coefficients for the loss's token weight; not on
+``dppo_tv``, whose keep-mask it cannot cancel: ``names.CENTERING_ALGOS``) adds
 ``A * sum_H sg(c_v) log p_v`` per token, aggregated like the policy loss, from the
 ``LossInputs`` top-k fields (a response the trust region drops carries no centering either).
 
@@ -66,7 +67,7 @@ from sat_cli.rl import offpolicy as off
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs, LossOutputs
 from sat_cli.rl.losses import aggregate, policy_loss
-from sat_cli.rl.names import DENOMINATORS, TRUST_ALGOS
+from sat_cli.rl.names import CENTERING_ALGOS, DENOMINATORS, TRUST_ALGOS
 from sat_cli.rl.score_centering import score_centering_term, weight_for
 from sat_cli.rl.seq_trust import str_keep
 
@@ -310,7 +311,8 @@ def compute(cfg: LossConfig, inputs: LossInputs) -> LossOutputs:
 
 def _check_additions(cfg: LossConfig) -> None:
     """The sequence trust region and score centering compose with ``TRUST_ALGOS`` only (clipped,
-    no behaviour weight of their own); score centering's own refusals: ``weight_for``."""
+    no behaviour weight of their own), score centering with ``CENTERING_ALGOS`` only (drift-free
+    there); score centering's own refusals: ``weight_for``."""
     on = [
         k
         for k, v in (
@@ -323,6 +325,11 @@ def _check_additions(cfg: LossConfig) -> None:
         raise ValueError(
             f"{' and '.join(on)} compose with the algorithms {', '.join(TRUST_ALGOS)} only; "
             f"got {cfg.algo!r}"
+        )
+    if cfg.score_centering and cfg.algo not in CENTERING_ALGOS:
+        raise ValueError(
+            f"score_centering is not drift-free on {cfg.algo!r} (its keep-mask is not a function "
+            f"of the token's ratio); it composes with {', '.join(CENTERING_ALGOS)} only"
         )
 
 

@@ -443,7 +443,7 @@ def test_settings_each_command_takes_are_accepted():
         (["trainer=megatron", "model=qwen3_0_6b"],
          r"trainer=megatron cannot train model=qwen3_0_6b \(Qwen/Qwen3-0\.6B-Base .*\): it builds "
          r"qwen3_moe models only, this one is 'qwen3'"),
-        (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task only; task\.kind=gsm8k"),
+        (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task or a file of yours \(task\.path=<file>\) only; task\.kind=gsm8k"),
         (["engine=sglang", "engine.device=cpu", "engine.dtype=bfloat16", "lag=2",
           "lag.mode=bounded", "lag.inflight_updates=true", "r3=true"],
          r"lag\.inflight_cache=recompute re-prefills running requests.*R3"),

@@ -1014,7 +1014,7 @@ CASES = {
     "tiny-model-other-task": (
         lambda t: ["config", "task=gsm8k"],
         2,
-        r"model=tiny_moe is warm-started on the toy task only; task\.kind=gsm8k needs model\.path",
+        r"model=tiny_moe is warm-started on the toy task or a file of yours \(task\.path=<file>\) only; task\.kind=gsm8k needs model\.path",
     ),
     "group-option-interpolation-climbs-out": (
         lambda t: ["config", "algo=${oc.env:HOME}"],

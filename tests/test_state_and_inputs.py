@@ -513,7 +513,7 @@ def test_settings_each_command_takes_are_accepted():
     [
         (["trainer=megatron", "model=qwen3_0_6b", "r3=true"],
          r"r3=true needs a Mixture-of-Experts model"),
-        (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task only; task\.kind=gsm8k"),
+        (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task or a file of yours \(task\.path=<file>\) only; task\.kind=gsm8k"),
         (["engine=sglang", "engine.device=cpu", "engine.dtype=bfloat16", "lag=2",
           "lag.mode=bounded", "lag.inflight_updates=true", "r3=true"],
          r"lag\.inflight_cache=recompute re-prefills running requests.*R3"),

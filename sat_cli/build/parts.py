@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sat_cli.errors import UserError
 from sat_cli.models import hub
 from sat_cli.models.weights_check import check_hf_dir
 from sat_cli.rewards.grading import logging_samples, plugin_grader
@@ -29,10 +28,6 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
     if obj.model.path:
         check_hf_dir(obj.model.path, "model.path", values=True)
         return str(obj.model.path)
-    if obj.task.kind != "toy":
-        raise UserError(
-            "model=tiny_moe warm-starts on the toy task only; set model.path for other tasks"
-        )
     from sat_cli.models.arch import TINY_MOE_CONFIG
     from sat_cli.models.warmstart import WarmStartSettings, ensure_warm_start
 
@@ -44,6 +39,10 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
     kw.update(target_accuracy=ws.target_accuracy, model_overrides=overrides)
     settings = WarmStartSettings(digits=obj.task.digits, heldout_size=ws.eval_size, **kw)
     cache = Path(obj.run.dir) / "cache"
+    if obj.task.kind != "toy":  # a user's file: the toy warm start, then SFT on its rows
+        from sat_cli.models.task_warmstart import tiny_task_warm_start
+
+        return str(tiny_task_warm_start(obj, cache, overrides, log=log))
     return str(ensure_warm_start(cache, settings, use_shipped=use_shipped, log=log))
 
 

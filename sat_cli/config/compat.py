@@ -6,8 +6,9 @@ found only when `sat train` reached the part that failed (after the run folder w
 run at compose time (:class:`sat_cli.config.schema.SatConfig`), so every command refuses them
 the same way (``ConfigError``, exit 2):
 
-* ``model=tiny_moe`` without ``model.path`` is warm-started on the toy task only: another
-  ``task.kind`` needs ``model.path`` (the warm start refused it at start-up);
+* ``model=tiny_moe`` without ``model.path`` is warm-started on the toy task or on a user's file
+  (``task.path``, :mod:`sat_cli.models.task_warmstart`): a shipped data set (``task=gsm8k``
+  without ``task.path``) needs ``model.path``;
 * ``trainer=megatron`` builds all-MoE Qwen3 models (``qwen3_moe``, every layer MoE), dense Qwen3
   (``qwen3``) and Llama (``llama``) models, with no attention or MLP bias, no sliding window, no
   RoPE scaling and SiLU (``sat_cli.trainers.megatron.model.check_supported``, kept in step with
@@ -68,10 +69,11 @@ def check_compat(c) -> None:
     """Refuse the combinations of the module docstring that span no one component (``c``: a
     ``SatConfig``); each component's own rules are its registry entry's ``check``."""
     m = c.model
-    if m.kind == "tiny" and not m.path and c.task.kind != "toy":
+    if m.kind == "tiny" and not m.path and c.task.kind != "toy" and not c.task.path:
         raise ConfigError(
-            f"model={m.name} is warm-started on the toy task only; task.kind={c.task.kind} needs "
-            "model.path=<an HF folder or hub id> (e.g. model=qwen3_0_6b)"
+            f"model={m.name} is warm-started on the toy task or a file of yours (task.path=<file>) "
+            f"only; task.kind={c.task.kind} needs model.path=<an HF folder or hub id> (e.g. "
+            "model=qwen3_0_6b)"
         )
     if c.eval.benchmark == "toy" and c.task.kind != "toy":
         raise ConfigError(

@@ -66,52 +66,85 @@ def warm_start_key(model_overrides: dict, task: dict, sft: dict) -> str:
 
 def _sft_batch(task: ToyTask, tokenizer, cursor: int, batch_size: int):
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 off the response)."""
-    items = task.sample_prompts(batch_size, cursor)
     eos = tokenizer.eos_token_id
-    seqs, plens = [], []
-    for it in items:
+    examples = []
+    for it in task.sample_prompts(batch_size, cursor):
         p = tokenizer(it["prompt"])["input_ids"]
         r = tokenizer(task.target(it["answer"]))["input_ids"] + [eos]
-        seqs.append(p + r)
-        plens.append(len(p))
-    S = max(len(s) for s in seqs)
-    ids = torch.full((batch_size, S), tokenizer.pad_token_id, dtype=torch.long)
-    att = torch.zeros((batch_size, S), dtype=torch.long)
-    labels = torch.full((batch_size, S), -100, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, : len(s)] = torch.tensor(s)
-        att[b, : len(s)] = 1
-        labels[b, plens[b] : len(s)] = torch.tensor(s[plens[b] :])
+        examples.append((p + r, [-100] * len(p) + r))
+    return pad_batch(examples, tokenizer.pad_token_id)
+
+
+def pad_id(tokenizer) -> int:
+    """The tokenizer's padding id, else its EOS (Llama's tokenizers have no pad token)."""
+    return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+
+def pad_batch(examples: list[tuple[list[int], list[int]]], pad_id: int):
+    """``(input_ids, attention_mask, labels)`` of ``(ids, labels)`` pairs, right-padded (labels
+    ``-100`` on the padding)."""
+    S = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), S), pad_id, dtype=torch.long)  # [B, S]
+    att = torch.zeros((len(examples), S), dtype=torch.long)  # [B, S]
+    labels = torch.full((len(examples), S), -100, dtype=torch.long)  # [B, S]
+    for b, (seq, lab) in enumerate(examples):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        att[b, : len(seq)] = 1
+        labels[b, : len(seq)] = torch.tensor(lab)
     return ids, att, labels
 
 
+def sft_step(model, opt, ids, att, labels) -> float:
+    """One teacher-forced cross-entropy step (mean over the labelled tokens, grad clip 1.0);
+    returns the loss."""
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
+    logits = out.logits[:, :-1].float()  # [B, S-1, V]
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
 @torch.no_grad()
-def sampled_accuracy(model, tokenizer, task: ToyTask, seed: int, temperature: float = 1.0) -> float:
-    """Held-out accuracy of one sample per problem (temperature ``temperature``, seeded)."""
+def sample_texts(
+    model, tokenizer, prompts: list[str], max_new: int, seed: int, temperature: float = 1.0
+) -> list[str]:
+    """One sampled response per prompt (full distribution at ``temperature``, seeded), decoded
+    without special tokens; the model is in eval mode meanwhile."""
     from sat_cli.models.sampling import sample_batch
 
     was_training = model.training
     model.eval()
-    items = task.heldout()
-    prompts = [tokenizer(it["prompt"])["input_ids"] for it in items]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     gen = torch.Generator().manual_seed(seed)
-    max_new = len(task.target("9" * (task.digits + 1))) + 1
     outs = sample_batch(
         model,
-        prompts,
+        ids,
         temperature=temperature,
         top_p=1.0,
         top_k=-1,
         max_new_tokens=max_new,
         stop_token_ids={tokenizer.eos_token_id},
-        pad_id=tokenizer.pad_token_id,
+        pad_id=pad_id(tokenizer),
         generator=gen,
     )
     model.train(was_training)
-    hits = [
-        task.reward(tokenizer.decode(o["response_ids"], skip_special_tokens=True), it["answer"])
-        for o, it in zip(outs, items, strict=True)
-    ]
+    return [tokenizer.decode(o["response_ids"], skip_special_tokens=True) for o in outs]
+
+
+def sampled_accuracy(model, tokenizer, task: ToyTask, seed: int, temperature: float = 1.0) -> float:
+    """Held-out accuracy of one sample per problem (temperature ``temperature``, seeded)."""
+    items = task.heldout()
+    max_new = len(task.target("9" * (task.digits + 1))) + 1
+    texts = sample_texts(
+        model, tokenizer, [it["prompt"] for it in items], max_new, seed, temperature
+    )
+    hits = [task.reward(t, it["answer"]) for t, it in zip(texts, items, strict=True)]
     return sum(hits) / len(hits)
 
 
@@ -156,17 +189,7 @@ def train_warm_start(
         ids, att, labels = _sft_batch(
             task, tokenizer, SFT_CURSOR0 + (step - 1) * ws.batch_size, ws.batch_size
         )
-        pos = (att.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False)
-        logits = out.logits[:, :-1].float()  # [B, S-1, V]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_v = float(loss.detach())
+        loss_v = sft_step(model, opt, ids, att, labels)
         if step % ws.eval_every == 0 or step == ws.max_steps:
             acc = sampled_accuracy(model, tokenizer, task, seed=ws.seed * 7919 + step)
             if log:
@@ -187,16 +210,8 @@ def train_warm_start(
     return model.eval(), tokenizer, info
 
 
-def ensure_warm_start(
-    cache_dir: str | Path,
-    ws: WarmStartSettings | None = None,
-    *,
-    use_shipped: bool = True,
-    num_threads: int | None = None,
-    log: Callable[[str], None] | None = _print,
-) -> Path:
-    """The warm-start checkpoint folder for these settings, trained and cached when absent."""
-    ws = ws or WarmStartSettings()
+def _key_parts(ws: WarmStartSettings) -> tuple[dict, dict, dict]:
+    """The model overrides, task and SFT settings the cache key of ``ws`` is made of."""
     overrides = dict(ws.model_overrides)
     task_cfg = {
         "name": "toy_add",
@@ -213,6 +228,25 @@ def ensure_warm_start(
         "max_steps": ws.max_steps,
         "torch": torch.__version__.split("+")[0],
     }
+    return overrides, task_cfg, sft_cfg
+
+
+def toy_warm_start_key(ws: WarmStartSettings | None = None) -> str:
+    """The cache key of the toy warm start for ``ws`` (the shipped copy's for the defaults)."""
+    return warm_start_key(*_key_parts(ws or WarmStartSettings()))
+
+
+def ensure_warm_start(
+    cache_dir: str | Path,
+    ws: WarmStartSettings | None = None,
+    *,
+    use_shipped: bool = True,
+    num_threads: int | None = None,
+    log: Callable[[str], None] | None = _print,
+) -> Path:
+    """The warm-start checkpoint folder for these settings, trained and cached when absent."""
+    ws = ws or WarmStartSettings()
+    overrides, task_cfg, sft_cfg = _key_parts(ws)
     key = warm_start_key(overrides, task_cfg, sft_cfg)
     target = Path(cache_dir) / f"tiny_moe_warm-{key[:12]}"
     if _complete(target, key):

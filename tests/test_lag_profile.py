@@ -270,7 +270,7 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
     for t in (3, 4, 5):
         for key in ("loss/policy", "staleness/version_lag_mean", "staleness/lag_profile_tv"):
             assert resumed.metrics[t][key] == full.metrics[t][key], (t, key)
-    assert st_res["lag_profile_counts"] == st_full["lag_profile_counts"]
-    assert st_full["lag_profile_counts"] == _expected_counts(lag, 5)
+    assert st_res.lag_profile_counts == st_full.lag_profile_counts
+    assert st_full.lag_profile_counts == _expected_counts(lag, 5)
     for k, v in w_full.items():
         assert torch.equal(v, w_res[k]), k

@@ -246,8 +246,3 @@ class Evaluator:
         if not res.complete:
             raise RunFailed(f"evaluation INCOMPLETE ({res.error}); partial results in {self.out}")
         return res
-
-
-def run_eval_command(cfg, obj) -> None:
-    """`sat eval`: :class:`Evaluator` (inputs checked, then run)."""
-    Evaluator(cfg, obj, log=lambda s: print(s, flush=True)).run()

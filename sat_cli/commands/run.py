@@ -36,14 +36,17 @@ class EvalSpecs:
 
 @dataclass(frozen=True)
 class RunInputs:
-    """Everything `sat train` checked before its run folder was locked: the composed config
-    (``cfg``, logged and compared on resume) and its typed form (``obj``), the run folder and
+    """Everything `sat train` checked before its run folder was locked: the typed config
+    (``obj``), the composed one as plain values (``config``, resolved: the MLflow params, the
+    resume check, a recording's header; ``config_yaml``, as composed: ``config.yaml``), the
+    run folder and
     whether it is resumed, the model folder, tokenizer and task, the evaluation problems, the
     prompts dropped as too long, the log, the command's overrides (a recording's header) and
     the recording it replays (`sat replay`; None: the engine generates)."""
 
-    cfg: Any
     obj: Any
+    config: dict
+    config_yaml: str
     run_dir: Path
     resuming: bool
     model: str
@@ -92,7 +95,8 @@ class RunSession:
             except Exception as err:  # noqa: BLE001 - reported, the others still close
                 self.log(f"WARNING: closing {type(part).__name__} failed: {err}")
         steps = self.loop.steps_run if self.loop is not None else 0
-        end_run(self.tracker, keep_previous_status(self.tracker, status, steps), self.run_root)
+        status = keep_previous_status(self.tracker, status, steps)
+        end_run(self.tracker, status, self.run_root, self.log)
 
 
 def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> RunParts:
@@ -100,8 +104,6 @@ def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> 
     connected, processes placed), the tracker (``resumed``: the checkpoint's state, which names
     the MLflow run), the trainer, the engine (not for a replay without evaluations), the stream
     (replay, recording or the engine's), the evaluators, the reward's scorer and the progress."""
-    from omegaconf import OmegaConf
-
     from sat_cli.loop.parts import RunParts
     from sat_cli.loop.progress import Progress
     from sat_cli.rewards import build_reward
@@ -111,7 +113,7 @@ def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> 
 
     obj, log, logs, model = run.obj, run.log, run.run_dir / "logs", run.model
     run_id, start = (resumed.mlflow_run_id, resumed.step) if resumed else (None, 0)
-    config = OmegaConf.to_container(run.cfg, resolve=True)
+    config = run.config
     launcher = session.open(build_launcher(obj, log, logs))
     tracker = session.tracker = make_tracker(obj, config, run.run_dir.name, run_id, run.dropped)
     tr = obj.tracking  # a store outage: the metrics wait on disk

@@ -163,8 +163,23 @@ def _checked_inputs(cfg, obj, overrides: tuple[str, ...], replay) -> RunInputs:
 
     evals = EvalSpecs(spec, final_spec, overlong(spec), overlong(final_spec))
     preflight.check_trainer_layout(obj.trainer, path)
+    from omegaconf import OmegaConf
+
+    config, text = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_yaml(cfg)
     return RunInputs(
-        cfg, obj, run_dir, resuming, path, tokenizer, task, evals, dropped, log, overrides, replay
+        obj,
+        config,
+        text,
+        run_dir,
+        resuming,
+        path,
+        tokenizer,
+        task,
+        evals,
+        dropped,
+        log,
+        overrides,
+        replay,
     )
 
 
@@ -180,11 +195,9 @@ def _resume_point(run: RunInputs):
     )
     if not ckpt:
         return None, None
-    from omegaconf import OmegaConf  # the same experiment, or resume=force
-
     from sat_cli.commands.resume_check import check_same_config
 
-    check_same_config(run.run_dir, OmegaConf.to_container(run.cfg, resolve=True), obj.resume)
+    check_same_config(run.run_dir, run.config, obj.resume)  # the same experiment, or force
     state = load_loop_state(ckpt)
     if state.step > obj.max_steps:
         raise UserError(
@@ -218,16 +231,15 @@ def _run(run: RunInputs):
 
 
 def _prepare_folder(run: RunInputs, ckpt) -> None:
-    """``logs/``, the resolved ``config.yaml``, the loss warnings, the trainer's threads."""
+    """``logs/``, ``config.yaml``, the loss warnings, the trainer's threads."""
     import torch
-    from omegaconf import OmegaConf
 
     from sat_cli.util.fsio import atomic_write_text
 
     obj = run.obj
     run.log(f"run {run.run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
     (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run.run_dir / "config.yaml", OmegaConf.to_yaml(run.cfg))
+    atomic_write_text(run.run_dir / "config.yaml", run.config_yaml)
     _warn_recompute(obj, run.log)
     torch.set_num_threads(obj.trainer.num_threads)
 

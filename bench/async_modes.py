@@ -84,7 +84,8 @@ def run_mode(name: str, budget_s: float) -> dict:
     from sat_cli.engines.base import SamplingParams
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.loop.lag import LagPolicy
-    from sat_cli.loop.train import ClipSchedule, LoopSettings, train_loop
+    from sat_cli.loop.schedule import Every
+    from sat_cli.loop.train import ClipSchedule, LoopSettings, RunParts, TrainLoop
     from sat_cli.models.tiny_moe import load_tokenizer
 
     _, obj = load([*MODES[name], "max_steps=100000", "eval.every=0", "tracking=none"])
@@ -112,26 +113,20 @@ def run_mode(name: str, budget_s: float) -> dict:
             seed=obj.seed,
             adv_std_norm=obj.algo.adv_std_norm,
             clip=ClipSchedule(obj.algo.eps_low, obj.algo.eps_high, obj.clip.schedule, 1.0),
-            histogram_every=0,
+            histograms=Every(0),
             inflight_updates=obj.lag.inflight_updates,
         )
         sink = _Sink()
         t0 = time.perf_counter()
 
-        def stop(_state):
-            if time.perf_counter() - t0 > budget_s:
-                raise _Budget
+        class Budgeted(TrainLoop):  # stops after the step that ends past the budget
+            def step(self, t: int) -> None:
+                super().step(t)
+                if time.perf_counter() - t0 > budget_s:
+                    raise _Budget
 
         try:
-            train_loop(
-                settings,
-                task=task,
-                tokenizer=tok,
-                engine=engine,
-                trainer=trainer,
-                tracker=sink,
-                on_state=stop,
-            )
+            Budgeted(settings, RunParts(engine, trainer, sink, task, tok)).run()
         except _Budget:
             pass
         wall = time.perf_counter() - t0

@@ -37,7 +37,8 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
     from sat_cli.engines.base import SamplingParams
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
     from sat_cli.loop.lag import LagPolicy
-    from sat_cli.loop.train import LoopSettings, train_loop
+    from sat_cli.loop.schedule import Every
+    from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
     from sat_cli.tasks.toy import ToyTask
     from sat_cli.trainers.local import LocalTrainer
 
@@ -62,17 +63,10 @@ def run_once(lag: int, steps: int, prompts: int, group: int, model: str) -> dict
             lag=LagPolicy(lag, "interval"),
             run_dir=Path(d),
             seed=0,
-            histogram_every=0,
+            histograms=Every(0),
         )
         t0 = time.perf_counter()
-        train_loop(
-            s,
-            task=ToyTask(),
-            tokenizer=trainer.tokenizer,
-            engine=engine,
-            trainer=trainer,
-            tracker=sink,
-        )
+        TrainLoop(s, RunParts(engine, trainer, sink, ToyTask(), trainer.tokenizer)).run()
         wall = time.perf_counter() - t0
     rows = sink.rows[1:]  # the first step pays one-off warm-up costs
     return {

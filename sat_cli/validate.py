@@ -18,6 +18,13 @@ def check_choice(key: str, value: Any, options: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(options)}")
 
 
+def check_int(key: str, value: Any, lo: int, hi: int) -> None:
+    """``value`` is an integer (not a bool) in ``[lo, hi]``; else ``ValueError`` naming ``key``
+    (the settings classes of environments and warm starts, built from plain values)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{key}={value!r} must be an integer in [{lo}, {hi}]")
+
+
 def check_range(
     key: str,
     value: float,

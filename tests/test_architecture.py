@@ -532,3 +532,97 @@ def test_the_name_dispatch_rule_catches_a_violation(tmp_path):
         "sweep/m.py": [3],
         "sweep/x.py": [2],
     }
+
+
+# The run is an object (docs/ARCHITECTURE.md, "The run"): the loop's stages are methods of
+# ``TrainLoop`` over the typed ``LoopState``, its helpers take few parameters and return values;
+# no stage reads or writes the loop's state through string keys.
+MAX_LOOP_PARAMS = 6
+# string-keyed reads the loop may do on data from outside it: task rows, the loss's per-token
+# diagnostics, the rollout timing, a profile's JSON table, a sample's environment meta
+OUTSIDE_RECORDS = {"row", "r", "diag", "table", "timing", "meta"}
+
+
+def _loop_functions_over(root: Path, limit: int) -> list[str]:
+    """Functions of ``root/loop`` with more than ``limit`` parameters (``self``/``cls`` not
+    counted)."""
+    big = []
+    for path in sorted((root / "loop").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                n = len([x for x in names if x not in ("self", "cls")])
+                n += (a.vararg is not None) + (a.kwarg is not None)
+                if n > limit:
+                    big.append(f"loop/{path.name}:{node.lineno} {node.name}: {n} params")
+    return big
+
+
+def _string_keyed_state(root: Path) -> list[str]:
+    """``x["key"]`` in ``root/loop`` (read or written) where ``x`` is a name or attribute that is
+    not a record from outside the loop (``OUTSIDE_RECORDS``)."""
+    found = []
+    for path in sorted((root / "loop").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+            ):
+                continue
+            base = node.value  # a call's result (a tokenizer's encoding) is not loop state
+            name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+            if not isinstance(base, ast.Call) and name not in OUTSIDE_RECORDS:
+                found.append(f"loop/{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_loop_functions_take_few_parameters():
+    assert _loop_functions_over(PKG, MAX_LOOP_PARAMS) == []
+
+
+def test_the_loop_keeps_no_state_in_dicts():
+    assert _string_keyed_state(PKG) == []
+
+
+def test_the_loop_rules_catch_a_violation(tmp_path):
+    root = _write(
+        tmp_path / "sat_cli",
+        {
+            "loop/a.py": (
+                "def f(s, t, st, trainer, buf, thread, pub):\n"
+                "    st['step'] = t\n"
+                "    return row['prompt'], self.ev['best']\n"
+                "class C:\n"
+                "    def m(self, a, b, c, d, e, f):\n"
+                "        return diag['q']\n"
+            )
+        },
+    )
+    assert _loop_functions_over(root, MAX_LOOP_PARAMS) == ["loop/a.py:1 f: 7 params"]
+    assert _string_keyed_state(root) == ["loop/a.py:2 st['step']", "loop/a.py:3 self.ev['best']"]
+
+
+def _function_lines(path: Path, name: str) -> int:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node.end_lineno - node.lineno + 1
+    raise AssertionError(f"{path.name} has no function {name}")
+
+
+def test_the_run_is_assembled_in_one_step():
+    """`sat train`'s ``_run`` is lock → assemble → run → end; the headline of an evaluation is
+    named by the evaluator (``EvalScores.headline``), never guessed from a metric's name."""
+    assert _function_lines(PKG / "commands" / "train.py", "_run") <= 40
+    guesses = [
+        f"{p.relative_to(PKG)}:{node.lineno} {ast.unparse(node)}"
+        for p in sorted(PKG.rglob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Compare)
+        and isinstance(node.left, ast.Constant)
+        and isinstance(node.left.value, str)
+        and node.left.value.startswith(("avg@", "pass@"))
+        and isinstance(node.ops[0], (ast.In, ast.NotIn))
+    ]
+    assert guesses == []

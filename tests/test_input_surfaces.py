@@ -671,6 +671,25 @@ def test_file_readers_refuse_what_is_not_a_regular_file(fmt, kind, tmp_path):
     one_line(info.value)
 
 
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_the_optional_model_config_reads_are_bounded_too(kind, tmp_path):
+    """The checks that only consult a model's ``config.json`` when it is there (the context
+    length, the tokenizer's vocabulary, resume's same-model check, the weight sender's tied
+    embeddings, Megatron's model check) read it through the bounded reader too: a FIFO there
+    blocked a plain ``read_text`` forever; now it counts as no usable config, at once."""
+    from sat_cli.commands.preflight import context_length
+    from sat_cli.models.hf_config import config_if_usable
+
+    (tmp_path / "m").mkdir()
+    _special(tmp_path / "m" / "config.json", kind)
+    with deadline(10):
+        assert config_if_usable(tmp_path / "m") is None
+        assert context_length(str(tmp_path / "m")) is None
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "config.json").write_text('{"max_position_embeddings": 512}')
+    assert context_length(str(tmp_path / "ok")) == 512
+
+
 def test_an_ascii_output_gets_escapes_not_a_crash():
     """``LC_ALL=C`` with ``PYTHONUTF8=0`` (or ``PYTHONIOENCODING=ascii``) made the first
     progress line of `sat train` a ``UnicodeEncodeError``; `sat`'s ``main`` escapes instead."""

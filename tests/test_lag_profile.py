@@ -19,7 +19,8 @@ from sat_cli.loop.lag_profile import (
     tv_distance,
 )
 from sat_cli.loop.publisher import future_versions
-from sat_cli.loop.train import LoopSettings, train_loop
+from sat_cli.loop.schedule import Every
+from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
 from tests.cli_helpers import run_sat
 from tests.test_loop import Recorder, SevensTask, _trainer
 
@@ -112,7 +113,7 @@ def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_e
     sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
     s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
-                     lag=lag, run_dir=run_dir, seed=3, histogram_every=hist_every)  # fmt: skip
+                     lag=lag, run_dir=run_dir, seed=3, histograms=Every(hist_every))  # fmt: skip
     own = engine is None
     engine = (
         LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
@@ -120,8 +121,8 @@ def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_e
         else engine
     )
     try:
-        st = train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
-                        trainer=trainer, tracker=tracker)  # fmt: skip
+        parts = RunParts(engine, trainer, tracker, SevensTask(), trainer.tokenizer)
+        st = TrainLoop(s, parts).run()
     finally:
         if own:
             engine.close()
@@ -148,7 +149,7 @@ def test_geometric_profile_short_run(tiny_dir, tmp_path, tiny_engine):
     rec = Recorder()
     st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6,
                           engine=tiny_engine)  # fmt: skip
-    counts = st["lag_profile_counts"]
+    counts = st.lag_profile_counts
     assert counts == _expected_counts(lag, 12) and sum(counts) == 96
     assert rec.metrics[12]["staleness/lag_profile_tv"] == tv_distance(prof.pmf, counts)
     assert rec.metrics[12]["staleness/version_lag_max"] <= 3
@@ -175,7 +176,7 @@ def test_geometric_profile_100_steps_matches_target_and_empirical_reads_its_tabl
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
     with Tracker(TrackerSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "profiles"), "r") as tr:
         st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 100, tr, hist_every=50)
-    counts = st["lag_profile_counts"]
+    counts = st.lag_profile_counts
     assert counts == _expected_counts(lag, 100) and sum(counts) == 800
     assert tv_distance(prof.pmf, counts) < 0.06, counts
     (step51,) = tmp_path.rglob("tables/staleness/version_lag/step_51.json")
@@ -250,13 +251,13 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
         sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
                                   stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
         s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
-                         lag=lag, run_dir=run_dir, seed=3, histogram_every=0,
-                         checkpoint_every=2, checkpoint_keep=5)  # fmt: skip
+                         lag=lag, run_dir=run_dir, seed=3, histograms=Every(0),
+                         checkpoints=Every(2), checkpoint_keep=5)  # fmt: skip
         with LocalEngine(
             LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)
         ) as engine:
-            st = train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
-                            trainer=trainer, tracker=rec, resume_from=resume)  # fmt: skip
+            parts = RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer)
+            st = TrainLoop(s, parts).run(resume)
         return rec, st, trainer.model.state_dict()
 
     full, st_full, w_full = run(tmp_path / "full", 5)
@@ -269,7 +270,7 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
     for t in (3, 4, 5):
         for key in ("loss/policy", "staleness/version_lag_mean", "staleness/lag_profile_tv"):
             assert resumed.metrics[t][key] == full.metrics[t][key], (t, key)
-    assert st_res["lag_profile_counts"] == st_full["lag_profile_counts"]
-    assert st_full["lag_profile_counts"] == _expected_counts(lag, 5)
+    assert st_res.lag_profile_counts == st_full.lag_profile_counts
+    assert st_full.lag_profile_counts == _expected_counts(lag, 5)
     for k, v in w_full.items():
         assert torch.equal(v, w_res[k]), k

@@ -125,7 +125,7 @@ def test_parts_sum_to_the_divergence_in_trainer_steps(ckpt, num_minibatches):
 
 
 def test_the_step_histograms_carry_m_and_s(ckpt):
-    from sat_cli.loop.steps import log_histograms
+    from sat_cli.loop.steps import Lags, log_histograms
 
     class Tracker(NullSink):
         def __init__(self):
@@ -142,7 +142,7 @@ def test_the_step_histograms_carry_m_and_s(ckpt):
     diag: dict = {}
     trainer.step(_batch(1, [0, 0, 1, 1]), diag)
     tr = Tracker()
-    log_histograms(tr, diag, {"sample": [1, 1, 0, 0], "token": [1, 0]}, step=1)
+    log_histograms(tr, diag, Lags([1, 1, 0, 0], [1, 0]), step=1)
     assert tr.hist[M.HIST_LEDGER_MISMATCH] == diag["ledger_m"].tolist()
     assert tr.hist[M.HIST_LEDGER_STALENESS] == diag["ledger_s"].tolist()
     assert len(tr.hist[M.HIST_LEDGER_STALENESS]) == 16

@@ -11,7 +11,16 @@ import torch
 
 from sat_cli.engines.base import SamplingParams
 from sat_cli.loop.lag import LagPolicy
-from sat_cli.loop.train import ClipSchedule, LoopSettings, request_seed, train_loop
+from sat_cli.loop.schedule import Every
+from sat_cli.loop.train import (
+    ClipSchedule,
+    EvalScores,
+    Evaluators,
+    LoopSettings,
+    RunParts,
+    TrainLoop,
+    request_seed,
+)
 from sat_cli.tracking.sink import NullSink
 
 # ----------------------------------------------------------------------------- lag policy
@@ -180,7 +189,7 @@ def _settings(sampling, lag, run_dir, **kw) -> LoopSettings:
         lag=lag,
         run_dir=run_dir,
         seed=5,
-        histogram_every=0,
+        histograms=Every(0),
         **kw,
     )
 
@@ -199,14 +208,7 @@ def test_lag0_loop_equals_plain_synchronous_loop(tiny_dir, tmp_path, tiny_engine
     # one engine for both loops (the worker's, on the initial weights as version 0; starting
     # one was most of this test's time): the reference loop loads them into it again
     engine = tiny_engine
-    train_loop(
-        settings,
-        task=task,
-        tokenizer=trainer.tokenizer,
-        engine=engine,
-        trainer=trainer,
-        tracker=rec,
-    )
+    TrainLoop(settings, RunParts(engine, trainer, rec, task, trainer.tokenizer)).run()
     loop_params = {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
     # the plain synchronous loop, written out by hand
@@ -263,22 +265,14 @@ def test_interval_lag2_realised_staleness_and_resume(tiny_dir, tmp_path):
             lag=LagPolicy(2, "interval"),
             run_dir=run_dir,
             seed=1,
-            checkpoint_every=2,
+            checkpoints=Every(2),
             checkpoint_keep=5,
-            histogram_every=0,
+            histograms=Every(0),
         )
         with LocalEngine(
             LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)
         ) as engine:
-            train_loop(
-                s,
-                task=task,
-                tokenizer=trainer.tokenizer,
-                engine=engine,
-                trainer=trainer,
-                tracker=rec,
-                resume_from=resume,
-            )
+            TrainLoop(s, RunParts(engine, trainer, rec, task, trainer.tokenizer)).run(resume)
         return rec, {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
     full, w_full = run(tmp_path / "full", 5)
@@ -318,16 +312,13 @@ def _bounded_run(tiny_dir, run_dir, inflight: bool, steps=6, n=2, tokens=6) -> R
         lag=LagPolicy(n, "bounded"),
         run_dir=run_dir,
         seed=2,
-        histogram_every=1,
+        histograms=Every(1),
         inflight_updates=inflight,
     )
     with LocalEngine(
         LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0, inflight_updates=inflight)
     ) as engine:
-        train_loop(
-            s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine, trainer=trainer,
-            tracker=rec,
-        )  # fmt: skip
+        TrainLoop(s, RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer)).run()
     return rec
 
 
@@ -392,28 +383,25 @@ def test_final_evaluation_runs_once_on_the_final_weights(tiny_dir, tmp_path, tin
     rec = Recorder()
     calls = {"eval": [], "final": []}
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
-    settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", eval_every=2)
+    settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", eval=Every(2))
     engine = tiny_engine  # the worker's engine, on the initial weights as version 0
 
     def evaluator():
         calls["eval"].append(engine.weight_version)
-        return {"eval/x/avg@2": float(engine.weight_version)}
+        m = {"eval/x/pass@1": 1.0, "eval/x/avg@2": float(engine.weight_version)}
+        return EvalScores(m, headline="eval/x/avg@2")
 
     def final():
         calls["final"].append(engine.weight_version)
-        return {"final/x/avg@8": 42.0}
+        return EvalScores({"final/x/avg@8": 42.0})
 
-    train_loop(
-        settings,
-        task=SevensTask(),
-        tokenizer=trainer.tokenizer,
-        engine=engine,
-        trainer=trainer,
-        tracker=rec,
-        evaluator=evaluator,
-        final_evaluator=final,
-    )
+    evals = Evaluators(evaluator, final)
+    parts = RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer, evals)
+    st = TrainLoop(settings, parts).run()
     assert calls == {"eval": [2, STEPS], "final": [STEPS]}
+    # the headline the evaluator names is kept (not the first metric): best and last
+    assert (st.eval.key, st.eval.best, st.eval.best_step) == ("eval/x/avg@2", 3.0, 3)
+    assert (st.eval.last, st.eval.last_step) == (3.0, 3)
     assert rec.metrics[STEPS]["final/x/avg@8"] == 42.0
     assert all("final/x/avg@8" not in rec.metrics[t] for t in range(1, STEPS))
 
@@ -439,7 +427,7 @@ def test_failed_rewards_stop_the_loop_with_a_checkpoint(tiny_dir, tmp_path, tiny
             return math.nan
         return {"sevens": task.reward(response, row["answer"]), "one": 1.0}
 
-    task.scorer = Scorer(one, SimpleNamespace(weights={"sevens": 1.0}, on_error=0.0))
+    scorer = Scorer(one, SimpleNamespace(weights={"sevens": 1.0}, on_error=0.0))
     sampling = replace(SAMPLING, stop_token_ids=(trainer.tokenizer.eos_token_id,))
     settings = _settings(sampling, LagPolicy(1), tmp_path / "loop", max_reward_error_frac=0.5)
     with pytest.raises(
@@ -448,14 +436,8 @@ def test_failed_rewards_stop_the_loop_with_a_checkpoint(tiny_dir, tmp_path, tiny
         r"frac=0\.5\); the first: ValueError: broken\. The run stopped with the "
         r"checkpoint .*step_2",
     ):
-        train_loop(
-            settings,
-            task=task,
-            tokenizer=trainer.tokenizer,
-            engine=tiny_engine,
-            trainer=trainer,
-            tracker=rec,
-        )
+        parts = RunParts(tiny_engine, trainer, rec, task, trainer.tokenizer, scorer=scorer)
+        TrainLoop(settings, parts).run()
     assert rec.metrics[1][M.REWARD_ERROR_FRAC] == 1 / 16
     assert rec.metrics[2][M.REWARD_ERROR_FRAC] == 1.0
     assert rec.metrics[1][M.reward_key("one")] == 1.0  # 15 samples with components

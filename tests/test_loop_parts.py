@@ -288,7 +288,8 @@ def test_admission_and_staleness_use_every_tokens_version():
     token's, and a response whose tokens span versions counts as mixed."""
     from types import SimpleNamespace
 
-    from sat_cli.loop.steps import score_batch
+    from sat_cli.loop.steps import score_batch, task_scorer
+    from sat_cli.loop.stream import Batch
 
     s = SimpleNamespace(lag=LagPolicy(2, "bounded"), group_size=2, adv_std_norm=False,
                         drop_zero_adv_groups=False)  # fmt: skip
@@ -303,12 +304,13 @@ def test_admission_and_staleness_use_every_tokens_version():
         [smp([2, 3, 3], 3), smp([4, 4, 4], 3)],  # oldest 2: lag 3 > 2, dropped
     ]
     task = SimpleNamespace(reward=lambda text, answer: float(len(text)))
-    counters = {"stale_dropped": 0, "dropped_groups": 0}
-    samples, adv, lags, m = score_batch(s, 5, groups, [{"prompt": "a", "answer": "1"}] * 2,
-                                        _Tok(), task, counters, {"gen_s": 1.0})  # fmt: skip
-    assert len(samples) == 2 and counters["stale_dropped"] == 1
-    assert m["rollout/stale_dropped"] == 1.0
-    assert lags["sample"] == [2, 1] and lags["token"] == [2, 2, 1, 1, 1, 1]
+    batch = Batch(groups, [{"prompt": "a", "answer": "1"}] * 2, {"gen_s": 1.0}, 0.0)
+    scored = score_batch(s, 5, batch, _Tok(), task_scorer(task))
+    samples, lags, m = scored.samples, scored.lags, scored.metrics
+    # the stale group is also one of the dropped groups (as the v4 loop counted it)
+    assert len(samples) == 2 and scored.stale_dropped == 1 and scored.dropped_groups == 1
+    assert scored.rewards == [[3.0, 3.0], [3.0, 3.0]]  # per group as it came (before admission)
+    assert lags.sample == [2, 1] and lags.token == [2, 2, 1, 1, 1, 1]
     assert m["staleness/version_lag_max"] == 2.0 and m["staleness/version_lag_mean"] == 1.5
     assert m["staleness/token_version_lag_mean"] == pytest.approx(8 / 6)
     assert m["staleness/mixed_version_frac"] == 0.5

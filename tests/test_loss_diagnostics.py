@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sat_cli.engines.base import Sample
-from sat_cli.loop.steps import log_histograms
+from sat_cli.loop.steps import Lags, log_histograms
 from sat_cli.models.tiny_moe import build_char_tokenizer, build_tiny_moe, save_hf
 from sat_cli.rl import registry
 from sat_cli.rl.config import LossConfig
@@ -200,7 +200,7 @@ def test_log_histograms_uses_the_losss_own_numbers():
         ),
     ).diag
     tr = _Tracker()
-    log_histograms(tr, diag, {"sample": [0, 1, 1, 2], "token": [0, 1, 2]}, step=7)
+    log_histograms(tr, diag, Lags([0, 1, 1, 2], [0, 1, 2]), step=7)
     d = (logp - rollout)[mask].abs()
     assert tr.hist["staleness/abs_logratio"]["marks"] == {"q": pytest.approx(_kth(d, 0.9))}
     assert "sat/abs_logratio" not in tr.hist  # same ratio: one histogram
@@ -224,6 +224,6 @@ def test_log_histograms_uses_the_losss_own_numbers():
         ),
     ).diag
     tr2 = _Tracker()
-    log_histograms(tr2, diag2, {"sample": [0], "token": [0]}, step=1)
+    log_histograms(tr2, diag2, Lags([0], [0]), step=1)
     assert tr2.hist["staleness/abs_logratio"]["marks"] is None
     assert tr2.hist["sat/abs_logratio"]["marks"]["q"] == pytest.approx(diag2["q"].item())

@@ -16,7 +16,8 @@ from sat_cli.envs import base, trajectory
 from sat_cli.envs.base import EnvSettings, Step, TurnCounter
 from sat_cli.envs.registry import ENVIRONMENTS, register_env
 from sat_cli.loop.lag import LagPolicy
-from sat_cli.loop.train import LoopSettings, train_loop
+from sat_cli.loop.schedule import Every
+from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
 from sat_cli.samples import SamplingParams
 from sat_cli.validate import ConfigError
 
@@ -157,21 +158,14 @@ def test_bounded_inflight_turns_of_one_trajectory_span_versions(tiny_dir, tmp_pa
         lag=LagPolicy(n, "bounded"),
         run_dir=tmp_path / "run",
         seed=2,
-        histogram_every=1,
+        histograms=Every(1),
         inflight_updates=True,
         env=EnvRun(sevens_env, EnvSettings(max_turns=turns, max_tokens=512), settings),
     )
     rec = Recorder()
     runtime = LocalEngineRuntime(str(tiny_dir), seed=0, inflight_updates=True)
     with LocalEngine(LocalEngineSettings(), runtime) as engine:
-        train_loop(
-            s,
-            task=SevensTask(),
-            tokenizer=trainer.tokenizer,
-            engine=engine,
-            trainer=trainer,
-            tracker=rec,
-        )
+        TrainLoop(s, RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer)).run()
     spans = 0
     for t, batch in enumerate(trainer.batches):
         assert batch.turn_ids is not None

@@ -15,7 +15,9 @@ from cli_helpers import seeded_store
 
 from sat_cli.engines.base import Sample, SamplingParams
 from sat_cli.loop.lag import LagPolicy
-from sat_cli.loop.train import LoopSettings, train_loop
+from sat_cli.loop.schedule import Every
+from sat_cli.loop.stream import LiveStream, RecordingStream, ReplayStream
+from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
 from sat_cli.replay.store import (
     RecordingError,
     StreamWriter,
@@ -135,15 +137,22 @@ def _loop(
         lag=lag,
         run_dir=run_dir,
         seed=3,
-        histogram_every=0,
+        histograms=Every(0),
         **kw,
     )
     engine = None  # replay: no engine
     if replay is None:
         engine = LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
     try:
-        train_loop(s, task=SevensTask(), tokenizer=trainer.tokenizer, engine=engine,
-                   trainer=trainer, tracker=rec, recorder=recorder, replay=replay)  # fmt: skip
+        stream = (
+            ReplayStream(replay)
+            if replay is not None
+            else RecordingStream(recorder)
+            if recorder is not None
+            else LiveStream()
+        )
+        parts = RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer, stream=stream)
+        TrainLoop(s, parts).run()
     finally:
         if engine is not None:
             engine.close()

@@ -147,17 +147,29 @@ def build_evaluator(
     obj, engine, tokenizer, task, spec=None, *, final=False, overlong=None, tracker=None
 ):
     """In-training evaluation on the held-out set (toy) or the configured benchmark: ``() ->``
-    its metrics (``eval/<name>/…``; ``final/<name>/…`` with ``final``; :func:`eval_runner`).
-    With ``tracker``, each evaluation's samples table goes to ``samples/eval_step_<version>``."""
-    from sat_cli.evaluation import metrics
-    from sat_cli.evaluation.output import check_reward_errors
-
+    its ``loop.parts.EvalScores`` (metrics ``eval/<name>/…``, ``final/<name>/…`` with
+    ``final``; the headline avg@n; :func:`eval_runner`). With ``tracker``, each evaluation's
+    samples table goes to ``samples/eval_step_<version>``."""
     run = eval_runner(obj, engine, tokenizer, task, spec, final=final, overlong=overlong)
     run = logging_samples(run, tracker, final) if tracker is not None else run
+    from sat_cli.evaluation.output import check_reward_errors
 
-    def evaluate() -> dict[str, float]:
+    def evaluate():
         res = run()
         check_reward_errors(res, obj.reward.max_error_frac)  # above it: the run ends FAILED
-        return metrics(res, final=final)
+        return eval_scores(res, final)
 
     return evaluate
+
+
+def eval_scores(result, final: bool = False):
+    """An ``EvalResult`` as the loop takes it: its metrics, avg@n the headline, avg@n and
+    pass@1 on the console."""
+    from sat_cli import metric_names as M
+    from sat_cli.evaluation import metrics
+    from sat_cli.loop.parts import EvalScores
+
+    m = metrics(result, final=final)
+    head = M.avg_key(result.name, result.n, final)
+    shown = (head, *(k for k in (M.pass_key(result.name, 1, final),) if k in m))
+    return EvalScores(m, headline=head, shown=shown)

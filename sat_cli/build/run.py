@@ -24,6 +24,7 @@ def lag_policy(obj):
 
 def loop_settings(obj, run_dir: Path, tokenizer):
     """The loop's ``LoopSettings``: steps, batch, sampling, lag, clip schedule, periods."""
+    from sat_cli.loop.schedule import Every
     from sat_cli.loop.train import ClipSchedule, LoopSettings
 
     t, a = obj.task, obj.algo
@@ -41,12 +42,12 @@ def loop_settings(obj, run_dir: Path, tokenizer):
         drop_zero_adv_groups=a.drop_zero_adv_groups,
         r3=obj.r3,
         clip=ClipSchedule(a.eps_low, a.eps_high, obj.clip.schedule, obj.clip.final_scale),
-        eval_every=obj.eval.every,
+        eval=Every(obj.eval.every),
         eval_at_start=obj.eval.at_start,
-        checkpoint_every=obj.checkpoint.every,
+        checkpoints=Every(obj.checkpoint.every),
         checkpoint_keep=obj.checkpoint.keep,
-        histogram_every=obj.tracking.histogram_every,
-        samples_every=obj.tracking.samples_every,
+        histograms=Every(obj.tracking.histogram_every),
+        samples=Every(obj.tracking.samples_every),
         inflight_updates=obj.lag.inflight_updates,
         weight_sync=sync_settings(obj.engine),
         max_reward_error_frac=obj.reward.max_error_frac,
@@ -68,18 +69,22 @@ def env_run(obj):
     return EnvRun(e.name, EnvSettings(**limits, parser=e.parser, sandbox=e.sandbox), trajectory)
 
 
-def evaluators(run, engine, tracker) -> tuple:
-    """(in-training, final) evaluators of the run's engine (``run``: `sat train`'s
-    ``RunInputs``; their samples tables logged to ``tracker``); None where not configured."""
-    spec, final_spec, overlong = run.specs
-    args = (run.obj, engine, run.tokenizer, run.task)
-    evaluator = final = None
-    if spec is not None:
-        evaluator = build_evaluator(*args, spec, overlong=overlong.get("eval"), tracker=tracker)
-    if run.obj.eval.final_n is not None:
-        skip = overlong.get("final")
-        final = build_evaluator(*args, final_spec, final=True, overlong=skip, tracker=tracker)
-    return evaluator, final
+def evaluators(obj, specs, built: tuple, tracker):
+    """The run's ``loop.parts.Evaluators`` (in training, final; None where not configured):
+    ``specs`` the problems `sat train` checked (``commands.run.EvalSpecs``), ``built`` the
+    ``(engine, tokenizer, task)`` they run on; their samples tables go to ``tracker``."""
+    from sat_cli.loop.parts import Evaluators
+
+    during = final = None
+    if specs.during is not None:
+        skip = specs.overlong_during
+        during = build_evaluator(obj, *built, specs.during, overlong=skip, tracker=tracker)
+    if obj.eval.final_n is not None:
+        skip = specs.overlong_final
+        final = build_evaluator(
+            obj, *built, specs.final, final=True, overlong=skip, tracker=tracker
+        )
+    return Evaluators(during, final)
 
 
 def make_tracker(obj, cfg_container: dict, run_name: str, run_id: str | None, dropped: int = 0):

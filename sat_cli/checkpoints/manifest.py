@@ -217,13 +217,11 @@ _ARCH_KEYS = (
 
 def _same_model(ckpt_model: Path, model_path: str) -> str | None:
     """None if the checkpoint's model has the architecture of ``model_path``, else the keys."""
-    try:
-        a = json.loads((ckpt_model / "config.json").read_text())
-        b = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
+    from sat_cli.models.hf_config import config_if_usable
+
+    a, b = config_if_usable(ckpt_model, "checkpoint"), config_if_usable(model_path)
+    if a is None or b is None:
         return None  # a hub id or a trainer without an HF model folder: the loader decides
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return None
     keys = [k for k in _ARCH_KEYS if a.get(k) != b.get(k)]
     return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:4]) or None
 

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sat_cli.checkpoints.loop_state import LoopState
 from sat_cli.checkpoints.manifest import (  # noqa: F401 - STATE_FILE, list_checkpoints re-exported
     STATE_FILE,
     list_checkpoints,
@@ -108,6 +109,11 @@ def read_loop_state(ckpt: Path) -> dict:
             f"cannot use {ckpt / STATE_FILE}: it says step {state['step']}, not {m.group(1)}"
         )
     return state
+
+
+def load_loop_state(ckpt: Path) -> LoopState:
+    """:func:`read_loop_state` as the typed ``LoopState`` the training loop carries."""
+    return LoopState.from_json(read_loop_state(ckpt))
 
 
 def prune_weights(weights_root: Path, keep_versions: set[int]) -> None:

@@ -69,7 +69,7 @@ def _replay(run: str, given: list[str]) -> tuple[str, str]:
 
     cfg, obj, recording = prepare(run, given)
     st = train(cfg, obj, given, replay=recording)
-    return obj.tracking.uri, st["mlflow_run_id"]
+    return obj.tracking.uri, st.mlflow_run_id
 
 
 def calibrate_control(run: str, iters: int = 6, steps: int | None = None, log=print) -> dict:

@@ -250,8 +250,3 @@ class Evaluator:
 
         check_reward_errors(res, self.obj.reward.max_error_frac)
         return res
-
-
-def run_eval_command(cfg, obj) -> None:
-    """`sat eval`: :class:`Evaluator` (inputs checked, then run)."""
-    Evaluator(cfg, obj, log=lambda s: print(s, flush=True)).run()

@@ -32,10 +32,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sat_cli.errors import RunFailed, UserError
+from sat_cli.models.hf_config import config_if_usable
 from sat_cli.util.fsio import check_output_dir
 
 MIN_ADDRESS_SPACE = 2 << 30  # bytes of address space one process of a run needs at least
@@ -81,10 +81,7 @@ def load_tokenizer(path: str):
         raise UserError(f"the tokenizer of {path} encodes text to no tokens: it is empty")
     if tok.eos_token_id is None:
         raise UserError(f"the tokenizer of {path} has no end-of-sequence token (eos_token)")
-    try:
-        vocab = json.loads((p / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        vocab = None
+    vocab = (config_if_usable(p) or {}).get("vocab_size")
     if isinstance(vocab, int) and len(tok) > vocab:
         raise UserError(
             f"the tokenizer of {path} has {len(tok)} tokens but the model's embedding only "
@@ -94,11 +91,7 @@ def load_tokenizer(path: str):
 
 
 def context_length(path: str) -> int | None:
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    n = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    n = (config_if_usable(path) or {}).get("max_position_embeddings")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 

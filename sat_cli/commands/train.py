@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sat_cli.build.components import build_engine, build_launcher, build_trainer
 from sat_cli.build.parts import build_task, eval_problems, loss_config, model_path
-from sat_cli.build.run import evaluators, loop_settings, make_tracker
-from sat_cli.commands.common import check_devices, loading, write_pids
+from sat_cli.build.run import loop_settings
+from sat_cli.commands.common import check_devices
+from sat_cli.commands.resume_check import config_yaml
+from sat_cli.commands.run import EvalSpecs, RunInputs
 from sat_cli.errors import UserError
-from sat_cli.models.hub import source_tags
-from sat_cli.rewards import build_reward
 from sat_cli.weightsync.spec import check_port
 
 
@@ -49,7 +45,7 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
     """(run dir, whether it is resumed). Refuses to overwrite a run silently. Reads only; the
     checkpoint to resume from is chosen and verified under the run's lock
     (:func:`sat_cli.checkpoints.manifest.resume_checkpoint`)."""
-    from sat_cli.checkpoints.state import CheckpointError, latest_checkpoint, read_loop_state
+    from sat_cli.checkpoints.state import CheckpointError, latest_checkpoint, load_loop_state
 
     root = Path(obj.run.dir) / obj.run.experiment
     resume = obj.resume
@@ -65,7 +61,7 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
 
         def finished(ck: Path) -> bool:
             try:
-                return bool(read_loop_state(latest_checkpoint(ck)).get("finished"))
+                return load_loop_state(latest_checkpoint(ck)).finished
             except CheckpointError:
                 return False  # damaged: resume=auto falls back to an older checkpoint
 
@@ -89,26 +85,6 @@ def resolve_run_dir(obj) -> tuple[Path, bool]:
             )
         return run_dir, True
     return run_dir, False
-
-
-@dataclass
-class RunInputs:
-    """Everything `sat train` checked before its run folder was locked: the config (composed
-    ``cfg`` and typed ``obj``), the run folder and checkpoint to resume, the model, tokenizer and
-    task, the evaluation specs (in-training, final, overlong problems), the prompts dropped as
-    too long, the log and the stream (``overrides``, a ``replay`` recording or None)."""
-
-    cfg: Any
-    obj: Any
-    run_dir: Path
-    ckpt: Path | None
-    path: str
-    tokenizer: Any
-    task: Any
-    specs: tuple
-    dropped: int
-    log: Callable[[str], None]
-    stream: dict
 
 
 def _warn_recompute(obj, log) -> None:
@@ -144,22 +120,20 @@ def _warn_recompute(obj, log) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
-def train(cfg, obj, overrides, replay=None) -> dict:
+def train(cfg, obj, overrides, replay=None):
     """`sat train`: SIGTERM and SIGHUP stop it like Ctrl-C (``sat_cli.util.signals``).
-    ``replay``: a verified ``replay.store.Recording`` (`sat replay`) replaces generation."""
+    ``replay``: a verified ``replay.store.Recording`` (`sat replay`) replaces generation.
+    Returns the run's final ``LoopState``."""
     from sat_cli.util.signals import orderly_stop
 
     with orderly_stop():
-        return _train(cfg, obj, {"overrides": list(overrides), "replay": replay})
+        return _run(_checked_inputs(cfg, obj, tuple(overrides), replay))
 
 
-def _train(cfg, obj, stream: dict) -> dict:
-    from sat_cli.checkpoints.manifest import resume_checkpoint
-    from sat_cli.checkpoints.state import read_loop_state
+def _checked_inputs(cfg, obj, overrides: tuple[str, ...], replay) -> RunInputs:
+    """Every input checked before the run folder is created or written, or a process starts."""
     from sat_cli.commands import preflight
-    from sat_cli.commands.runlock import RunLock
 
-    # every input is checked before the run folder is created or written, or a process starts
     preflight.check_address_space("train")  # ulimit -v too low: one clear line, nothing written
     check_devices(obj)
     run_dir, resuming = resolve_run_dir(obj)
@@ -184,136 +158,101 @@ def _train(cfg, obj, stream: dict) -> dict:
         (b for b in (t.max_tokens_per_row, t.max_tokens_per_micro_batch) if b), default=None
     )
     preflight.check_token_budget(task, tokenizer, budget, obj.task.max_new_tokens)
-    overlong = {  # evaluation problems too long for the context: scored as wrong, not sampled
-        key: preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
-        for key, s in (("eval", spec), ("final", final_spec))
-        if s is not None
-    }
+
+    def overlong(s):  # evaluation problems too long for the context: scored wrong, not sampled
+        return None if s is None else preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
+
+    evals = EvalSpecs(spec, final_spec, overlong(spec), overlong(final_spec))
     preflight.check_trainer_layout(obj.trainer, path)
-    with RunLock(run_dir, log):  # nothing in the run folder is written before this point
-        ckpt = resume_checkpoint(run_dir, resuming, path, log, obj.trainer.checkpoint_kind())
-        if ckpt:  # the same experiment, or resume=force
-            from omegaconf import OmegaConf
-
-            from sat_cli.commands.resume_check import check_same_config
-
-            check_same_config(run_dir, OmegaConf.to_container(cfg, resolve=True), obj.resume)
-        done = read_loop_state(ckpt).get("step", 0) if ckpt else 0
-        if done > obj.max_steps:
-            raise UserError(
-                f"max_steps={obj.max_steps} is below the step {done} of the checkpoint "
-                f"{ckpt}; resume with max_steps >= {done}"
-            )
-        specs = (spec, final_spec, overlong)
-        return _run(
-            RunInputs(cfg, obj, run_dir, ckpt, path, tokenizer, task, specs, dropped, log, stream)
-        )
-
-
-def _run(run: RunInputs) -> dict:
-    import torch
     from omegaconf import OmegaConf
 
-    from sat_cli.checkpoints.state import read_loop_state
-    from sat_cli.commands.resume_check import config_yaml
-    from sat_cli.loop.progress import Progress
-    from sat_cli.loop.train import train_loop
-    from sat_cli.tracking.final_status import PENDING_DIR, end_run, keep_previous_status
-    from sat_cli.util.fsio import atomic_write_text
-    from sat_cli.weightsync.spec import check_support
+    config, text = OmegaConf.to_container(cfg, resolve=True), config_yaml(cfg)  # secrets masked
+    return RunInputs(
+        obj,
+        config,
+        text,
+        run_dir,
+        resuming,
+        path,
+        tokenizer,
+        task,
+        evals,
+        dropped,
+        log,
+        overrides,
+        replay,
+    )
 
-    cfg, obj, run_dir, ckpt, path, log = run.cfg, run.obj, run.run_dir, run.ckpt, run.path, run.log
-    spec, final_spec, _ = run.specs  # in-training and final evaluation problems (or None)
-    state0 = read_loop_state(ckpt) if ckpt else {}
-    log(f"run {run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", config_yaml(cfg))  # secrets masked
-    _warn_recompute(obj, log)
-    torch.set_num_threads(obj.trainer.num_threads)
-    cfg_container = OmegaConf.to_container(cfg, resolve=True)
-    engine = trainer = tracker = launcher = None
-    status, steps_done = "FAILED", []
-    try:
-        launcher = build_launcher(obj, log, logs)  # launcher=ray: connected, processes placed
-        tracker = make_tracker(
-            obj, cfg_container, run_dir.name, state0.get("mlflow_run_id"), run.dropped
+
+def _resume_point(run: RunInputs):
+    """``(checkpoint, its LoopState)`` to resume from, verified under the run's lock, or
+    ``(None, None)``."""
+    from sat_cli.checkpoints.manifest import resume_checkpoint
+    from sat_cli.checkpoints.state import load_loop_state
+
+    obj = run.obj
+    ckpt = resume_checkpoint(
+        run.run_dir, run.resuming, run.model, run.log, obj.trainer.checkpoint_kind()
+    )
+    if not ckpt:
+        return None, None
+    from sat_cli.commands.resume_check import check_same_config
+
+    check_same_config(run.run_dir, run.config, obj.resume)  # the same experiment, or force
+    state = load_loop_state(ckpt)
+    if state.step > obj.max_steps:
+        raise UserError(
+            f"max_steps={obj.max_steps} is below the step {state.step} of the checkpoint "
+            f"{ckpt}; resume with max_steps >= {state.step}"
         )
-        tr, pending = obj.tracking, Path(obj.run.dir) / PENDING_DIR  # an outage: metrics on disk
-        tracker.keep_on_disk(pending, tr.outage_timeout_s, tr.retry_interval_s)
-        tracker.log_artifact(str(run_dir / "config.yaml"))
-        trainer = loading(path, lambda: build_trainer(obj, path, run_dir, placer=launcher))
-        replay, recorder = run.stream["replay"], None
-        if replay is None or spec is not None or final_spec is not None:  # replay: evals only
-            engine = loading(
-                path, lambda: build_engine(obj, path, logs, r3=obj.r3, placer=launcher)
-            )
-            check_support(obj.engine, engine)  # distributed: can this engine take it (exit 2)
-        write_pids(logs, engine)
-        # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
-        tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
-        tracker.set_tags(source_tags(path))  # a hub id's resolved commit (sat_cli/models/hub.py)
-        if obj.replay.record:  # the stream for `sat replay` (sat_cli/replay/store.py)
-            from sat_cli.replay.store import StreamWriter
+    return ckpt, state
 
-            header = {"overrides": run.stream["overrides"], "config": cfg_container,
-                      "mlflow_run_id": tracker.run_id, "run": run_dir.name}  # fmt: skip
-            recorder = StreamWriter(run_dir / "replay", header, obj.task.prompts_per_step,
-                                    obj.task.samples_per_prompt)  # fmt: skip
-        evaluator, final_evaluator = evaluators(run, engine, tracker)
-        settings = loop_settings(obj, run_dir, run.tokenizer)
-        run.task.scorer = build_reward(obj.reward, run.task)  # closed below with the engine
-        progress = Progress(obj.max_steps, start=state0.get("step", 0))
-        t0 = time.perf_counter()
-        try:
-            st = train_loop(
-                settings,
-                task=run.task,
-                tokenizer=run.tokenizer,
-                engine=engine,
-                trainer=trainer,
-                tracker=tracker,
-                evaluator=evaluator,
-                progress=progress,
-                resume_from=ckpt,
-                meta={"mlflow_run_id": tracker.run_id},
-                on_state=lambda _: steps_done.append(1),
-                final_evaluator=final_evaluator,
-                recorder=recorder,
-                replay=replay,
-            )
-        finally:
-            progress.close()
-        wall = time.perf_counter() - t0
-        status = "FINISHED"
-        _summary(obj, run_dir, st, tracker, wall, log)
-        return st
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except Exception as exc:
-        if tracker is not None:  # why the run FAILED, also in MLflow (e.g. a lost Ray node)
-            tracker.set_tags({"sat.error": f"{type(exc).__name__}: {exc}"[:4000]})
-        raise
-    finally:  # each part is closed even if closing another one fails
-        for part in (engine, trainer, launcher, getattr(run.task, "scorer", None)):
+
+def _run(run: RunInputs):
+    """Lock the run folder → assemble the run's parts → run the loop → end the run."""
+    from sat_cli.commands.run import RunSession, assemble
+    from sat_cli.commands.runlock import RunLock
+    from sat_cli.loop.train import TrainLoop
+
+    obj, log = run.obj, run.log
+    with RunLock(run.run_dir, log):  # nothing in the run folder is written before this point
+        ckpt, resumed = _resume_point(run)
+        _prepare_folder(run, ckpt)
+        with RunSession(Path(obj.run.dir), log) as session:
+            parts = assemble(run, resumed, session)
+            settings = loop_settings(obj, run.run_dir, run.tokenizer)
+            loop = session.loop = TrainLoop(settings, parts)
+            t0 = time.perf_counter()
             try:
-                if part is not None:
-                    part.close()
-            except Exception as exc:  # noqa: BLE001 - reported, the others still close
-                log(f"WARNING: closing {type(part).__name__} failed: {exc}")
-        status = keep_previous_status(tracker, status, len(steps_done))
-        end_run(tracker, status, Path(obj.run.dir), log)
+                state = loop.run(ckpt)
+            finally:
+                parts.progress.close()
+            _summary(obj, run.run_dir, state, parts.tracker, time.perf_counter() - t0, log)
+            return state
 
 
-def _summary(obj, run_dir: Path, st: dict, tracker, wall: float, log) -> None:
-    ev = st["eval"]
+def _prepare_folder(run: RunInputs, ckpt) -> None:
+    """``logs/``, ``config.yaml``, the loss warnings, the trainer's threads."""
+    import torch
+
+    from sat_cli.util.fsio import atomic_write_text
+
+    obj = run.obj
+    run.log(f"run {run.run_dir}" + (f" (resuming from {ckpt.name})" if ckpt else ""))
+    (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.run_dir / "config.yaml", run.config_yaml)
+    _warn_recompute(obj, run.log)
+    torch.set_num_threads(obj.trainer.num_threads)
+
+
+def _summary(obj, run_dir: Path, st, tracker, wall: float, log) -> None:
+    ev = st.eval
     log("")
     log(f"done: {obj.max_steps} steps in {wall:.1f} s  ({run_dir})")
-    if ev["best"] is not None:
+    if ev.best is not None:
         log(
-            f"eval {ev['key']}: best {ev['best']:.2f} (step {ev['best_step']}), "
-            f"last {ev['last']:.2f} (step {ev['last_step']})"
+            f"eval {ev.key}: best {ev.best:.2f} (step {ev.best_step}), "
+            f"last {ev.last:.2f} (step {ev.last_step})"
         )
     if tracker.run_id:
         log(

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from sat_cli.validate import check_int
+
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "content": …}
 MAX_TURNS = 64
 MAX_TOKENS = 1 << 20
@@ -44,9 +46,7 @@ class EnvSettings:
 
     def __post_init__(self):
         for name, hi in (("max_turns", MAX_TURNS), ("max_tokens", MAX_TOKENS)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-                raise ValueError(f"env.{name}={v!r} must be an integer in [1, {hi}]")
+            check_int(f"env.{name}", getattr(self, name), 1, hi)
         from sat_cli.envs.sandbox import MODES
         from sat_cli.envs.toolcalls import get_parser
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from sat_cli.envs.base import Message, Step, TurnBasedEnv, split_rows
 from sat_cli.envs.calculator import final_number
+from sat_cli.validate import check_int
 
 LO, HI = 0, 9
 MAX_RANGE = 10**6
@@ -37,8 +38,7 @@ QUESTION = (
 def make_row(seed: int, lo: int = LO, hi: int = HI) -> dict[str, Any]:
     """The row of ``seed``: a target drawn uniformly from ``[lo, hi]``, the same for the seed."""
     for name, v in (("lo", lo), ("hi", hi)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_RANGE:
-            raise ValueError(f"guess {name}={v!r} must be an integer in [0, {MAX_RANGE}]")
+        check_int(f"guess {name}", v, 0, MAX_RANGE)
     if lo >= hi:
         raise ValueError(f"guess range lo={lo} must be below hi={hi}")
     target = random.Random(f"guess:{seed}").randint(lo, hi)

@@ -44,6 +44,7 @@ import numpy as np
 from sat_cli.envs.base import MAX_TOKENS, MAX_TURNS, Environment
 from sat_cli.envs.render import renderer_for
 from sat_cli.samples import Sample, SamplingParams
+from sat_cli.validate import check_int
 
 PARTIAL_MODES = ("resume", "abort")
 MAX_REQUEUES = 2
@@ -57,9 +58,7 @@ class TrajectorySettings:
 
     def __post_init__(self):
         for name, hi in (("max_turns", MAX_TURNS), ("max_tokens", MAX_TOKENS)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-                raise ValueError(f"env.{name}={v!r} must be an integer in [1, {hi}]")
+            check_int(f"env.{name}", getattr(self, name), 1, hi)
         if self.partial not in PARTIAL_MODES:
             raise ValueError(
                 f"env.partial={self.partial!r} must be one of {', '.join(PARTIAL_MODES)}"

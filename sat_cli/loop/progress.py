@@ -51,12 +51,10 @@ class Progress:
             eta = el / (done - self.start) * (self.total - done)
             print(f"step {done:>5}/{self.total}  {info}  {el:6.1f}s  eta {eta:5.0f}s", flush=True)
 
-    def eval(self, step: int, m: dict) -> None:
-        vals = "  ".join(
-            f"{k.split('/')[-1]} {v:.1f}"
-            for k, v in m.items()
-            if k.startswith(M.EVAL + "/") and ("avg@" in k or "pass@1" in k)
-        )
+    def eval(self, step: int, res) -> None:
+        """One line of an evaluation's ``shown`` metrics (``res``: a ``loop.parts.EvalScores``)."""
+        m = res.metrics
+        vals = "  ".join(f"{k.split('/')[-1]} {m[k]:.1f}" for k in res.shown)
         self.log(f"eval @ step {step}: {vals}")
 
     def close(self) -> None:

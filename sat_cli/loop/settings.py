@@ -1,5 +1,6 @@
 """What the training loop takes of the run's settings: ``LoopSettings`` (built at the edge,
-``commands/train.py``) and the clip radii's schedule over steps (``ClipSchedule``)."""
+``sat_cli/build/run.py``), the clip radii's schedule over steps (``ClipSchedule``) and the
+schedules of evaluations, checkpoints, histograms and samples tables (``Every``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.loop.lag import LagPolicy
+from sat_cli.loop.schedule import Every
 from sat_cli.samples import SamplingParams
 
 
@@ -40,7 +42,7 @@ class ClipSchedule:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """What the loop needs of the run's settings, built at the edge (``commands/train.py``)."""
+    """What the loop needs of the run's settings, built at the edge (``build/run.py``)."""
 
     max_steps: int
     prompts_per_step: int
@@ -53,13 +55,13 @@ class LoopSettings:
     drop_zero_adv_groups: bool = False
     r3: bool = False
     clip: ClipSchedule = field(default_factory=lambda: ClipSchedule(0.2, 0.2))
-    eval_every: int = 0
+    eval: Every = Every(0)  # in-training evaluations (and at the last step)
     eval_at_start: bool = False
-    checkpoint_every: int = 0
+    checkpoints: Every = Every(0)  # checkpoints before the last step (that one is always written)
     checkpoint_keep: int = 2
-    histogram_every: int = 10
+    histograms: Every = Every(10)  # asked with the step's index t (before its update)
     inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
     weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
-    samples_every: int = 0  # a samples table of the step every this many steps (0: none)
+    samples: Every = Every(0)  # the samples table of a step
     max_reward_error_frac: float = 1.0  # a step with more failed rewards ends the run FAILED
     env: Any = None  # a loop.multiturn.EnvRun: multi-turn rollouts (None: single-turn)

@@ -1,8 +1,9 @@
 """The pieces of one training-loop step: score a batch, step the trainer, log histograms.
 
 * :func:`score_batch` — rewards per response, the bounded-lag admission control, group
-  advantages, dropped groups, and the ``rollout/*`` / ``staleness/version_lag_*`` metrics.
-* :func:`trainer_step` — ``trainer.step`` with the non-finite policy of the loop (see
+  advantages, dropped groups, and the ``rollout/*`` / ``staleness/version_lag_*`` metrics, as
+  a :class:`Scored` value.
+* :func:`nonfinite_losses` / :func:`nonfinite_error` — the non-finite policy of the loop (see
   :mod:`sat_cli.loop.train`): a step whose ``loss/*`` metrics are NaN/inf is counted; if the
   trainer skipped that update the run goes on, unless ``MAX_CONSECUTIVE_NONFINITE`` steps in a
   row were non-finite; otherwise :class:`NonFiniteLoss` stops the run before anything of the
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from sat_cli import metric_names as M
-from sat_cli.checkpoints.state import latest_checkpoint
 from sat_cli.errors import RunFailed
 from sat_cli.samples import Sample
 from sat_cli.tracking.sink import MetricSink
@@ -50,19 +52,17 @@ def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, scorer):
 
 
 def task_scorer(task):
-    """The task's reward plugin (``task.scorer``, set by `sat train`), else its own grader."""
-    if getattr(task, "scorer", None) is None:
-        from sat_cli.rewards import Scorer
+    """The task's own grader as a scorer (a run without a reward plugin: tests, benchmarks)."""
+    from sat_cli.rewards import Scorer
 
-        task.scorer = Scorer(lambda prompt, response, row: task.reward(response, row["answer"]))
-    return task.scorer
+    return Scorer(lambda prompt, response, row: task.reward(response, row["answer"]))
 
 
-def log_samples(tracker: MetricSink, task, step: int) -> None:
+def log_samples(tracker: MetricSink, scorer, step: int) -> None:
     """The samples table of the batch scored last (``samples/train_step_<step>.json``)."""
     from sat_cli.rewards.grading import samples_table
 
-    last = getattr(getattr(task, "scorer", None), "last_batch", None)
+    last = getattr(scorer, "last_batch", None)
     if last is None:  # a replay: its rewards were recorded, nothing was scored
         return
     prompts, texts, rows, versions, sc = last
@@ -83,11 +83,11 @@ def log_samples(tracker: MetricSink, task, step: int) -> None:
     tracker.log_dict(samples_table(samples), M.samples_artifact("train", step))
 
 
-def reward_failure(s, task, metrics: dict, step: int):
+def reward_failure(s, scorer, metrics: dict, step: int):
     """The :class:`RewardFailed` of a step whose rewards failed above the allowed fraction."""
     from sat_cli.rewards import RewardFailed
 
-    first = getattr(getattr(task, "scorer", None), "first_error", None) or "?"
+    first = getattr(scorer, "first_error", None) or "?"
     return RewardFailed(
         f"{metrics[M.REWARD_ERROR_FRAC]:.0%} of step {step}'s rewards failed (reward."
         f"max_error_frac={s.max_reward_error_frac:g}); the first: {first}. The run stopped with "
@@ -107,36 +107,53 @@ def reward_metrics(scores, metrics: dict) -> None:
         metrics[M.reward_key(name)] = sum(values) / len(values)
 
 
-def score_batch(
-    s,
-    t: int,
-    groups,
-    rows,
-    tokenizer,
-    task,
-    counters: dict,
-    timing: dict,
-    scored: dict | None = None,
-):
-    """``(samples, advantages, lags, metrics)`` of batch ``t``; ``s`` is the LoopSettings.
-    ``scored``: ``{"rewards": per group a list or None}`` — given (a replay), those rewards are
-    used; an empty dict (a recording) receives them."""
+@dataclass
+class Lags:
+    """A batch's version lags: per sample (its oldest token), per model token and, multi-turn,
+    per turn (``{turn: [lag of each of its model tokens]}``)."""
+
+    sample: list[int]
+    token: list[int]
+    turns: dict[int, list[int]] | None = None
+
+
+@dataclass
+class Scored:
+    """A scored batch: the samples kept with their advantages, their lags, the step's
+    ``rollout/*`` and ``staleness/*`` metrics, the rewards per group of the batch as it came
+    (None: a dropped group; what a recording stores) and the groups dropped at this step."""
+
+    samples: list[Sample]
+    adv: Any
+    lags: Lags
+    metrics: dict[str, float]
+    rewards: list
+    stale_dropped: int  # over the bounded lag
+    dropped_groups: int  # aborted, or zero-advantage with drop_zero_adv_groups
+
+
+def score_batch(s, t: int, batch, tokenizer, scorer) -> Scored:
+    """Score batch ``t`` (a ``loop.stream.Batch``; ``s`` is the LoopSettings): its rewards
+    (those it came with, else ``scorer``'s), the bounded-lag admission control, group
+    advantages and the batch's metrics (the run's counters are the caller's)."""
     import torch
 
     from sat_cli.rl.advantages import group_advantages
 
+    groups, rows, timing = batch.groups, batch.rows, batch.timing
     scores = None  # a replay brings its rewards: no reward metrics
-    if scored and "rewards" in scored:
-        kept = [g for g, r in zip(groups, scored["rewards"], strict=True) if r is not None]
-        rewards = [r for r in scored["rewards"] if r is not None]
+    if batch.rewards is not None:
+        per_group = batch.rewards
+        kept = [g for g, r in zip(groups, per_group, strict=True) if r is not None]
+        rewards = [r for r in per_group if r is not None]
     else:
-        kept, rewards, scores = _score(groups, rows, tokenizer, task_scorer(task))
-        if scored is not None:
-            it = iter(rewards)
-            scored["rewards"] = [next(it) if any(g is k for k in kept) else None for g in groups]
+        kept, rewards, scores = _score(groups, rows, tokenizer, scorer)
+        it = iter(rewards)
+        per_group = [next(it) if any(g is k for k in kept) else None for g in groups]
+    stale = dropped = 0
     if s.lag.mode == "bounded":  # admission control on each group's oldest token
         fresh = [i for i, g in enumerate(kept) if t - min(map(_oldest, g)) <= s.lag.n]
-        counters["stale_dropped"] += len(kept) - len(fresh)
+        stale = len(kept) - len(fresh)
         kept, rewards = [kept[i] for i in fresh], [rewards[i] for i in fresh]
     flat_rewards = torch.tensor([r for rs in rewards for r in rs], dtype=torch.float32)
     samples = [smp for g in kept for smp in g]
@@ -147,16 +164,17 @@ def score_batch(
     )
     if s.drop_zero_adv_groups and samples:
         keep = (adv.view(-1, s.group_size).abs().sum(1) > 0).repeat_interleave(s.group_size)
-        counters["dropped_groups"] += int((~keep).sum()) // s.group_size
+        dropped += int((~keep).sum()) // s.group_size
         samples = [smp for smp, k in zip(samples, keep.tolist(), strict=True) if k]
         adv = adv[keep]
-    counters["dropped_groups"] += len(groups) - len(kept)
+    dropped += len(groups) - len(kept)
 
     lags = [t - _oldest(smp) for smp in samples] or [0]
     tok_lags = [t - v for smp in samples for v in _token_versions(smp)] or [0]
     mixed = sum(len(set(_token_versions(smp))) > 1 for smp in samples)
     resp_lens = [smp.response_len for smp in samples] or [0]
     n_tokens = sum(smp.response_len for g in groups for smp in g)
+    gen_s = timing["gen_s"]
     metrics = {
         M.BATCH_INDEX: float(t),
         M.PROMPT_DIGEST: digest([r["prompt"] for r in rows]),
@@ -165,17 +183,16 @@ def score_batch(
         M.TRUNCATED_FRAC: (
             sum(smp.finish_reason == "length" for smp in samples) / max(len(samples), 1)
         ),
-        M.TOKENS_PER_S: n_tokens / timing["gen_s"] if timing["gen_s"] > 0 else 0.0,  # replay: 0
+        M.TOKENS_PER_S: n_tokens / gen_s if gen_s > 0 else 0.0,  # replay: 0
         M.VERSION_LAG_MEAN: sum(lags) / len(lags),
         M.VERSION_LAG_MAX: float(max(lags)),
         M.TOKEN_LAG_MEAN: sum(tok_lags) / len(tok_lags),
         M.MIXED_VERSION_FRAC: mixed / max(len(samples), 1),
-        M.STALE_DROPPED: float(counters["stale_dropped"]),
-        M.PERF_GEN_S: timing["gen_s"],
+        M.PERF_GEN_S: gen_s,
     }
     if scores is not None:
         reward_metrics(scores, metrics)
-    return samples, adv, {"sample": lags, "token": tok_lags}, metrics
+    return Scored(samples, adv, Lags(lags, tok_lags), metrics, per_group, stale, dropped)
 
 
 def _token_versions(smp: Sample) -> list[int]:
@@ -188,69 +205,28 @@ def _oldest(smp: Sample) -> int:
     return smp.oldest_version()
 
 
-def trainer_step(
-    trainer,
-    batch,
-    t: int,
-    counters: dict,
-    guard: dict,
-    metrics: dict,
-    tracker: MetricSink,
-    ckpt_root,
-    diag: dict | None = None,
-) -> None:
-    """``trainer.step(batch, diag)`` into ``metrics``, with the non-finite policy (module
-    docstring). ``guard["bad"]`` counts non-finite steps in a row (per process, not saved in
-    checkpoints); ``diag``: see ``log_histograms``."""
-    tm = trainer.step(batch) if diag is None else trainer.step(batch, diag)
-    bad = sorted(k for k, v in tm.items() if k.startswith(M.LOSS_GROUP) and not math.isfinite(v))
-    guard["bad"] = guard["bad"] + 1 if bad else 0
-    if bad:
-        counters["nonfinite_steps"] += 1
-        skipped = bool(tm.get(M.NONFINITE_SKIPPED))
-        if not skipped or guard["bad"] >= MAX_CONSECUTIVE_NONFINITE:
-            metrics.update(tm)
-            metrics[M.NONFINITE_STEPS] = float(counters["nonfinite_steps"])
-            tracker.log_metrics(metrics, step=t + 1)
-            last = latest_checkpoint(ckpt_root)
-            raise NonFiniteLoss(
-                f"non-finite loss at step {t + 1} ({', '.join(bad[:4])}"
-                f"{' …' if len(bad) > 4 else ''} = "
-                f"{', '.join(str(tm[k]) for k in bad[:4])}); "
-                + (
-                    f"{guard['bad']} non-finite steps in a row (updates skipped): "
-                    "the weights do not recover. "
-                    if skipped
-                    else "the trainer applied the update, so its weights are no longer "
-                    "usable and nothing of this step was saved. "
-                )
-                + (
-                    f"Last complete checkpoint: {last}. "
-                    if last
-                    else "No checkpoint was written yet. "
-                )
-                + "Lower trainer.lr, keep trainer.grad_clip > 0, or check the data."
-            )
-    metrics.update(tm)
-    if M.SAT_ACTIVE in tm:
-        metrics.update(sat_active_fractions(counters, tm))
+def nonfinite_losses(tm: dict[str, float]) -> list[str]:
+    """The ``loss/*`` metrics of a trainer step that are NaN or infinite, sorted."""
+    return sorted(k for k, v in tm.items() if k.startswith(M.LOSS_GROUP) and not math.isfinite(v))
 
 
-def sat_active_fractions(counters: dict, tm: dict) -> dict[str, float]:
-    """Running fractions of steps where SAT can act (``sat/active``, either side) and per side.
-    A step's ``sat/active`` is 0/1 with one ``q``, a fraction with several minibatches or
-    per-micro-batch ``q``: the counters add it as it is."""
-    counters["sat_steps"] = counters.get("sat_steps", 0) + 1
-    out = {}
-    for key, name in (
-        (M.SAT_ACTIVE, "sat_active_steps"),
-        (M.SAT_ACTIVE_LOW, "sat_active_low_steps"),
-        (M.SAT_ACTIVE_HIGH, "sat_active_high_steps"),
-    ):
-        if key in tm:
-            counters[name] = counters.get(name, 0) + float(tm[key])
-            out[key + "_frac"] = counters[name] / counters["sat_steps"]
-    return out
+def nonfinite_error(step: int, tm: dict, bad: list[str], in_row: int, skipped: bool, last):
+    """The :class:`NonFiniteLoss` that stops the run at ``step`` (module docstring): ``bad``
+    the non-finite ``loss/*`` names, ``in_row`` non-finite steps in a row, ``skipped`` whether
+    the trainer skipped the update, ``last`` the last complete checkpoint (or None)."""
+    return NonFiniteLoss(
+        f"non-finite loss at step {step} ({', '.join(bad[:4])}"
+        f"{' …' if len(bad) > 4 else ''} = "
+        f"{', '.join(str(tm[k]) for k in bad[:4])}); "
+        + (
+            f"{in_row} non-finite steps in a row (updates skipped): the weights do not recover. "
+            if skipped
+            else "the trainer applied the update, so its weights are no longer "
+            "usable and nothing of this step was saved. "
+        )
+        + (f"Last complete checkpoint: {last}. " if last else "No checkpoint was written yet. ")
+        + "Lower trainer.lr, keep trainer.grad_clip > 0, or check the data."
+    )
 
 
 def digest(texts: list[str]) -> float:
@@ -260,13 +236,13 @@ def digest(texts: list[str]) -> float:
     return float(int.from_bytes(h[:3], "little"))
 
 
-def log_histograms(tracker: MetricSink, diag: dict, lags: dict, step: int) -> None:
+def log_histograms(tracker: MetricSink, diag: dict, lags: Lags, step: int) -> None:
     """The step's histograms and ``|d|`` percentiles, from the per-token diagnostics the loss
     itself produced (``trainer.step(batch, diag)``; no second SAT computation, no extra
     forward):
 
     * ``staleness/version_lag``: per sample (its oldest token); ``staleness/token_version_lag``:
-      per token (``lags``: ``score_batch``'s ``{"sample": …, "token": …}``);
+      per token (``lags``: ``score_batch``'s :class:`Lags`);
     * ``staleness/abs_logratio``: ``|log pi_theta - log mu|`` of every trained token (the
       behaviour-policy mismatch, comparable across algorithms), marked with the batch reference
       ``q`` when the loss's ratio is against ``mu`` (with a recomputed ``pi_old`` denominator
@@ -298,10 +274,7 @@ def log_histograms(tracker: MetricSink, diag: dict, lags: dict, step: int) -> No
         q = float((diag["q"] * w).sum() / w.sum().clamp_min(1))
     else:
         q = float(abs_d.kthvalue(order_statistic_k(0.9, abs_d.numel())).values) if n else 0.0
-    for key, values in (
-        (M.HIST_VERSION_LAG, lags["sample"]),
-        (M.HIST_TOKEN_VERSION_LAG, lags["token"]),
-    ):
+    for key, values in ((M.HIST_VERSION_LAG, lags.sample), (M.HIST_TOKEN_VERSION_LAG, lags.token)):
         tracker.log_histogram(key, values, step=step, bins=max(values) + 1 or 1)
     tracker.log_histogram(
         M.HIST_ABS_LOGRATIO,

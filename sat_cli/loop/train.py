@@ -1,4 +1,5 @@
-"""The asynchronous training loop, in one function: ``train_loop``.
+"""The asynchronous training loop: ``TrainLoop(settings, parts).run(resume_from)``, one method
+per stage, over a typed state (``sat_cli.checkpoints.loop_state.LoopState``).
 
 One step ``t`` (the trainer holds weight version ``t``):
 
@@ -17,7 +18,11 @@ One step ``t`` (the trainer holds weight version ``t``):
    after a tracking outage (below);
 7. prune the weight versions nothing needs any more.
 
-The settings the loop takes are ``sat_cli/loop/settings.py``'s ``LoopSettings``.
+The settings the loop takes are ``sat_cli/loop/settings.py``'s ``LoopSettings`` (its
+schedules, ``Every(n)``, are asked ``due(step)``); the run's built parts are
+``sat_cli/loop/parts.py``'s ``RunParts`` (engine, trainer, tracker, evaluators, task, scorer,
+stream, progress); batches come from the parts' stream (``sat_cli/loop/stream.py``: the engine,
+the engine with a recording, or a replayed recording).
 
 Staleness is carried with the data (each sample's ``weight_version``) and logged as
 ``staleness/version_lag_*``; the engine↔trainer log-ratio ``d̄π`` comes from the loss.
@@ -41,292 +46,238 @@ and stops with ``RunFailed`` (exit 1) saying where the metrics wait and how to r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sat_cli import metric_names as M
-from sat_cli.checkpoints.state import read_loop_state
+from sat_cli.checkpoints.loop_state import LoopState
+from sat_cli.checkpoints.state import latest_checkpoint, read_loop_state
 from sat_cli.loop import multiturn
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
-from sat_cli.loop.publisher import WeightPublisher, WeightsWriteError
-from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread, request_seed
+from sat_cli.loop.parts import EvalScores, Evaluators, RunParts
+from sat_cli.loop.publisher import WeightsWriteError
+from sat_cli.loop.rollouts import request_seed
 from sat_cli.loop.settings import ClipSchedule, LoopSettings
-from sat_cli.loop.state import checkpoint, checkpoint_or_stop, initial_state, start
+from sat_cli.loop.state import Rollouts, checkpoint, checkpoint_or_stop, start
 from sat_cli.loop.steps import (
     MAX_CONSECUTIVE_NONFINITE,
+    Lags,
     NonFiniteLoss,
+    Scored,
     log_histograms,
     log_samples,
+    nonfinite_error,
+    nonfinite_losses,
     reward_failure,
     score_batch,
-    trainer_step,
+    task_scorer,
 )
 from sat_cli.loop.steps import digest as _digest
-from sat_cli.tracking.sink import MetricSink
 
 __all__ = [
     "MAX_CONSECUTIVE_NONFINITE",
     "ClipSchedule",
+    "EvalScores",
+    "Evaluators",
     "LoopSettings",
+    "LoopState",
     "NonFiniteLoss",
+    "RunParts",
+    "TrainLoop",
     "WeightsWriteError",
     "_digest",
     "request_seed",
-    "train_loop",
 ]
 
 
-def train_loop(
-    s: LoopSettings,
-    *,
-    task,
-    tokenizer,
-    engine,
-    trainer,
-    tracker: MetricSink,
-    evaluator: Callable[[], dict[str, float]] | None = None,
-    progress=None,
-    resume_from: Path | None = None,
-    meta: dict | None = None,
-    on_state: Callable[[dict], None] | None = None,
-    final_evaluator: Callable[[], dict[str, float]] | None = None,
-    recorder=None,
-    replay=None,
-) -> dict:
-    """Run steps until ``s.max_steps``; return the final loop state (with eval best/last).
-    ``final_evaluator`` (optional) runs once on the final weights, after the last step's own
-    evaluation; its metrics are logged at step ``max_steps`` (``final/...``). ``recorder``
-    (a ``replay.store.StreamWriter``) stores every batch as generated and scored; ``replay``
-    (a ``replay.store.Recording``) replaces the engine's batches by recorded ones (the engine
-    then only evaluates)."""
-    st = initial_state()
-    if resume_from is not None:
-        st.update(read_loop_state(resume_from))
-        trainer.load(resume_from / "trainer")
-    st.update(meta or {})
-    p = _Parts.open(s, st, engine, trainer, task, tokenizer, evaluator, progress)
-    try:
-        start(s, st, p.pub, p.thread, resume_from is not None)
-        p.buf.restore(st["pending"])  # requested before an interruption: again, same versions
-        if st["step"] == 0 and s.eval_at_start and evaluator is not None:
-            m0: dict[str, float] = {}
-            p.evals.run(0, 0, m0)
-            tracker.log_metrics(m0, step=0)
-        if s.lag.profile is not None and st["step"] == 0:
-            tracker.log_dict(s.lag.profile.target_table(), PROFILE_TARGET_FILE)
-        guard = {"bad": 0}  # non-finite steps in a row
-        for t in range(st["step"], s.max_steps):
-            t_step = time.perf_counter()
-            # 1. keep the engine busy as far as the lag policy allows; wait for batch t
-            groups, rows, timing, wait_s, scored = _take(t, p.buf, replay, recorder)
-            # 2. score → advantages
-            samples, adv, lags, metrics = score_batch(
-                s, t, groups, rows, tokenizer, task, st["counters"], timing, scored
+class TrainLoop:
+    """Runs steps until ``settings.max_steps`` on the run's ``parts``; :meth:`run` returns the
+    final :class:`LoopState` (with the evaluations' best and last). The final evaluator (if any)
+    runs once on the final weights, after the last step's own evaluation; its metrics are logged
+    at step ``max_steps`` (``final/...``)."""
+
+    def __init__(self, settings: LoopSettings, parts: RunParts):
+        self.s, self.parts = settings, parts
+        self.state = LoopState()
+        self.steps_run = 0  # steps finished by this process (the run's final status)
+        self.bad_in_row = 0  # non-finite steps in a row (per process, not checkpointed)
+        self.scorer = parts.scorer if parts.scorer is not None else task_scorer(parts.task)
+        self.r: Rollouts | None = None
+
+    def run(self, resume_from: Path | None = None) -> LoopState:
+        s, p = self.s, self.parts
+        if resume_from is not None:
+            self.state = LoopState.from_json(read_loop_state(resume_from))
+            p.trainer.load(resume_from / "trainer")
+        st = self.state
+        st.mlflow_run_id = p.tracker.run_id
+        self.r = r = Rollouts.open(s, st, p)
+        try:
+            start(s, st, r, resume_from is not None)
+            r.buf.restore(st.pending)  # requested before an interruption: again, same versions
+            if st.step == 0 and s.eval_at_start and p.evaluators.during is not None:
+                m0: dict[str, float] = {}
+                self._evaluate_now(0, m0)
+                p.tracker.log_metrics(m0, step=0)
+            if s.lag.profile is not None and st.step == 0:
+                p.tracker.log_dict(s.lag.profile.target_table(), PROFILE_TARGET_FILE)
+            for t in range(st.step, s.max_steps):
+                self.step(t)
+                self.steps_run += 1
+            r.thread.drain()  # an in-flight hand-over that failed after the last publish
+            st.finished = True
+            checkpoint(s, st, s.max_steps, p.trainer, r)
+        finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
+            r.thread.close()
+        return st
+
+    def step(self, t: int) -> None:
+        """Step ``t``: the trainer goes from weight version ``t`` to ``t + 1``."""
+        s, p, st, r = self.s, self.parts, self.state, self.r
+        t_step = time.perf_counter()
+        # 1. keep the engine busy as far as the lag policy allows; wait for batch t
+        batch = p.stream.take(t, r.buf)
+        # 2. score → advantages
+        scored = self._score(t, batch)
+        metrics = scored.metrics
+        metrics[M.PERF_WAIT_S] = batch.wait_s
+        # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
+        diag = self._train(t, scored)
+        # 4. publish the new weights when a later batch will be generated from them
+        version = t + 1
+        if p.stream.generates and s.lag.publish_after(version, s.max_steps):
+            r.pub.publish(version)
+        st.step = version
+        # 5. evaluate; log metrics and histograms
+        self._evaluate(version, metrics)
+        _perf(metrics, t_step, batch.timing)
+        self._log(version, metrics, diag, scored.lags)
+        if s.samples.due(version):
+            log_samples(p.tracker, self.scorer, version)  # what the model wrote, with rewards
+        if p.progress:
+            p.progress.step(t, metrics)
+        # 6. too many of the step's rewards failed (reward.max_error_frac): checkpoint, stop
+        if metrics.get(M.REWARD_ERROR_FRAC, 0.0) > s.max_reward_error_frac:
+            checkpoint(s, st, version, p.trainer, r)
+            raise reward_failure(s, self.scorer, metrics, version)
+        # checkpoint as scheduled, or stop when the tracking store is gone too long
+        checkpoint_or_stop(s, st, version, p, r)
+        # 7. prune the weights nothing needs any more
+        since = version if st.min_needed is None else st.min_needed
+        in_use = r.buf.versions() | r.thread.in_use()  # an in-flight hand-over may load
+        st.published = r.pub.prune(version, in_use, since)
+
+    def _score(self, t: int, batch) -> Scored:
+        """Batch ``t`` scored (the stream keeps it with its rewards), the run's counters and
+        the lag profile's realised histogram updated."""
+        s, st = self.s, self.state
+        scored = score_batch(s, t, batch, self.parts.tokenizer, self.scorer)
+        self.parts.stream.keep(t, batch, scored.rewards)  # replay.record=true: as scored
+        st.counters.stale_dropped += scored.stale_dropped
+        st.counters.dropped_groups += scored.dropped_groups
+        metrics, samples = scored.metrics, scored.samples
+        metrics[M.STALE_DROPPED] = float(st.counters.stale_dropped)
+        if s.env is not None:  # multi-turn: staleness per turn
+            scored.lags.turns = multiturn.turn_lags(samples, t)
+            metrics.update(multiturn.turn_metrics(samples, scored.lags.turns))
+        if s.lag.profile is not None:  # realised lags against the profile's target
+            counts = st.count_lags(scored.lags.sample if samples else [])
+            metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
+        return scored
+
+    def _train(self, t: int, scored: Scored) -> dict | None:
+        """The trainer's step on the scored samples at this step's clip radii (a skipped step
+        when none survived); returns the histogram channel ``diag`` (None on steps without
+        histograms)."""
+        from sat_cli.trainers.batch import collate
+
+        s, trainer, counters, metrics = (
+            self.s,
+            self.parts.trainer,
+            self.state.counters,
+            scored.metrics,
+        )
+        eps_low, eps_high = s.clip.radii(t, s.max_steps)
+        trainer.set_clip_radii(eps_low, eps_high)
+        metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
+        diag = {} if s.histograms.due(t) else None
+        if scored.samples:
+            batch = collate(
+                scored.samples,
+                scored.adv,
+                self.parts.tokenizer.pad_token_id,
+                need_routes=s.r3,
+                need_mask=s.sampling.sampling_mask and s.sampling.filtering,
+                need_topk=s.sampling.topk_logprobs,
             )
-            if recorder is not None:  # replay.record=true: the stream, as generated and scored
-                recorder.write(t, groups, rows, scored["rewards"])
-            if s.env is not None:  # multi-turn: staleness per turn
-                lags["turns"] = multiturn.turn_lags(samples, t)
-                metrics.update(multiturn.turn_metrics(samples, lags["turns"]))
-            metrics[M.PERF_WAIT_S] = wait_s
-            if s.lag.profile is not None:  # realised lags against the profile's target
-                _profile_metrics(s, st, lags["sample"] if samples else [], metrics)
-            # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
-            diag = _train(s, t, st, trainer, samples, adv, tokenizer, guard, metrics, tracker)
-            # 4. publish the new weights when a later batch will be generated from them
-            new_version = t + 1
-            if replay is None and s.lag.publish_after(new_version, s.max_steps):
-                p.pub.publish(new_version)
-            st["step"] = new_version
-            # 5. evaluate; log metrics and histograms
-            _evaluate(s, new_version, p, final_evaluator, metrics)
-            _perf(metrics, t_step, timing)
-            _log(s, st, new_version, p.sync, tracker, metrics, diag, lags)
-            if s.samples_every > 0 and new_version % s.samples_every == 0:
-                log_samples(tracker, task, new_version)  # what the model wrote, with rewards
-            if progress:
-                progress.step(t, metrics)
-            # 6. too many of the step's rewards failed (reward.max_error_frac): checkpoint, stop
-            if metrics.get(M.REWARD_ERROR_FRAC, 0.0) > s.max_reward_error_frac:
-                checkpoint(s, st, new_version, trainer, p.buf, p.thread, p.pub)
-                raise reward_failure(s, task, metrics, new_version)
-            # checkpoint as scheduled, or stop when the tracking store is gone too long
-            checkpoint_or_stop(s, st, new_version, trainer, p, tracker)
-            # 7. prune the weights nothing needs any more
-            since = st.get("min_needed", new_version)
-            in_use = p.buf.versions() | p.thread.in_use()  # an in-flight hand-over may load
-            st["published"] = p.pub.prune(new_version, in_use, since)
-            if on_state:
-                on_state(st)
-        p.thread.drain()  # an in-flight hand-over that failed after the last publish
-        st["finished"] = True
-        checkpoint(s, st, s.max_steps, trainer, p.buf, p.thread, p.pub)
-    finally:  # also on Ctrl-C / SIGTERM / errors: cancel queued engine requests
-        p.thread.close()
-    return st
+            tm = trainer.step(batch) if diag is None else trainer.step(batch, diag)
+            self._check_finite(t, tm, metrics)
+            metrics.update(tm)
+            if M.SAT_ACTIVE in tm:
+                metrics.update(counters.add_sat(tm))
+            if s.env is not None and diag:  # d̄π per turn, from the loss's own diagnostics
+                metrics.update(multiturn.turn_logratio(diag, batch))
+        else:  # no sample survived scoring: no update, but the trainer's version advances
+            counters.skipped_steps += 1
+            trainer.skip_step()
+        metrics[M.NONFINITE_STEPS] = float(counters.nonfinite_steps)
+        return diag
 
-
-@dataclass
-class _Parts:
-    """The loop's moving parts: the rollout thread and its buffer of requested batches, the
-    weight publisher, the weight path (``sync``; None: plain disk loads) and the evaluations."""
-
-    thread: RolloutThread
-    pub: WeightPublisher
-    buf: RolloutBuffer
-    evals: _Evals
-    sync: Any
-
-    @classmethod
-    def open(
-        cls, s: LoopSettings, st: dict, engine, trainer, task, tokenizer, evaluator, progress
-    ) -> _Parts:
-        weights_dir = s.run_dir / "weights"
-        sync = None  # the weight path, its verification and fallback (loop/weightsync.py)
-        if s.weight_sync is not None:
-            from sat_cli.loop.weightsync import WeightSync
-
-            sync = WeightSync(s.weight_sync, engine, trainer, weights_dir)
-        # a (re)started engine holds the initial weights: version 0, also kept on disk
-        thread = RolloutThread(
-            engine, weights_dir, engine_version=0, inflight=s.inflight_updates, sync=sync
-        )
-        pub = WeightPublisher(s, trainer, st["published"], on_publish=thread.published, sync=sync)
-        buf = RolloutBuffer(s, thread, task, tokenizer)
-        evals = _Evals(st["eval"], thread, pub, evaluator, progress)
-        return cls(thread, pub, buf, evals, sync)
-
-
-def _take(t: int, buf: RolloutBuffer, replay, recorder):
-    """Batch ``t``: ``(groups, rows, timing, wait_s, scored)`` from the engine (requesting
-    ahead first), or, under ``sat replay``, the recorded batch with its rewards."""
-    if replay is None:
-        buf.request_ahead(t)
-        _, groups, timing, wait_s = buf.take(t)
-        if buf.env is not None:  # multi-turn: the environment rewarded each trajectory
-            return (
-                groups,
-                buf.prompts_for(t),
-                timing,
-                wait_s,
-                {"rewards": multiturn.rewards(groups)},
-            )
-        return groups, buf.prompts_for(t), timing, wait_s, ({} if recorder is not None else None)
-    groups, rows, rewards = replay.batch(t)
-    return groups, rows, {"gen_s": 0.0, "update_s": 0.0}, 0.0, {"rewards": rewards}
-
-
-def _train(
-    s: LoopSettings,
-    t: int,
-    st: dict,
-    trainer,
-    samples,
-    adv,
-    tokenizer,
-    guard: dict,
-    metrics: dict,
-    tracker,
-) -> dict | None:
-    """The trainer's step on the scored samples at this step's clip radii (a skipped step when
-    none survived); returns the histogram channel ``diag`` (None on steps without histograms)."""
-    from sat_cli.trainers.batch import collate
-
-    eps_low, eps_high = s.clip.radii(t, s.max_steps)
-    trainer.set_clip_radii(eps_low, eps_high)
-    metrics[M.EPS_LOW], metrics[M.EPS_HIGH] = eps_low, eps_high
-    diag = {} if s.histogram_every > 0 and t % s.histogram_every == 0 else None
-    if samples:
-        batch = collate(
-            samples,
-            adv,
-            tokenizer.pad_token_id,
-            need_routes=s.r3,
-            need_mask=s.sampling.sampling_mask and s.sampling.filtering,
-            need_topk=s.sampling.topk_logprobs,
-        )
-        trainer_step(
-            trainer,
-            batch,
-            t,
-            st["counters"],
-            guard,
-            metrics,
-            tracker,
-            s.run_dir / "checkpoints",
-            diag,
-        )
-        if s.env is not None and diag:  # d̄π per turn, from the loss's own diagnostics
-            metrics.update(multiturn.turn_logratio(diag, batch))
-    else:
-        _skip_step(trainer, st["counters"])
-    metrics[M.NONFINITE_STEPS] = float(st["counters"]["nonfinite_steps"])
-    return diag
-
-
-def _evaluate(s: LoopSettings, new_version: int, p: _Parts, final_evaluator, metrics: dict) -> None:
-    """The scheduled evaluation of ``new_version``; after the last step also ``final/*``."""
-    if s.eval_every > 0 and (new_version % s.eval_every == 0 or new_version == s.max_steps):
-        p.evals.run(new_version, new_version, metrics)
-    if final_evaluator is not None and new_version == s.max_steps:
-        p.pub.publish(new_version)  # a larger evaluation of the final weights: final/*
-        metrics.update(p.thread.call(new_version, final_evaluator).result())
-
-
-def _log(s: LoopSettings, st: dict, new_version: int, sync, tracker, metrics: dict, diag, lags):
-    """The step's metrics (with ``weights/*``: the versions loaded since the last step) and, on
-    histogram steps, its histograms."""
-    if sync is not None:
-        metrics.update(sync.metrics())
-    tracker.log_metrics(metrics, step=new_version)
-    if diag:
-        log_histograms(tracker, diag, lags, new_version)
-        if "turns" in lags:
-            multiturn.log_turn_histograms(tracker, lags["turns"], new_version)
-        if s.lag.profile is not None:
-            log_profile_histogram(tracker, s.lag.profile, st["lag_profile_counts"], new_version)
-
-
-class _Evals:
-    """In-training evaluation on the rollout thread, keeping the best and last score."""
-
-    def __init__(self, ev: dict, thread: RolloutThread, pub: WeightPublisher, evaluator, progress):
-        self.ev, self.thread, self.pub = ev, thread, pub
-        self.evaluator, self.progress = evaluator, progress
-
-    def run(self, step: int, version: int, metrics: dict) -> None:
-        if self.evaluator is None:
+    def _check_finite(self, t: int, tm: dict, metrics: dict) -> None:
+        """The non-finite policy (module docstring): count the step; stop the run (its metrics
+        logged first) unless the trainer skipped the update and the run may still recover."""
+        bad = nonfinite_losses(tm)
+        self.bad_in_row = self.bad_in_row + 1 if bad else 0
+        if not bad:
             return
-        self.pub.publish(version)
+        counters = self.state.counters
+        counters.nonfinite_steps += 1
+        skipped = bool(tm.get(M.NONFINITE_SKIPPED))
+        if not skipped or self.bad_in_row >= MAX_CONSECUTIVE_NONFINITE:
+            metrics.update(tm)
+            metrics[M.NONFINITE_STEPS] = float(counters.nonfinite_steps)
+            self.parts.tracker.log_metrics(metrics, step=t + 1)
+            last = latest_checkpoint(self.s.run_dir / "checkpoints")
+            raise nonfinite_error(t + 1, tm, bad, self.bad_in_row, skipped, last)
+
+    def _evaluate(self, version: int, metrics: dict) -> None:
+        """The scheduled evaluation of ``version``; after the last step also ``final/*``."""
+        s, p = self.s, self.parts
+        if s.eval.due(version, last=s.max_steps):
+            self._evaluate_now(version, metrics)
+        if p.evaluators.final is not None and version == s.max_steps:
+            self.r.pub.publish(version)  # a larger evaluation of the final weights: final/*
+            metrics.update(self.r.thread.call(version, p.evaluators.final).result().metrics)
+
+    def _evaluate_now(self, version: int, metrics: dict) -> None:
+        """In-training evaluation of ``version`` on the rollout thread; its headline score
+        is kept as the run's best and last."""
+        evaluator, progress = self.parts.evaluators.during, self.parts.progress
+        if evaluator is None:
+            return
+        self.r.pub.publish(version)
         t0 = time.perf_counter()
-        res = self.thread.call(version, self.evaluator).result()
-        metrics.update(res)
+        res: EvalScores = self.r.thread.call(version, evaluator).result()
+        metrics.update(res.metrics)
         metrics[M.PERF_EVAL_S] = time.perf_counter() - t0
-        head = next((k for k in res if "avg@" in k), None)
-        if head is not None:
-            ev = self.ev
-            ev["key"], ev["last"], ev["last_step"] = head, res[head], step
-            if ev["best"] is None or res[head] > ev["best"]:
-                ev["best"], ev["best_step"] = res[head], step
-        if self.progress:
-            self.progress.eval(step, res)
+        if res.headline is not None:
+            self.state.eval.record(res.headline, res.metrics[res.headline], version)
+        if progress:
+            progress.eval(version, res)
 
-
-def _profile_metrics(s: LoopSettings, st: dict, lags: list[int], metrics: dict) -> None:
-    """Add this batch's lags to the run's realised histogram; its TV distance to the target."""
-    counts = st.setdefault("lag_profile_counts", [])
-    for lag in lags:
-        counts.extend([0] * (lag + 1 - len(counts)))
-        counts[lag] += 1
-    metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
-
-
-def _skip_step(trainer, counters: dict) -> None:
-    """No sample survived scoring: no update, but the trainer's version still advances."""
-    counters["skipped_steps"] += 1
-    trainer.skip_step()
+    def _log(self, version: int, metrics: dict, diag, lags: Lags) -> None:
+        """The step's metrics (with ``weights/*``: the versions loaded since the last step) and,
+        on histogram steps, its histograms."""
+        s, tracker = self.s, self.parts.tracker
+        if self.r.sync is not None:
+            metrics.update(self.r.sync.metrics())
+        tracker.log_metrics(metrics, step=version)
+        if diag:
+            log_histograms(tracker, diag, lags, version)
+            if lags.turns is not None:
+                multiturn.log_turn_histograms(tracker, lags.turns, version)
+            if s.lag.profile is not None:
+                counts = self.state.lag_profile_counts
+                log_profile_histogram(tracker, s.lag.profile, counts, version)
 
 
 def _perf(metrics: dict, t_step: float, timing: dict) -> None:

@@ -225,11 +225,10 @@ class WeightSync:
 
 def _disk_sums(path: Path, layout: str, dtype: str) -> dict[str, str]:
     """Expected checksums of a published folder (what the disk path sent)."""
-    import json
-
+    from sat_cli.models.hf_config import config_if_usable
     from sat_cli.trainers.megatron.hf_io import read_all
     from sat_cli.weightsync.layouts import expected_checksums
 
-    cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    cfg = config_if_usable(path, "published weights") or {}
     tied = bool(cfg.get("tie_word_embeddings", False))
     return expected_checksums(read_all(path).items(), layout, dtype, tied=tied)

@@ -33,6 +33,7 @@ from typing import Any
 from sat_cli.envs import calculator, guess, registry
 from sat_cli.envs.base import EnvSettings
 from sat_cli.envs.plain import teacher_example, text_ids
+from sat_cli.validate import check_int
 
 ROWS = {"calculator": calculator.rows, "guess": guess.rows}
 SFT_SEED0 = 1_000_000_000
@@ -64,9 +65,7 @@ class EnvWarmStart:
             "seed": (0, 2**63 - 1),
         }
         for name, (lo, hi) in ints.items():
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"warm start {name}={v!r} must be an integer in [{lo}, {hi}]")
+            check_int(f"warm start {name}", getattr(self, name), lo, hi)
         if not 0 < self.lr <= 1 or not (self.target is None or 0 <= self.target <= 1):
             raise ValueError("warm start lr must be in (0, 1] and target None or in [0, 1]")
 

@@ -94,6 +94,15 @@ def read_config_json(folder: str | os.PathLike, what: str = "model.path") -> dic
     return check_config(cfg, where)
 
 
+def config_if_usable(folder: str | os.PathLike, what: str = "model.path") -> dict | None:
+    """:func:`read_config_json`, or None when ``folder`` has no usable ``config.json`` (a hub
+    id, a trainer without an HF model folder: whoever loads the model reports it)."""
+    try:
+        return read_config_json(folder, what)
+    except ModelConfigError:
+        return None
+
+
 def read_hf_config(path: str | os.PathLike, what: str = "model.path") -> dict:
     """The checked ``config.json`` of a local folder, else the config of hub id ``path``."""
     if Path(path).is_dir() or os.path.lexists(Path(path) / "config.json"):

@@ -2,7 +2,7 @@
 
 * :class:`PassGrader` — an evaluation's grader for ``reward`` other than ``math``: a sample
   counts as correct (avg@k, pass@k) when its reward is at least ``reward.pass_threshold``; a
-  failed reward counts as wrong. Its scorer is the task's (the one training uses) or, in
+  failed reward counts as wrong. Its scorer is the training run's (:func:`share_scorer`) or, in
   ``sat eval``, one of its own, started on first use.
 * :func:`grade_group` — one problem's ``n`` responses through either kind of grader.
 * :func:`samples_table` — ``{"columns": [...], "data": [[...]]}``, the JSON layout of
@@ -23,12 +23,12 @@ MAX_CELL_CHARS = 4000  # a prompt or response is cut to this many characters in 
 class PassGrader:
     def __init__(self, settings, task):
         self.settings, self.task, self._own = settings, task, None
+        self.shared = None  # the training run's scorer (``share_scorer``)
 
     @property
     def scorer(self):
-        task_scorer = getattr(self.task, "scorer", None)
-        if task_scorer is not None:
-            return task_scorer
+        if self.shared is not None:
+            return self.shared
         if self._own is None:
             from sat_cli.rewards import build_reward
 
@@ -39,6 +39,13 @@ class PassGrader:
         if self._own is not None:
             self._own.close()
             self._own = None
+
+
+def share_scorer(grader, scorer) -> None:
+    """An evaluation of a training run grades with the run's own reward scorer (a
+    :class:`PassGrader`; the ``math`` grader needs none)."""
+    if isinstance(grader, PassGrader):
+        grader.shared = scorer
 
 
 def plugin_grader(settings, task, grader):

@@ -15,6 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class MetricSink(Protocol):
+    run_id: str | None  # the tracked run's id (None: nothing is stored); checkpoints keep it
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def log_histogram(self, key: str, values: Any, step: int, **kw: Any) -> None: ...
@@ -32,6 +34,8 @@ class MetricSink(Protocol):
 
 class NullSink:
     """A :class:`MetricSink` that keeps nothing and never has an outage."""
+
+    run_id: str | None = None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass

@@ -6,8 +6,6 @@ sender's port is free and the engine can take a broadcast. Torch-free until a se
 from __future__ import annotations
 
 import errno
-import json
-from pathlib import Path
 
 from sat_cli.errors import UserError
 
@@ -17,10 +15,10 @@ def weight_sender(engine, device: str, path: str):
     None. ``engine``: the engine's settings; ``device``: where the trainer's weights live."""
     if engine.weight_sync != "distributed":
         return None
+    from sat_cli.models.hf_config import config_if_usable
     from sat_cli.weightsync.sender import WeightSender
 
-    config = Path(path) / "config.json"
-    tied = config.is_file() and bool(json.loads(config.read_text()).get("tie_word_embeddings"))
+    tied = bool((config_if_usable(path) or {}).get("tie_word_embeddings"))
     bucket = engine.weight_sync_bucket_mb * 2**20
     return WeightSender(
         dtype=engine.dtype, device=device, source_dir=path, bucket_bytes=bucket, tied=tied

@@ -41,12 +41,6 @@ FINISH_TYPES = ("stop", "length", "abort")
 
 
 # -- requests --------------------------------------------------------------------------------
-def filtering_active(sampling: SamplingParams) -> bool:
-    """True when top-p or top-k cuts the distribution (then SGLang's plain output log-probs are
-    not the behaviour policy: see :func:`build_generate_payload`)."""
-    return sampling.filtering
-
-
 def sampling_params_to_wire(sampling: SamplingParams, seed: int | None = None) -> dict[str, Any]:
     """One ``sampling_params`` dict (keys of sglang/srt/sampling/sampling_params.py).
 

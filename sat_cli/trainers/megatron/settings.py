@@ -145,14 +145,11 @@ def resources(s: MegatronTrainerSettings) -> Resources:
 def check_model(s: MegatronTrainerSettings, path: str) -> None:
     """The model at ``path`` is one the Megatron worker can build (``UserError`` naming it; a
     hub id without files here: the worker reports it)."""
-    import json
-    from pathlib import Path
-
     from sat_cli.errors import UserError
+    from sat_cli.models.hf_config import config_if_usable
 
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
+    config = config_if_usable(path)
+    if config is None:
         return  # a hub id: the worker reports it
     from sat_cli.trainers.megatron.model import check_supported, rope_theta
 

@@ -70,10 +70,9 @@ def cpu_info(path: str | None = None) -> dict:
     """``{"model": name, "vendor": vendor id, "flags": set}`` of the first CPU in ``path``
     (default ``$SAT_CPUINFO``, else ``/proc/cpuinfo``: Linux); where it cannot be read, the
     model from ``platform``, vendor ``"unknown"`` and no flags."""
-    if path is None:
-        from sat_cli.util.options import env  # torch-free, stdlib only
-
-        path = env("SAT_CPUINFO", "/proc/cpuinfo")
+    if path is None:  # $SAT_CPUINFO's spec (util.options.ENV) is checked where it is parsed;
+        # here, a layer below util, a path that cannot be read is a CPU of unknown kind
+        path = os.environ.get("SAT_CPUINFO") or "/proc/cpuinfo"
     model, vendor, flags = "", "", set()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -88,7 +87,7 @@ def cpu_info(path: str | None = None) -> dict:
                     flags = set(value.split())
                 if model and vendor and flags:
                     break
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in $SAT_CPUINFO
         pass
     return {
         "model": model or platform.processor() or platform.machine() or "unknown",

@@ -293,7 +293,7 @@ LAYERS = (
     {"commands"},
     {"sweep"},  # runs `sat train` as children, reuses `sat replay`'s preparation
     {"cli_guard"},  # a command's errors, typed options and usage errors as one line
-    {"cli_cluster"},  # sat sweep, sat worker, sat mlflow-server
+    {"cli_cluster", "cli_model"},  # sat sweep, sat worker, sat mlflow-server; sat model fetch
     {"cli"},
 )
 # (importing package, imported package) edges that break the layers and are known, with why;

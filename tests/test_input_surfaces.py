@@ -323,12 +323,14 @@ def _refusal_cases():
         "replay": ["runs/x"],
         "worker": ["--join", "127.0.0.1:1", "--config", "w.json"],
         "mlflow-server": ["--backend-store-uri", "sqlite:///x", "--artifacts-destination", "a"],
+        "model fetch": ["org/x"],
     }
     for (cmd, name), spec in sorted(inv.cli_params().items()):
         if spec is None or not name.startswith("--"):
             continue
         bad = "nan" if isinstance(spec, Num) else "a\x01b"
-        yield pytest.param([cmd, *required.get(cmd, []), name, bad], id=f"{cmd}{name}")
+        argv = [*cmd.split(), *required.get(cmd, []), name, bad]  # "model fetch": a group's
+        yield pytest.param(argv, id=f"{cmd}{name}")
 
 
 @pytest.mark.parametrize("argv", list(_refusal_cases()))

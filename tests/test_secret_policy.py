@@ -76,3 +76,14 @@ def test_sat_config_prints_the_config_with_its_secrets_masked(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "dir: https://u:***@example.org/d?token=***&n=3" in out.stdout
     assert "PW-2" not in out.stdout + out.stderr and "T-2" not in out.stdout + out.stderr
+
+
+def test_hyphenated_words_are_not_taken_for_secret_flags():
+    """'per-token profiles' is prose, not the flag -token with the value 'profiles' (the
+    masking hid the word in `sat train`'s lag-profile message); real flags stay masked."""
+    from sat_cli.tracking.params import redact_text
+
+    assert redact_text("per-token profiles are not implemented") == (
+        "per-token profiles are not implemented"
+    )
+    assert redact_text("run --token abc and -token=def") == "run --token *** and -token=***"

@@ -13,9 +13,9 @@ from cli_helpers import run_sat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sat_cli.build.task_warmstart import TaskSft, sft_split, task_config, task_key
 from sat_cli.config import load
 from sat_cli.config.task import FieldsConfig, TaskConfig
-from sat_cli.models.task_warmstart import TaskSft, sft_split, task_config, task_key
 from sat_cli.models.tiny_moe import CHARS, build_char_tokenizer, load_model
 from sat_cli.models.warmstart import SHIPPED, pad_batch, toy_warm_start_key
 from sat_cli.tasks.datafiles import DataError
@@ -188,7 +188,7 @@ def test_sat_pretrain_on_a_file_task_smoke(tmp_path, monkeypatch):
 
 
 def test_a_row_longer_than_the_context_is_refused_before_training(tmp_path, monkeypatch):
-    from sat_cli.models.task_warmstart import train_on_task
+    from sat_cli.build.task_warmstart import train_on_task
 
     rows = _mul_rows([(a, 3) for a in range(10, 30)])
     rows[5]["q"] = "1" * 600 + "*3="  # 603 + len("\boxed{...}") + EOS > the tiny model's 512

@@ -40,7 +40,7 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
     settings = WarmStartSettings(digits=obj.task.digits, heldout_size=ws.eval_size, **kw)
     cache = Path(obj.run.dir) / "cache"
     if obj.task.kind != "toy":  # a user's file: the toy warm start, then SFT on its rows
-        from sat_cli.models.task_warmstart import tiny_task_warm_start
+        from sat_cli.build.task_warmstart import tiny_task_warm_start
 
         return str(tiny_task_warm_start(obj, cache, overrides, log=log))
     return str(ensure_warm_start(cache, settings, use_shipped=use_shipped, log=log))

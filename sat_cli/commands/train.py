@@ -270,7 +270,7 @@ def pretrain(obj, use_shipped: bool = False) -> None:
     check_output_dir(Path(obj.run.dir) / "cache", "warm-start cache")
     path = model_path(obj, use_shipped=use_shipped)
     if obj.model.path and obj.task.path:  # model.path's own SFT on the file task
-        from sat_cli.models.task_warmstart import ensure_task_warm_start
+        from sat_cli.build.task_warmstart import ensure_task_warm_start
 
         path = ensure_task_warm_start(obj, path, Path(obj.run.dir) / "cache")
     print(f"warm-start checkpoint: {path}")

@@ -7,7 +7,7 @@ run at compose time (:class:`sat_cli.config.schema.SatConfig`), so every command
 the same way (``ConfigError``, exit 2):
 
 * ``model=tiny_moe`` without ``model.path`` is warm-started on the toy task or on a user's file
-  (``task.path``, :mod:`sat_cli.models.task_warmstart`): a shipped data set (``task=gsm8k``
+  (``task.path``, :mod:`sat_cli.build.task_warmstart`): a shipped data set (``task=gsm8k``
   without ``task.path``) needs ``model.path``;
 * ``trainer=megatron`` builds all-MoE Qwen3 models (``qwen3_moe``, every layer MoE), dense Qwen3
   (``qwen3``) and Llama (``llama``) models, with no attention or MLP bias, no sliding window, no

@@ -31,8 +31,8 @@ def metrics(result: EvalResult, final: bool = False) -> dict[str, float]:
 def check_reward_errors(result: EvalResult, max_frac: float) -> None:
     """:class:`~sat_cli.rewards.RewardFailed` when more of the evaluation's rewards failed than
     ``reward.max_error_frac`` allows: its avg@k would count them as wrong answers, silently."""
-    frac = result.reward_error_frac
-    if frac > max_frac:
+    frac = getattr(result, "reward_error_frac", None)  # an environment's result has no rewards
+    if frac is not None and frac > max_frac:  # of a reward module to count (EnvEvalResult)
         from sat_cli.rewards import RewardFailed
 
         raise RewardFailed(

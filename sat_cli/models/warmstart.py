@@ -249,11 +249,11 @@ def ensure_warm_start(
     overrides, task_cfg, sft_cfg = _key_parts(ws)
     key = warm_start_key(overrides, task_cfg, sft_cfg)
     target = Path(cache_dir) / f"tiny_moe_warm-{key[:12]}"
-    if _complete(target, key):
+    if is_complete(target, key):
         if log:
             log(f"warm start: cached {target}")
         return target
-    if use_shipped and _complete(SHIPPED, key):
+    if use_shipped and is_complete(SHIPPED, key):
         if log:
             log(f"warm start: using the shipped checkpoint ({SHIPPED.name})")
         return SHIPPED
@@ -285,7 +285,7 @@ def ensure_warm_start(
     return target
 
 
-def _complete(path: Path, key: str) -> bool:
+def is_complete(path: Path, key: str) -> bool:
     meta = path / "warmstart.json"
     weights = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards
     if not (meta.is_file() and any((path / w).is_file() for w in weights)):

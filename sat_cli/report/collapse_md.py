@@ -11,6 +11,7 @@ from sat_cli.errors import UserError
 from sat_cli.report.collapse import (
     CAN_ACT_MIN,
     StudyRow,
+    mcnemar,
     method_order,
     read_rows,
     rows_csv,
@@ -83,21 +84,6 @@ def pilot_markdown(rows: list[StudyRow]) -> str:
             "rules 1 and 2 together): **the stop rule fires**."
         )
     return "\n".join(lines) + "\n\n" + verdict + "\n"
-
-
-def mcnemar(a: list[StudyRow], b: list[StudyRow]) -> tuple[int, int, int, float]:
-    """Exact McNemar on the seeds both arms have: ``(n, only_a, only_b, p)``, two-sided
-    binomial test of the discordant pairs at 1/2 (``p = 1`` without discordant pairs)."""
-    from scipy import stats
-
-    ca = {r.seed: r.collapsed for r in a if r.collapsed in (0, 1)}
-    cb = {r.seed: r.collapsed for r in b if r.collapsed in (0, 1)}
-    seeds = sorted(set(ca) & set(cb))
-    only_a = sum(ca[s] == 1 and cb[s] == 0 for s in seeds)
-    only_b = sum(ca[s] == 0 and cb[s] == 1 for s in seeds)
-    n_disc = only_a + only_b
-    p = float(stats.binomtest(only_a, n_disc, 0.5).pvalue) if n_disc else 1.0
-    return len(seeds), only_a, only_b, p
 
 
 def holm(ps: list[float]) -> list[float]:

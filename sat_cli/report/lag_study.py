@@ -184,7 +184,7 @@ def _fmt4(xs: list[float]) -> str:
 
 
 def _crash_mcnemar(rows, arm: str, seeds: list[str]) -> str:
-    from sat_cli.report.collapse_md import mcnemar
+    from sat_cli.report.collapse import mcnemar
 
     def as_collapse(a: str) -> list[StudyRow]:
         # mcnemar pairs the column ``collapsed``: here the early crash

@@ -101,7 +101,7 @@ def redact_uri(text: str) -> str:
 
 _ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)=(?P<q>['\"]?)(?P<value>[^\s,'\"\]}&;]+)")
 _FLAG_VALUE = re.compile(
-    r"(?P<flag>--?[A-Za-z][\w\-]*)(?P<sep>[ ,=])(?P<value>[^\s,'\"\]}-][^\s,'\"\]}]*)"
+    r"(?<![\w-])(?P<flag>--?[A-Za-z][\w\-]*)(?P<sep>[ ,=])(?P<value>[^\s,'\"\]}-][^\s,'\"\]}]*)"
 )
 
 

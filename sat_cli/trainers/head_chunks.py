@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from sat_cli.trainers.logprobs import _upcast, scores_at, topk_at
+from sat_cli.trainers.logprobs import scores_at, topk_at, upcast
 
 CHUNK_LOGIT_ELEMENTS = 2**25  # logits per chunk by default: 128 MiB as fp32
 
@@ -90,7 +90,7 @@ def _unshift(x: torch.Tensor) -> torch.Tensor:
 def _chunk(h, weight, bias, targets, kept, topk, temperature):
     """One chunk's ``(logp, entropy[, topk_logp])`` from its hidden states ``h [n, H]``."""
     logits = torch.nn.functional.linear(h, weight, bias)  # [n, V]
-    return _scored(_upcast(logits) / temperature, targets, kept, topk)
+    return _scored(upcast(logits) / temperature, targets, kept, topk)
 
 
 def _scored(z, targets, kept, topk):
@@ -176,7 +176,7 @@ class _Grads:
         chunk's logits is ``g * (onehot(y) - softmax(z)) / T``, formed in place."""
         h = self.flat[i:j]
         logits = torch.nn.functional.linear(h, self.weight, self.bias)  # [n, V]
-        z = _upcast(logits) / temperature  # [n, V]
+        z = upcast(logits) / temperature  # [n, V]
         gz = torch.softmax(z, dim=-1).mul_(-g[:, None].to(z.dtype))  # [n, V]
         gz.scatter_add_(-1, targets[:, None], g[:, None].to(z.dtype))
         self._apply(i, j, h, gz.div_(temperature).to(logits.dtype))
@@ -188,7 +188,7 @@ class _Grads:
         with torch.enable_grad():
             logits = torch.nn.functional.linear(h, self.weight, self.bias).detach()
             logits.requires_grad_(True)
-            z = _upcast(logits) / pieces[3]
+            z = upcast(logits) / pieces[3]
             outs = _scored(z, *pieces[:3])
             pairs = [(outs[0], g_lp)] + ([(outs[2], g_topk)] if g_topk is not None else [])
             (gz,) = torch.autograd.grad([o for o, _ in pairs], [logits], [g for _, g in pairs])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 
-def _upcast(x: torch.Tensor) -> torch.Tensor:
+def upcast(x: torch.Tensor) -> torch.Tensor:
     """float32 arithmetic for the log-probs, float64 kept (the exactness tests run in it)."""
     return x if x.dtype == torch.float64 else x.float()
 
@@ -29,7 +29,7 @@ def token_logprobs(
     distribution is renormalised on it, ``logp = z[y] - logsumexp(z[kept])`` with ``z = logits /
     T``, and the entropy is that distribution's; elsewhere (prompt, padding) the full softmax.
     Without ``kept`` the arithmetic is exactly the plain one."""
-    z = _upcast(logits[:, :-1]) / temperature  # [B, S-1, V]
+    z = upcast(logits[:, :-1]) / temperature  # [B, S-1, V]
     lp, ent = scores_at(z, input_ids[:, 1:], None if kept is None else kept[:, 1:])
     zero = lp.new_zeros((lp.shape[0], 1))
     return torch.cat([zero, lp], dim=1), torch.cat([zero.detach(), ent], dim=1)
@@ -73,7 +73,7 @@ def topk_logprobs(
     ``log_softmax(logits / T)``, or with ``kept`` of the distribution renormalised on it
     (``z[id] - logsumexp(z[kept])``, as :func:`token_logprobs`; the sampler's top-k ids lie in
     its kept set). Score centering's policy side."""
-    z = _upcast(logits[:, :-1]) / temperature  # [B, S-1, V]
+    z = upcast(logits[:, :-1]) / temperature  # [B, S-1, V]
     lp = topk_at(z, topk_ids[:, 1:], None if kept is None else kept[:, 1:])  # [B, S-1, K]
     return torch.cat([lp.new_zeros((lp.shape[0], 1, lp.shape[2])), lp], dim=1)
 

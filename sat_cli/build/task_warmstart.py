@@ -180,7 +180,7 @@ def ensure_task_warm_start(obj, base: str | Path, cache_dir: str | Path, log=pri
     import torch
 
     from sat_cli.models.tiny_moe import save_hf
-    from sat_cli.models.warmstart import _complete
+    from sat_cli.models.warmstart import is_complete
 
     ws, base = obj.model.warm_start, Path(base)
     sft = TaskSft(
@@ -195,7 +195,7 @@ def ensure_task_warm_start(obj, base: str | Path, cache_dir: str | Path, log=pri
     task_cfg = task_config(obj.task)
     key = task_key(_base_identity(base), task_cfg, sft, torch.__version__.split("+")[0])
     target = Path(cache_dir) / f"{obj.model.name}_task-{key[:12]}"
-    if _complete(target, key):
+    if is_complete(target, key):
         log(f"task warm start: cached {target}")
         return target
     # one thread: the tiny model gains nothing from more, and two threads on a busy 2-core

@@ -150,8 +150,9 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
     generated = sum(float(b.loss_mask.sum()) for b in batches)  # response tokens sampled
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    trainer = LocalTrainer(str(ckpt), device=dev, dtype="bfloat16", lr=1e-5,
-                           loss=LossConfig(adaptive=True))  # fmt: skip
+    trainer = LocalTrainer(
+        str(ckpt), device=dev, dtype="bfloat16", lr=1e-5, loss=LossConfig(adaptive=True)
+    )
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     nonfinite, times = 0, []
     for b in batches:
@@ -195,8 +196,9 @@ def check_real_batch(name: str, ckpt: Path, dev: str, rows: int, prompt: int, re
     ``prompt``-token prompts, synthetic ids and log-probs): its seconds and peak memory, beside
     ``sat plan``'s figure for the local trainer (weights, gradients and AdamW only). An
     out-of-memory error is a reported row (the measured fact), not a crash of the check."""
-    trainer = LocalTrainer(str(ckpt), device=dev, dtype="bfloat16", lr=1e-5,
-                           loss=LossConfig(adaptive=True))  # fmt: skip
+    trainer = LocalTrainer(
+        str(ckpt), device=dev, dtype="bfloat16", lr=1e-5, loss=LossConfig(adaptive=True)
+    )
     hi = min(int(trainer.model.config.vocab_size), 1000)
     g = torch.Generator().manual_seed(11)
     samples = [
@@ -328,8 +330,17 @@ def main() -> int:
                 _guarded("train bf16", name, check_training, name, ckpt, dev, args.steps, shape)
         if on_gpu and "real-batch" in only:  # 16 responses of 1,536 tokens after 512-token prompts
             big = models["qwen3-0.6b"]
-            _guarded("train bf16 real batch", "qwen3-0.6b", check_real_batch, "qwen3-0.6b", big,
-                     dev, 16, 512, 1536)  # fmt: skip
+            _guarded(
+                "train bf16 real batch",
+                "qwen3-0.6b",
+                check_real_batch,
+                "qwen3-0.6b",
+                big,
+                dev,
+                16,
+                512,
+                1536,
+            )
         if "sat-train" in only:
             _guarded("sat train", "tiny", check_cli, dev, tmp, not on_gpu)
         if args.model_path and on_gpu:

@@ -112,8 +112,16 @@ def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_e
     trainer = _trainer(tiny_dir)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
-    s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
-                     lag=lag, run_dir=run_dir, seed=3, histograms=Every(hist_every))  # fmt: skip
+    s = LoopSettings(
+        max_steps=steps,
+        prompts_per_step=2,
+        group_size=4,
+        sampling=sampling,
+        lag=lag,
+        run_dir=run_dir,
+        seed=3,
+        histograms=Every(hist_every),
+    )
     own = engine is None
     engine = (
         LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
@@ -250,9 +258,18 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
         trainer, rec = _trainer(tiny_dir), Recorder()
         sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
                                   stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
-        s = LoopSettings(max_steps=steps, prompts_per_step=2, group_size=4, sampling=sampling,
-                         lag=lag, run_dir=run_dir, seed=3, histograms=Every(0),
-                         checkpoints=Every(2), checkpoint_keep=5)  # fmt: skip
+        s = LoopSettings(
+            max_steps=steps,
+            prompts_per_step=2,
+            group_size=4,
+            sampling=sampling,
+            lag=lag,
+            run_dir=run_dir,
+            seed=3,
+            histograms=Every(0),
+            checkpoints=Every(2),
+            checkpoint_keep=5,
+        )
         with LocalEngine(
             LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0)
         ) as engine:

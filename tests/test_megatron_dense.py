@@ -224,9 +224,18 @@ def test_sat_train_megatron_dense_learns_syncs_and_matches_local(tmp_path):
 
     model = make_model(tmp_path / "qwen3", "qwen3")
     (tmp_path / "digits.py").write_text(DIGITS_REWARD)
-    common = ["train", f"model.path={model}", "reward=python", "reward.fn=digits.py:score",
-              "task.prompts_per_step=8", "task.samples_per_prompt=4", "task.max_new_tokens=8",
-              "eval.every=0", "trainer.lr=1e-2", "run.dir=runs"]  # fmt: skip
+    common = [
+        "train",
+        f"model.path={model}",
+        "reward=python",
+        "reward.fn=digits.py:score",
+        "task.prompts_per_step=8",
+        "task.samples_per_prompt=4",
+        "task.max_new_tokens=8",
+        "eval.every=0",
+        "trainer.lr=1e-2",
+        "run.dir=runs",
+    ]
     meg = ["trainer=megatron", "engine.weight_sync=distributed", "engine.verify_weights=every"]
     out = run_sat(*common, *meg, "max_steps=12", "run.name=meg", cwd=tmp_path, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -114,8 +114,18 @@ DENSE_8B = "experiment=qwen3_8b_megatron_8gpu"
 def test_dense_hand_counts_match_the_table():
     arch = Arch.from_hf(QWEN3_8B)
     assert arch.total() == 36 * (ATTN_8B + MLP_8B + NORMS_8B) + 2 * EMB_8B + 4096 == 8_190_735_360
-    lay = Layout(1, 4, tp=2, pp=1, cp=1, ep=1, etp=1, dtype="bfloat16",
-                 optimizer_offload=False, recompute=True)  # fmt: skip
+    lay = Layout(
+        1,
+        4,
+        tp=2,
+        pp=1,
+        cp=1,
+        ep=1,
+        etp=1,
+        dtype="bfloat16",
+        optimizer_offload=False,
+        recompute=True,
+    )
     # tp 2: attention, MLP, embedding and output layer halved; norms whole; no experts
     assert params_per_gpu(arch, lay) == (
         36 * ((ATTN_8B + MLP_8B) // 2 + NORMS_8B) + EMB_8B + 4096,

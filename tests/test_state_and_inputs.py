@@ -564,8 +564,11 @@ def test_megatron_model_rules_follow_the_worker(config, problem):
 
 def test_a_model_folder_of_another_kind_is_refused_for_megatron(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
-    with pytest.raises(ConfigError, match=r"trainer=megatron cannot train .*config\.json\): it "
-                       r"builds qwen3_moe, qwen3, llama models only, this one is 'mistral'"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"trainer=megatron cannot train .*config\.json\): it "
+        r"builds qwen3_moe, qwen3, llama models only, this one is 'mistral'",
+    ):
         load(["trainer=megatron", "model=qwen3_0_6b", f"model.path={tmp_path}"])
 
 
@@ -584,8 +587,11 @@ def test_dense_models_compose_for_megatron_and_refuse_r3(tmp_path, family):
     load(["trainer=megatron", "trainer.tp=2", *model])  # a dense Qwen3 or Llama: accepted
     # r3: model.num_experts (8, the tiny model's default) says MoE, the folder says dense
     for trainer in ("megatron", "local"):
-        with pytest.raises(ConfigError, match=r"^r3=true replays MoE routes, but model=tiny_moe "
-                           r"\(.*config\.json\) is dense: drop r3$"):  # fmt: skip
+        with pytest.raises(
+            ConfigError,
+            match=r"^r3=true replays MoE routes, but model=tiny_moe "
+            r"\(.*config\.json\) is dense: drop r3$",
+        ):
             load([f"trainer={trainer}", *model, "r3=true"])
 
 
@@ -593,8 +599,9 @@ def test_r3_on_a_dense_model_folder_exits_2_with_one_line(tmp_path):
     from cli_helpers import run_sat
 
     folder = _dense_model_folder(tmp_path / "dense")
-    out = run_sat("plan", "trainer=megatron", "model.kind=hf", f"model.path={folder}", "r3=true",
-                  cwd=tmp_path)  # fmt: skip
+    out = run_sat(
+        "plan", "trainer=megatron", "model.kind=hf", f"model.path={folder}", "r3=true", cwd=tmp_path
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "is dense: drop r3" in out.stderr
     assert "Traceback" not in out.stderr

@@ -127,9 +127,15 @@ def test_axes_use_hydra_sweep_syntax(tmp_path):
 
 # the largest grids compose many configs (6-25 s each on 2 cores): make test-full; the default
 # suite keeps the class with the smaller grids (smoke, regime_map_cpu)
-BIG_SWEEPS = {"sat_power_cpu.yaml", "paper_table1_cpu.yaml", "paper_table1.yaml",
-              "sat_power_lr_check_cpu.yaml", "collapse_pilot_cpu.yaml",
-              "sat_lag_v5_cpu.yaml", "sat_lag_v5_optional_cpu.yaml"}  # fmt: skip
+BIG_SWEEPS = {
+    "sat_power_cpu.yaml",
+    "paper_table1_cpu.yaml",
+    "paper_table1.yaml",
+    "sat_power_lr_check_cpu.yaml",
+    "collapse_pilot_cpu.yaml",
+    "sat_lag_v5_cpu.yaml",
+    "sat_lag_v5_optional_cpu.yaml",
+}
 
 
 @pytest.mark.parametrize(

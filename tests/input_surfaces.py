@@ -259,6 +259,7 @@ FILE_SITES = {
     "report.collapse_md:study_from_csv": "collapse-csv",
     "report.collapse_md:_pilot2_record": "collapse-curves-csv",
     "report.collapse_curves:read_curves": "collapse-curves-csv",
+    "report.study_parts:_curves_reader": "collapse-curves-csv",
     "report.hist:download_json": "internal: a histogram artifact sat logged to MLflow",
     "report.run:build_report": "internal: MLflow tags sat set on the sweep's parent run",
     "sweep.plan:conflict_message": "sweep-run-record",

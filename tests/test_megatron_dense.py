@@ -176,6 +176,35 @@ def test_dense_tp2_and_pp2_logits_match_hf(dense_dirs, tmp_path):
             assert ref.std() > 0.05
             torch.testing.assert_close(got["logits"], ref, atol=ATOL, rtol=0)
             _same_state(got["state"], src)
+        ids = torch.load(tmp_path / f"tp2-{n}.pt")["ids"]
+        with torch.no_grad():
+            ref = hf(ids).logits
+        for rank in (0, 1):
+            _check_vocab_parallel(torch.load(tmp_path / f"tp2-{n}-vp{rank}.pt"), ids, ref)
+
+
+def _check_vocab_parallel(vp: dict, ids: torch.Tensor, ref_logits: torch.Tensor) -> None:
+    """The training path at tp 2: a rank holds half the vocabulary (never ``[B, S, V]``), and
+    its log-probs, entropy and shard gradient equal a float64 reference on HF's logits."""
+    from megatron_dense_ranks import T, loss_weights
+
+    vocab = ref_logits.shape[-1]
+    lo, hi = vp["rank"] * vocab // 2, (vp["rank"] + 1) * vocab // 2
+    assert vp["grad"].shape[-1] == vocab // 2  # the shard, not the vocabulary
+    z = ref_logits.detach().double()[:, :-1] / T
+    lsm = torch.log_softmax(z, -1)
+    lp = lsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = -(lsm.exp() * lsm).sum(-1)
+    torch.testing.assert_close(vp["logp"][:, 1:].double(), lp, atol=ATOL, rtol=0)
+    torch.testing.assert_close(vp["entropy"][:, 1:].double(), ent, atol=ATOL, rtol=0)
+    assert (vp["logp"][:, 0] == 0).all() and (vp["entropy"][:, 0] == 0).all()
+    # d sum(W * logp) / d logits[b, s-1, v] = W[b, s] * (1[v = y] - softmax_v) / T
+    w = loss_weights().double()[:, 1:, None]
+    onehot = torch.nn.functional.one_hot(ids[:, 1:], vocab).double()
+    grad = w * (onehot - lsm.exp()) / T
+    torch.testing.assert_close(vp["grad"][:, :-1].double(), grad[..., lo:hi], atol=1e-6, rtol=0)
+    assert (vp["grad"][:, -1] == 0).all() and grad[..., lo:hi].abs().max() > 1e-3
+    assert ((ids[:, 1:] >= lo) & (ids[:, 1:] < hi)).any()  # some targets in this rank's half
 
 
 def test_compose_time_families_are_the_workers():

@@ -27,8 +27,9 @@ Tensor parallelism is megatron-core's
 own (column/row-parallel layers, vocabulary-parallel embedding and output layer) with sequence
 parallelism, which megatron-core requires for MoE with TP > 1: the sequence is padded to a
 multiple of tp (``runtime.pad_columns``), each TP rank's routers see its block of positions
-(R3 replays that block), and the logits are gathered to the full vocabulary on every TP rank,
-so all ranks of a TP group compute the same log-probs and loss. Each minibatch's rows are split
+(R3 replays that block), and each TP rank keeps its vocabulary shard of the logits, the
+log-softmax taken across the shards (``runtime.vocab_parallel_logprobs``), so all ranks of a
+TP group compute the same log-probs and loss without forming full-vocabulary logits. Each minibatch's rows are split
 over the data-parallel ranks; every rank runs
 its shard forward, the per-token log-probs are all-gathered (``runtime.gather_rows``, gradient
 to the own shard only) and every rank computes the *same* full-minibatch loss, so SAT's

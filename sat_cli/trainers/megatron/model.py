@@ -22,8 +22,9 @@ same without the MoE part; the dense MLP is ``linear_fc1 = [gate; up]``, SiLU-ga
 - every norm is ``RMSNorm`` below (``torch.nn.RMSNorm``'s computation; unlike the local spec's
   ``WrappedTorchNorm`` it accepts sequence parallelism, which megatron-core requires for MoE
   with tp > 1: ``sequence_parallel = tp > 1``); experts are not tensor-parallel
-  (``expert_tensor_parallel_size = 1``); the output layer gathers full-vocabulary logits
-  (``parallel_output=False``).
+  (``expert_tensor_parallel_size = 1``); the output layer keeps each rank's vocabulary shard of
+  the logits (``parallel_output=True``): no rank forms ``[tokens, vocab]`` under tensor
+  parallelism.
 
 Only Qwen3-MoE models whose every layer is an MoE layer are supported
 (``decoder_sparse_step == 1`` and empty ``mlp_only_layers``); other configs (biases, sliding
@@ -240,8 +241,9 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_percent=1.0,
         rotary_base=rope_theta(hf_config),
-        # full-vocabulary logits on every tensor-parallel rank (the loss is computed there)
-        parallel_output=False,
+        # each tensor-parallel rank keeps its vocabulary shard of the logits; the log-softmax
+        # is taken across the shards (runtime.vocab_parallel_logprobs)
+        parallel_output=True,
     )
     return model.to(st.dtype)
 

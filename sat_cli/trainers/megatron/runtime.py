@@ -6,8 +6,9 @@
   ``FileStore`` at a given path with world size 1.
 - ``token_logprobs``: per-token log-probs of ``input_ids[:, 1:]`` under a megatron ``GPTModel``
   with logits divided by the sampling temperature (the ``labels=`` cross-entropy path of
-  ``GPTModel.forward`` cannot take a temperature, so logits are taken and ``log_softmax`` is
-  computed here, in fp32).
+  ``GPTModel.forward`` cannot take a temperature, so logits are taken and the log-softmax is
+  computed here, in fp32); under tensor parallelism from each rank's vocabulary shard, the
+  softmax's sums taken across the ranks (``vocab_parallel_logprobs``).
 - ``set_replay_routes`` / ``clear_replay``: R3 through megatron-core's ``RouterReplay``. Routes
   arrive batch-major ``[B, S, L, K]`` (HF / SGLang order); megatron flattens tokens
   sequence-major, so layer ``l`` gets ``routes[:, :, l].transpose(0, 1).reshape(S*B, K)``.
@@ -23,6 +24,7 @@ import torch
 from sat_cli.models.r3 import R3Error as R3Error  # one class; importable from here too
 from sat_cli.models.r3 import RouteAudit as HFRouteAudit
 from sat_cli.trainers.logprobs import token_logprobs as logits_to_logprobs
+from sat_cli.trainers.logprobs import upcast
 
 from .cpu_shims import apply_cpu_shims
 
@@ -76,13 +78,14 @@ def causal_mask(
     return mask
 
 
-def forward_logits(
+def forward_logits_shard(
     model,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Logits ``[B, S, V]`` of a megatron GPTModel.
+    """This tensor-parallel rank's logits ``[B, S, V / tp]``: its slice of the vocabulary (the
+    model is built with ``parallel_output=True``; the whole vocabulary at tp = 1).
 
     ``attention_mask [B, S]`` (1 = real token) masks padding keys, as HF does; with right
     padding it changes only the (unscored) padding positions, since causal attention never lets
@@ -90,6 +93,23 @@ def forward_logits(
     """
     b, s = input_ids.shape
     return model(input_ids, position_ids, causal_mask(b, s, input_ids.device, attention_mask))
+
+
+def forward_logits(
+    model,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Full-vocabulary logits ``[B, S, V]`` on every rank (the shards gathered): for checks
+    against HF. Training never forms them (:func:`token_logprobs`)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    shard = forward_logits_shard(model, input_ids, position_ids, attention_mask)
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return shard
+    return gather_from_tensor_model_parallel_region(shard)
 
 
 def token_logprobs(
@@ -103,10 +123,52 @@ def token_logprobs(
 
     ``logp[b, s] = log_softmax(logits[b, s-1] / T)[input_ids[b, s]]``; ``entropy`` is the
     (detached) entropy of that distribution; column 0 is 0 in both: the local trainer's
-    definition, ``sat_cli.trainers.step.token_logprobs``, applied to megatron's logits.
+    definition, ``sat_cli.trainers.step.token_logprobs``, applied to megatron's logits. Under
+    tensor parallelism each rank holds only its vocabulary shard and the softmax is taken across
+    the shards (:func:`vocab_parallel_logprobs`); no rank forms ``[B, S, V]``.
     """
-    logits = forward_logits(model, input_ids, position_ids, attention_mask)
-    return logits_to_logprobs(logits, input_ids, temperature)
+    from megatron.core import parallel_state
+
+    logits = forward_logits_shard(model, input_ids, position_ids, attention_mask)
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return logits_to_logprobs(logits, input_ids, temperature)
+    return vocab_parallel_logprobs(logits, input_ids, temperature)
+
+
+def vocab_parallel_logprobs(
+    shard: torch.Tensor, input_ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` from this rank's vocabulary shard ``[B, S, V / tp]`` (ids
+    ``[rank * V / tp, (rank + 1) * V / tp)``), the softmax taken across the tensor-parallel group:
+    ``lse = m + log sum_ranks sum_v exp(z - m)`` with ``m`` the global maximum, and the target's
+    ``z`` from the rank that holds it. The sums cross ranks through megatron's
+    ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity backward), so
+    every rank's loss is the same and each rank's gradient reaches its own shard only, as in
+    megatron's ``vocab_parallel_cross_entropy``; the entropy is detached."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    part = shard.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * part
+    z = upcast(shard[:, :-1]) / temperature  # [B, S-1, V/tp]
+    with torch.no_grad():
+        m = z.max(dim=-1).values  # [B, S-1]
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    total = reduce_from_tensor_model_parallel_region(torch.exp(z - m[..., None]).sum(-1))
+    lse = m + torch.log(total)  # [B, S-1]
+    local = input_ids[:, 1:] - start
+    mine = (local >= 0) & (local < part)
+    zy = z.gather(-1, local.clamp(0, part - 1)[..., None]).squeeze(-1)
+    zy = reduce_from_tensor_model_parallel_region(torch.where(mine, zy, torch.zeros_like(zy)))
+    lp = zy - lse
+    with torch.no_grad():
+        pz = (torch.exp(z - lse[..., None]) * z).sum(-1)
+        dist.all_reduce(pz, group=group)
+        ent = lse - pz
+    zero = lp.new_zeros((lp.shape[0], 1))
+    return torch.cat([zero, lp], dim=1), torch.cat([zero, ent.detach()], dim=1)
 
 
 # ----------------------------------------------------------------------------- R3

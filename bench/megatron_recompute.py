@@ -109,9 +109,20 @@ def main() -> None:
         del model
         res = {}
         for mode in ("plain", "recompute"):
-            cmd = [sys.executable, __file__, "--one", mode, "--model", str(Path(tmp) / "m"),
-                   "--rows", str(args.rows), "--tokens", str(args.tokens),
-                   "--steps", str(args.steps)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                mode,
+                "--model",
+                str(Path(tmp) / "m"),
+                "--rows",
+                str(args.rows),
+                "--tokens",
+                str(args.tokens),
+                "--steps",
+                str(args.steps),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             res[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"{n / 1e6:.0f} M parameters, {args.rows} rows x {args.tokens} tokens, one CPU rank")

@@ -36,8 +36,9 @@ BASE = ["eval.every=0", "eval.at_start=false", "run.dir=runs", "checkpoint.every
 
 def _sat(args: list[str], cwd: Path) -> float:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "sat_cli.cli", *args], cwd=cwd,
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", *args], cwd=cwd, capture_output=True, text=True
+    )
     if r.returncode != 0:
         sys.exit(f"sat {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     return time.perf_counter() - t0
@@ -96,8 +97,10 @@ def main() -> None:
             wall[k].append(_sat(args, cwd))
             step_s[k].append(statistics.mean(_history(cwd, name, "perf/step_s")[1:]))
         gen_s.append(statistics.mean(_history(cwd, f"live{rep}", "perf/gen_s")[1:]))
-        equal.append(_history(cwd, f"rec{rep}", "loss/policy")
-                     == _history(cwd, f"replay{rep}", "loss/policy"))  # fmt: skip
+        equal.append(
+            _history(cwd, f"rec{rep}", "loss/policy")
+            == _history(cwd, f"replay{rep}", "loss/policy")
+        )
     manifest = json.loads((cwd / "runs/sat/rec0/replay/manifest.json").read_text())
     sizes = [f["bytes"] for f in manifest["files"].values()]
     write_s = _write_cost(cwd / "runs/sat/rec0", a.writes)
@@ -109,12 +112,16 @@ def main() -> None:
         walls = ", ".join(f"{w:.1f}" for w in wall[k])
         steps_k = ", ".join(f"{x:.3f}" for x in step_s[k])
         print(f"| {k} | {walls} | {steps_k} | {statistics.median(step_s[k]) / live:.2f} |")
-    print(f"recording: {statistics.mean(sizes) / 1024:.1f} KiB per step "
-          f"({sum(sizes) / 1024:.0f} KiB for {len(sizes)} steps); one step's write "
-          f"{write_s * 1000:.1f} ms = {write_s / live * 100:.1f} % of a live step")  # fmt: skip
-    print(f"live generation per step (overlapped with training, what a replay skips): "
-          f"{statistics.mean(gen_s):.3f} s; replay losses equal to the recorded run's: "
-          f"{all(equal)}")  # fmt: skip
+    print(
+        f"recording: {statistics.mean(sizes) / 1024:.1f} KiB per step "
+        f"({sum(sizes) / 1024:.0f} KiB for {len(sizes)} steps); one step's write "
+        f"{write_s * 1000:.1f} ms = {write_s / live * 100:.1f} % of a live step"
+    )
+    print(
+        f"live generation per step (overlapped with training, what a replay skips): "
+        f"{statistics.mean(gen_s):.3f} s; replay losses equal to the recorded run's: "
+        f"{all(equal)}"
+    )
 
 
 if __name__ == "__main__":

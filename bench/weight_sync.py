@@ -50,7 +50,7 @@ CONFIGS = {
         num_attention_heads=8,
         num_key_value_heads=4,
         head_dim=64,
-    ),  # fmt: skip
+    ),
 }
 README = Path(__file__).with_name("README.md")
 
@@ -73,11 +73,21 @@ def run(name: str, versions: int, bucket_mb: int, root: Path) -> dict:
         LocalEngine(LocalEngineSettings(), LocalEngineRuntime(path)) as e_dist,
     ):
         paths = {
-            "disk": WeightSync(SyncSettings(mode="disk", verify="off"), e_disk, trainer,
-                               root / name / "disk", log=print),
-            "distributed": WeightSync(SyncSettings(mode="distributed", verify="off", group=group),
-                                      e_dist, trainer, root / name / "distributed", log=print),
-        }  # fmt: skip
+            "disk": WeightSync(
+                SyncSettings(mode="disk", verify="off"),
+                e_disk,
+                trainer,
+                root / name / "disk",
+                log=print,
+            ),
+            "distributed": WeightSync(
+                SyncSettings(mode="distributed", verify="off", group=group),
+                e_dist,
+                trainer,
+                root / name / "distributed",
+                log=print,
+            ),
+        }
         paths["distributed"].write(1)  # the group forms once, before the timed versions
         paths["distributed"].load(1)
         paths["distributed"].metrics()
@@ -92,9 +102,15 @@ def run(name: str, versions: int, bucket_mb: int, root: Path) -> dict:
             sync.load(v)
             total = time.perf_counter() - t0
             m = sync.metrics()
-            out[kind].append({"s": total, "bytes": m["weights/sync_bytes"],
-                              "assemble": m["weights/sync_assemble_s"],
-                              "wire": m["weights/sync_wire_s"], "pause": m["weights/sync_pause_s"]})  # fmt: skip
+            out[kind].append(
+                {
+                    "s": total,
+                    "bytes": m["weights/sync_bytes"],
+                    "assemble": m["weights/sync_assemble_s"],
+                    "wire": m["weights/sync_wire_s"],
+                    "pause": m["weights/sync_pause_s"],
+                }
+            )
             sync.keep({v})
         out["zero_copy"] = e_dist.sync_zero_copy  # the worker took the received bytes as weights
         # one more version per path, verified (engine.verify_weights=every): served == sent
@@ -116,12 +132,18 @@ def summary(r: dict) -> dict:
     }
     nbytes = med["distributed"]["bytes"]
     return {
-        "config": r["config"], "params": r["params"], "bytes": nbytes,
-        "disk_s": med["disk"]["s"], "dist_s": med["distributed"]["s"],
+        "config": r["config"],
+        "params": r["params"],
+        "bytes": nbytes,
+        "disk_s": med["disk"]["s"],
+        "dist_s": med["distributed"]["s"],
         "ratio": med["disk"]["s"] / med["distributed"]["s"],
-        "disk_gbs": nbytes / med["disk"]["s"] / 1e9, "dist_gbs": nbytes / med["distributed"]["s"] / 1e9,
-        "disk_split": med["disk"], "dist_split": med["distributed"], "zero_copy": r["zero_copy"],
-    }  # fmt: skip
+        "disk_gbs": nbytes / med["disk"]["s"] / 1e9,
+        "dist_gbs": nbytes / med["distributed"]["s"] / 1e9,
+        "disk_split": med["disk"],
+        "dist_split": med["distributed"],
+        "zero_copy": r["zero_copy"],
+    }
 
 
 def table(rows: list[dict]) -> str:
@@ -162,8 +184,10 @@ def main() -> None:
     if args.write:
         stamp = time.strftime("%Y-%m-%d")
         with README.open("a") as f:
-            f.write(f"\n### {stamp}: `python bench/weight_sync.py --versions {args.versions}`\n\n"
-                    f"{text}\n")  # fmt: skip
+            f.write(
+                f"\n### {stamp}: `python bench/weight_sync.py --versions {args.versions}`\n\n"
+                f"{text}\n"
+            )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,9 @@ ROWS: list[tuple[str, str, str, float, float | None, float | None]] = []
 def row(check: str, model: str, metric: str, value: float, lo=None, hi=None) -> None:
     """A table row; gated when ``lo`` or ``hi`` is given (``lo <= value <= hi``)."""
     ROWS.append((check, model, metric, float(value), lo, hi))
-    print(f"  {check:<16} {model:<9} {metric:<34} {value:10.4g} {_verdict(value, lo, hi)}",
-          flush=True)  # fmt: skip
+    print(
+        f"  {check:<16} {model:<9} {metric:<34} {value:10.4g} {_verdict(value, lo, hi)}", flush=True
+    )
 
 
 def _verdict(value, lo, hi) -> str:
@@ -162,8 +163,9 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         nonfinite += sum(not math.isfinite(m[k]) for k in ("loss/total", "loss/grad_norm"))
-    moved = max((p.detach() - before[k]).abs().max().item()
-                for k, p in trainer.model.named_parameters())  # fmt: skip
+    moved = max(
+        (p.detach() - before[k]).abs().max().item() for k, p in trainer.model.named_parameters()
+    )
     fp32 = all(p.dtype == torch.float32 for p in trainer.model.parameters()) and all(
         t.dtype == torch.float32
         for st in trainer.opt.state.values()
@@ -182,11 +184,14 @@ def check_training(name: str, ckpt: Path, dev: str, steps: int, shape) -> None:
         "training tokens/s (after the first)",
         tokens / max(sum(times[1:]), 1e-9),
     )
-    row("train bf16", name, "s per step (after the first)",
-        sum(times[1:]) / max(len(times) - 1, 1))  # fmt: skip
+    row("train bf16", name, "s per step (after the first)", sum(times[1:]) / max(len(times) - 1, 1))
     if dev == "cuda":
-        row("train bf16", name, "trainer peak GPU memory GiB",
-            torch.cuda.max_memory_allocated() / 2**30)  # fmt: skip
+        row(
+            "train bf16",
+            name,
+            "trainer peak GPU memory GiB",
+            torch.cuda.max_memory_allocated() / 2**30,
+        )
     del trainer, before
     _free(dev)
 
@@ -239,14 +244,21 @@ def _free(dev: str) -> None:
 
 def sat_train(args: list[str], cwd: Path, timeout: float) -> tuple[int, str, float]:
     """`sat train <args>` as a real subprocess: (exit code, output, seconds)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "PYTHONUNBUFFERED": "1",
+    }
     t0 = time.perf_counter()
     try:
         out = subprocess.run(
             [sys.executable, "-m", "sat_cli.cli", "train", *args],
-            capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+        )
         code, text = out.returncode, out.stdout + out.stderr
     except subprocess.TimeoutExpired as exc:
         code, text = 124, f"timed out after {timeout:.0f} s: {exc.stdout or ''}"
@@ -259,12 +271,21 @@ def evals(text: str) -> dict[int, float]:
 
 
 def check_cli(dev: str, tmp: Path, smoke: bool) -> None:
-    common = [f"engine.device={dev}", f"trainer.device={dev}", "engine.dtype=bfloat16",
-              "trainer.dtype=bfloat16", "tracking=none", f"run.dir={tmp / 'runs'}"]  # fmt: skip
+    common = [
+        f"engine.device={dev}",
+        f"trainer.device={dev}",
+        "engine.dtype=bfloat16",
+        "trainer.dtype=bfloat16",
+        "tracking=none",
+        f"run.dir={tmp / 'runs'}",
+    ]
     if dev == "cuda":  # engine and trainer share the one GPU (the device plan, docs/gpus.md)
         common.append("engine.colocate=true")
-    args = [*common, "experiment=cpu_smoke"] if smoke else [*common, "max_steps=50",
-                                                             "eval.every=25", "checkpoint.every=0"]  # fmt: skip
+    args = (
+        [*common, "experiment=cpu_smoke"]
+        if smoke
+        else [*common, "max_steps=50", "eval.every=25", "checkpoint.every=0"]
+    )
     code, text, secs = sat_train(args, tmp, timeout=240)
     ev = evals(text)
     print("\n".join("    | " + ln for ln in text.strip().splitlines()[-12:]), flush=True)
@@ -279,11 +300,23 @@ def check_cli(dev: str, tmp: Path, smoke: bool) -> None:
 
 
 def check_real(path: str, tmp: Path) -> None:
-    args = ["model=qwen3_0_6b", f"model.path={path}", "engine.device=cuda", "trainer.device=cuda",
-            "engine.colocate=true",
-            "engine.dtype=bfloat16", "trainer.dtype=bfloat16", "tracking=none", "trainer.lr=1e-6",
-            "max_steps=10", "eval.every=10", "eval.limit=64", "eval.n=4", "checkpoint.every=0",
-            f"run.dir={tmp / 'runs_real'}"]  # fmt: skip
+    args = [
+        "model=qwen3_0_6b",
+        f"model.path={path}",
+        "engine.device=cuda",
+        "trainer.device=cuda",
+        "engine.colocate=true",
+        "engine.dtype=bfloat16",
+        "trainer.dtype=bfloat16",
+        "tracking=none",
+        "trainer.lr=1e-6",
+        "max_steps=10",
+        "eval.every=10",
+        "eval.limit=64",
+        "eval.n=4",
+        "checkpoint.every=0",
+        f"run.dir={tmp / 'runs_real'}",
+    ]
     code, text, secs = sat_train(args, tmp, timeout=240)
     print("\n".join("    | " + ln for ln in text.strip().splitlines()[-12:]), flush=True)
     ev = evals(text)

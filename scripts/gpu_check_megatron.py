@@ -322,8 +322,13 @@ def check_memory_options(name, ckpt, dev, batch):
         if tag == "memory" and on_gpu:
             subs = actor.core.subs if actor.core is not None else []
             hybrid = [type(getattr(s, "optimizer", None)).__name__ for s in subs]
-            row("bf16 memory", name, "hybrid optimizer missing",
-                float("HybridDeviceOptimizer" not in hybrid), 0)  # fmt: skip
+            row(
+                "bf16 memory",
+                name,
+                "hybrid optimizer missing",
+                float("HybridDeviceOptimizer" not in hybrid),
+                0,
+            )
         before = _main_weights(actor)
         t0 = time.perf_counter()
         m = actor.step(batch)

@@ -55,8 +55,12 @@ SEQ = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 20, 21, 22, 23]
 
 
 def scored(engine: SGLangEngine) -> list[float]:
-    body = {"input_ids": SEQ, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
-            "logprob_start_len": 0}  # fmt: skip
+    body = {
+        "input_ids": SEQ,
+        "sampling_params": {"max_new_tokens": 1},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
     answer = engine.client.post_json("/generate", body, url=engine.worker_urls[0])
     answer = answer[0] if isinstance(answer, list) else answer  # the stand-in answers a list
     return [lp for lp, _, _ in answer["meta_info"]["input_token_logprobs"][1:]]
@@ -82,8 +86,9 @@ def tiny_rows(args, work: Path) -> list[tuple[str, str, str, bool]]:
             for p in model.parameters():
                 p.mul_(0.9)
         state = served_state(model)
-        sender = WeightSender(dtype="bfloat16", device=device, source_dir=args.ckpt,
-                              bucket_bytes=1 << 20)  # fmt: skip
+        sender = WeightSender(
+            dtype="bfloat16", device=device, source_dir=args.ckpt, bucket_bytes=1 << 20
+        )
         group = GroupSpec(backend="nccl" if device == "cuda" else "gloo", timeout_s=120.0)
         sender.capture(1, state)
         engine.sync_weights(sender, 1, group)
@@ -96,8 +101,14 @@ def tiny_rows(args, work: Path) -> list[tuple[str, str, str, bool]]:
         diff = max(
             (abs(a - b) for a, b in zip(by_wire, by_disk, strict=True)), default=float("nan")
         )
-        rows.append(("tiny: broadcast = disk", f"{len(problems)} tensors differ, logp {diff:.1e}",
-                     "0, <= 1e-6", not problems and diff <= 1e-6))  # fmt: skip
+        rows.append(
+            (
+                "tiny: broadcast = disk",
+                f"{len(problems)} tensors differ, logp {diff:.1e}",
+                "0, <= 1e-6",
+                not problems and diff <= 1e-6,
+            )
+        )
         times = []
         for v in (3, 4, 5):
             sender.capture(v, state)
@@ -140,8 +151,12 @@ def paper_row(args, work: Path) -> tuple[str, str, str, bool]:
     engine = SGLangEngine.launch(settings, runtime)
     try:
         group = GroupSpec(backend="nccl", timeout_s=600.0)
-        dist = WeightSync(SyncSettings(mode="distributed", verify="off", dtype="bfloat16",
-                                       group=group), engine, trainer, work / "weights")  # fmt: skip
+        dist = WeightSync(
+            SyncSettings(mode="distributed", verify="off", dtype="bfloat16", group=group),
+            engine,
+            trainer,
+            work / "weights",
+        )
         dist.write(1)
         dist.load(1)  # the group forms
         times = []
@@ -151,8 +166,12 @@ def paper_row(args, work: Path) -> tuple[str, str, str, bool]:
             dist.load(v)
             times.append(time.perf_counter() - t0)
             dist.keep({v})
-        disk = WeightSync(SyncSettings(mode="disk", verify="off", dtype="bfloat16"), engine,
-                          trainer, work / "weights")  # fmt: skip
+        disk = WeightSync(
+            SyncSettings(mode="disk", verify="off", dtype="bfloat16"),
+            engine,
+            trainer,
+            work / "weights",
+        )
         t0 = time.perf_counter()
         disk.write(2 + args.versions)
         disk.load(2 + args.versions)

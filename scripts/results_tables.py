@@ -70,9 +70,15 @@ def regime_map() -> str:
         line.append(" / ".join(regime[(s, lag)]["mean sat/q"] for lag in ("1", "8")))
         line.append(" / ".join(regime[(s, lag)]["sat/active_frac"] for lag in ("1", "8")))
         lines.append(line)
-    head = ["lr", "GRPO d̄π lag 1 (mean / last step)", "GRPO d̄π lag 8 (mean / last step)",
-            "GRPO best lag 1 / 8", "GRPO last lag 1 / 8", "SAT-GRPO mean q lag 1 / 8",
-            "SAT-GRPO logged active_frac lag 1 / 8 (one-sided)"]  # fmt: skip
+    head = [
+        "lr",
+        "GRPO d̄π lag 1 (mean / last step)",
+        "GRPO d̄π lag 8 (mean / last step)",
+        "GRPO best lag 1 / 8",
+        "GRPO last lag 1 / 8",
+        "SAT-GRPO mean q lag 1 / 8",
+        "SAT-GRPO logged active_frac lag 1 / 8 (one-sided)",
+    ]
     return _table(head, lines)
 
 
@@ -83,8 +89,12 @@ def _grid_lines(report: str, nd_dpi: int = 4) -> tuple[list[str], list[list[str]
     order = list(dict.fromkeys(r["row"] for r in rows))
     head = ["method"]
     for lag in lags:
-        head += [f"lag {lag} best", f"lag {lag} last", f"lag {lag} mean last 3",
-                 f"lag {lag} d̄π (last 16 steps)"]  # fmt: skip
+        head += [
+            f"lag {lag} best",
+            f"lag {lag} last",
+            f"lag {lag} mean last 3",
+            f"lag {lag} d̄π (last 16 steps)",
+        ]
     lines = []
     for row in order:
         line = [row]
@@ -118,9 +128,15 @@ def table1_regime() -> str:
     for r in _rows("paper_table1_cpu", "regime.csv"):
         if r["mean sat/q"]:
             cells.setdefault((r["method"], r["lag"]), []).append(r)
-    cols = [("mean sat/q", 3), ("SAT can act (either side)", 2), ("can act low", 2),
-            ("can act high", 2), ("mean sat/gate_rate", 3), ("mean sat/clipfrac_sat_band", 4),
-            ("mean ESS", 3)]  # fmt: skip
+    cols = [
+        ("mean sat/q", 3),
+        ("SAT can act (either side)", 2),
+        ("can act low", 2),
+        ("can act high", 2),
+        ("mean sat/gate_rate", 3),
+        ("mean sat/clipfrac_sat_band", 4),
+        ("mean ESS", 3),
+    ]
     lines = []
     for (method, lag), rs in cells.items():
         line = [method, lag]
@@ -128,8 +144,17 @@ def table1_regime() -> str:
             vals = [float(r[c]) for r in rs if r[c]]
             line.append(f"{sum(vals) / len(vals):.{nd}f}" if vals else DASH)
         lines.append(line)
-    head = ["method", "lag", "mean q", "SAT can act", "low side", "high side", "gate rate",
-            "SAT band", "ESS mean"]  # fmt: skip
+    head = [
+        "method",
+        "lag",
+        "mean q",
+        "SAT can act",
+        "low side",
+        "high side",
+        "gate rate",
+        "SAT band",
+        "ESS mean",
+    ]
     return _table(head, lines)
 
 
@@ -221,15 +246,30 @@ def lr_check() -> str:
             qs = _by_seed(report, f"SAT-GRPO · trainer.lr={lr}", "8", "mean sat/q")
             act = _by_seed(report, f"SAT-GRPO · trainer.lr={lr}", "8", "SAT can act (either side)")
             hurt, low_q = l8 - l1 <= -3, all(q < 0.18 for q in qs.values())
-            lines.append([
-                rnd.replace("round", "round "), lr, f"{l1:.2f}", f"{l8:.2f}", f"{l8 - l1:+.2f}",
-                " / ".join(f"{qs[k]:.3f}" for k in sorted(qs)),
-                " / ".join(f"{act[k]:.2f}" for k in sorted(act)),
-                "yes" if hurt else "no", "yes" if low_q else "no",
-            ])  # fmt: skip
-    head = ["round", "lr", "GRPO lag 1 mean last 3", "GRPO lag 8 mean last 3", "lag 8 − lag 1",
-            "SAT-GRPO mean q (seed 0 / 1)", "SAT can act, fraction of steps (seed 0 / 1)",
-            "lag hurts ≥ 3", "q < 0.18"]  # fmt: skip
+            lines.append(
+                [
+                    rnd.replace("round", "round "),
+                    lr,
+                    f"{l1:.2f}",
+                    f"{l8:.2f}",
+                    f"{l8 - l1:+.2f}",
+                    " / ".join(f"{qs[k]:.3f}" for k in sorted(qs)),
+                    " / ".join(f"{act[k]:.2f}" for k in sorted(act)),
+                    "yes" if hurt else "no",
+                    "yes" if low_q else "no",
+                ]
+            )
+    head = [
+        "round",
+        "lr",
+        "GRPO lag 1 mean last 3",
+        "GRPO lag 8 mean last 3",
+        "lag 8 − lag 1",
+        "SAT-GRPO mean q (seed 0 / 1)",
+        "SAT can act, fraction of steps (seed 0 / 1)",
+        "lag hurts ≥ 3",
+        "q < 0.18",
+    ]
     return _table(head, lines)
 
 
@@ -267,17 +307,42 @@ def power_pairs() -> str:
     lines = []
     for lr in LRS:
         g8, s8, g1 = (f"{m} · trainer.lr={lr}" for m in ("GRPO", "SAT-GRPO", "GRPO (lag 1)"))
-        for ep, title, nd in (("final", "final eval (2,048 samples)", 2),
-                              ("lastk", "mean of last 3 evals", 2), ("best", "best eval", 2),
-                              ("dpi_run", "d̄π run mean", 4)):  # fmt: skip
-            lines.append([lr, "SAT-GRPO − GRPO, lag 8", title,
-                          *_diff(_power_pair("SAT vs base", s8, "8", g8, ep), nd)])  # fmt: skip
-        for ep, title, nd in (("final", "final eval (2,048 samples)", 2),
-                              ("dpi_run", "d̄π run mean", 4)):  # fmt: skip
-            lines.append([lr, "GRPO lag 8 − GRPO lag 1", title,
-                          *_diff(_power_pair("requested", g8, "8", g1, ep), nd)])  # fmt: skip
-    head = ["lr", "comparison (a − b)", "endpoint", "n", "mean diff [95 % CI]", "paired t p",
-            "Wilcoxon p", "seeds a > b / a < b"]  # fmt: skip
+        for ep, title, nd in (
+            ("final", "final eval (2,048 samples)", 2),
+            ("lastk", "mean of last 3 evals", 2),
+            ("best", "best eval", 2),
+            ("dpi_run", "d̄π run mean", 4),
+        ):
+            lines.append(
+                [
+                    lr,
+                    "SAT-GRPO − GRPO, lag 8",
+                    title,
+                    *_diff(_power_pair("SAT vs base", s8, "8", g8, ep), nd),
+                ]
+            )
+        for ep, title, nd in (
+            ("final", "final eval (2,048 samples)", 2),
+            ("dpi_run", "d̄π run mean", 4),
+        ):
+            lines.append(
+                [
+                    lr,
+                    "GRPO lag 8 − GRPO lag 1",
+                    title,
+                    *_diff(_power_pair("requested", g8, "8", g1, ep), nd),
+                ]
+            )
+    head = [
+        "lr",
+        "comparison (a − b)",
+        "endpoint",
+        "n",
+        "mean diff [95 % CI]",
+        "paired t p",
+        "Wilcoxon p",
+        "seeds a > b / a < b",
+    ]
     return _table(head, lines)
 
 
@@ -290,17 +355,32 @@ def power_cells() -> str:
             r = table.get((f"{m} · trainer.lr={lr}", lag))
             if r is None:
                 continue
-            lines.append([
-                lr, m, lag, r["n_seeds"],
-                _cell(_f(r["final_mean"]), _f(r["final_ci95"]), 2),
-                _cell(_f(r["lastk_mean"]), _f(r["lastk_ci95"]), 2),
-                _cell(_f(r["best_mean"]), _f(r["best_ci95"]), 2),
-                _cell(_f(r["dpi_run_mean"]), _f(r["dpi_run_ci95"]), 4),
-                _cell(_f(r["ess_mean"]), _f(r["ess_ci95"]), 3),
-                f"{r['collapsed']}/{r['collapse_n']}",
-            ])  # fmt: skip
-    head = ["lr", "arm", "lag", "n", "final eval", "mean last 3 evals", "best eval",
-            "d̄π run mean", "ESS mean", "collapsed"]  # fmt: skip
+            lines.append(
+                [
+                    lr,
+                    m,
+                    lag,
+                    r["n_seeds"],
+                    _cell(_f(r["final_mean"]), _f(r["final_ci95"]), 2),
+                    _cell(_f(r["lastk_mean"]), _f(r["lastk_ci95"]), 2),
+                    _cell(_f(r["best_mean"]), _f(r["best_ci95"]), 2),
+                    _cell(_f(r["dpi_run_mean"]), _f(r["dpi_run_ci95"]), 4),
+                    _cell(_f(r["ess_mean"]), _f(r["ess_ci95"]), 3),
+                    f"{r['collapsed']}/{r['collapse_n']}",
+                ]
+            )
+    head = [
+        "lr",
+        "arm",
+        "lag",
+        "n",
+        "final eval",
+        "mean last 3 evals",
+        "best eval",
+        "d̄π run mean",
+        "ESS mean",
+        "collapsed",
+    ]
     return _table(head, lines)
 
 
@@ -310,8 +390,12 @@ def power_checks() -> str:
     lines = []
     for lr in LRS:
         m = f"SAT-GRPO · trainer.lr={lr}"
-        cols = ("mean sat/q", "SAT can act (either side)", "mean sat/clipfrac_sat_band",
-                "mean sat/gate_rate")  # fmt: skip
+        cols = (
+            "mean sat/q",
+            "SAT can act (either side)",
+            "mean sat/clipfrac_sat_band",
+            "mean sat/gate_rate",
+        )
         vals = {c: list(_by_seed(POWER, m, "8", c).values()) for c in cols}
         if not vals[cols[0]]:
             continue
@@ -322,9 +406,16 @@ def power_checks() -> str:
         line.append("yes" if max(vals[cols[0]]) < math.log1p(0.2) else "no")
         line.append("yes" if min(vals[cols[2]]) > 0 else "no")
         lines.append(line)
-    head = ["lr", "runs", "mean q per run", "SAT can act (fraction of steps)",
-            "SAT band (tokens whose gradient SAT removed)", "gate rate", "mean q < 0.182 in all",
-            "band > 0 in all"]  # fmt: skip
+    head = [
+        "lr",
+        "runs",
+        "mean q per run",
+        "SAT can act (fraction of steps)",
+        "SAT band (tokens whose gradient SAT removed)",
+        "gate rate",
+        "mean q < 0.182 in all",
+        "band > 0 in all",
+    ]
     return _table(head, lines)
 
 

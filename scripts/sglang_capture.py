@@ -191,15 +191,28 @@ def capture_weight_sync(url: str, model: str, save) -> None:
     sender = WeightSender(dtype="bfloat16", source_dir=model, bucket_bytes=1 << 40)
     sender.capture(5, sorted(read_all(model).items()))
     bucket = sender.plan(5)[0]
-    update = {**bucket.request(), "group_name": "sat_capture", "load_format": "flattened_bucket",
-              "flush_cache": True, "weight_version": "5"}  # fmt: skip
-    save("ws_destroy_missing", call(url, "POST", "/destroy_weights_update_group",
-                                    {"group_name": "sat_probe"}))  # fmt: skip
+    update = {
+        **bucket.request(),
+        "group_name": "sat_capture",
+        "load_format": "flattened_bucket",
+        "flush_cache": True,
+        "weight_version": "5",
+    }
+    save(
+        "ws_destroy_missing",
+        call(url, "POST", "/destroy_weights_update_group", {"group_name": "sat_probe"}),
+    )
     save("ws_update_outside_session", call(url, "POST", "/update_weights_from_distributed", update))
     save("ws_end_without_session", call(url, "POST", "/end_weight_update", {}))
     port = sender.listen("127.0.0.1", 0, 2, 60.0)
-    init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
-            "world_size": 2, "group_name": "sat_capture", "backend": "gloo"}  # fmt: skip
+    init = {
+        "master_address": "127.0.0.1",
+        "master_port": port,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "sat_capture",
+        "backend": "gloo",
+    }
     out: dict[str, dict] = {}
 
     def bg(name: str, path: str, payload: dict) -> threading.Thread:
@@ -233,8 +246,10 @@ def capture_weight_sync(url: str, model: str, save) -> None:
     save("ws_update_sender_gone", out["gone"])
     call(url, "POST", "/end_weight_update", {})
     save("ws_model_info_after_failure", call(url, "GET", "/model_info"))
-    save("ws_destroy", call(url, "POST", "/destroy_weights_update_group",
-                            {"group_name": "sat_capture"}))  # fmt: skip
+    save(
+        "ws_destroy",
+        call(url, "POST", "/destroy_weights_update_group", {"group_name": "sat_capture"}),
+    )
 
 
 if __name__ == "__main__":

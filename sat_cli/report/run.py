@@ -305,8 +305,14 @@ def build_report(client, target: str, pairs: list[str] | None = None) -> dict[st
         specs = auto_pairs(rows, lags, cells) + requested_pairs(pairs or [], rows, cells)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    return {"selection": sel, "runs": runs, "rows": rows, "lags": lags, "cells": cells,
-            "pairs": specs}  # fmt: skip
+    return {
+        "selection": sel,
+        "runs": runs,
+        "rows": rows,
+        "lags": lags,
+        "cells": cells,
+        "pairs": specs,
+    }
 
 
 def run_report(

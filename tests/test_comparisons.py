@@ -75,7 +75,7 @@ def _store(tmp_path, runs, extra=None):
             "eval.name": "toy",
             "run.name": f"r{i}",  # names and places a run: never splits a cell
             "tracking.uri": f"sqlite:///{i}.db",
-            "env.cpu.count": str(i),  # the recorded machine: warned about, not split
+            "machine.cpu.count": str(i),  # the recorded machine: warned about, not split
             **(extra[i] if extra else {}),
         }
         for k, v in params.items():
@@ -139,7 +139,7 @@ def test_report_refuses_two_runs_of_one_seed_in_a_cell(tmp_path):
         build_report(client, "mixed")
     msg = str(err.value)
     assert "the cell 'GRPO' at lag 1 holds 2 runs of seed=0 (tiny_moe-s0-0, tiny_moe-s0-2)" in msg
-    assert "which differ in env.cpu.count, run.name, tracking.uri: a seed counts once" in msg
+    assert "which differ in machine.cpu.count, run.name, tracking.uri: a seed counts once" in msg
 
 
 def test_report_refuses_to_compute_statistics_when_no_run_has_an_outcome(tmp_path):

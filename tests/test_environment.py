@@ -25,7 +25,12 @@ from sat_cli.numerics import (
     numeric_env,
     pin,
 )
-from sat_cli.tracking.environment import compare_environments, parse_library_versions
+from sat_cli.tracking.environment import (
+    compare_environments,
+    current_names,
+    environment_params,
+    parse_library_versions,
+)
 
 SMOKE = ["experiment=cpu_smoke", "task.prompts_per_step=2", "task.samples_per_prompt=2",
          "eval.n=1", "eval.every=0", "max_steps=1", "run.dir=runs"]  # fmt: skip
@@ -136,17 +141,21 @@ def test_pins_refuse_a_cpu_without_the_pinned_path_and_a_late_call():
 
 
 def test_environment_comparison_hand_cases():
-    a = {"env.cpu.model": "Intel A", "env.cpu.flags": "avx2", "env.torch.version": "2.13.0"}
-    b = {**a, "env.cpu.model": "AMD B"}
-    c = {**a, "env.torch.version": "2.14.1", "run.portable_numerics": "true"}
+    a = {
+        "machine.cpu.model": "Intel A",
+        "machine.cpu.flags": "avx2",
+        "machine.torch.version": "2.13.0",
+    }
+    b = {**a, "machine.cpu.model": "AMD B"}
+    c = {**a, "machine.torch.version": "2.14.1", "run.portable_numerics": "true"}
     assert compare_environments([("r1", a), ("r2", dict(a))]) == []
     assert compare_environments([("r1", a)]) == []
     (hw,) = compare_environments([("r1", a), ("r2", a), ("r3", b)])
     assert hw.startswith("WARNING: the runs compared here were made on different hardware")
-    assert "env.cpu.model: 'Intel A' (2 runs), 'AMD B' (1 run)" in hw
+    assert "machine.cpu.model: 'Intel A' (2 runs), 'AMD B' (1 run)" in hw
     (num,) = compare_environments([("r1", a), ("r3", c)])
     assert "different numeric settings" in num
-    assert "env.torch.version: '2.13.0' (1 run), '2.14.1' (1 run)" in num
+    assert "machine.torch.version: '2.13.0' (1 run), '2.14.1' (1 run)" in num
     assert "run.portable_numerics: 'unknown' (1 run), 'true' (1 run)" in num
     # the config's env section (multi-turn rollouts) and run.portable_numerics are no record
     old = {"algo.name": "grpo", "env.name": "none", "run.portable_numerics": "false"}
@@ -155,6 +164,39 @@ def test_environment_comparison_hand_cases():
     assert "(not recorded: old)" in unknown
     (none,) = compare_environments([("o1", {}), ("o2", {})])
     assert none.startswith("hardware and numeric settings unknown for all runs")
+
+
+def test_runs_recorded_with_the_old_env_prefix_are_compared_under_todays_names():
+    old = {"env.cpu.model": "Intel A", "env.gpu": "none", "env.name": "guess", "env.gpu_count": "2"}
+    assert current_names(old) == {
+        "machine.cpu.model": "Intel A",
+        "machine.gpu": "none",
+        "env.name": "guess",  # the config's env group stays where it is
+        "env.gpu_count": "2",
+    }
+    new = {"machine.cpu.model": "AMD B", "env.cpu.model": "an environment's own option"}
+    assert current_names(new) == new  # a run with the record under machine.* is not renamed
+    (hw,) = compare_environments([("old", old), ("new", new)])
+    assert "machine.cpu.model: 'Intel A' (1 run), 'AMD B' (1 run)" in hw
+
+
+@pytest.mark.parametrize("env", ["none", "guess", "calculator"])
+def test_the_machine_record_cannot_collide_with_a_config_param(env):
+    """No config key starts with ``machine.`` (no group or option has that name), so the
+    record (``environment_params``) and the config's params (the ``env`` group of a multi-turn
+    run included) are disjoint by construction, not by luck."""
+    from omegaconf import OmegaConf
+
+    from sat_cli.config import compose
+    from sat_cli.tracking.params import flatten_config
+
+    config = flatten_config(OmegaConf.to_container(compose([f"env={env}"]), resolve=True))
+    record = environment_params()
+    assert config and all(k.startswith("machine.") for k in record)
+    assert not [k for k in config if k.split(".")[0] == "machine"]
+    if env != "none":
+        assert any(k.startswith("env.") for k in config)  # the env group's own params
+    assert not set(config) & set(record)
 
 
 def test_sglang_version_is_asked_from_its_interpreter(tmp_path, repo):
@@ -185,30 +227,32 @@ def test_sat_train_records_this_machines_environment(tmp_path):
     run = _only_run(tmp_path / "runs", "sat")
     p, t = run.data.params, run.data.tags
     model, flags = _proc_cpuinfo()
-    assert p["env.cpu.model"] == model
-    assert p["env.cpu.amx"] == str("amx_tile" in flags).lower()
-    assert p["env.cpu.avx512"] == str("avx512f" in flags).lower()
-    assert p["env.cpu.avx2"] == str("avx2" in flags).lower()
-    assert set(p["env.cpu.flags"].split()) == flags & {
+    assert p["machine.cpu.model"] == model
+    assert p["machine.cpu.amx"] == str("amx_tile" in flags).lower()
+    assert p["machine.cpu.avx512"] == str("avx512f" in flags).lower()
+    assert p["machine.cpu.avx2"] == str("avx2" in flags).lower()
+    assert set(p["machine.cpu.flags"].split()) == flags & {
         "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
         "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}  # fmt: skip
-    assert p["env.cpu.count"] == str(len(os.sched_getaffinity(0)))
+    assert p["machine.cpu.count"] == str(len(os.sched_getaffinity(0)))
     import torch
 
     native = _native_capability()
-    assert p["env.torch.cpu_capability"] == native
-    assert p["env.torch.version"] == torch.__version__
-    assert p["env.torch.num_threads"] == "1"  # trainer.num_threads, set before it is read
+    assert p["machine.torch.cpu_capability"] == native
+    assert p["machine.torch.version"] == torch.__version__
+    assert p["machine.torch.num_threads"] == "1"  # trainer.num_threads, set before it is read
     config = torch.__config__.show()
-    for key in ("env.mkl.version", "env.onednn.version"):
+    for key in ("machine.mkl.version", "machine.onednn.version"):
         assert p[key] in config, (key, p[key])
-    assert p["env.mkl.cbwr"] == ("OFF" if "MKL_CBWR" not in os.environ else p["env.mkl.cbwr"])
-    assert p["env.gpu"] == ("none" if not torch.cuda.is_available() else p["env.gpu"])
-    assert p["env.numeric_env"] == numeric_env(os.environ)
+    assert p["machine.mkl.cbwr"] == (
+        "OFF" if "MKL_CBWR" not in os.environ else p["machine.mkl.cbwr"]
+    )
+    assert p["machine.gpu"] == ("none" if not torch.cuda.is_available() else p["machine.gpu"])
+    assert p["machine.numeric_env"] == numeric_env(os.environ)
     assert p["run.portable_numerics"] == "false" and p["trainer.device"] == "cpu"
-    assert "env.sglang.version" not in p
+    assert "machine.sglang.version" not in p
     # the engine worker's own view, as tags
-    assert t["env.engine.cpu_capability"] == native and t["env.engine.num_threads"] == "1"
+    assert t["machine.engine.cpu_capability"] == native and t["machine.engine.num_threads"] == "1"
 
 
 @pytest.mark.slow  # ~25 s; the in-process env tests stay
@@ -217,10 +261,13 @@ def test_sat_eval_records_the_environment(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     p = _only_run(tmp_path / "runs", "eval").data.params
     model, flags = _proc_cpuinfo()
-    assert p["env.cpu.model"] == model and p["env.cpu.avx512"] == str("avx512f" in flags).lower()
+    assert (
+        p["machine.cpu.model"] == model
+        and p["machine.cpu.avx512"] == str("avx512f" in flags).lower()
+    )
     native = _native_capability()
-    assert p["env.torch.cpu_capability"] == native
-    assert p["env.engine.cpu_capability"] == native and p["env.engine.num_threads"] == "1"
+    assert p["machine.torch.cpu_capability"] == native
+    assert p["machine.engine.cpu_capability"] == native and p["machine.engine.num_threads"] == "1"
 
 
 @pytest.mark.slow  # ~37 s; the pins are checked in process in this file
@@ -235,11 +282,14 @@ def test_portable_pins_reach_the_cli_the_engine_worker_and_the_megatron_rank(tmp
     run = _only_run(tmp_path / "runs", "sat")
     p, t = run.data.params, run.data.tags
     assert p["run.portable_numerics"] == "true"
-    assert (p["env.torch.cpu_capability"], p["env.mkl.cbwr"]) == ("AVX2", "COMPATIBLE")
-    assert "ATEN_CPU_CAPABILITY=avx2" in p["env.numeric_env"]
-    assert "OMP_NUM_THREADS=1" in p["env.numeric_env"]
-    assert (t["env.engine.cpu_capability"], t["env.engine.mkl_cbwr"]) == ("AVX2", "COMPATIBLE")
-    assert t["env.engine.num_threads"] == "1"
+    assert (p["machine.torch.cpu_capability"], p["machine.mkl.cbwr"]) == ("AVX2", "COMPATIBLE")
+    assert "ATEN_CPU_CAPABILITY=avx2" in p["machine.numeric_env"]
+    assert "OMP_NUM_THREADS=1" in p["machine.numeric_env"]
+    assert (t["machine.engine.cpu_capability"], t["machine.engine.mkl_cbwr"]) == (
+        "AVX2",
+        "COMPATIBLE",
+    )
+    assert t["machine.engine.num_threads"] == "1"
     log = (tmp_path / "runs/sat/portable/logs/megatron_trainer.log").read_text()
     assert "ready (pid" in log, log[-2000:]
     assert "cpu_capability=AVX2 num_threads=1 mkl_cbwr=COMPATIBLE" in log, log[-2000:]
@@ -284,9 +334,9 @@ def test_report_warns_about_runs_of_different_machines(tmp_path, capsys):
 
     uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"
     client = MlflowClient(tracking_uri=uri)
-    intel = {"env.cpu.model": "Intel X", "env.cpu.flags": "avx2 amx_tile",
-             "env.torch.cpu_capability": "AVX512", "run.portable_numerics": "false"}  # fmt: skip
-    amd = {**intel, "env.cpu.model": "AMD Y", "env.cpu.flags": "avx2"}
+    intel = {"machine.cpu.model": "Intel X", "machine.cpu.flags": "avx2 amx_tile",
+             "machine.torch.cpu_capability": "AVX512", "run.portable_numerics": "false"}  # fmt: skip
+    amd = {**intel, "machine.cpu.model": "AMD Y", "machine.cpu.flags": "avx2"}
     same = client.create_experiment("same", artifact_location=str(tmp_path / "a1"))
     _logged_run(client, same, "s0", intel)
     _logged_run(client, same, "s1", intel)
@@ -302,8 +352,8 @@ def test_report_warns_about_runs_of_different_machines(tmp_path, capsys):
     printed = capsys.readouterr().out
     for text in (md, printed):
         assert "> WARNING: the runs compared here were made on different hardware" in text
-        assert "env.cpu.model: 'Intel X' (1 run), 'AMD Y' (1 run)" in text
-        assert "env.cpu.flags: 'avx2 amx_tile' (1 run), 'avx2' (1 run)" in text
+        assert "machine.cpu.model: 'Intel X' (1 run), 'AMD Y' (1 run)" in text
+        assert "machine.cpu.flags: 'avx2 amx_tile' (1 run), 'avx2' (1 run)" in text
         assert "> WARNING: hardware and numeric settings unknown for 1 of 3 runs" in text
         assert "(not recorded: m2)" in text
     assert "different numeric settings" not in md  # same torch paths and mode

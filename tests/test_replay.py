@@ -377,7 +377,7 @@ def test_sat_replay_inherits_the_recordings_numerics_pins(tmp_path):
     c = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     exp = c.get_experiment_by_name("sat").experiment_id
     runs = {x.info.run_name: x.data.params for x in c.search_runs([exp])}
-    assert runs["rec"]["env.torch.cpu_capability"] == "AVX2"
-    for key in ("env.numeric_env", "env.torch.cpu_capability", "env.torch.num_threads"):
+    assert runs["rec"]["machine.torch.cpu_capability"] == "AVX2"
+    for key in ("machine.numeric_env", "machine.torch.cpu_capability", "machine.torch.num_threads"):
         assert runs["same"][key] == runs["rec"][key], key
-    assert "ATEN_CPU_CAPABILITY=avx2" in runs["same"]["env.numeric_env"]
+    assert "ATEN_CPU_CAPABILITY=avx2" in runs["same"]["machine.numeric_env"]

@@ -532,7 +532,7 @@ def test_cli_out_that_cannot_be_written_exits_2(store, tmp_path, fsfault, how):
 
 
 def test_row_order_sorts_axis_values_numerically():
-    from sat_cli.report.run import row_order
+    from sat_cli.report.methods import row_order
     from sat_cli.report.tables import RunData
 
     def rd(row):

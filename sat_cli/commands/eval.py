@@ -191,8 +191,10 @@ class Evaluator:
             raise
         try:
             write_pids(logs, engine)
+            from sat_cli.tracking.environment import engine_params
+
             numerics = getattr(engine, "numerics", {})  # the engine worker's view (local engine)
-            tracker.log_params({f"env.engine.{k}": v for k, v in numerics.items()})
+            tracker.log_params(engine_params(numerics))
             run = eval_runner(
                 obj,
                 engine,

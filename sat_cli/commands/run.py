@@ -17,6 +17,7 @@ from sat_cli.build.components import build_engine, build_launcher, build_trainer
 from sat_cli.build.run import evaluators, make_tracker
 from sat_cli.commands.common import loading, write_pids
 from sat_cli.models.hub import source_tags
+from sat_cli.tracking.environment import engine_params
 
 if TYPE_CHECKING:
     from sat_cli.checkpoints.loop_state import LoopState
@@ -129,7 +130,7 @@ def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> 
         check_support(obj.engine, engine)  # distributed: can this engine take it (exit 2)
     write_pids(logs, engine)
     # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
-    tracker.set_tags({f"env.engine.{k}": v for k, v in getattr(engine, "numerics", {}).items()})
+    tracker.set_tags(engine_params(getattr(engine, "numerics", {})))
     tracker.set_tags(source_tags(model))  # a hub id's resolved commit (sat_cli/models/hub.py)
     stream = _stream(run, config, tracker.run_id)
     evals = evaluators(obj, run.evals, (engine, run.tokenizer, run.task), tracker)

@@ -38,7 +38,7 @@ class RolloutEngine(Protocol):
 
     Capabilities with defaults here (an engine that subclasses this protocol overrides what it
     has): ``pid`` (its own process, ``logs/pids.json``), ``numerics`` (its worker's numeric
-    paths, ``env.engine.*`` tags), ``checksum_layout`` with ``served_checksums()``
+    paths, ``machine.engine.*`` tags), ``checksum_layout`` with ``served_checksums()``
     (``engine.verify_weights``) and ``distributed_sync_unsupported()`` with
     ``sync_weights(sender, version, group)`` (``engine.weight_sync=distributed``).
     """

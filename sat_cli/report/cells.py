@@ -38,16 +38,7 @@ IGNORED_PREFIXES = (
     "engine.weight_sync_master",
 )
 # the recorded environment (sat_cli.tracking.environment), not the config's env section
-RECORDED_ENV = (
-    "env.cpu.",
-    "env.torch.",
-    "env.mkl.",
-    "env.onednn.",
-    "env.gpu",
-    "env.numeric_env",
-    "env.sglang.",
-    "env.engine.",
-)
+RECORDED_ENV = ("machine.",)  # sat_cli.tracking.environment.PREFIX
 
 
 def compared(key: str) -> bool:

@@ -53,8 +53,9 @@ from sat_cli.report import collapse_md
 from sat_cli.report.cells import check_cells
 from sat_cli.report.collapse import LEDGER_KEYS
 from sat_cli.report.hist import HIST_DIR, download_json, hist_tables, last_hist  # noqa: F401
+from sat_cli.report.methods import derive_method, row_order
 from sat_cli.report.pairs import auto_pairs, pair_rows, pairs_csv, requested_pairs
-from sat_cli.report.regime import lag_key, regime_csv, regime_rows, render_markdown
+from sat_cli.report.regime import regime_csv, regime_rows, render_markdown
 from sat_cli.report.select import Selection, dedupe, select_runs  # noqa: F401
 from sat_cli.report.tables import (
     BAND_KEYS,
@@ -77,56 +78,6 @@ from sat_cli.report.tables import (
 DEFAULT_URI = "sqlite:///runs/mlflow.db"
 # read for the collapse study (sat_cli.report.collapse): q without SAT, the ledger's split
 STUDY_KEYS = (M.SAT_Q_SHADOW, *LEDGER_KEYS)
-
-# The rows of the paper's Table 1 (ALGORITHMS.md §9), then the baselines beyond the paper: the
-# order used when a sweep gives none.
-PAPER_ORDER = (
-    "GRPO",
-    "GSPO",
-    "GRPO w/ R3",
-    "GSPO w/ R3",
-    "GRPO w/ TIS",
-    "GSPO w/ TIS",
-    "GRPO w/ TIS w/ R3",
-    "GSPO w/ TIS w/ R3",
-    "DPPO (TV)",
-    "SAT-GRPO",
-    "SAT-GSPO",
-    "SAT-GRPO w/ R3",
-    "SAT-GSPO w/ R3",
-    "A-3PO",
-    "VCPO",
-)
-_ALGO_NAMES = {
-    "grpo": "GRPO",
-    "gspo": "GSPO",
-    "gspo_token": "GSPO-token",
-    "dppo_tv": "DPPO (TV)",
-    "ppo": "PPO",
-    "decoupled_ppo": "Decoupled PPO",
-    "m2po": "M2PO",
-    "a3po": "A-3PO",
-    "vcpo": "VCPO",
-}
-
-
-def derive_method(algo: str | None, clip: str | None, correction: str | None, r3: Any) -> str:
-    """Method label from the config: ``SAT-GSPO w/ TIS w/ R3``, ``DPPO (TV)``, ``GRPO``."""
-    name = _ALGO_NAMES.get(str(algo), str(algo or "?").upper())
-    if clip == "sat":
-        name = f"SAT-{name}"
-    elif clip == "sat_anchored":
-        name = f"SAT-{name} (anchored)"
-    elif clip not in (None, "", "ppo"):
-        name = f"{name} [clip={clip}]"
-    if correction not in (None, "", "none"):
-        name += f" w/ {str(correction).upper()}"
-    if str(r3).lower() in ("true", "1"):
-        name += " w/ R3"
-    return name
-
-
-# ----------------------------------------------------------------------------- data
 
 
 def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -233,32 +184,6 @@ def _sweep_records(client, parent) -> dict[str, dict]:
     except (MlflowException, OSError, ValueError):  # absent or unreadable: fall back to params
         return {}
     return {r["override_hash"]: r for r in rows if isinstance(r, dict) and "override_hash" in r}
-
-
-def row_order(runs: list[RunData], methods: list[str] | None) -> list[str]:
-    """Rows in the sweep's method order (else the paper's), then by the other axes' values
-    (numbers numerically), then by first appearance."""
-    order = list(methods or PAPER_ORDER)
-    seen: list[str] = []
-    for r in runs:
-        if r.row not in seen:
-            seen.append(r.row)
-
-    def rank(row: str) -> tuple:
-        method = next(
-            (
-                m
-                for m in sorted(order, key=len, reverse=True)
-                if row == m or row.startswith(m + " · ")
-            ),
-            None,
-        )
-        head, *rest = row.split(" · ")
-        first = next(i for i, r in enumerate(seen) if r.split(" · ")[0] == head)
-        axes = tuple(lag_key(v.partition("=")[2]) for v in rest)
-        return (order.index(method) if method is not None else len(order), first, axes)
-
-    return sorted(seen, key=rank)
 
 
 # ----------------------------------------------------------------------------- main

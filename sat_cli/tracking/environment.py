@@ -1,24 +1,30 @@
-"""The hardware and numeric environment of a run, recorded as MLflow params ``env.*``, and the
-check `sat report` makes with them.
+"""The hardware and numeric environment of a run, recorded as MLflow params ``machine.*``, and
+the check `sat report` makes with them.
+
+The prefix is ``machine.`` because no config key can start with it (no config group or option is
+named ``machine``: tests/test_environment.py checks the composed config of a multi-turn run), so
+the record can never collide with the config's own params, the ``env`` group's
+(``env.name``, ``env.max_turns``, an environment plug-in's options) included. Runs recorded before
+this had the prefix ``env.``; :func:`current_names` reads them under today's names.
 
 The same seed gives the same numbers only on the same kind of CPU (``sat_cli.numerics``), so a
 run records what produced it (:func:`environment_params`, in the process that trains):
 
-* ``env.cpu.model``, ``env.cpu.amx`` / ``env.cpu.avx512`` / ``env.cpu.avx2`` (``true``/``false``),
-  ``env.cpu.flags`` (the ISA flags that decide torch's paths), ``env.cpu.count`` (CPUs usable);
-* ``env.torch.version``, ``env.torch.cpu_capability`` (``torch.backends.cpu.get_cpu_capability()``:
-  the ATen kernels in use), ``env.torch.num_threads`` (``torch.get_num_threads()`` of this
-  process, after the run set it), ``env.torch.cuda`` (the CUDA version torch was built with);
-* ``env.mkl.version`` and ``env.onednn.version`` (parsed from ``torch.__config__.show()``),
-  ``env.mkl.cbwr`` (MKL's reproducibility branch in effect, asked from MKL itself: ``OFF`` by
-  default, ``COMPATIBLE`` in portable mode) and ``env.mkl.auto_branch`` (the branch MKL picks on
+* ``machine.cpu.model``, ``machine.cpu.amx`` / ``machine.cpu.avx512`` / ``machine.cpu.avx2`` (``true``/``false``),
+  ``machine.cpu.flags`` (the ISA flags that decide torch's paths), ``machine.cpu.count`` (CPUs usable);
+* ``machine.torch.version``, ``machine.torch.cpu_capability`` (``torch.backends.cpu.get_cpu_capability()``:
+  the ATen kernels in use), ``machine.torch.num_threads`` (``torch.get_num_threads()`` of this
+  process, after the run set it), ``machine.torch.cuda`` (the CUDA version torch was built with);
+* ``machine.mkl.version`` and ``machine.onednn.version`` (parsed from ``torch.__config__.show()``),
+  ``machine.mkl.cbwr`` (MKL's reproducibility branch in effect, asked from MKL itself: ``OFF`` by
+  default, ``COMPATIBLE`` in portable mode) and ``machine.mkl.auto_branch`` (the branch MKL picks on
   this CPU);
-* ``env.numeric_env``: the numeric environment variables that are set (``sat_cli.numerics``);
-* ``env.gpu``: the CUDA device's name, or ``none``; ``env.sglang.version`` with engine=sglang
+* ``machine.numeric_env``: the numeric environment variables that are set (``sat_cli.numerics``);
+* ``machine.gpu``: the CUDA device's name, or ``none``; ``machine.sglang.version`` with engine=sglang
   (asked from the SGLang interpreter in a subprocess; sglang is never imported here).
 
 A worker process reports its own view with :func:`process_numerics` (the local engine's worker
-in its ready message, logged as tags ``env.engine.*``; each Megatron rank in its start-up line).
+in its ready message, logged as tags ``machine.engine.*``; each Megatron rank in its start-up line).
 Anything that cannot be read is ``"unknown"``. torch is imported inside the functions.
 """
 
@@ -147,7 +153,7 @@ def git_commit() -> str:
 
 
 def environment_params(sglang: str | None = None) -> dict[str, str]:
-    """The ``env.*`` params of a run (module docstring), read in this process. ``sglang``: the
+    """The ``machine.*`` params of a run (module docstring), read in this process. ``sglang``: the
     SGLang version (with engine=sglang), else None (no such param)."""
     import torch
 
@@ -163,43 +169,69 @@ def environment_params(sglang: str | None = None) -> dict[str, str]:
     except (AttributeError, OSError):
         count = str(os.cpu_count() or UNKNOWN)
     params = {
-        "env.cpu.model": cpu["model"],
-        "env.cpu.amx": isa["amx"],
-        "env.cpu.avx512": isa["avx512"],
-        "env.cpu.avx2": isa["avx2"],
-        "env.cpu.flags": isa["flags"],
-        "env.cpu.count": count,
-        "env.torch.version": str(torch.__version__),
-        "env.torch.cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
-        "env.torch.num_threads": str(torch.get_num_threads()),
-        "env.torch.cuda": str(torch.version.cuda or "none"),
-        "env.mkl.version": libs["mkl"],
-        "env.mkl.cbwr": mkl["cbwr"],
-        "env.mkl.auto_branch": mkl["auto_branch"],
-        "env.onednn.version": libs["onednn"],
-        "env.numeric_env": numeric_env(),
-        "env.gpu": _gpu_name(torch),
+        "machine.cpu.model": cpu["model"],
+        "machine.cpu.amx": isa["amx"],
+        "machine.cpu.avx512": isa["avx512"],
+        "machine.cpu.avx2": isa["avx2"],
+        "machine.cpu.flags": isa["flags"],
+        "machine.cpu.count": count,
+        "machine.torch.version": str(torch.__version__),
+        "machine.torch.cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "machine.torch.num_threads": str(torch.get_num_threads()),
+        "machine.torch.cuda": str(torch.version.cuda or "none"),
+        "machine.mkl.version": libs["mkl"],
+        "machine.mkl.cbwr": mkl["cbwr"],
+        "machine.mkl.auto_branch": mkl["auto_branch"],
+        "machine.onednn.version": libs["onednn"],
+        "machine.numeric_env": numeric_env(),
+        "machine.gpu": _gpu_name(torch),
     }
     if sglang is not None:
-        params["env.sglang.version"] = sglang
+        params["machine.sglang.version"] = sglang
     return params
 
 
 # ----------------------------------------------------------------------------- `sat report`
 
+PREFIX = "machine."
+# the record's names before the prefix was machine. (runs recorded until 2026-12-05)
+LEGACY_PREFIX = "env."
+LEGACY_GROUPS = ("cpu.", "torch.", "mkl.", "onednn.", "sglang.", "engine.")
+LEGACY_KEYS = ("gpu", "numeric_env")
+
+
+def engine_params(numerics: Mapping[str, str]) -> dict[str, str]:
+    """The engine worker's own view of its numerics (``process_numerics``) as ``machine.engine.*``."""
+    return {f"{PREFIX}engine.{k}": v for k, v in numerics.items()}
+
+
+def current_names(params: Mapping[str, str]) -> dict[str, str]:
+    """``params`` with a legacy record (``env.cpu.model``, ...; only in a run that has no
+    ``machine.*`` param, i.e. one recorded before the rename) under today's names."""
+    if any(k.startswith(PREFIX) for k in params):
+        return dict(params)
+    out = {}
+    for k, v in params.items():
+        rest = k[len(LEGACY_PREFIX) :] if k.startswith(LEGACY_PREFIX) else None
+        if rest is not None and (rest in LEGACY_KEYS or rest.startswith(LEGACY_GROUPS)):
+            k = PREFIX + rest
+        out[k] = v
+    return out
+
+
 # what makes two runs' numbers comparable bit for bit: the machine, and the numeric settings
-HARDWARE_KEYS = ("env.cpu.model", "env.cpu.flags", "env.gpu")
+HARDWARE_KEYS = ("machine.cpu.model", "machine.cpu.flags", "machine.gpu")
 NUMERIC_KEYS = (
-    "env.torch.version",
-    "env.torch.cpu_capability",
-    "env.torch.num_threads",
-    "env.mkl.version",
-    "env.mkl.cbwr",
-    "env.onednn.version",
-    "env.numeric_env",
-    "env.sglang.version",
-    "env.engine.cpu_capability",
-    "env.engine.num_threads",
+    "machine.torch.version",
+    "machine.torch.cpu_capability",
+    "machine.torch.num_threads",
+    "machine.mkl.version",
+    "machine.mkl.cbwr",
+    "machine.onednn.version",
+    "machine.numeric_env",
+    "machine.sglang.version",
+    "machine.engine.cpu_capability",
+    "machine.engine.num_threads",
     "run.portable_numerics",
 )
 
@@ -210,8 +242,8 @@ def compare_environments(runs: Sequence[tuple[str, Mapping[str, str]]]) -> list[
     ``unknown``. Empty when all runs recorded the same."""
     if len(runs) < 2:
         return []
-    # the recorded environment's keys (not the config's own env.* section: env.name, ...)
-    recorded = {k for k in (*HARDWARE_KEYS, *NUMERIC_KEYS) if k.startswith("env.")}
+    runs = [(n, current_names(d)) for n, d in runs]
+    recorded = {k for k in (*HARDWARE_KEYS, *NUMERIC_KEYS) if k.startswith(PREFIX)}
     known = [(n, d) for n, d in runs if recorded.intersection(d)]
     unknown = [n for n, d in runs if not recorded.intersection(d)]
     notes = []

@@ -214,7 +214,7 @@ def resources(s: SGLangEngineSettings) -> Resources:
 
 
 def environment(s: SGLangEngineSettings) -> dict[str, str]:
-    """``env.sglang.version``: what the servers' interpreter has (unknown for servers started
+    """``machine.sglang.version``: what the servers' interpreter has (unknown for servers started
     elsewhere)."""
     from sat_cli.tracking.environment import UNKNOWN, sglang_version
 
@@ -226,7 +226,7 @@ def environment(s: SGLangEngineSettings) -> dict[str, str]:
             version = sglang_version(resolve_python(s.python))
         except FileNotFoundError:
             version = UNKNOWN
-    return {"env.sglang.version": version}
+    return {"machine.sglang.version": version}
 
 
 def check_model(s: SGLangEngineSettings, path: str) -> None:

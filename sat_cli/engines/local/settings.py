@@ -18,6 +18,8 @@ class LocalEngineSettings(EngineSettings):
 
     PINS_NUMERICS: ClassVar[bool] = True
     TORCH_HERE: ClassVar[bool] = True
+    # trainer.lora: it holds one adapter per weight version (engines/local/adapters.py)
+    LORA_ADAPTERS: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -91,6 +91,9 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         self.inflight_updates = bool(rt.inflight_updates)
         self.dtype, self.r3, self.seed = s.dtype, rt.r3, rt.seed
         self.weight_version = rt.weight_version
+        self.adapter: int | None = None  # the version's adapter later requests name (LoRA)
+        self.full_reloads = 0  # full weight loads after the start (LoRA: none)
+        self.adapters_held: list[int] = []  # the versions whose adapters the worker holds
         cfg = dict(
             model_path=self.model_path,
             dtype=s.dtype,
@@ -101,6 +104,7 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             log_file=str(rt.log_file) if rt.log_file else None,
             max_batch_size=self.MAX_BATCH_SIZE,
             version=rt.weight_version,
+            adapters_kept=rt.adapters_kept,
         )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
@@ -200,6 +204,8 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             "n": int(n),
             "sampling": asdict(sampling),
         }
+        if self.adapter is not None:  # LoRA: the request names its version's adapter
+            request["adapter"] = self.adapter
         if updates:
             if not self.inflight_updates:
                 raise ValueError("updates= needs LocalEngineRuntime(inflight_updates=True)")
@@ -267,6 +273,12 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             self._call, "update_weights", {"path": str(path), "version": int(version)}
         ).result()
         self.weight_version = int(reply["weight_version"])
+        self.full_reloads = int(reply.get("full_loads", self.full_reloads))
+        if reply.get("adapter"):  # an adapter folder: the base stays, the adapter is named
+            self.adapter = self.weight_version
+            self.adapters_held = list(reply["adapters"])
+            return
+        self.adapter = None
         self.model_path = str(path)
 
     def health(self) -> bool:

@@ -46,6 +46,7 @@ def build(s: LocalEngineSettings, rt: EngineRuntime):
             r3=rt.r3,
             device=rt.devices.find("local engine").device,  # cuda:K of the device plan
             log_file=str(rt.logs / "engine.log"),
+            adapters_kept=rt.adapters_kept,
             **rt.inflight(),
         ),
     )

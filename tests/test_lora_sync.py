@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 from sat_cli.engines.base import SamplingParams
 from sat_cli.errors import EngineError
@@ -194,3 +195,62 @@ def test_a_lag_profile_run_with_lora_samples_every_version_the_profile_drew(
     assert st.lag_profile_counts == [lags.count(0), lags.count(1)]
     kept = sorted((tmp_path / "run" / "weights").iterdir())
     assert kept and all(is_adapter(p) for p in kept)
+
+
+def _lora_run(tiny_dir, engine, run_dir, steps: int, resume=None):
+    """``steps`` steps of a LoRA run (lag 1, adapter dropout 0.1, checkpoints every 2) on the
+    module's engine, started on the base as a fresh engine is."""
+    from test_loop import Recorder, SevensTask
+
+    from sat_cli.loop.lag import LagPolicy
+    from sat_cli.loop.schedule import Every
+    from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
+    from sat_cli.rl.config import LossConfig
+
+    engine.update_weights(str(tiny_dir), 0)
+    lora = {**LORA, "dropout": 0.1}
+    trainer = LocalTrainer(str(tiny_dir), lr=1e-2, seed=0, loss=LossConfig(algo="grpo"), lora=lora)
+    eos, rec = trainer.tokenizer.eos_token_id, Recorder()
+    s = LoopSettings(
+        max_steps=steps,
+        prompts_per_step=2,
+        group_size=4,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=2, stop_token_ids=(eos,)),
+        lag=LagPolicy(1, "fixed"),
+        run_dir=run_dir,
+        seed=3,
+        histograms=Every(0),
+        checkpoints=Every(2),
+        checkpoint_keep=5,
+    )
+    TrainLoop(s, RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer)).run(resume)
+    return rec, trainer
+
+
+def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_dir, engine, tmp_path):
+    """A run cut after step 3 and resumed from its step-2 checkpoint (the adapter, AdamW's
+    moments and the RNG of the adapter's dropout) ends with the uninterrupted run's losses and
+    adapter, bit for bit; the checkpoint holds the adapter, not the model."""
+    from sat_cli.checkpoints.manifest import verify_checkpoint
+    from sat_cli.checkpoints.state import latest_checkpoint
+    from sat_cli.models.lora import adapter_tensors
+
+    reloads = engine.full_reloads
+    full, tr_full = _lora_run(tiny_dir, engine, tmp_path / "full", 5)
+    _lora_run(tiny_dir, engine, tmp_path / "cut", 3)
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step_3")
+    ck = latest_checkpoint(tmp_path / "cut" / "checkpoints")
+    assert ck.name == "step_2" and verify_checkpoint(ck) is None
+    files = sorted(p.name for p in (ck / "trainer").iterdir())
+    assert files == ["adapter", "optimizer.safetensors", "trainer_state.json"]
+    resumed, tr_res = _lora_run(tiny_dir, engine, tmp_path / "cut", 5, resume=ck)
+    assert sorted(resumed.metrics) == [3, 4, 5]
+    for t in (3, 4, 5):
+        assert resumed.metrics[t]["loss/policy"] == full.metrics[t]["loss/policy"], t
+    a, b = adapter_tensors(tr_full.model), adapter_tensors(tr_res.model)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(float(t.abs().max()) > 0 for k, t in a.items() if "lora_B" in k)  # it trained
+    assert engine.full_reloads == reloads + 3  # the three starts on the base, nothing else
+    f = ck / "trainer" / "adapter" / "adapter_model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1] + b"\x00")
+    assert "does not match its SHA-256" in verify_checkpoint(ck)

@@ -250,20 +250,31 @@ class LocalTrainer(PolicyTrainer):
         return self.weight_sender.capture(version, unfuse_experts(dict(self.model.state_dict())))
 
     def save(self, dir: str | os.PathLike) -> None:
+        """``model/`` (HF) and the optimizer; with LoRA ``adapter/`` (the adapter alone, as a
+        version is published) in place of ``model/``, and the adapter's tensor names in the
+        optimizer's order (``lora_params``)."""
         with staged_dir(Path(dir)) as tmp:
-            save_hf(self.model, self.tokenizer, tmp / "model")
+            meta: dict = {"step_count": self.step_count}
+            if self.lora is not None:
+                lora_io.publish(self.model, self.lora, tmp / "adapter", self.step_count)
+                meta["lora_params"] = lora_io.param_names(self.model)
+            else:
+                save_hf(self.model, self.tokenizer, tmp / "model")
             tensors, param_groups = optimizer_tensors(self.opt)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
-            meta = {"step_count": self.step_count, "param_groups": param_groups}
+            meta["param_groups"] = param_groups
             (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
 
     def load(self, dir: str | os.PathLike) -> None:
         d = Path(dir)
         meta = json.loads((d / "trainer_state.json").read_text())
         tensors = load_file(str(d / "optimizer.safetensors"))
-        loaded = load_model(d / "model", "float32", self.device)
-        self.model.load_state_dict(loaded.state_dict())
-        del loaded
+        if self.lora is not None:
+            lora_io.load(self.model, d / "adapter", int(meta["step_count"]))
+        else:
+            loaded = load_model(d / "model", "float32", self.device)
+            self.model.load_state_dict(loaded.state_dict())
+            del loaded
         load_optimizer_tensors(self.opt, tensors, meta["param_groups"])
         self.step_count = int(meta["step_count"])
 

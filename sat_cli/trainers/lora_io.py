@@ -46,3 +46,20 @@ def publish(model, lora: dict, path: Path, version: int) -> Path:
         alpha=lora["alpha"],
         targets=lora["target_modules"],
     )
+
+
+def param_names(model) -> list[str]:
+    """The adapter's tensor names in the order of the trainer's trainable parameters (the
+    optimizer's indices): a checkpoint's ``trainer_state.json`` records it."""
+    from sat_cli.models.lora import LORA_A, LORA_B, lora_layers
+
+    return [f"{p}.{k}" for p in lora_layers(model) for k in (LORA_A, LORA_B)]
+
+
+def load(model, path: Path, version: int) -> None:
+    """Load a checkpoint's adapter (checked as on arrival: ``weightsync.adapters``)."""
+    from sat_cli.models.lora import load_adapter_tensors
+    from sat_cli.weightsync.adapters import read_adapter
+
+    _, tensors = read_adapter(path, version)
+    load_adapter_tensors(model, tensors)

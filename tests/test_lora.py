@@ -133,3 +133,16 @@ def test_lora_settings_compose():
         "target_modules": ["q_proj"],
     }
     assert not load([])[1].trainer.lora.on  # off by default
+
+
+def test_sat_plan_says_what_lora_trains():
+    from types import SimpleNamespace
+
+    from sat_cli.config import load
+
+    proc = SimpleNamespace(device="cpu", dtype="float32", gpus=())
+    lines = load(["trainer.lora.rank=8"])[1].trainer.plan_lines([proc], 596_000_000)
+    assert lines[0].endswith("fp32 weights (frozen) ≈ 2.4 GB")
+    assert "LoRA rank 8 on q_proj,k_proj,v_proj,o_proj: the adapters alone train" in lines[1]
+    plain = load([])[1].trainer.plan_lines([proc], 596_000_000)
+    assert plain[0].endswith("fp32 weights, gradients, AdamW ≈ 9.5 GB") and len(plain) == 1

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import seeded_store
 
 from sat_cli.samples import Sample
 from sat_cli.trainers.batch import collate
@@ -57,3 +58,31 @@ def test_sat_eval_refuses_a_damaged_adapter_in_one_line(tmp_path, sat_cli, monke
     assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-2000:])
     assert "its adapter was refused" in out.stderr and "is damaged" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow  # ~100 s on 2 loaded cores: the whole `sat train` path with LoRA, and resume
+def test_sat_train_with_lora_publishes_adapters_and_resumes(tmp_path, sat_cli):
+    """`sat train trainer.lora.rank=8 lag=2`: every published version and every checkpoint
+    holds an adapter, the weight-sync metrics count adapter bytes, and `resume=auto` goes on
+    from the adapter checkpoint."""
+    import sqlite3
+
+    from sat_cli.weightsync.adapters import ADAPTER_FILE, is_adapter
+
+    seeded_store(tmp_path / "runs" / "mlflow.db")
+    args = ["trainer.lora.rank=8", "lag=2", "run.name=l", "checkpoint.every=2", "eval.every=0"]
+    out = sat_cli("train", "max_steps=4", *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "runs" / "sat" / "l"
+    weights = sorted((run / "weights").iterdir())
+    assert weights and all(is_adapter(p) for p in weights)
+    adapter_bytes = (weights[-1] / ADAPTER_FILE).stat().st_size
+    ck = run / "checkpoints" / "step_4" / "trainer"
+    assert (ck / "adapter").is_dir() and not (ck / "model").exists()
+    db = sqlite3.connect(tmp_path / "runs" / "mlflow.db")
+    sent = [v for (v,) in db.execute("select value from metrics where key='weights/sync_bytes'")]
+    db.close()
+    assert sent and all(v == adapter_bytes for v in sent)  # one adapter per load, no base
+    out = sat_cli("train", "max_steps=6", *args, "resume=auto", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming from step_4" in out.stdout and "done: 6 steps" in out.stdout

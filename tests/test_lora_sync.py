@@ -74,8 +74,18 @@ def test_a_version_is_its_adapter_alone_and_the_engine_serves_it_exactly(
     m = batch.loss_mask.bool()
     gap = (trainer.logprobs(batch) - batch.rollout_logp)[m].abs().max()
     assert float(gap) < 1e-5
-    base = LocalTrainer(str(tiny_dir)).logprobs(batch)  # the base alone is far from v3
+    base_trainer = LocalTrainer(str(tiny_dir))
+    base = base_trainer.logprobs(batch)  # the base alone is far from v3
     assert float((base - batch.rollout_logp)[m].abs().max()) > 1e-3
+    # one request, an adapter per prompt: v3's rows score as the trainer at v3, v0's (the
+    # base the engine started on) as the base
+    sampling = SamplingParams(max_new_tokens=5, seed=2)
+    mixed = engine.generate([PROMPT, [40, 41]], 2, sampling, adapters=[3, 0])
+    assert [[s.weight_version for s in g] for g in mixed] == [[3, 3], [0, 0]]
+    for group, scorer in zip(mixed, (trainer, base_trainer), strict=True):
+        b = collate(group, [0.0, 0.0], pad_id=0)
+        mask = b.loss_mask.bool()
+        assert float((scorer.logprobs(b) - b.rollout_logp)[mask].abs().max()) < 1e-5
 
 
 def test_the_engine_keeps_the_newest_versions_and_each_request_names_its_own(published, engine):
@@ -186,9 +196,12 @@ def test_a_lag_profile_run_with_lora_samples_every_version_the_profile_drew(
         weight_sync=SyncSettings(verify="every"),
     )
     parts = RunParts(engine, trainer, Recorder(), SevensTask(), trainer.tokenizer)
+    requests = engine._call("ping")["requests"]
     st = TrainLoop(s, parts).run()
     drawn = [sorted(lag.sample_versions(k)) for k in range(6)]
     assert trainer.seen == drawn
+    # one engine request per batch: a mixed batch names each sample's adapter
+    assert engine._call("ping")["requests"] - requests == 6
     assert sum(len(set(d)) > 1 for d in drawn) >= 2  # mixed-version batches happened
     assert engine.full_reloads == reloads  # adapters only after the first load
     lags = [k - v for k, d in enumerate(drawn) for v in d]

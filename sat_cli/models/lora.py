@@ -124,9 +124,18 @@ class AdapterSlots(nn.Module):
         self.base = base
         self.held: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
         self.active: int | None = None
+        # per-row adapters of one batch: [(version or None, row indices)], None: ``active``
+        self.rows: list[tuple[int | None, torch.Tensor]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        if self.rows is not None:  # x: [rows, ...]; each row group its own version's adapter
+            out = y.clone()
+            for version, idx in self.rows:
+                if version is not None:
+                    a, b, scaling = self.held[version]
+                    out[idx] += ((x[idx] @ a.t()) @ b.t()) * scaling
+            return out
         if self.active is None:
             return y
         a, b, scaling = self.held[self.active]
@@ -152,3 +161,14 @@ def add_slots(model: nn.Module, paths) -> dict[str, AdapterSlots]:
 def activate(slots: dict[str, AdapterSlots], version: int | None) -> None:
     for s in slots.values():
         s.active = version if version is not None and version in s.held else None
+        s.rows = None
+
+
+def activate_rows(slots: dict[str, AdapterSlots], versions: list[int | None]) -> None:
+    """Row ``i`` of the next forwards takes ``versions[i]``'s adapter (None: the base alone)."""
+    groups: dict = {}
+    for i, v in enumerate(versions):
+        groups.setdefault(v, []).append(i)
+    rows = [(v, torch.tensor(ix, dtype=torch.long)) for v, ix in groups.items()]
+    for s in slots.values():
+        s.rows = [(v if v in s.held else None, ix) for v, ix in rows]

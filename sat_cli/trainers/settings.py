@@ -172,6 +172,15 @@ class LocalTrainerSettings(TrainerSettings):
         line = (
             f"trainer   local: in the orchestrator process on the {where} ({p.device}, {p.dtype})"
         )
+        if self.lora.on:  # frozen fp32 weights; the adapters' gradients and AdamW are small
+            targets = ",".join(self.lora.target_modules)
+            if params is not None:
+                line += f"; fp32 weights (frozen) ≈ {params * 4 / 1e9:.1f} GB"
+            return [
+                line,
+                f"          LoRA rank {self.lora.rank} on {targets}: the adapters "
+                "alone train and sync, one per weight version",
+            ]
         if params is not None:  # fp32 weights + grads + AdamW m, v
             line += f"; fp32 weights, gradients, AdamW ≈ {params * 16 / 1e9:.1f} GB"
         return [line]

@@ -11,7 +11,9 @@ was dropped is read from disk again (an adapter load, never a full reload).
   nothing the engine holds changes.
 * **Per request**: a request names its version's adapter (``generate``'s ``adapter``), which is
   made active for that request only; the samples are stamped with the adapter's own version,
-  so a version stamp is the adapter that produced it. A request naming an adapter the engine
+  so a version stamp is the adapter that produced it. A lag profile's mixed-version batch is
+  one request that names an adapter per prompt (``adapters``): each row of the batch's
+  forwards takes its own version's adapter, and each sample is stamped with it. A request naming an adapter the engine
   does not hold fails (no silent fallback to the base or another version).
 * **Served checksums** (``engine.verify_weights``) are those of the tensors the engine holds
   for the active version, in the engine's dtype and the adapter file's names.
@@ -23,7 +25,7 @@ from collections import OrderedDict
 
 import torch
 
-from sat_cli.models.lora import LORA_A, LORA_B, activate, add_slots
+from sat_cli.models.lora import LORA_A, LORA_B, activate, activate_rows, add_slots
 
 
 class AdapterMissing(RuntimeError):
@@ -83,6 +85,18 @@ class EngineAdapters:
             )
         self.active = None if version is None else int(version)
         activate(self.slots, self.active)
+
+    def activate_rows(self, versions: list[int], base_version: int) -> None:
+        """Row ``i`` of the next forwards takes ``versions[i]``'s adapter (one request for a
+        lag profile's mixed-version batch); ``base_version``: the version the base alone is
+        (the engine's start), served where no adapter of it is held."""
+        missing = sorted({int(v) for v in versions if v not in self.held and v != base_version})
+        if missing:
+            raise AdapterMissing(
+                f"the request names adapters {missing}, which the engine does not hold "
+                f"(it holds {sorted(self.held)})"
+            )
+        activate_rows(self.slots, [int(v) if v in self.held else None for v in versions])
 
     def checksums(self) -> dict[str, str]:
         """The served checksums of the active adapter (module docstring)."""

@@ -191,12 +191,15 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         sampling: SamplingParams,
         *,
         updates: list[tuple[int, str, int]] | None = None,
+        adapters: list[int] | None = None,
     ) -> Future[list[list[Sample]]]:
         """``updates`` (in-flight mode only): ``(after_tokens, path, version)`` entries, each
         loaded at the token boundary where the running batch has sampled ``after_tokens`` tokens
         (tokens ``0..after_tokens-1`` from the old weights, the rest from the new; ``0``: before
         the prefill), counted in the first batch of ``MAX_BATCH_SIZE`` entries that reaches it;
         one the request ends before reaching is loaded after it. A failed load fails the request.
+        ``adapters`` (LoRA): the weight version of each prompt, whose adapter the engine holds
+        (``update_weights`` of each first); every sample is stamped with its prompt's.
         """
         self._check_usable()
         request = {
@@ -204,7 +207,9 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             "n": int(n),
             "sampling": asdict(sampling),
         }
-        if self.adapter is not None:  # LoRA: the request names its version's adapter
+        if adapters is not None:  # LoRA: prompt i from the adapter of version adapters[i]
+            request["adapters"] = [int(v) for v in adapters]
+        elif self.adapter is not None:  # LoRA: the request names its version's adapter
             request["adapter"] = self.adapter
         if updates:
             if not self.inflight_updates:
@@ -254,8 +259,11 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         sampling: SamplingParams,
         *,
         updates: list[tuple[int, str, int]] | None = None,
+        adapters: list[int] | None = None,
     ) -> list[list[Sample]]:
-        return self.generate_async(prompts, n, sampling, updates=updates).result()
+        return self.generate_async(
+            prompts, n, sampling, updates=updates, adapters=adapters
+        ).result()
 
     def update_weights(self, path: str, version: int) -> None:
         """Load the HF checkpoint at ``path`` after the requests already queued; tag later samples

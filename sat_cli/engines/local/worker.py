@@ -65,9 +65,32 @@ class _Worker:
         self.eos_ids = set(model_stop_ids(model_dir, self.tokenizer))
 
     def generate(self, req: dict) -> dict:
+        if req.get("adapters") is not None:
+            return self._generate_per_sample(req)
         if self.adapters is not None or req.get("adapter") is not None:
             return self._generate_with_adapter(req)
         return self._generate(req)
+
+    def _generate_per_sample(self, req: dict) -> dict:
+        """One request whose prompt ``i`` names adapter ``adapters[i]`` (a mixed-version batch):
+        every row takes its version's adapter; each sample carries that version."""
+        from sat_cli.engines.local.adapters import AdapterMissing
+
+        if self.adapters is None:
+            raise AdapterMissing("the request names adapters per prompt; the engine holds none")
+        n = int(req["n"])
+        rows = [int(v) for v in req["adapters"] for _ in range(n)]
+        if len(req["adapters"]) != len(req["prompts"]):
+            raise ValueError("a request's adapters must name one version per prompt")
+        self.adapters.activate_rows(rows, self.base_version)  # refuses what is not held
+        try:
+            reply = self._generate(req, rows)
+        finally:
+            self.adapters.activate(self.adapters.active)
+        for r, v in zip(reply["samples"], rows, strict=True):
+            r["weight_version"] = v
+        reply["weight_version"] = min(rows)
+        return reply
 
     def _generate_with_adapter(self, req: dict) -> dict:
         """A request that names its adapter (``None``: the base): made active for this request
@@ -85,7 +108,8 @@ class _Worker:
             r["weight_version"] = version
         return reply
 
-    def _generate(self, req: dict) -> dict:
+    def _generate(self, req: dict, rows: list[int] | None = None) -> dict:
+        """``rows``: the adapter version of every row (prompt x n), activated per chunk."""
         from sat_cli.models.r3 import RouteCapture
 
         s = req["sampling"]
@@ -115,6 +139,8 @@ class _Worker:
         capture = RouteCapture(self.model) if self.cfg["r3"] else None
         for start in range(0, len(flat), max_batch):
             chunk = flat[start : start + max_batch]
+            if rows is not None:
+                self.adapters.activate_rows(rows[start : start + len(chunk)], self.base_version)
             kw = self._sampling_kwargs(s, stop, gen)
             if capture is not None:
                 with capture:
@@ -281,7 +307,11 @@ def worker_main(conn, cfg: dict, ctrl=None) -> None:
             elif cmd in SYNC_COMMANDS:
                 reply = worker.sync_command(cmd, payload)
             elif cmd == "ping":
-                reply = {"weight_version": worker.version, "full_loads": worker.full_loads}
+                reply = {
+                    "weight_version": worker.version,
+                    "full_loads": worker.full_loads,
+                    "requests": worker.requests,
+                }
             else:
                 raise ValueError(f"unknown engine command {cmd!r}")
             conn.send(("ok", reply))

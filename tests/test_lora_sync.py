@@ -267,3 +267,48 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(tiny_dir, engin
     f = ck / "trainer" / "adapter" / "adapter_model.safetensors"
     f.write_bytes(f.read_bytes()[:-1] + b"\x00")
     assert "does not match its SHA-256" in verify_checkpoint(ck)
+
+
+class _DiskFlipsABit(LocalTrainer):
+    """The real trainer on a disk that damages the published v2 after it is written."""
+
+    def publish_weights(self, dir, version):
+        path = super().publish_weights(dir, version)
+        if version == 2:
+            _damage(path.parent, 2)
+        return path
+
+
+def test_a_run_whose_adapter_is_damaged_on_disk_fails_closed(tiny_dir, engine, tmp_path):
+    """lag 0, 4 steps: v2 is damaged between publish and load; the engine refuses it, the loop
+    tries the disk once more and the run stops with WeightSyncFailed (exit 1) before training
+    on anything v2 would have sampled; steps 1 and 2 were trained from v0 and v1."""
+    from test_loop import Recorder, SevensTask
+
+    from sat_cli.loop.lag import LagPolicy
+    from sat_cli.loop.schedule import Every
+    from sat_cli.loop.train import LoopSettings, RunParts, TrainLoop
+    from sat_cli.loop.weightsync import SyncSettings, WeightSyncFailed
+    from sat_cli.rl.config import LossConfig
+
+    engine.update_weights(str(tiny_dir), 0)
+    trainer = _DiskFlipsABit(
+        str(tiny_dir), lr=1e-2, seed=0, loss=LossConfig(algo="grpo"), lora=LORA
+    )
+    eos, rec = trainer.tokenizer.eos_token_id, Recorder()
+    s = LoopSettings(
+        max_steps=4,
+        prompts_per_step=2,
+        group_size=4,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=2, stop_token_ids=(eos,)),
+        lag=LagPolicy(0, "fixed"),
+        run_dir=tmp_path / "run",
+        seed=3,
+        histograms=Every(0),
+        weight_sync=SyncSettings(),
+    )
+    says = r"(?s)weights v2 did not reach the engine: .*v2 at \S+ is damaged: 1 of 16 tensors"
+    with pytest.raises(WeightSyncFailed, match=says):
+        TrainLoop(s, RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer)).run()
+    assert sorted(rec.metrics) == [1, 2] and trainer.step_count == 2
+    assert engine.adapter == 1 and engine.health()

@@ -169,6 +169,11 @@ def activate_rows(slots: dict[str, AdapterSlots], versions: list[int | None]) ->
     groups: dict = {}
     for i, v in enumerate(versions):
         groups.setdefault(v, []).append(i)
-    rows = [(v, torch.tensor(ix, dtype=torch.long)) for v, ix in groups.items()]
+    on: dict = {}  # the row indices on each layer's device
     for s in slots.values():
-        s.rows = [(v if v in s.held else None, ix) for v, ix in rows]
+        dev = s.base.weight.device
+        if dev not in on:
+            on[dev] = [
+                (v, torch.tensor(ix, dtype=torch.long, device=dev)) for v, ix in groups.items()
+            ]
+        s.rows = [(v if v in s.held else None, ix) for v, ix in on[dev]]

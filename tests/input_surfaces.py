@@ -286,5 +286,7 @@ FILE_SITES = {
     "util.readers:safetensors_header": "internal: the bounded reader itself",
     "weightsync.service:_answer": "internal: the weight-sync service's socket messages",
     "weightsync.service:_call": "internal: the weight-sync service's socket messages",
+    "weightsync.adapters:read_adapter": "safetensors-weights",
+    "commands.eval:_load_adapter": "state-file",
 }
 USER_FORMATS = sorted({v for v in FILE_SITES.values() if not v.startswith("internal")})

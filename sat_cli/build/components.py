@@ -19,6 +19,12 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
     e, lag, plan = obj.engine, obj.lag, device_plan(obj)  # the GPUs each process gets
     inflight = (lag.inflight_updates, lag.inflight_cache)
     rt = EngineRuntime(path, logs, obj.seed, r3, *inflight, placer=placer, devices=plan)
+    if obj.trainer.lora.on:  # one adapter per version a batch can still be sampled from
+        from dataclasses import replace
+
+        from sat_cli.config.additions import ledger_versions
+
+        rt = replace(rt, adapters_kept=ledger_versions(True, lag.n, lag.profile) - 1)
     return ENGINES.of(e).build(e, rt)
 
 

@@ -13,7 +13,8 @@ loop state's ``step`` the folder's, the trainer's state, optimizer and model pre
 both trainers write), the model complete and finite
 (:func:`sat_cli.models.weights_check.check_hf_dir`), and the optimizer's tensors what the
 trainer's ``load`` needs (:func:`trainer_problem`: for the local trainer one AdamW moment per
-parameter, of its shape). No file is opened that is not a regular file (a FIFO would block). A damaged newer checkpoint is reported (one
+parameter, of its shape; with LoRA ``trainer/adapter/`` in place of the model, one moment per
+adapter tensor named in ``lora_params``). No file is opened that is not a regular file (a FIFO would block). A damaged newer checkpoint is reported (one
 line each) and skipped; when none is usable, ``UserError`` (exit 2) lists each one's problem.
 Checkpoints written before manifests existed (no ``manifest.json``) are accepted when the other
 checks pass. Hashing reads every byte once (about 1 s per GB).
@@ -46,6 +47,10 @@ def list_checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+# trainer.lora: trainer/adapter/ holds the adapter in place of trainer/model/ (the files of
+# sat_cli.weightsync.adapters, named here: checkpoints/ does not import weightsync/)
+ADAPTER = "adapter"
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
 def _sha256(path: Path) -> str:
@@ -96,13 +101,17 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     if m and state["step"] != int(m.group(1)):
         return f"{STATE_FILE} does not describe {ckpt.name} (step {state['step']})"
     trainer = ckpt / "trainer"
+    adapter = (trainer / ADAPTER).is_dir()  # trainer.lora: the adapter in place of the model
     for need, found in (
         ("trainer/trainer_state.json", (trainer / "trainer_state.json").is_file()),
         ("trainer/optimizer*.safetensors", any(trainer.glob("optimizer*.safetensors"))),
-        ("trainer/model/", (trainer / "model").is_dir()),
+        ("trainer/model/", adapter or (trainer / "model").is_dir()),
+        *((f"trainer/{ADAPTER}/{f}", (trainer / ADAPTER / f).is_file()) for f in ADAPTER_FILES),
     ):
-        if not found:
+        if not found and (adapter or ADAPTER not in need):
             return f"{need} is missing"
+    if adapter:
+        return trainer_problem(trainer)
     from sat_cli.models.weights_check import check_hf_dir
 
     try:
@@ -139,9 +148,18 @@ def trainer_problem(trainer: Path) -> str | None:
     from sat_cli.models.weights_check import param_shapes
 
     try:
-        shapes = param_shapes(trainer / "model")
+        if (trainer / ADAPTER).is_dir():
+            shapes = _adapter_shapes(trainer, meta)
+            if isinstance(shapes, str):
+                return shapes
+        else:
+            shapes = param_shapes(trainer / "model")
+    except NotRegularFile as exc:
+        return f"trainer/{ADAPTER}: {exc.strerror}"
     except (OSError, ValueError, UserError):
         return None  # the model check above names a model folder that cannot be read
+    except Exception as exc:  # SafetensorError: damaged, not a bug
+        return f"trainer/{ADAPTER} is not a readable adapter ({str(exc)[:120]})"
     grouped = sorted(i for g in meta["param_groups"] for i in g["params"])
     if grouped != list(range(len(shapes))):
         return (
@@ -161,6 +179,19 @@ def trainer_problem(trainer: Path) -> str | None:
                 f"parameter has {list(want)}"
             )
     return None
+
+
+def _adapter_shapes(trainer: Path, meta: dict) -> list[tuple[int, ...]] | str:
+    """The shapes of a LoRA checkpoint's trainable parameters in the optimizer's order (its
+    ``lora_params`` names in the adapter file), or a one-line reason."""
+    names = meta.get("lora_params")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return "trainer/trainer_state.json: a LoRA checkpoint needs lora_params (names)"
+    header = _shapes(trainer / ADAPTER / ADAPTER_FILES[0])
+    missing = [n for n in names if n not in header]
+    if missing or len(names) != len(header):
+        return f"trainer/{ADAPTER}: its tensors are not the optimizer's parameters {missing[:2]}"
+    return [header[n] for n in names]
 
 
 def _shapes(f: Path) -> dict[str, tuple[int, ...]]:

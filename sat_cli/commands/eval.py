@@ -46,6 +46,8 @@ def model_dir(obj) -> str:
             reason = verify_checkpoint(ck)
             if reason is not None:
                 raise UserError(f"ckpt={obj.ckpt!r} is damaged: {reason}")
+        if adapter_dir(obj) is not None:  # trainer.lora: the configured base + its adapter
+            return model_path(obj)
         for cand in (ck / "trainer" / "model", ck / "model", ck):
             if (cand / "config.json").is_file():
                 check_hf_dir(cand, "ckpt", values=True)  # no NaN/inf weight either
@@ -54,6 +56,29 @@ def model_dir(obj) -> str:
             f"ckpt={obj.ckpt!r} is not a training checkpoint (no trainer/model/config.json)"
         )
     return model_path(obj)
+
+
+def _version_schema():
+    from sat_cli.records import Int, Obj
+
+    return Obj({"version": Int(0)}, required=("version",))
+
+
+def adapter_dir(obj) -> Path | None:
+    """The adapter of a LoRA checkpoint ``ckpt=`` (``trainer/adapter/``, or an adapter folder
+    itself: a published ``weights/v<N>``), else None. Its base is the configured model."""
+    if not obj.ckpt:
+        return None
+    ck = Path(obj.ckpt)
+    for cand in (ck / "trainer" / "adapter", ck):
+        if (cand / "adapter_config.json").is_file():
+            if not getattr(type(obj.engine), "LORA_ADAPTERS", False):
+                raise UserError(
+                    f"ckpt={obj.ckpt!r} is a LoRA adapter: engine={obj.engine.name} does not "
+                    "load adapters; use engine=local"
+                )
+            return cand
+    return None
 
 
 def _own_folder(base: Path) -> Path:
@@ -129,6 +154,7 @@ class Evaluator:
         self.spec = eval_problems(obj, self.task)
         self.data_file = _data_file(obj)
         self.path = model_dir(obj)
+        self.adapter = adapter_dir(obj)  # a LoRA checkpoint's adapter, loaded on the base
         self.tokenizer = preflight.load_tokenizer(self.path)
         preflight.check_chat_template({"eval.template": self.spec[2]}, self.tokenizer, self.path)
         preflight.check_engine_architecture(obj.engine, self.path)
@@ -141,6 +167,8 @@ class Evaluator:
         params = flatten_config(OmegaConf.to_container(cfg, resolve=True))
         params.update(run_environment(obj))
         params["eval.model_path"] = self.path
+        if self.adapter is not None:
+            params["eval.adapter"] = str(self.adapter)
         if self.data_file is not None:
             params["eval.data_file"] = self.data_file
         if self.max_new_tokens != e.max_new_tokens:
@@ -191,6 +219,8 @@ class Evaluator:
             raise
         try:
             write_pids(logs, engine)
+            if self.adapter is not None:
+                self._load_adapter(engine)
             from sat_cli.tracking.environment import engine_params
 
             numerics = getattr(engine, "numerics", {})  # the engine worker's view (local engine)
@@ -211,6 +241,22 @@ class Evaluator:
             engine.close()
             if placer is not None:
                 placer.close()
+
+    def _load_adapter(self, engine) -> None:
+        """The checkpoint's adapter on the engine's base, checked on arrival (a damaged one is
+        refused: ``UserError``, as a damaged checkpoint is)."""
+        from sat_cli.errors import EngineError
+        from sat_cli.records import RecordError, read_json
+
+        try:
+            version = int(
+                read_json(self.adapter / "adapter_config.json", _version_schema())["version"]
+            )
+            engine.update_weights(str(self.adapter), version)
+        except (RecordError, EngineError) as exc:
+            why = str(exc).strip().splitlines()[-1][:300]
+            raise UserError(f"ckpt={self.obj.ckpt!r}: its adapter was refused: {why}") from None
+        self.log(f"eval: adapter {self.adapter} (weight version {version}) on the base {self.path}")
 
     def _record(self, tracker, res: EvalResult) -> str:
         """Write the results (also partial ones), log them; the run's final status."""

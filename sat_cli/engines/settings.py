@@ -89,6 +89,7 @@ class EngineRuntime:
     inflight_cache: str = "recompute"
     placer: Any = None
     devices: Any = None
+    adapters_kept: int = 0  # trainer.lora: the versions a run can still sample from (0: off)
 
     def inflight(self) -> dict:
         """The engines' in-flight keywords (none when updates wait for the request's end)."""

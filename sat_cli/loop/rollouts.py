@@ -144,6 +144,14 @@ class RolloutThread:
         def job():
             groups: list[list[Any]] = [[None] * n for _ in prompts]
             timing = {"gen_s": 0.0, "update_s": 0.0}
+            if self._adapters_per_sample(versions, timing):  # LoRA (trainer.lora)
+                t0 = time.perf_counter()
+                flat = [prompts[c // n] for c in range(len(versions))]
+                out = self.engine.generate(flat, 1, sampling, adapters=list(versions))
+                timing["gen_s"] += time.perf_counter() - t0
+                for c, group in enumerate(out):
+                    groups[c // n][c % n] = group[0]
+                return groups, timing
             for v in sorted(set(versions)):
                 cells = [c for c, cv in enumerate(versions) if cv == v]
                 timing["update_s"] += self._load(v)
@@ -157,6 +165,19 @@ class RolloutThread:
             return groups, timing
 
         return self.pool.submit(job)
+
+    def _adapters_per_sample(self, versions: list[int], timing: dict) -> bool:
+        """LoRA: the engine holds one adapter per version (``adapters_held``), so a mixed batch
+        is one request naming each sample's adapter; every version is loaded (held) first."""
+        from sat_cli.weightsync.adapters import is_adapter
+
+        if getattr(self.engine, "adapters_held", None) is None:
+            return False  # an engine without adapter slots: one request per version
+        if not is_adapter(self.weights_dir / f"v{max(versions)}"):
+            return False  # full weights: one request per version, as before
+        for v in sorted(set(versions)):
+            timing["update_s"] += self._load(v)
+        return True
 
     def call(self, version: int, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the rollout thread with the engine at ``version`` (evaluation)."""

@@ -47,7 +47,7 @@ from sat_cli.models.r3 import R3Error as R3Error
 from sat_cli.models.r3 import RouteAudit, check_routes, maybe_replay
 from sat_cli.models.tiny_moe import load_model, save_hf
 from sat_cli.rl.config import LossConfig
-from sat_cli.trainers import packing
+from sat_cli.trainers import lora_io, packing
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.head_chunks import head_scores
 from sat_cli.trainers.optim_state import load_optimizer_tensors, optimizer_tensors
@@ -69,13 +69,16 @@ class LocalTrainer(PolicyTrainer):
         dtype: str = "float32",
         weight_sender=None,
         logprob_chunk_tokens: int | None = None,
+        lora: dict | None = None,
         **options,
     ):
         """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...);
         ``loss``: every loss setting (default ``LossConfig()``).
         ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring).
         ``logprob_chunk_tokens``: positions whose full-vocabulary logits are held at once
-        (``head_chunks.head_scores``; None: its default bound)."""
+        (``head_chunks.head_scores``; None: its default bound).
+        ``lora``: ``{rank, alpha, dropout, target_modules}`` (``settings.LoraSettings``): train
+        adapters only, publish them alone (``sat_cli.trainers.lora_io``); None: full weights."""
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")
         self._init_step(loss, options)
@@ -90,7 +93,8 @@ class LocalTrainer(PolicyTrainer):
         self.tokenizer = self._load_tokenizer(model_path)
         if self.r3 and not hasattr(self.model.config, "num_experts"):
             raise R3Error(f"R3 needs an MoE model; {type(self.model).__name__} has no experts")
-        self.opt = self._new_optimizer(self.model.parameters())
+        self.lora = lora_io.attach(self.model, lora)  # None: the full weights train
+        self.opt = self._new_optimizer([p for p in self.model.parameters() if p.requires_grad])
         self.ref_model = None
         if self.loss.kl_coef > 0:
             self.ref_model = load_model(model_path, "float32", self.device)
@@ -232,7 +236,10 @@ class LocalTrainer(PolicyTrainer):
 
     # --- weights and checkpoints ---------------------------------------------------------------
     def publish_weights(self, dir: str | os.PathLike, version: int) -> Path:
-        """Write the current weights as an HF checkpoint ``dir/v{version}`` (atomically); return it."""
+        """Write the current weights as an HF checkpoint ``dir/v{version}`` (atomically); return it.
+        With LoRA: the adapter alone (``weightsync.adapters``)."""
+        if self.lora is not None:
+            return lora_io.publish(self.model, self.lora, Path(dir) / f"v{int(version)}", version)
         return save_hf(self.model, self.tokenizer, Path(dir) / f"v{int(version)}")
 
     def capture_weights(self, version: int) -> int:
@@ -243,20 +250,31 @@ class LocalTrainer(PolicyTrainer):
         return self.weight_sender.capture(version, unfuse_experts(dict(self.model.state_dict())))
 
     def save(self, dir: str | os.PathLike) -> None:
+        """``model/`` (HF) and the optimizer; with LoRA ``adapter/`` (the adapter alone, as a
+        version is published) in place of ``model/``, and the adapter's tensor names in the
+        optimizer's order (``lora_params``)."""
         with staged_dir(Path(dir)) as tmp:
-            save_hf(self.model, self.tokenizer, tmp / "model")
+            meta: dict = {"step_count": self.step_count}
+            if self.lora is not None:
+                lora_io.publish(self.model, self.lora, tmp / "adapter", self.step_count)
+                meta["lora_params"] = lora_io.param_names(self.model)
+            else:
+                save_hf(self.model, self.tokenizer, tmp / "model")
             tensors, param_groups = optimizer_tensors(self.opt)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
-            meta = {"step_count": self.step_count, "param_groups": param_groups}
+            meta["param_groups"] = param_groups
             (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
 
     def load(self, dir: str | os.PathLike) -> None:
         d = Path(dir)
         meta = json.loads((d / "trainer_state.json").read_text())
         tensors = load_file(str(d / "optimizer.safetensors"))
-        loaded = load_model(d / "model", "float32", self.device)
-        self.model.load_state_dict(loaded.state_dict())
-        del loaded
+        if self.lora is not None:
+            lora_io.load(self.model, d / "adapter", int(meta["step_count"]))
+        else:
+            loaded = load_model(d / "model", "float32", self.device)
+            self.model.load_state_dict(loaded.state_dict())
+            del loaded
         load_optimizer_tensors(self.opt, tensors, meta["param_groups"])
         self.step_count = int(meta["step_count"])
 

@@ -9,7 +9,9 @@ from sat_cli.trainers import settings as local
 from sat_cli.trainers.megatron import settings as megatron
 
 TRAINERS = Registry("trainer", "trainer")
-TRAINERS.add("local", Component(local.LocalTrainerSettings, local.build_local))
+TRAINERS.add(
+    "local", Component(local.LocalTrainerSettings, local.build_local, check=local.check_local)
+)
 TRAINERS.add(
     "megatron",
     Component(

@@ -7,6 +7,7 @@ is built with (:class:`TrainerRuntime`). Torch-free: the config composes without
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,6 +18,48 @@ from sat_cli.validate import ConfigError, check_choice, check_range
 # is null (a sample longer than it is a micro-batch of its own): activations of ~8k tokens of a
 # 0.6B model in bf16 are a few GB, where a 512 x 1.2k-token minibatch in one forward is not
 GPU_MICRO_BATCH_TOKENS = 8192
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the attention projections
+LORA_MAX_RANK = 4096
+
+
+@dataclass
+class LoraSettings:
+    """``trainer.lora.*``: low-rank adapters (``W + (alpha / rank) B A`` on the linear layers
+    named in ``target_modules``; ``sat_cli.models.lora``). ``rank`` null or 0: off (the whole
+    model trains). On, the trainer trains the adapters only and publishes them alone
+    (adapter-only weight sync, one adapter per weight version)."""
+
+    rank: int | None = None
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    def __post_init__(self) -> None:
+        if self.rank is not None:
+            check_range("trainer.lora.rank", self.rank, 0, LORA_MAX_RANK)
+        check_range("trainer.lora.alpha", self.alpha, 0, 1e6, lo_open=True)
+        check_range("trainer.lora.dropout", self.dropout, 0, 1, hi_open=True)
+        if not self.target_modules:
+            raise ConfigError("trainer.lora.target_modules must name at least one module")
+        for name in self.target_modules:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", str(name)):
+                raise ConfigError(
+                    f"trainer.lora.target_modules: {str(name)[:40]!r} is not a module name "
+                    "(a linear layer's attribute name, e.g. q_proj)"
+                )
+
+    @property
+    def on(self) -> bool:
+        return bool(self.rank)
+
+    def as_dict(self) -> dict:
+        """The trainer's ``lora=`` keyword (None when off)."""
+        return {
+            "rank": int(self.rank or 0),
+            "alpha": float(self.alpha),
+            "dropout": float(self.dropout),
+            "target_modules": [str(n) for n in self.target_modules],
+        }
 
 
 @dataclass
@@ -39,6 +82,8 @@ class TrainerSettings:
     # both trainers: each forward of a minibatch holds at most this many tokens (padded: rows x
     # longest; packed: the samples' tokens); the loss stays the whole minibatch's
     max_tokens_per_micro_batch: int | None = None
+    # LoRA (trainer=local only): the adapters train, the base weights stay as loaded
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     # the weight-sync sender of engine.weight_sync=distributed listens in this process (its
     # port is checked before the run starts); False: inside the trainer's own workers
@@ -127,6 +172,15 @@ class LocalTrainerSettings(TrainerSettings):
         line = (
             f"trainer   local: in the orchestrator process on the {where} ({p.device}, {p.dtype})"
         )
+        if self.lora.on:  # frozen fp32 weights; the adapters' gradients and AdamW are small
+            targets = ",".join(self.lora.target_modules)
+            if params is not None:
+                line += f"; fp32 weights (frozen) ≈ {params * 4 / 1e9:.1f} GB"
+            return [
+                line,
+                f"          LoRA rank {self.lora.rank} on {targets}: the adapters "
+                "alone train and sync, one per weight version",
+            ]
         if params is not None:  # fp32 weights + grads + AdamW m, v
             line += f"; fp32 weights, gradients, AdamW ≈ {params * 16 / 1e9:.1f} GB"
         return [line]
@@ -210,5 +264,36 @@ def build_local(s: LocalTrainerSettings, rt: TrainerRuntime):
         dtype=s.dtype,
         weight_sender=sender,
         logprob_chunk_tokens=s.logprob_chunk_tokens,
+        lora=s.lora.as_dict() if s.lora.on else None,
         **rt.keywords(s),
     )
+
+
+def check_local(run) -> None:
+    """``trainer=local``'s rules across sections (``run``: the typed config): LoRA publishes
+    adapters, which the local engine loads from disk, one per weight version."""
+    lora = run.trainer.lora
+    if not lora.on:
+        return
+    if not getattr(type(run.engine), "LORA_ADAPTERS", False):
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with engine={run.engine.name}: adapter-only weight "
+            "sync is wired into engine=local only (SGLang's /load_lora_adapter is not yet); use "
+            "engine=local, or trainer.lora.rank=0"
+        )
+    if run.engine.weight_sync != "disk":
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with engine.weight_sync={run.engine.weight_sync}: "
+            "adapters reach the engine from disk (a few MB per version); use "
+            "engine.weight_sync=disk"
+        )
+    if run.lag.inflight_updates:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with lag.inflight_updates=true: the engine switches "
+            "adapters between requests, not inside one; use lag.inflight_updates=false"
+        )
+    if run.algo.ledger:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with algo.ledger=true: the ledger's weight snapshots "
+            "are whole-model copies, not adapters; use algo.ledger=false"
+        )

@@ -91,6 +91,9 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         self.inflight_updates = bool(rt.inflight_updates)
         self.dtype, self.r3, self.seed = s.dtype, rt.r3, rt.seed
         self.weight_version = rt.weight_version
+        self.adapter: int | None = None  # the version's adapter later requests name (LoRA)
+        self.full_reloads = 0  # full weight loads after the start (LoRA: none)
+        self.adapters_held: list[int] = []  # the versions whose adapters the worker holds
         cfg = dict(
             model_path=self.model_path,
             dtype=s.dtype,
@@ -101,6 +104,7 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             log_file=str(rt.log_file) if rt.log_file else None,
             max_batch_size=self.MAX_BATCH_SIZE,
             version=rt.weight_version,
+            adapters_kept=rt.adapters_kept,
         )
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
@@ -187,12 +191,15 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         sampling: SamplingParams,
         *,
         updates: list[tuple[int, str, int]] | None = None,
+        adapters: list[int] | None = None,
     ) -> Future[list[list[Sample]]]:
         """``updates`` (in-flight mode only): ``(after_tokens, path, version)`` entries, each
         loaded at the token boundary where the running batch has sampled ``after_tokens`` tokens
         (tokens ``0..after_tokens-1`` from the old weights, the rest from the new; ``0``: before
         the prefill), counted in the first batch of ``MAX_BATCH_SIZE`` entries that reaches it;
         one the request ends before reaching is loaded after it. A failed load fails the request.
+        ``adapters`` (LoRA): the weight version of each prompt, whose adapter the engine holds
+        (``update_weights`` of each first); every sample is stamped with its prompt's.
         """
         self._check_usable()
         request = {
@@ -200,6 +207,10 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             "n": int(n),
             "sampling": asdict(sampling),
         }
+        if adapters is not None:  # LoRA: prompt i from the adapter of version adapters[i]
+            request["adapters"] = [int(v) for v in adapters]
+        elif self.adapter is not None:  # LoRA: the request names its version's adapter
+            request["adapter"] = self.adapter
         if updates:
             if not self.inflight_updates:
                 raise ValueError("updates= needs LocalEngineRuntime(inflight_updates=True)")
@@ -248,8 +259,11 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
         sampling: SamplingParams,
         *,
         updates: list[tuple[int, str, int]] | None = None,
+        adapters: list[int] | None = None,
     ) -> list[list[Sample]]:
-        return self.generate_async(prompts, n, sampling, updates=updates).result()
+        return self.generate_async(
+            prompts, n, sampling, updates=updates, adapters=adapters
+        ).result()
 
     def update_weights(self, path: str, version: int) -> None:
         """Load the HF checkpoint at ``path`` after the requests already queued; tag later samples
@@ -267,6 +281,12 @@ class LocalEngine(InflightUpdates, LocalSync, RolloutEngine):
             self._call, "update_weights", {"path": str(path), "version": int(version)}
         ).result()
         self.weight_version = int(reply["weight_version"])
+        self.full_reloads = int(reply.get("full_loads", self.full_reloads))
+        if reply.get("adapter"):  # an adapter folder: the base stays, the adapter is named
+            self.adapter = self.weight_version
+            self.adapters_held = list(reply["adapters"])
+            return
+        self.adapter = None
         self.model_path = str(path)
 
     def health(self) -> bool:

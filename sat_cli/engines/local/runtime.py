@@ -13,7 +13,8 @@ class LocalEngineRuntime:
     settings: the model folder, the run's seed and R3, the torch device the device plan gave it
     (``cuda:K``; None: ``engine.device``), its log file (None: none), the version the loaded
     weights carry, and in-flight updates (``inflight_cache``: ``recompute`` or ``keep``,
-    ``sat_cli.engines.local.inflight``)."""
+    ``sat_cli.engines.local.inflight``) and, with LoRA, how many versions' adapters it holds at
+    once (``sat_cli.engines.local.adapters``)."""
 
     model_path: str
     seed: int = 0
@@ -23,3 +24,4 @@ class LocalEngineRuntime:
     weight_version: int = 0
     inflight_updates: bool = False
     inflight_cache: str = "recompute"
+    adapters_kept: int = 0  # trainer.lora: adapters held at once (0: every version)

@@ -18,6 +18,8 @@ class LocalEngineSettings(EngineSettings):
 
     PINS_NUMERICS: ClassVar[bool] = True
     TORCH_HERE: ClassVar[bool] = True
+    # trainer.lora: it holds one adapter per weight version (engines/local/adapters.py)
+    LORA_ADAPTERS: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +46,7 @@ def build(s: LocalEngineSettings, rt: EngineRuntime):
             r3=rt.r3,
             device=rt.devices.find("local engine").device,  # cuda:K of the device plan
             log_file=str(rt.logs / "engine.log"),
+            adapters_kept=rt.adapters_kept,
             **rt.inflight(),
         ),
     )

@@ -42,6 +42,8 @@ class _Worker:
         self.tokenizer = None
         self.control = None  # in-flight updates: a ControlChannel (worker_main sets it)
         self.sync = None  # distributed weight sync: a local_sync.WorkerSync, made when asked
+        self.adapters = None  # trainer.lora: an adapters.EngineAdapters, made at the first one
+        self.full_loads = 0  # full weight loads after the start (update_weights of a model)
         self._set_special_ids(cfg["model_path"])
 
     def _set_special_ids(self, model_dir: str):
@@ -63,6 +65,51 @@ class _Worker:
         self.eos_ids = set(model_stop_ids(model_dir, self.tokenizer))
 
     def generate(self, req: dict) -> dict:
+        if req.get("adapters") is not None:
+            return self._generate_per_sample(req)
+        if self.adapters is not None or req.get("adapter") is not None:
+            return self._generate_with_adapter(req)
+        return self._generate(req)
+
+    def _generate_per_sample(self, req: dict) -> dict:
+        """One request whose prompt ``i`` names adapter ``adapters[i]`` (a mixed-version batch):
+        every row takes its version's adapter; each sample carries that version."""
+        from sat_cli.engines.local.adapters import AdapterMissing
+
+        if self.adapters is None:
+            raise AdapterMissing("the request names adapters per prompt; the engine holds none")
+        n = int(req["n"])
+        rows = [int(v) for v in req["adapters"] for _ in range(n)]
+        if len(req["adapters"]) != len(req["prompts"]):
+            raise ValueError("a request's adapters must name one version per prompt")
+        self.adapters.activate_rows(rows, self.base_version)  # refuses what is not held
+        try:
+            reply = self._generate(req, rows)
+        finally:
+            self.adapters.activate(self.adapters.active)
+        for r, v in zip(reply["samples"], rows, strict=True):
+            r["weight_version"] = v
+        reply["weight_version"] = min(rows)
+        return reply
+
+    def _generate_with_adapter(self, req: dict) -> dict:
+        """A request that names its adapter (``None``: the base): made active for this request
+        only; the samples carry the adapter's version (engines/local/adapters.py)."""
+        from sat_cli.engines.local.adapters import AdapterMissing
+
+        named = req.get("adapter")
+        if named is not None and self.adapters is None:
+            raise AdapterMissing(f"the request names adapter v{named}; the engine holds none")
+        self.adapters.activate(named)
+        reply = self._generate(req)
+        version = self.adapters.active if named is not None else self.base_version
+        reply["weight_version"] = version
+        for r in reply["samples"]:
+            r["weight_version"] = version
+        return reply
+
+    def _generate(self, req: dict, rows: list[int] | None = None) -> dict:
+        """``rows``: the adapter version of every row (prompt x n), activated per chunk."""
         from sat_cli.models.r3 import RouteCapture
 
         s = req["sampling"]
@@ -92,6 +139,8 @@ class _Worker:
         capture = RouteCapture(self.model) if self.cfg["r3"] else None
         for start in range(0, len(flat), max_batch):
             chunk = flat[start : start + max_batch]
+            if rows is not None:
+                self.adapters.activate_rows(rows[start : start + len(chunk)], self.base_version)
             kw = self._sampling_kwargs(s, stop, gen)
             if capture is not None:
                 with capture:
@@ -158,11 +207,36 @@ class _Worker:
 
     def update_weights(self, req: dict) -> dict:
         from sat_cli.models.tiny_moe import load_model
+        from sat_cli.weightsync.adapters import is_adapter
 
+        if is_adapter(req["path"]):
+            return self.load_adapter(req["path"], int(req["version"]))
         self.model = load_model(req["path"], self.dtype, self.device)
         self._set_special_ids(req["path"])
         self.version = int(req["version"])
-        return {"weight_version": self.version}
+        self.full_loads += 1
+        self.adapters = None  # a new model: the adapters of the old one are gone
+        return {"weight_version": self.version, "full_loads": self.full_loads}
+
+    def load_adapter(self, path: str, version: int) -> dict:
+        """Hold ``version``'s adapter (checked on arrival; the base is not reloaded)."""
+        from sat_cli.engines.local.adapters import EngineAdapters
+        from sat_cli.models.tiny_moe import torch_dtype
+
+        if self.adapters is None:
+            keep = int(self.cfg.get("adapters_kept") or 0)
+            self.adapters = EngineAdapters(keep, torch_dtype(self.dtype), self.device)
+            self.base_version = self.version  # what a request naming no adapter serves
+        read = self.adapters.load(self.model, path, version)
+        self.adapters.activate(version)
+        self.version = int(version)
+        return {
+            "weight_version": self.version,
+            "adapter": True,
+            "adapter_read": read,
+            "adapters": self.adapters.versions(),
+            "full_loads": self.full_loads,
+        }
 
 
 def _exit_now() -> None:
@@ -228,10 +302,16 @@ def worker_main(conn, cfg: dict, ctrl=None) -> None:
                 reply = worker.generate(payload)
             elif cmd == "update_weights":
                 reply = worker.update_weights(payload)
+            elif cmd == "weight_checksums" and worker.adapters is not None:
+                reply = worker.adapters.checksums()  # the active adapter's tensors
             elif cmd in SYNC_COMMANDS:
                 reply = worker.sync_command(cmd, payload)
             elif cmd == "ping":
-                reply = {"weight_version": worker.version}
+                reply = {
+                    "weight_version": worker.version,
+                    "full_loads": worker.full_loads,
+                    "requests": worker.requests,
+                }
             else:
                 raise ValueError(f"unknown engine command {cmd!r}")
             conn.send(("ok", reply))

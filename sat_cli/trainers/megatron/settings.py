@@ -65,6 +65,11 @@ class MegatronTrainerSettings(TrainerSettings):
             raise ConfigError(f"trainer.max_shard_size: {exc}") from None
         if self.max_tokens_per_row is not None:
             raise ConfigError(MEGATRON_PACKING)
+        if self.lora.on:
+            raise ConfigError(
+                f"trainer.lora.rank={self.lora.rank}: trainer=megatron has no LoRA yet (its "
+                "ranks train the full weights); use trainer=local for LoRA, or trainer.lora.rank=0"
+            )
         check_range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
         if self.optimizer_offload and self.dtype != "bfloat16":
             raise ConfigError(

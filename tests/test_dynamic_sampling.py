@@ -159,6 +159,7 @@ def _loop(
     recorder=None,
     replay=None,
     dynamic=DynamicSampling(0.0, 3),
+    env=None,
     **kw,
 ):
     """``steps`` steps of P prompts x G samples on the tiny model with the real local engine
@@ -188,6 +189,7 @@ def _loop(
         checkpoints=Every(2),
         checkpoint_keep=5,
         dynamic=dynamic,
+        env=env,
     )
     engine = None
     if replay is None:
@@ -296,3 +298,56 @@ def test_the_refill_comes_from_the_batchs_version_and_reserved_prompts(tiny_dir,
         for j in range(1, int(m[M.DYN_GEN_BATCHES])):
             rows += task.sample_prompts(P, refill_cursor(t, j, P))
         assert m[M.PROMPT_DIGEST] == digest([r["prompt"] for r in rows])
+
+
+class ParityEnv:
+    """Trajectories of up to 2 turns: an even id's get 0.5 at their first turn and nothing
+    after (every trajectory the same: zero variance), an odd id's turns a number from the
+    text (they vary)."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    def reset(self, row):
+        from sat_cli.envs.base import TurnCounter
+
+        self.turn, self.even, self.n = TurnCounter(self.max_turns), int(row["id"]) % 2 == 0, 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        from sat_cli.envs.base import Step
+
+        self.turn.begin(text)
+        self.n += 1
+        reward = (0.5 if self.n == 1 else 0.0) if self.even else (sum(map(ord, text)) % 7) / 6
+        self.turn.done = self.turn.last
+        obs = [] if self.turn.done else [{"role": "tool", "content": "ok"}]
+        return Step(obs, reward, self.turn.done, {})
+
+
+@pytest.mark.slow  # ~15 s: trajectories with the real engine
+def test_environment_rewards_are_filtered_and_refills_are_trajectories(tiny_dir, tmp_path):
+    """env=<name> at fixed lag 1: the environment's zero-variance groups are dropped, refills
+    are trajectories of the same environment (turns, environment tokens) and every trained
+    group has non-zero advantages."""
+    from sat_cli.envs import trajectory
+    from sat_cli.envs.base import EnvSettings
+    from sat_cli.envs.registry import ENVIRONMENTS, register_env
+    from sat_cli.loop.multiturn import EnvRun
+
+    register_env("parity_test")(ParityEnv)
+    try:
+        env = EnvRun(
+            "parity_test", EnvSettings(max_turns=2), trajectory.TrajectorySettings(max_turns=2)
+        )  # noqa
+        rec, trainer = _loop(tiny_dir, tmp_path / "env", 2, LagPolicy(1, "fixed"), env=env)
+    finally:
+        ENVIRONMENTS.remove("parity_test")
+    _check_steps(rec, trainer, range(1, 3))
+    for batch in trainer.batches:
+        assert batch["turn_ids"] is not None
+        assert (batch["loss_mask"] == 0).logical_and(batch["attention_mask"] == 1).any()

@@ -1,4 +1,4 @@
-"""``algo.dynamic_sampling``: DAPO's dynamic sampling (docs/algorithms.md §6), torch-free.
+"""``algo.dynamic_sampling``: DAPO's dynamic sampling (docs/algorithms.md §2, "Dynamic sampling"), torch-free.
 
 Off by default (``enabled: false``: the run is the one without it, bit for bit). On, a group
 whose rewards have a population standard deviation ``<= std_tol`` is never trained on, and a
@@ -32,3 +32,15 @@ class DynamicSamplingConfig:
         check_range(
             "algo.dynamic_sampling.max_gen_batches", self.max_gen_batches, 1, MAX_GEN_BATCHES
         )
+
+
+def plan_line(task, d: DynamicSamplingConfig) -> str | None:
+    """`sat plan`'s line of dynamic sampling (None: off): the batch it refills and its bound."""
+    if not d.enabled:
+        return None
+    p, n = task.prompts_per_step, task.samples_per_prompt
+    return (
+        f"batch     {p} groups of {n} per step, dynamic sampling: groups with reward std <= "
+        f"{d.std_tol:g} dropped, refilled with up to {d.max_gen_batches - 1} more generation "
+        f"batches of {p} prompts ({d.max_gen_batches * p * n} samples at most per step)"
+    )

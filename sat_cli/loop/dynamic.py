@@ -1,4 +1,4 @@
-"""Dynamic sampling (DAPO; ``algo.dynamic_sampling``, docs/algorithms.md §6): groups whose
+"""Dynamic sampling (DAPO; ``algo.dynamic_sampling``, docs/algorithms.md §2, "Dynamic sampling"): groups whose
 rewards do not vary are never trained on, and a step refills its batch with more generation
 batches, up to a bound, with the staleness of what is kept and what is dropped accounted apart.
 

@@ -133,6 +133,27 @@ def test_the_kept_and_dropped_split_adds_up_to_the_totals():
     assert len(hist[M.HIST_TOKEN_VERSION_LAG_SPLIT.format("dropped")]) == 8
 
 
+def test_the_dapo_preset_and_its_plan_line():
+    """algo=dapo composes DAPO's settings; `sat plan` says how many samples a step may draw."""
+    from sat_cli.config import load
+    from sat_cli.config.dynamic import plan_line
+
+    _, obj = load(["algo=dapo", "task.prompts_per_step=8", "task.samples_per_prompt=4"])
+    a = obj.algo
+    assert (a.name, a.eps_low, a.eps_high, a.loss_agg, a.kl_coef) == (
+        "grpo",
+        0.2,
+        0.28,
+        "token-mean",
+        0.0,
+    )
+    d = a.dynamic_sampling
+    assert (d.enabled, d.std_tol, d.max_gen_batches) == (True, 0.0, 10)
+    line = plan_line(obj.task, d)
+    assert "up to 9 more generation batches of 8 prompts (320 samples at most per step)" in line
+    assert plan_line(obj.task, load([])[1].algo.dynamic_sampling) is None  # off: no line
+
+
 def test_bad_settings_are_refused_with_one_line():
     from sat_cli.config.dynamic import DynamicSamplingConfig
     from sat_cli.validate import ConfigError

@@ -202,6 +202,10 @@ DYN_SPLIT = "dynamic/{}_{}"  # DYN_SPLIT.format(<quantity>, kept|dropped|total)
 DYN_SPLIT_QUANTITIES = ("n_groups", "n_samples", "n_tokens", "version_lag_sum", "token_lag_sum")
 DYN_SPLIT_MEANS = "dynamic/version_lag_mean_{}"  # kept | dropped
 DYN_SPLIT_PARTS = ("kept", "dropped", "total")
+# algo.ledger with dynamic sampling: the ledger's sums over the kept / dropped / all tokens
+# (before the step's update; rl/ledger.py: |delta| = sign(delta) m + sign(delta) s per token)
+DYN_LEDGER = "dynamic/ledger_{}_{}"  # DYN_LEDGER.format(<quantity>, kept|dropped|total)
+DYN_LEDGER_QUANTITIES = ("n_tokens", "abs_logratio_sum", "mismatch_part_sum", "staleness_part_sum")
 HIST_VERSION_LAG_SPLIT = "staleness/version_lag_{}"  # per sample: kept | dropped
 HIST_TOKEN_VERSION_LAG_SPLIT = "staleness/token_version_lag_{}"  # per token: kept | dropped
 

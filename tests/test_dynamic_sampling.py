@@ -372,3 +372,29 @@ def test_environment_rewards_are_filtered_and_refills_are_trajectories(tiny_dir,
     for batch in trainer.batches:
         assert batch["turn_ids"] is not None
         assert (batch["loss_mask"] == 0).logical_and(batch["attention_mask"] == 1).any()
+
+
+@pytest.mark.slow  # ~19 s: a real run with the ledger's extra forwards
+def test_the_ledger_splits_into_kept_and_dropped_tokens(tiny_dir, tmp_path):
+    """algo.ledger (the trainer holds 3 versions) at fixed lag 1: the ledger's sums split into
+    kept + dropped = total (token counts exactly), and the kept side's mean |delta| is the
+    trainer's own ledger over the tokens it trained on (the same weights, before the update)."""
+    rec, trainer = _loop(tiny_dir, tmp_path / "l", 2, LagPolicy(1, "fixed"), ledger_keep=3)
+    for t in (1, 2):
+        m = rec.metrics[t]
+
+        def part(q, side, m=m):
+            return m[M.DYN_LEDGER.format(q, side)]
+
+        assert part("n_tokens", "kept") + part("n_tokens", "dropped") == part("n_tokens", "total")
+        assert part("n_tokens", "kept") == m[M.DYN_SPLIT.format("n_tokens", "kept")]  # all held
+        for q in M.DYN_LEDGER_QUANTITIES[1:]:
+            total = part(q, "kept") + part(q, "dropped")
+            assert total == pytest.approx(part(q, "total"), rel=1e-12, abs=1e-12), (t, q)
+        # |delta| = mismatch part + staleness part, per side
+        for side in M.DYN_SPLIT_PARTS:
+            parts = part("mismatch_part_sum", side) + part("staleness_part_sum", side)
+            assert parts == pytest.approx(part("abs_logratio_sum", side), rel=1e-9)
+        kept_mean = part("abs_logratio_sum", "kept") / part("n_tokens", "kept")
+        assert kept_mean == pytest.approx(m[M.LEDGER_DPI], rel=1e-5)
+    assert rec.metrics[2][M.DYN_LEDGER.format("staleness_part_sum", "dropped")] != 0  # lag 1

@@ -38,6 +38,7 @@ total`` exactly) and the mean sample lag of each part; ``dynamic/extra_lag`` is 
 the trained samples minus that of the first generation batch's samples (what the step would
 have trained on without refills and filter: the lag dynamic sampling adds). On histogram steps
 ``staleness/version_lag_{kept,dropped}`` and ``staleness/token_version_lag_{kept,dropped}``.
+With ``algo.ledger`` the three-log-prob ledger is split too (:func:`ledger_split`).
 """
 
 from __future__ import annotations
@@ -197,6 +198,41 @@ def metrics(t: int, f: Filled, trained: list[Sample]) -> tuple[dict[str, float],
         }
     )
     return out, hist
+
+
+def ledger_split(trainer, f: Filled, trained: list[Sample], pad_id: int, r3: bool) -> dict:
+    """``algo.ledger`` with dynamic sampling: the three-log-prob ledger (``rl/ledger.py``) over
+    the kept, the dropped and all generated samples' tokens, as sums with their token counts
+    (kept + dropped = total), under the weights before the step's update: ``log pi`` the
+    trainer's current weights, ``log pi_old`` each token's generating version as the trainer's
+    ledger holds it (tokens of a version it no longer holds are left out, as in the loss's)."""
+    import torch
+
+    from sat_cli.trainers.batch import collate
+
+    ids = {id(s) for s in trained}
+    samples = [s for g in f.batch.groups for s in g]
+    batch = collate(samples, torch.zeros(len(samples)), pad_id, need_routes=r3)
+    gen, held = trainer.ledger.logprobs(trainer, batch)  # [B, S] log pi_old, held versions
+    logp = trainer.logprobs(batch)  # [B, S] log pi
+    f64 = torch.float64
+    lp, g, mu = logp.to(f64), gen.to(f64), batch.rollout_logp.to(f64)
+    delta = lp - mu  # [B, S]
+    sign = torch.sign(delta)
+    values = (
+        None,
+        delta.abs(),
+        sign * (g - mu),  # the mismatch part of |delta|
+        sign * (lp - g),  # the staleness part
+    )
+    mask = batch.loss_mask.bool() & held.bool()  # [B, S]
+    kept = torch.tensor([id(s) in ids for s in samples], dtype=torch.bool)[:, None]  # [B, 1]
+    out = {}
+    for side, rows in (("kept", kept), ("dropped", ~kept), ("total", torch.ones_like(kept))):
+        m = mask & rows
+        for q, v in zip(M.DYN_LEDGER_QUANTITIES, values, strict=True):
+            out[M.DYN_LEDGER.format(q, side)] = float(m.sum() if v is None else v[m].sum())
+    return out
 
 
 def join_scores(scores: list):

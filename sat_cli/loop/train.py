@@ -225,6 +225,10 @@ class TrainLoop:
         metrics.update(dm)
         if filled.scores:
             reward_metrics(dynamic.join_scores(filled.scores), metrics)
+        p = self.parts
+        if getattr(p.trainer, "ledger", None) is not None:  # algo.ledger: split it too
+            pad = p.tokenizer.pad_token_id
+            metrics.update(dynamic.ledger_split(p.trainer, filled, scored.samples, pad, self.s.r3))
         if filled.short and self.parts.progress:
             self.parts.progress.log(
                 f"step {t + 1}: dynamic sampling kept {self.s.prompts_per_step - filled.short} "

@@ -8,7 +8,9 @@ One step ``t`` (the trainer holds weight version ``t``):
    generation requests in order, so generation of batch ``t+1`` overlaps training on batch ``t``
    and the sequence of engine commands (hence every sample, for a seed) is deterministic
    (``sat_cli/loop/rollouts.py``: the rollout thread and the buffer of requested batches);
-   wait for batch ``t`` (``sat replay``: the recorded batch and its rewards instead);
+   wait for batch ``t`` (``sat replay``: the recorded batch and its rewards instead); with
+   ``algo.dynamic_sampling`` its zero-variance groups are dropped and the batch is refilled
+   with more generation batches, up to a bound (``sat_cli/loop/dynamic.py``);
 2. score each response (task reward) → group advantages (``sat_cli/loop/steps.py``);
 3. collate → ``trainer.step`` (the policy loss with SAT and R3 replay lives in the trainer);
 4. publish weights ``t+1`` when a later batch needs them (atomic HF checkpoint;

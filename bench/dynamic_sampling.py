@@ -16,6 +16,7 @@ the first generation batch's) and the mean lag of the dropped samples; the mean 
 (steps 2..N) of both, as a ratio.
 
 Run: .venv/bin/python bench/dynamic_sampling.py [--steps 30] [--max-gen-batches 3] [--keep DIR]
+     [--override KEY=VALUE ...] (e.g. ``--override lag.profile=uniform:0-8``)
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--max-gen-batches", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None)
+    ap.add_argument("--override", action="append", default=[], help="more sat overrides")
     a = ap.parse_args()
     cwd = a.keep or Path(tempfile.mkdtemp(prefix="sat-bench-dynamic-"))
     cwd.mkdir(parents=True, exist_ok=True)
-    common = [*BASE, f"max_steps={a.steps}"]
+    common = [*BASE, f"max_steps={a.steps}", *a.override]
     dyn = [
         "algo.dynamic_sampling.enabled=true",
         f"algo.dynamic_sampling.max_gen_batches={a.max_gen_batches}",
@@ -57,7 +59,7 @@ def main() -> None:
     step = {n: mean(n, M.PERF_STEP_S, skip=1) for n in walls}
     gen = _history(cwd, "dynamic", M.DYN_GEN_BATCHES)
     short = _history(cwd, "dynamic", M.DYN_GROUPS_SHORT)
-    print(f"folder {cwd}; {a.steps} steps each, lag 8 (interval)")
+    print(f"folder {cwd}; {a.steps} steps each, lag 8 (interval) {' '.join(a.override)}")
     print("| run | mean lag of trained samples | gen batches / step | mean step (s) | wall (s) |")
     print("|---|---|---|---|---|")
     for n in walls:

@@ -188,6 +188,27 @@ ENV_TOOL_ERROR_FRAC = "env/tool_error_frac"  # of those, the ones that failed (c
 LAG_PROFILE_TV = "staleness/lag_profile_tv"  # TV(realised lags so far, the profile's target)
 HIST_LAG_PROFILE = "staleness/lag_profile"  # the realised lags so far, one bin per lag
 
+# --- dynamic/ (loop/dynamic.py, algo.dynamic_sampling: DAPO's zero-variance filter and refill) ---
+DYN_GEN_BATCHES = "dynamic/gen_batches"  # generation batches the step drew (1 = no refill)
+DYN_GROUPS_DROPPED = "dynamic/groups_dropped"  # groups the zero-variance filter dropped
+DYN_GROUPS_SURPLUS = "dynamic/groups_surplus"  # kept groups past prompts_per_step: not trained
+DYN_GROUPS_SHORT = "dynamic/groups_short"  # prompts_per_step - trained groups (> 0: bound hit)
+DYN_KEPT_FRAC = "dynamic/kept_frac"  # trained groups / generated groups
+DYN_EXTRA_LAG = "dynamic/extra_lag"  # mean sample lag: trained - the first generation batch's
+DYN_REFILL_S = "dynamic/refill_s"  # seconds the step waited for its refill batches
+# the split of the step's generated samples: kept (trained) + dropped (not trained) = total;
+# sums and counts, so that the parts add up exactly (the means beside them)
+DYN_SPLIT = "dynamic/{}_{}"  # DYN_SPLIT.format(<quantity>, kept|dropped|total)
+DYN_SPLIT_QUANTITIES = ("n_groups", "n_samples", "n_tokens", "version_lag_sum", "token_lag_sum")
+DYN_SPLIT_MEANS = "dynamic/version_lag_mean_{}"  # kept | dropped
+DYN_SPLIT_PARTS = ("kept", "dropped", "total")
+# algo.ledger with dynamic sampling: the ledger's sums over the kept / dropped / all tokens
+# (before the step's update; rl/ledger.py: |delta| = sign(delta) m + sign(delta) s per token)
+DYN_LEDGER = "dynamic/ledger_{}_{}"  # DYN_LEDGER.format(<quantity>, kept|dropped|total)
+DYN_LEDGER_QUANTITIES = ("n_tokens", "abs_logratio_sum", "mismatch_part_sum", "staleness_part_sum")
+HIST_VERSION_LAG_SPLIT = "staleness/version_lag_{}"  # per sample: kept | dropped
+HIST_TOKEN_VERSION_LAG_SPLIT = "staleness/token_version_lag_{}"  # per token: kept | dropped
+
 # --- a3po/ and vcpo/ (rl/offpolicy.py: the custom algorithms' own metrics) ----------------------
 A3PO_ALPHA_MEAN = "a3po/alpha_mean"
 VCPO_ESS = "vcpo/ess"

@@ -114,7 +114,7 @@ def test_experiment_overlay_changes_only_its_values():
 @pytest.mark.parametrize(
     "override,needle",
     [
-        ("algo=nope", "Valid options for 'algo': a3po, decoupled_ppo, dppo_tv, grpo, gspo"),
+        ("algo=nope", "Valid options for 'algo': a3po, dapo, decoupled_ppo, dppo_tv, grpo, gspo"),
         ("lag=-1", "lag.n=-1 is out of range"),
         ("lag=abc", "Valid options for 'lag': 0, 1, 2, 4, 8"),
         ("algo.eps_high=2", "algo.eps_high=2.0 is out of range: need 0 < algo.eps_high < 1"),

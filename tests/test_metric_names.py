@@ -26,6 +26,7 @@ PKG = Path(sat_cli.__file__).parent
 GROUPS = (
     *("loss", "staleness", "rollout", "sat", "perf", "eval", "final", "vcpo", "a3po", "r3"),
     *("sweep", "tracking", "weights", "clip", "opt", "reward"),
+    "dynamic",
 )
 GROUP_PREFIX = re.compile(rf"({'|'.join(GROUPS)})/")
 

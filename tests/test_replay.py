@@ -115,6 +115,13 @@ class SpyTrainer:
         return getattr(self.inner, name)
 
 
+def stream_of(recorder=None, replay=None):
+    """The loop's stream: a replay of ``replay``, a recording into ``recorder``, else live."""
+    if replay is not None:
+        return ReplayStream(replay)
+    return RecordingStream(recorder) if recorder is not None else LiveStream()
+
+
 def _loop(
     tiny_dir, run_dir, algo: str, recorder=None, replay=None, lag=LagPolicy(2, "fixed"), **kw
 ):
@@ -144,13 +151,7 @@ def _loop(
     if replay is None:
         engine = LocalEngine(LocalEngineSettings(), LocalEngineRuntime(str(tiny_dir), seed=0))
     try:
-        stream = (
-            ReplayStream(replay)
-            if replay is not None
-            else RecordingStream(recorder)
-            if recorder is not None
-            else LiveStream()
-        )
+        stream = stream_of(recorder, replay)
         parts = RunParts(engine, trainer, rec, SevensTask(), trainer.tokenizer, stream=stream)
         TrainLoop(s, parts).run()
     finally:

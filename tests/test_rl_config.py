@@ -52,7 +52,8 @@ CLIP_FIELDS = {
 # read by the loop or the trainer's step, not by the loss
 LOOP_OWNED = {
     "algo": {"adv_std_norm", "drop_zero_adv_groups", "num_minibatches", "ledger"}
-    | {"replay_sampling_mask", "score_centering_topk"},  # the trainer's: kept sets, top-k
+    | {"replay_sampling_mask", "score_centering_topk"}  # the trainer's: kept sets, top-k
+    | {"dynamic_sampling"},  # the loop's: loop/dynamic.py
     "clip": {"name", "schedule", "final_scale"}
     | {"radius_scale"},  # applied to algo.eps_low/eps_high when the config is composed
 }

@@ -52,7 +52,17 @@ def loop_settings(obj, run_dir: Path, tokenizer):
         weight_sync=sync_settings(obj.engine),
         max_reward_error_frac=obj.reward.max_error_frac,
         env=env_run(obj),
+        dynamic=dynamic_sampling(a.dynamic_sampling),
     )
+
+
+def dynamic_sampling(d):
+    """The loop's ``dynamic.DynamicSampling`` of ``algo.dynamic_sampling`` (None: off)."""
+    if not d.enabled:
+        return None
+    from sat_cli.loop.dynamic import DynamicSampling
+
+    return DynamicSampling(d.std_tol, d.max_gen_batches)
 
 
 def env_run(obj):

@@ -13,6 +13,7 @@ imports neither torch nor MLflow).
 
 from __future__ import annotations
 
+from sat_cli.config.dynamic import plan_line
 from sat_cli.config.layout import architecture, sequence_tokens
 from sat_cli.models.arch import params_text
 
@@ -73,6 +74,8 @@ def plan_text(obj, gpus_per_node: int | None = None) -> str:
         )
     else:
         lines.append(f"model     {obj.model.path}: architecture unknown ({source})")
+    dynamic = plan_line(obj.task, obj.algo.dynamic_sampling)  # algo.dynamic_sampling
+    lines += [dynamic] if dynamic else []
     e, t = obj.engine, obj.trainer
     lines += e.plan_lines(plan.of("engine"), params)
     lines += [*t.plan_lines(plan.of("trainer"), params), _throughput_line(t)]

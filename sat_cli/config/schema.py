@@ -17,6 +17,7 @@ from sat_cli.cluster.settings import LauncherSettings  # where processes go
 from sat_cli.config.additions import check_loss_additions  # STR, score centering
 from sat_cli.config.compat import check_compat, check_layout  # rules across sections
 from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray's requests
+from sat_cli.config.dynamic import DynamicSamplingConfig  # DAPO's dynamic sampling
 from sat_cli.config.env import EnvConfig, check_env  # multi-turn rollouts (env=none: off)
 from sat_cli.config.options import components  # the registered options
 from sat_cli.config.reward import RewardConfig  # which reward scores a response
@@ -124,6 +125,8 @@ class AlgoConfig:
     str_delta: float | None = None  # STR: drop responses with mean Bernoulli KL(mu||pi) > this
     score_centering: bool = False  # + A * sum_H sg(c_v) log p_v (needs score_centering_topk)
     ledger: bool = False  # log d̄pi split into engine mismatch and staleness (trainer=local)
+    # DAPO's dynamic sampling: zero-variance groups dropped, the batch refilled (config/dynamic.py)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self) -> None:
         check_choice("algo.name", self.name, ALGOS)

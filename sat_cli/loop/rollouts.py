@@ -221,22 +221,34 @@ class RolloutBuffer:
         return self.task.sample_prompts(self.per_step, cursor=k * self.per_step)
 
     def submit(self, k: int, version: int) -> None:
-        rows = self.prompts_for(k)
-        sampling = replace(self.sampling, seed=request_seed(self.seed, "rollout", k))
+        self.pending[k] = (version, self._request(self.prompts_for(k), ("rollout", k), version, k))
+
+    def refill(self, t: int, j: int, version: int) -> tuple[list[dict], Future]:
+        """Generation batch ``j >= 1`` of step ``t`` (``algo.dynamic_sampling``): its prompt
+        rows and the future of its groups, generated now from ``version`` (batch ``t``'s, with a
+        profile batch ``t``'s versions per sample), seeded by ``("refill", t, j)``; never
+        pending, so a checkpoint does not record it (``loop.dynamic``)."""
+        from sat_cli.loop.dynamic import refill_cursor
+
+        rows = self.task.sample_prompts(self.per_step, cursor=refill_cursor(t, j, self.per_step))
+        return rows, self._request(rows, ("refill", t, j), version, t)
+
+    def _request(self, rows: list[dict], key: tuple, version: int, k: int) -> Future:
+        """Generate ``rows`` from ``version`` (bounded mode: late-bound), seeded by ``key``; with
+        a lag profile each sample from batch ``k``'s draw."""
+        sampling = replace(self.sampling, seed=request_seed(self.seed, *key))
         late = self.lag.mode == "bounded" and self.lag.n > 0
         if self.env is not None:  # multi-turn: trajectories of the environment (no profile)
             env, engine, tok, n = self.env, self.thread.engine, self.tokenizer, self.group_size
             job = lambda: env.generate(engine, tok, rows, n, sampling)  # noqa: E731
-            self.pending[k] = (version, self.thread.submit_job(None if late else version, job))
-            return
+            return self.thread.submit_job(None if late else version, job)
         ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         mixed = self.lag.sample_versions(k) if self.lag.profile is not None else []
         if len(set(mixed)) > 1:  # a profile: the samples of batch k come from several versions
-            seed_of = lambda v: request_seed(self.seed, "rollout", k, "v", v)  # noqa: E731
-            fut = self.thread.submit_mixed(mixed, ids, self.group_size, sampling, seed_of)
-        else:  # one version for the whole batch (a profile's single version: min = all)
-            fut = self.thread.submit(None if late else version, ids, self.group_size, sampling)
-        self.pending[k] = (version, fut)
+            seed_of = lambda v: request_seed(self.seed, *key, "v", v)  # noqa: E731
+            return self.thread.submit_mixed(mixed, ids, self.group_size, sampling, seed_of)
+        # one version for the whole batch (a profile's single version: min = all)
+        return self.thread.submit(None if late else version, ids, self.group_size, sampling)
 
     def restore(self, snapshot: list) -> None:
         """Request again the batches a checkpoint recorded, with their versions."""

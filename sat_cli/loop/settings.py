@@ -65,3 +65,4 @@ class LoopSettings:
     samples: Every = Every(0)  # the samples table of a step
     max_reward_error_frac: float = 1.0  # a step with more failed rewards ends the run FAILED
     env: Any = None  # a loop.multiturn.EnvRun: multi-turn rollouts (None: single-turn)
+    dynamic: Any = None  # a loop.dynamic.DynamicSampling (None: algo.dynamic_sampling off)

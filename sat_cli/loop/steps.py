@@ -51,6 +51,13 @@ def _score(groups: list[list[Sample]], rows: list[dict], tokenizer, scorer):
     return kept, [[float(next(it)) for _ in g] for g in kept], scores
 
 
+def group_rewards(groups: list[list[Sample]], rows: list[dict], tokenizer, scorer):
+    """``(rewards per group, Scores)``: None for a group dropped for an aborted sample."""
+    kept, rewards, scores = _score(groups, rows, tokenizer, scorer)
+    it = iter(rewards)
+    return [next(it) if any(g is k for k in kept) else None for g in groups], scores
+
+
 def task_scorer(task):
     """The task's own grader as a scorer (a run without a reward plugin: tests, benchmarks)."""
     from sat_cli.rewards import Scorer
@@ -115,6 +122,8 @@ class Lags:
     sample: list[int]
     token: list[int]
     turns: dict[int, list[int]] | None = None
+    # algo.dynamic_sampling: the lags of the kept and the dropped samples, by histogram name
+    split: dict[str, list[int]] | None = None
 
 
 @dataclass
@@ -147,14 +156,19 @@ def score_batch(s, t: int, batch, tokenizer, scorer) -> Scored:
         kept = [g for g, r in zip(groups, per_group, strict=True) if r is not None]
         rewards = [r for r in per_group if r is not None]
     else:
-        kept, rewards, scores = _score(groups, rows, tokenizer, scorer)
-        it = iter(rewards)
-        per_group = [next(it) if any(g is k for k in kept) else None for g in groups]
+        per_group, scores = group_rewards(groups, rows, tokenizer, scorer)
+        kept = [g for g, r in zip(groups, per_group, strict=True) if r is not None]
+        rewards = [r for r in per_group if r is not None]
     stale = dropped = 0
     if s.lag.mode == "bounded":  # admission control on each group's oldest token
-        fresh = [i for i, g in enumerate(kept) if t - min(map(_oldest, g)) <= s.lag.n]
+        fresh = [i for i, g in enumerate(kept) if admitted(s, t, g)]
         stale = len(kept) - len(fresh)
         kept, rewards = [kept[i] for i in fresh], [rewards[i] for i in fresh]
+    admitted_groups = len(kept)  # the dropped count: aborted and stale, not dynamic sampling's
+    if batch.keep is not None:  # algo.dynamic_sampling: the groups its filter left out
+        selected = {id(g) for g, k in zip(groups, batch.keep, strict=True) if k}
+        chosen = [i for i, g in enumerate(kept) if id(g) in selected]
+        kept, rewards = [kept[i] for i in chosen], [rewards[i] for i in chosen]
     flat_rewards = torch.tensor([r for rs in rewards for r in rs], dtype=torch.float32)
     samples = [smp for g in kept for smp in g]
     adv = (
@@ -167,7 +181,7 @@ def score_batch(s, t: int, batch, tokenizer, scorer) -> Scored:
         dropped += int((~keep).sum()) // s.group_size
         samples = [smp for smp, k in zip(samples, keep.tolist(), strict=True) if k]
         adv = adv[keep]
-    dropped += len(groups) - len(kept)
+    dropped += len(groups) - admitted_groups
 
     lags = [t - _oldest(smp) for smp in samples] or [0]
     tok_lags = [t - v for smp in samples for v in _token_versions(smp)] or [0]
@@ -193,6 +207,12 @@ def score_batch(s, t: int, batch, tokenizer, scorer) -> Scored:
     if scores is not None:
         reward_metrics(scores, metrics)
     return Scored(samples, adv, Lags(lags, tok_lags), metrics, per_group, stale, dropped)
+
+
+def admitted(s, t: int, group: list[Sample]) -> bool:
+    """Bounded mode's admission control: the group's oldest token is at most ``lag.n`` versions
+    behind step ``t`` (every group in the other modes)."""
+    return s.lag.mode != "bounded" or t - min(map(_oldest, group)) <= s.lag.n
 
 
 def _token_versions(smp: Sample) -> list[int]:
@@ -242,7 +262,8 @@ def log_histograms(tracker: MetricSink, diag: dict, lags: Lags, step: int) -> No
     forward):
 
     * ``staleness/version_lag``: per sample (its oldest token); ``staleness/token_version_lag``:
-      per token (``lags``: ``score_batch``'s :class:`Lags`);
+      per token (``lags``: ``score_batch``'s :class:`Lags`); with ``algo.dynamic_sampling``
+      both also for the kept and the dropped samples (``…_kept``, ``…_dropped``);
     * ``staleness/abs_logratio``: ``|log pi_theta - log mu|`` of every trained token (the
       behaviour-policy mismatch, comparable across algorithms), marked with the batch reference
       ``q`` when the loss's ratio is against ``mu`` (with a recomputed ``pi_old`` denominator
@@ -276,6 +297,9 @@ def log_histograms(tracker: MetricSink, diag: dict, lags: Lags, step: int) -> No
         q = float(abs_d.kthvalue(order_statistic_k(0.9, abs_d.numel())).values) if n else 0.0
     for key, values in ((M.HIST_VERSION_LAG, lags.sample), (M.HIST_TOKEN_VERSION_LAG, lags.token)):
         tracker.log_histogram(key, values, step=step, bins=max(values) + 1 or 1)
+    for key, values in (lags.split or {}).items():  # dynamic sampling: kept | dropped
+        if values:
+            tracker.log_histogram(key, values, step=step, bins=max(values) + 1)
     tracker.log_histogram(
         M.HIST_ABS_LOGRATIO,
         abs_mu.numpy(),

@@ -8,7 +8,9 @@ One step ``t`` (the trainer holds weight version ``t``):
    generation requests in order, so generation of batch ``t+1`` overlaps training on batch ``t``
    and the sequence of engine commands (hence every sample, for a seed) is deterministic
    (``sat_cli/loop/rollouts.py``: the rollout thread and the buffer of requested batches);
-   wait for batch ``t`` (``sat replay``: the recorded batch and its rewards instead);
+   wait for batch ``t`` (``sat replay``: the recorded batch and its rewards instead); with
+   ``algo.dynamic_sampling`` its zero-variance groups are dropped and the batch is refilled
+   with more generation batches, up to a bound (``sat_cli/loop/dynamic.py``);
 2. score each response (task reward) → group advantages (``sat_cli/loop/steps.py``);
 3. collate → ``trainer.step`` (the policy loss with SAT and R3 replay lives in the trainer);
 4. publish weights ``t+1`` when a later batch needs them (atomic HF checkpoint;
@@ -51,7 +53,7 @@ from pathlib import Path
 from sat_cli import metric_names as M
 from sat_cli.checkpoints.loop_state import LoopState
 from sat_cli.checkpoints.state import latest_checkpoint, read_loop_state
-from sat_cli.loop import multiturn
+from sat_cli.loop import dynamic, multiturn
 from sat_cli.loop.lag_profile import PROFILE_TARGET_FILE, log_profile_histogram, tv_distance
 from sat_cli.loop.parts import EvalScores, Evaluators, RunParts
 from sat_cli.loop.publisher import WeightsWriteError
@@ -63,11 +65,14 @@ from sat_cli.loop.steps import (
     Lags,
     NonFiniteLoss,
     Scored,
+    admitted,
+    group_rewards,
     log_histograms,
     log_samples,
     nonfinite_error,
     nonfinite_losses,
     reward_failure,
+    reward_metrics,
     score_batch,
     task_scorer,
 )
@@ -136,9 +141,15 @@ class TrainLoop:
         t_step = time.perf_counter()
         # 1. keep the engine busy as far as the lag policy allows; wait for batch t
         batch = p.stream.take(t, r.buf)
+        filled = None
+        if s.dynamic is not None:  # dynamic sampling: filter, refill (loop/dynamic.py)
+            filled = self._fill(t, batch)
+            batch = filled.batch
         # 2. score → advantages
         scored = self._score(t, batch)
         metrics = scored.metrics
+        if filled is not None:
+            self._dynamic_metrics(t, filled, scored)
         metrics[M.PERF_WAIT_S] = batch.wait_s
         # 3. trainer step (SAT interval and R3 replay live in the loss/trainer)
         diag = self._train(t, scored)
@@ -183,6 +194,50 @@ class TrainLoop:
             counts = st.count_lags(scored.lags.sample if samples else [])
             metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
         return scored
+
+    def _fill(self, t: int, first) -> dynamic.Filled:
+        """Step ``t``'s generation batches (``first``, then refills) under dynamic sampling,
+        each scored once; the scorer is left holding all of them (the samples table)."""
+        s, p = self.s, self.parts
+        tables: list = []
+
+        def rewards_of(b):
+            if b.rewards is not None:  # a replay, an environment: they came with it
+                return b.rewards, None
+            per_group, scores = group_rewards(b.groups, b.rows, p.tokenizer, self.scorer)
+            tables.append(self.scorer.last_batch)
+            return per_group, scores
+
+        def refill(j: int):
+            return p.stream.refill(t, j, self.r.buf, first.version)
+
+        filled = dynamic.fill(
+            s.dynamic, s.prompts_per_step, first, refill, rewards_of, lambda g: admitted(s, t, g)
+        )
+        if tables:
+            self.scorer.last_batch = joined = dynamic.join_tables(tables)
+            self.scorer.first_error = joined[-1].first_error()
+        return filled
+
+    def _dynamic_metrics(self, t: int, filled: dynamic.Filled, scored: Scored) -> None:
+        """The step's ``dynamic/*`` metrics, its reward metrics over every generation batch it
+        scored, the kept/dropped lags for its histograms; a short step said on the console."""
+        metrics = scored.metrics
+        dm, scored.lags.split = dynamic.metrics(t, filled, scored.samples)
+        metrics.update(dm)
+        if filled.scores:
+            reward_metrics(dynamic.join_scores(filled.scores), metrics)
+        p = self.parts
+        if getattr(p.trainer, "ledger", None) is not None:  # algo.ledger: split it too
+            pad = p.tokenizer.pad_token_id
+            metrics.update(dynamic.ledger_split(p.trainer, filled, scored.samples, pad, self.s.r3))
+        if filled.short and self.parts.progress:
+            self.parts.progress.log(
+                f"step {t + 1}: dynamic sampling kept {self.s.prompts_per_step - filled.short} "
+                f"of task.prompts_per_step={self.s.prompts_per_step} groups after "
+                f"{filled.gen_batches} generation batches (algo.dynamic_sampling."
+                "max_gen_batches); it trains on those"
+            )
 
     def _train(self, t: int, scored: Scored) -> dict | None:
         """The trainer's step on the scored samples at this step's clip radii (a skipped step

@@ -288,6 +288,8 @@ class Recording:
         self.folder, self.manifest = folder, manifest
         self.steps = int(manifest["steps"])
         self.header = manifest.get("header") or {}
+        # groups of one generation batch: a dynamic-sampling step records several in a row
+        self.prompts_per_step = int(manifest.get("prompts_per_step") or 0)
 
     def batch(self, t: int) -> tuple[list[list[Any]], list[dict], list]:
         from sat_cli.util.fsio import read_regular_bytes

@@ -169,8 +169,10 @@ def plugin_label(settings) -> str:
 def error_text(exc: BaseException, label: str = "") -> str:
     """One line for a failed reward: ``Type: message`` (at most 300 characters); a result the
     trainer cannot take names the reward (``label``, :func:`plugin_label`)."""
+    from sat_cli.tracking.remote_text import escape_controls
+
     lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
+    text = escape_controls(lines[0]) if lines else ""  # a plug-in's or a server's own text
     if isinstance(exc, BadReward):
         return (f"{label} {text}" if label else f"the reward {text}")[:300]
     if isinstance(exc, ReportedError):

@@ -268,7 +268,7 @@ FILE_SITES = {
     "sweep.state:read_state": "state-file",
     "rewards.http_client:_attempt": "reward-server-answer",
     "tasks.rows:parse_row": "data-rows",
-    "tasks.sources:_arrow_folder_table": "dataset-folder",
+    "tasks.sources:_side_file": "dataset-folder",
     "tracking.final_status:apply_pending": "pending-status",
     "tracking.outage:read_spool": "pending-status",
     "trainers.local:load": "state-file",

@@ -169,7 +169,6 @@ NOT_YET_FUZZED = {
     "pending-status",
     "warm-start-record",
     "sweep-run-record",
-    "dataset-folder",  # added in parallel (task.path): rows are checked, the folder's JSON not
     # added in parallel (reward=http): each answer goes through rewards.combine, which turns
     # anything but a finite number or a dict of them into a failed reward (tests/test_rewards.py)
     "reward-server-answer",
@@ -445,6 +444,27 @@ def _collapse_curves_csv(folder: Path, data: bytes):
     return UserError, lambda: study_from_csv(rows), p
 
 
+def _dataset_folder(folder: Path, data: bytes):
+    """A ``datasets`` folder (one real Arrow shard) whose ``state.json`` is ``data``."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from sat_cli.tasks.datafiles import DataError
+    from sat_cli.tasks.sources import read_rows
+
+    d = folder / "ds"
+    d.mkdir()
+    table = pa.table({"question": ["1+1"], "gold": ["2"]})
+    with pa.OSFile(str(d / "a.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    p = d / "state.json"
+    if data is not None:
+        p.write_bytes(data)
+    fields = SimpleNamespace(prompt="question", answer="gold", system=None, id=None)
+    return DataError, lambda: read_rows(d, fields), p
+
+
 def _sweep_yaml(folder: Path, data: bytes):
     from sat_cli.errors import UserError
     from sat_cli.util.safe_yaml import read_yaml
@@ -608,6 +628,7 @@ FILE_FUZZ = {
     "lag-profile": (_lag_profile, _json_docs),
     "worker-config": (_worker_config, _json_docs),
     "collapse-csv": (_collapse_csv, lambda: st.one_of(_json_docs(), _csv_docs())),
+    "dataset-folder": (_dataset_folder, lambda: st.one_of(_json_docs(), _state_docs())),
     "collapse-curves-csv": (_collapse_curves_csv, lambda: st.one_of(_json_docs(), _curves_docs())),
     "sweep-yaml": (_sweep_yaml, lambda: st.one_of(_json_docs(), _yaml_docs())),
     "run-config": (_run_config, lambda: st.one_of(_json_docs(), _yaml_docs())),
@@ -631,6 +652,14 @@ def _csv_docs() -> st.SearchStrategy[bytes]:
     return st.lists(row, max_size=4).map(lambda rows: "\n".join([head, *rows]).encode()) | st.just(
         (head + "\n" + "x" * 200_000).encode()
     )
+
+
+def _state_docs() -> st.SearchStrategy[bytes]:
+    """``state.json`` documents: data files that are not the folder's, of the wrong type."""
+    name = st.sampled_from(["a.arrow", "../a.arrow", "/etc/passwd", "", ".", "a.arrow/x", 1, None])
+    files = st.lists(st.fixed_dictionaries({"filename": name}), max_size=3)
+    doc = st.one_of(files.map(lambda f: {"_data_files": f}), st.just({"_data_files": "a.arrow"}))
+    return doc.map(lambda d: json.dumps(d).encode())
 
 
 def _curves_docs() -> st.SearchStrategy[bytes]:

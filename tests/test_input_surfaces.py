@@ -960,3 +960,14 @@ def test_the_megatron_loaders_header_reader_is_bounded(tmp_path):
         (tmp_path / name).write_bytes(data)
         with deadline(10), pytest.raises(ValueError, match="is not a safetensors file"):
             read_header(tmp_path / name)
+
+
+def test_every_script_output_is_checked_before_the_work():
+    """Each script in scripts/ or bench/ with an output argument (``--out``, ``--json``, …)
+    checks it with ``sat_cli.util.script_args`` (one ``<script>: error:`` line, exit 2, before
+    the work; ``tests/test_script_inputs.py`` runs them): a new script that writes where it is
+    told is listed here until it does."""
+    found = inv.script_outputs()
+    assert len(found) >= 8, found  # the inventory sees the scripts
+    unchecked = sorted(f"{path} {args}" for path, (args, ok) in found.items() if not ok)
+    assert unchecked == [], "check these outputs with sat_cli.util.script_args"

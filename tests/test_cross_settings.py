@@ -63,3 +63,13 @@ def test_sat_config_refuses_them_in_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("sat: error:") == 1 and "Traceback" not in r.stderr
     assert "task.fields.answer and task.fields.prompt name the same column" in r.stderr
+
+
+def test_a_chat_template_for_the_toy_evaluation_is_refused_like_the_tasks():
+    """``eval.template=chat`` composed with the toy evaluation (``task.template=chat`` with
+    the toy task was already refused) and failed only at start, on the tokenizer."""
+    with pytest.raises(ConfigError, match="eval.template=chat with eval=toy"):
+        load(["eval.template=chat"])
+    with pytest.raises(ConfigError, match="task.template=chat is for data tasks"):
+        load(["task.template=chat"])
+    load(["eval.template=boxed"])  # a named template: fine

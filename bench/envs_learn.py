@@ -25,6 +25,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100, help="held-out rows")
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args()
+    if args.json:  # checked before the work (sat_cli.util.script_args)
+        from sat_cli.util.script_args import output_file
+
+        args.json = str(output_file("bench/envs_learn.py", args.json, "--json"))
 
     from sat_cli.engines.base import SamplingParams
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings

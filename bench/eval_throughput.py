@@ -154,6 +154,10 @@ def main() -> None:
     ap.add_argument("--skip-grader", action="store_true")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args()
+    if args.json:  # checked before the work (sat_cli.util.script_args)
+        from sat_cli.util.script_args import output_file
+
+        args.json = str(output_file("bench/eval_throughput.py", args.json, "--json"))
 
     report: dict = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

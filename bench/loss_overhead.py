@@ -83,6 +83,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--json", type=str, default="", help="also write the results to this file")
     args = ap.parse_args()
+    if args.json:  # checked before the work (sat_cli.util.script_args)
+        from sat_cli.util.script_args import output_file
+
+        args.json = str(output_file("bench/loss_overhead.py", args.json, "--json"))
     if args.threads:
         torch.set_num_threads(args.threads)
     batch = make_batch(args.batch, args.seq)

@@ -63,6 +63,10 @@ def main() -> None:
     ap.add_argument("--layouts", nargs="+", default=["1,1,1", "2,1,1", "2,2,1", "2,1,2"])
     ap.add_argument("--out", default=None, help="folder for the model (default: a temp dir)")
     args = ap.parse_args()
+    if args.out:  # checked (and created) before the work (sat_cli.util.script_args)
+        from sat_cli.util.script_args import output_dir
+
+        args.out = str(output_dir("bench/megatron_load_rss.py", args.out, "--out"))
     root = Path(args.out or tempfile.mkdtemp(prefix="sat_rss_"))
     model = root / "model"
     if not (model / "config.json").exists():

@@ -132,11 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", default=None, help="default: a temporary folder, removed")
     ap.add_argument("--out", default=None, help="JSON report (samples and figures)")
     args = ap.parse_args(argv)
+    from sat_cli.util.script_args import output_dir, output_file
+
+    if args.out:  # checked before the soak (sat_cli.util.script_args): not a traceback after it
+        args.out = str(output_file("bench/soak.py", args.out, "--out"))
 
     tmp = None
     if args.run_dir:
-        run_dir = Path(args.run_dir).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = output_dir("bench/soak.py", args.run_dir, "--run-dir")
     else:
         tmp = tempfile.TemporaryDirectory(prefix="sat-soak-")
         run_dir = Path(tmp.name)

@@ -18,9 +18,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``message`` as the ``sat: error:`` paragraph (secrets masked: an error may quote an
     input, e.g. an override or a URL) and exit with ``code``."""
     from sat_cli.tracking.params import redact_text
+    from sat_cli.tracking.remote_text import escape_controls
 
-    try:
-        typer.echo(f"sat: error: {redact_text(message)}", err=True)
+    try:  # control characters escaped: a message may quote a server's or a plug-in's text
+        typer.echo(f"sat: error: {escape_controls(redact_text(message), keep=chr(10))}", err=True)
     except OSError:  # no terminal any more (SIGHUP)
         pass
     raise typer.Exit(code)
@@ -105,9 +106,11 @@ class SatGroup(TyperGroup):
                 name = param.opts[0] if param.param_type_name == "option" else param.name.upper()
                 line = f"{name}: {' '.join(exc.message.split())}"
             from sat_cli.tracking.params import redact_text
+            from sat_cli.tracking.remote_text import escape_controls
 
+            line = escape_controls(redact_text(line))
             try:
-                sys.stderr.write(f"sat: error: {redact_text(line)} (see `{path} --help`)\n")
+                sys.stderr.write(f"sat: error: {line} (see `{path} --help`)\n")
             except OSError:
                 pass
             sys.exit(exc.exit_code)

@@ -286,7 +286,10 @@ def main() -> int:
     unknown = sorted(set(chosen) - set(GPU_STEPS))
     if unknown or not chosen:
         ap.error(f"--steps: unknown {unknown or 'none given'}; valid: {','.join(GPU_STEPS)}")
-    out = Path(args.out).resolve()
+    sys.path.insert(0, str(ROOT))
+    from sat_cli.util.script_args import output_dir
+
+    out = output_dir("scripts/gpu_check.py", args.out, "OUT")  # one line, exit 2, if unusable
     (out / "logs").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     gpus = 0 if args.cpu_dry_run else len(_smi("--query-gpu=index,uuid").strip().splitlines())

@@ -21,27 +21,11 @@ if [[ $# -lt 1 || "$1" == -* ]]; then
   sed -n '2,19p' "$0"
   exit 2
 fi
+OUT="$1"  # relative to the caller's folder, not the project's (the cd below)
+shift
+[[ "$OUT" == /* ]] || OUT="$PWD/$OUT"
 cd "$(dirname "$0")/.."
-find_python() {
-  if [[ -n "${PYTHON:-}" ]]; then
-    echo "$PYTHON"
-    return
-  fi
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then
-    echo .venv/bin/python
-    return
-  fi
-  local py
-  for py in python3 python; do
-    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import torch' 2>/dev/null; then
-      command -v "$py"
-      return
-    fi
-  done
-  echo "gpu_check.sh: no Python with torch found (\$PYTHON, .venv/bin/python, python3, python):" \
-       "set PYTHON=/path/to/python" >&2
-  exit 2
-}
+source scripts/find_python.sh  # find_python: $PYTHON, the project's .venv, python3/python with torch
 PY="$(find_python)"
 echo "gpu_check.sh: Python $PY" >&2
 if [[ " $* " != *" --cpu-dry-run "* ]]; then
@@ -59,4 +43,4 @@ if [[ " $* " != *" --cpu-dry-run "* ]]; then
   fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 590 "$PY" scripts/gpu_check.py "$@"
+exec timeout 590 "$PY" scripts/gpu_check.py "$OUT" "$@"

@@ -18,7 +18,9 @@
 # installed into the machine's environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python}"
+source scripts/find_python.sh  # $PYTHON, the project's .venv, python3/python with torch
+PY="$(find_python)"
+echo "$(basename "$0"): Python $PY" >&2
 DEPS=.gpu_deps
 if [[ "${1:-}" == "--prepare" ]]; then
   PYVER="${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}"

@@ -20,7 +20,9 @@
 # otherwise (GPU_CHECK_EXTRA_WHEELS="transformers==5.24.0 tokenizers safetensors ...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python}"
+source scripts/find_python.sh  # $PYTHON, the project's .venv, python3/python with torch
+PY="$(find_python)"
+echo "$(basename "$0"): Python $PY" >&2
 DEPS=.gpu_deps
 if [[ "${1:-}" == "--prepare" ]]; then
   PYVER="${2:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}"

@@ -15,6 +15,9 @@ fi
 CKPT="$1"
 SGLANG_PY="$2"
 shift 2
+# paths relative to the caller's folder, not the project's (the cd below)
+[[ "$CKPT" == /* ]] || CKPT="$PWD/$CKPT"
+[[ "$SGLANG_PY" != */* || "$SGLANG_PY" == /* ]] || SGLANG_PY="$PWD/$SGLANG_PY"
 cd "$(dirname "$0")/.."
 PY="${SAT_PYTHON:-.venv/bin/python}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -377,6 +377,10 @@ def _load_entries(path: str) -> list[dict]:
 
 def main(argv=None) -> int:
     args = _parse(argv)
+    if args.out != "-":  # checked before the work (sat_cli.util.script_args)
+        from sat_cli.util.script_args import output_file
+
+        args.out = str(output_file("scripts/numerics_fingerprint.py", args.out, "--out"))
     before = sorted(  # what the sat_cli imports above loaded besides the standard library
         m for m in set(sys.modules) - _AT_START if m.split(".")[0] not in sys.stdlib_module_names
     )

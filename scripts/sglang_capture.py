@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--weight-sync", action="store_true", help="the ws_*.json captures only")
     args = ap.parse_args()
+    from sat_cli.util.script_args import output_file  # checked before the capture
+
+    args.out = str(output_file("scripts/sglang_capture.py", args.out, "--out"))
     url, out = args.url, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = str(Path(args.model).resolve())

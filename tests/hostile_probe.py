@@ -316,7 +316,70 @@ CASES = [
         r"NOPE",
         _store(evals=True),
     ),
+    # issue 53: study CSVs, data side files, model folders, damaged stores, remote text
+    Case(
+        "study-csv-inf",
+        "study CSVs",
+        ("report", "p.csv"),
+        r"p\.csv: .*line 3, column eval_best: 'inf'",
+        lambda f: _write("p.csv", _pilot2_damaged())(f),
+    ),
+    Case(
+        "datasets-state-fifo",
+        "data side files",
+        ("train", "task.path=ds", "task.fields.prompt=q", "task.fields.answer=a", "model.path=m"),
+        r"state\.json",
+        lambda f: (_model()(f), _fifo("ds/state.json")(f)),
+    ),
+    Case(
+        "chat-template-raises",
+        "model folder consistency",
+        ("train", "task.path=t.jsonl", "task.fields.prompt=q", "task.fields.answer=a")
+        + ("task.template=chat", "model.path=m", "tracking.uri=none"),
+        r"task\.template=chat: the chat template of m .*broken",
+        lambda f: (
+            _model(replace={"chat_template.jinja": b"{{ raise_exception('broken') }}"})(f),
+            _write("t.jsonl", '{"q": "1+1", "a": "2"}\n{"q": "2+2", "a": "4"}\n')(f),
+        ),
+    ),
+    Case(
+        "store-garbage",
+        "damaged stores",
+        ("train", "run.dir=runs", "max_steps=1"),
+        r"runs/mlflow\.db is not an SQLite database",
+        _write("runs/mlflow.db", b"\x00not a database" * 300),
+    ),
+    Case(
+        "mlflow-server-store-folder",
+        "damaged stores",
+        ("mlflow-server", "--backend-store-uri", "sqlite:///s.db", "--port", "58741")
+        + ("--artifacts-destination", "art"),
+        r"is a folder, not a database file",
+        lambda f: (f / "s.db").mkdir(),
+    ),
+    Case(
+        "columns-in-two-roles",
+        "cross settings",
+        ("config", "task.path=t.jsonl", "task.fields.prompt=q", "task.fields.answer=q")
+        + ("model.path=m",),
+        r"task\.fields\.answer and task\.fields\.prompt name the same column",
+        _write("t.jsonl", '{"q": "1"}\n'),
+    ),
 ]
+
+
+def _pilot2_damaged() -> str:
+    """The committed pilot-2 rows with line 3's ``eval_best`` set to ``inf``."""
+    import csv
+    import io
+
+    rows = list(
+        csv.reader(io.StringIO((REPO / "docs/results/collapse_cpu/pilot2.csv").read_text()))
+    )
+    rows[2][rows[0].index("eval_best")] = "inf"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- run

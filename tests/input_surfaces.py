@@ -269,7 +269,7 @@ FILE_SITES = {
     "sweep.state:read_state": "state-file",
     "rewards.http_client:_attempt": "reward-server-answer",
     "tasks.rows:parse_row": "data-rows",
-    "tasks.sources:_arrow_folder_table": "dataset-folder",
+    "tasks.sources:_side_file": "dataset-folder",
     "tracking.final_status:apply_pending": "pending-status",
     "tracking.outage:read_spool": "pending-status",
     "trainers.local:load": "state-file",
@@ -290,3 +290,31 @@ FILE_SITES = {
     "commands.eval:_load_adapter": "state-file",
 }
 USER_FORMATS = sorted({v for v in FILE_SITES.values() if not v.startswith("internal")})
+
+
+# ----------------------------------------------------------------------------- scripts
+# an argument of a script in scripts/ or bench/ that names where it writes (issue 53, class 10)
+OUTPUT_ARGS = {"out", "--out", "--json", "--run-dir", "--output", "--out-dir", "--report", "--csv"}
+SCRIPT_CHECKS = {"output_file", "output_dir"}  # sat_cli.util.script_args
+
+
+def script_outputs() -> dict[str, tuple[list[str], bool]]:
+    """``scripts/x.py`` / ``bench/x.py`` -> (its output arguments, whether it calls
+    ``script_args.output_file`` / ``output_dir``), for every script with an output argument."""
+    out = {}
+    root = SAT.parent
+    for path in sorted([*root.glob("scripts/*.py"), *root.glob("bench/*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        args, checked = [], False
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Call):
+                continue
+            name = getattr(n.func, "attr", getattr(n.func, "id", ""))
+            first = n.args[0] if n.args else None
+            if name == "add_argument" and isinstance(first, ast.Constant):
+                if first.value in OUTPUT_ARGS:
+                    args.append(first.value)
+            checked |= name in SCRIPT_CHECKS
+        if args:
+            out[path.relative_to(root).as_posix()] = (args, checked)
+    return out

@@ -3,6 +3,7 @@ replaying a recorded stream with SAT and with PPO at scaled radii."""
 
 import json
 import math
+import os
 
 import pytest
 
@@ -82,3 +83,82 @@ def test_calibration_on_a_recorded_run(tmp_path):
     assert out["radius_scale"] in [t["radius_scale"] for t in out["tried"]]
     _, obj = load(out["control_overrides"])
     assert obj.algo.eps_low == pytest.approx(0.2 * out["radius_scale"], rel=1e-9)
+
+
+def test_replay_names_are_derived_safely_from_the_argument(tmp_path):
+    from sat_cli.commands.calibrate import MAX_STEM, safe_name
+
+    (tmp_path / "rec").mkdir()
+    assert safe_name(str(tmp_path / "rec")) == "rec"
+    assert safe_name(str(tmp_path / "rec") + "/.") == "rec"  # the folder, not the text
+    assert safe_name(str(tmp_path / "rec") + "/") == "rec"
+    assert safe_name(str(tmp_path / "a b$(x);é")) == "a_b__x___"
+    assert safe_name(str(tmp_path / "..hidden")) == "hidden"
+    assert len(safe_name(str(tmp_path / ("x" * 255)))) == MAX_STEM
+
+
+@pytest.mark.parametrize("how", ["folder", "fifo", "dangling-link"])
+def test_the_destination_is_checked_before_anything_else(tmp_path, how):
+    """A result path that cannot be replaced by a file is named first, before the recording is
+    read and any replay runs (the command used to replay for minutes, then fail to write)."""
+    run = tmp_path / "runs/sat/rec"
+    run.mkdir(parents=True)
+    dest = run / "control_calibration.json"
+    if how == "folder":
+        dest.mkdir()
+    elif how == "fifo":
+        os.mkfifo(dest)
+    else:
+        dest.symlink_to(tmp_path / "nowhere")
+    r = run_sat("calibrate-control", "runs/sat/rec", "--iters", "1", cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("sat: error:") == 1 and "Traceback" not in r.stderr
+    assert "control_calibration.json exists and is not a regular file" in r.stderr, r.stderr
+    assert sorted(p.name for p in run.parent.iterdir()) == ["rec"]
+
+
+@pytest.mark.slow
+def test_a_run_recorded_without_tracking_is_calibrated_and_re_calibrated(tmp_path):
+    """tracking.uri=none: the doses come from a private store in the run's folder; a second
+    calibration runs (replays named calib2) and replaces the result; a result folder in the way
+    is refused before any replay (nothing written)."""
+    from mlflow import MlflowClient
+
+    rec = ["experiment=cpu_smoke", "run.dir=runs", "lag=2", "engine.dtype=bfloat16", "clip=sat"]
+    r = run_sat(
+        "train", *rec, "run.name=rec", "replay.record=true", "tracking.uri=none", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    result = tmp_path / "runs/sat/rec/control_calibration.json"
+    outs = []
+    for _ in range(2):
+        r = run_sat("calibrate-control", "runs/sat/rec/.", "--iters", "1", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(result.read_text()))
+    names = sorted(p.name for p in (tmp_path / "runs/sat").iterdir())
+    s = outs[0]["radius_scale"]
+    assert names == [
+        "rec",
+        f"rec-calib-s{s}",
+        "rec-calib-sat",
+        f"rec-calib2-s{s}",
+        "rec-calib2-sat",
+    ]
+    c = MlflowClient(f"sqlite:///{tmp_path / 'runs/sat/rec/calibration/mlflow.db'}")
+    runs = {
+        x.info.run_name: x.info.run_id
+        for x in c.search_runs([c.get_experiment_by_name("sat").experiment_id])
+    }
+    for out, tag in zip(outs, ("calib", "calib2"), strict=True):
+        pts = sorted(
+            c.get_metric_history(runs[f"rec-{tag}-s{s}"], "loss/clipfrac"), key=lambda m: m.step
+        )
+        assert out["tried"][0]["dose"] == pytest.approx(
+            mean_dose([m.value for m in pts]), rel=1e-12
+        )
+    assert outs[0] == outs[1]  # the same replays of the same recording
+    result.unlink()
+    result.mkdir()
+    r = run_sat("calibrate-control", "runs/sat/rec", "--iters", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
+    assert sorted(p.name for p in (tmp_path / "runs/sat").iterdir()) == names

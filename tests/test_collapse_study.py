@@ -129,7 +129,7 @@ def test_a_damaged_number_column_is_refused_when_read(column, value):
     of file readers found ``ledger_mismatch = "x"`` raising a bare ValueError in the table)."""
     rows = [_row("base", 8, 0, 1, t="40"), _row("SAT", 8, 0, 0)]
     setattr(rows[1], column, value)
-    with pytest.raises(ValueError, match=f"line 3: column {column} is"):
+    with pytest.raises(ValueError, match=f"line 3, column {column}: "):
         read_rows(rows_csv(rows))
     setattr(rows[1], column, "")  # empty stays allowed (pilot 1's CSV, a censored run)
     assert len(read_rows(rows_csv(rows))) == 2

@@ -169,8 +169,6 @@ NOT_YET_FUZZED = {
     "pending-status",
     "warm-start-record",
     "sweep-run-record",
-    "collapse-curves-csv",  # added in parallel (issue 44): its reader is not a CLI input yet
-    "dataset-folder",  # added in parallel (task.path): rows are checked, the folder's JSON not
     # added in parallel (reward=http): each answer goes through rewards.combine, which turns
     # anything but a finite number or a dict of them into a failed reward (tests/test_rewards.py)
     "reward-server-answer",
@@ -431,6 +429,42 @@ def _collapse_csv(folder: Path, data: bytes):
     return UserError, lambda: study_from_csv(p), p
 
 
+def _collapse_curves_csv(folder: Path, data: bytes):
+    """``sat report pilot2.csv`` reads ``pilot2_curves.csv`` beside it (the committed rows)."""
+    import scipy.stats  # noqa: F401  the report's import, made first (as for collapse.csv)
+
+    from sat_cli.errors import UserError
+    from sat_cli.report.collapse_md import study_from_csv
+
+    rows = folder / "pilot2.csv"
+    rows.write_bytes((inv.SAT.parent / "docs/results/collapse_cpu/pilot2.csv").read_bytes())
+    p = folder / "pilot2_curves.csv"
+    if data is not None:
+        p.write_bytes(data)
+    return UserError, lambda: study_from_csv(rows), p
+
+
+def _dataset_folder(folder: Path, data: bytes):
+    """A ``datasets`` folder (one real Arrow shard) whose ``state.json`` is ``data``."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from sat_cli.tasks.datafiles import DataError
+    from sat_cli.tasks.sources import read_rows
+
+    d = folder / "ds"
+    d.mkdir()
+    table = pa.table({"question": ["1+1"], "gold": ["2"]})
+    with pa.OSFile(str(d / "a.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    p = d / "state.json"
+    if data is not None:
+        p.write_bytes(data)
+    fields = SimpleNamespace(prompt="question", answer="gold", system=None, id=None)
+    return DataError, lambda: read_rows(d, fields), p
+
+
 def _sweep_yaml(folder: Path, data: bytes):
     from sat_cli.errors import UserError
     from sat_cli.util.safe_yaml import read_yaml
@@ -594,6 +628,8 @@ FILE_FUZZ = {
     "lag-profile": (_lag_profile, _json_docs),
     "worker-config": (_worker_config, _json_docs),
     "collapse-csv": (_collapse_csv, lambda: st.one_of(_json_docs(), _csv_docs())),
+    "dataset-folder": (_dataset_folder, lambda: st.one_of(_json_docs(), _state_docs())),
+    "collapse-curves-csv": (_collapse_curves_csv, lambda: st.one_of(_json_docs(), _curves_docs())),
     "sweep-yaml": (_sweep_yaml, lambda: st.one_of(_json_docs(), _yaml_docs())),
     "run-config": (_run_config, lambda: st.one_of(_json_docs(), _yaml_docs())),
     "state-file": (_state_file, _json_docs),
@@ -609,10 +645,33 @@ def _csv_docs() -> st.SearchStrategy[bytes]:
     from sat_cli.report.collapse import COLUMNS
 
     head = ",".join(COLUMNS)
-    cell = st.sampled_from(["", "nan", "inf", "-1", "1" * 5000, "x", "1e999", '"', "0", "1"])
-    row = st.lists(cell, min_size=len(COLUMNS), max_size=len(COLUMNS)).map(",".join)
+    cell = st.sampled_from(
+        ["", "nan", "inf", "-1", "1" * 5000, "x", "1e999", '"', "0", "1", "\x1b[2J", "1_0", "\x00"]
+    )
+    row = st.lists(cell, min_size=len(COLUMNS) - 1, max_size=len(COLUMNS) + 1).map(",".join)
     return st.lists(row, max_size=4).map(lambda rows: "\n".join([head, *rows]).encode()) | st.just(
         (head + "\n" + "x" * 200_000).encode()
+    )
+
+
+def _state_docs() -> st.SearchStrategy[bytes]:
+    """``state.json`` documents: data files that are not the folder's, of the wrong type."""
+    name = st.sampled_from(["a.arrow", "../a.arrow", "/etc/passwd", "", ".", "a.arrow/x", 1, None])
+    files = st.lists(st.fixed_dictionaries({"filename": name}), max_size=3)
+    doc = st.one_of(files.map(lambda f: {"_data_files": f}), st.just({"_data_files": "a.arrow"}))
+    return doc.map(lambda d: json.dumps(d).encode())
+
+
+def _curves_docs() -> st.SearchStrategy[bytes]:
+    from sat_cli.report.collapse_curves import CURVE_COLUMNS
+
+    head = ",".join(CURVE_COLUMNS)
+    run = "d1-start-grpo-lag1-s3100,D1 start GRPO,1,3100"  # a run of the committed pilot2.csv
+    cell = st.sampled_from(["", "nan", "-inf", "1e999", "-1", "x", "\x9b", "eval", "0", "0.5"])
+    tail = st.lists(cell, min_size=2, max_size=4).map(",".join)
+    lines = st.lists(tail.map(lambda t: f"{run},{t}"), max_size=6)
+    return lines.map(lambda ls: "\n".join([head, *ls]).encode()) | st.just(
+        (head + "\n" + run + ",eval,0," + "9" * 200_000).encode()
     )
 
 
@@ -901,3 +960,14 @@ def test_the_megatron_loaders_header_reader_is_bounded(tmp_path):
         (tmp_path / name).write_bytes(data)
         with deadline(10), pytest.raises(ValueError, match="is not a safetensors file"):
             read_header(tmp_path / name)
+
+
+def test_every_script_output_is_checked_before_the_work():
+    """Each script in scripts/ or bench/ with an output argument (``--out``, ``--json``, …)
+    checks it with ``sat_cli.util.script_args`` (one ``<script>: error:`` line, exit 2, before
+    the work; ``tests/test_script_inputs.py`` runs them): a new script that writes where it is
+    told is listed here until it does."""
+    found = inv.script_outputs()
+    assert len(found) >= 8, found  # the inventory sees the scripts
+    unchecked = sorted(f"{path} {args}" for path, (args, ok) in found.items() if not ok)
+    assert unchecked == [], "check these outputs with sat_cli.util.script_args"

@@ -198,3 +198,33 @@ def test_a_component_may_not_overwrite_a_built_in_metric():
 def test_reward_memory_mb_is_bounded(value):
     with pytest.raises(ConfigError, match="reward.memory_mb"):
         load(["reward=python", "reward.fn=m:f", f"reward.memory_mb={value}"])
+
+
+HOSTILE_RESULTS = """
+def score(prompt, response, row):
+    return {"huge": 1e39, "overwrite": {"error_frac": 0.0, "ok": 1.0}, "fine": 0.25}[response]
+"""
+
+
+def test_a_real_plugins_unrepresentable_result_is_refused_naming_the_plugin(tmp_path):
+    """Through a real worker process: a reward of 1e39 (finite in Python, inf in float32) and a
+    component named ``error_frac`` are that sample's errors, named after ``reward.fn``; the
+    step's ``reward/error_frac`` (the failure guard's input) stays the real fraction."""
+    from sat_cli import metric_names as M
+    from sat_cli.loop.steps import reward_metrics
+
+    path = tmp_path / "hostile.py"
+    path.write_text(HOSTILE_RESULTS)
+    scorer = build_reward(settings(f"{path}:score"), task=None)
+    try:
+        got = scorer.score(["p"] * 3, ["huge", "overwrite", "fine"], [{}] * 3)
+    finally:
+        scorer.close()
+    assert got.values == [-1.0, -1.0, 0.25]
+    assert got.errors[0] == (
+        f"reward.fn={path}:score returned 1e+39, beyond float32 (the trainer's dtype)"
+    )
+    assert got.errors[1].startswith(f"reward.fn={path}:score component 'error_frac'")
+    metrics: dict = {}
+    reward_metrics(got, metrics)
+    assert metrics[M.REWARD_ERROR_FRAC] == pytest.approx(2 / 3)

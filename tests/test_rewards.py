@@ -104,7 +104,7 @@ def test_python_reward_in_worker_processes(user_file):
         assert got.values == [3.5, -1.0, -1.0, -1.0, 1.5, 2.5]  # on_error = -1
         assert got.errors[0] is None and got.errors[4] is None and got.errors[5] is None
         assert got.errors[1] == "KeyError: 'no such thing'"
-        assert got.errors[2] == "the reward returned nan"
+        assert got.errors[2] == f"reward.fn={user_file}:score returned nan"  # names the plug-in
         assert got.errors[3] == "timed out after 2 s"
         assert got.components[4] == {"correct": 1.0, "format": 0.5}
         assert got.error_frac == 0.5 and got.first_error() == got.errors[1]

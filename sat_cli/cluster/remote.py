@@ -129,7 +129,10 @@ class RemoteServer:
             pass
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
-        return tail_lines(self.log_path, n)  # the log is on the shared filesystem
+        from sat_cli.tracking.remote_text import escape_controls
+
+        # the log is on the shared filesystem; the remote server's text, escaped
+        return escape_controls(tail_lines(self.log_path, n), keep="\n")
 
     def failure_message(self, what: str) -> str:
         lost = self._launcher.lost(self._placed)

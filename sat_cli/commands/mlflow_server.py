@@ -68,6 +68,19 @@ def _check_sqlite_path(uri: str) -> None:
                 f"--backend-store-uri {uri!r}: {str(above)!r} is a file, not a folder for the store"
             )
     _make_folder(folder, f"--backend-store-uri {uri!r}: its folder {str(folder)!r}")
+    from sat_cli.tracking.store import sqlite_store_problem
+
+    db = Path(path[1:])
+    why = sqlite_store_problem(db)
+    if why is None and not db.exists():  # the server creates it: try a file there (root
+        import tempfile  # passes os.access everywhere, /proc included)
+
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as exc:
+            why = f"cannot be created in {str(folder)!r} ({exc.strerror or exc})"
+    if why is not None:
+        raise UserError(f"--backend-store-uri {uri!r}: {str(db)!r} {why}")
 
 
 def _make_folder(folder: Path, what: str) -> None:

@@ -87,7 +87,27 @@ def load_tokenizer(path: str):
             f"the tokenizer of {path} has {len(tok)} tokens but the model's embedding only "
             f"{vocab} rows (config.json vocab_size): they do not belong together"
         )
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        top = _largest_id(tok)
+        if top is not None and top[0] >= vocab:
+            raise UserError(
+                f"the tokenizer of {path} gives {top[1]!r} the id {top[0]}, but the model's "
+                f"embedding has only {vocab} rows (config.json vocab_size; ids 0..{vocab - 1}): "
+                "they do not belong together"
+            )
     return tok
+
+
+def _largest_id(tok) -> tuple[int, str] | None:
+    """``(id, token)`` of the largest id the tokenizer can produce: its vocabulary, added and
+    special tokens (ids need not be contiguous, so ``len(tok)`` does not bound them)."""
+    try:
+        ids = {int(i): str(t) for t, i in tok.get_vocab().items()}
+        special = zip(tok.all_special_tokens, tok.all_special_ids, strict=True)
+        ids.update({int(i): str(t) for t, i in special})
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: nothing to compare
+        return None
+    return max(ids.items()) if ids else None
 
 
 def context_length(path: str) -> int | None:
@@ -129,9 +149,12 @@ def _render_all(template: str, rows: list[dict], what: str, tokenizer) -> list[s
         raise UserError(f"{what}: {exc}") from None
 
 
-def check_chat_template(templates: dict[str, str], tokenizer, path: str) -> None:
+def check_chat_template(
+    templates: dict[str, str], tokenizer, path: str, system: bool = False
+) -> None:
     """Refuse ``<key>=chat`` (``templates``: config key -> template) for a tokenizer without a
-    chat template, naming the model folder, before anything starts."""
+    chat template, or whose template fails on a sample prompt (:func:`_render_sample`; with a
+    system message when ``system``), naming the model folder, before anything starts."""
     from sat_cli.tasks.prompts import CHAT
 
     for key, template in templates.items():
@@ -142,6 +165,35 @@ def check_chat_template(templates: dict[str, str], tokenizer, path: str) -> None
                 "chat_template.jinja); use a named template (boxed, plain, dapo) or a literal "
                 "holding {problem}"
             )
+        if template == CHAT:
+            _render_sample(key, tokenizer, path, system)
+
+
+SAMPLE_PROBLEM = "What is 12 + 30?"  # the prompt the chat template is tried on at start
+SAMPLE_SYSTEM = "Answer briefly."
+
+
+def _render_sample(key: str, tokenizer, path: str, system: bool) -> None:
+    """The chat template rendered once on :data:`SAMPLE_PROBLEM` (after a system message when
+    the task has one): a template that raises, renders nothing or drops the problem is refused
+    here, naming the folder, not at the first generate."""
+    from sat_cli.tasks.prompts import render_chat
+
+    try:
+        text = render_chat(tokenizer, SAMPLE_PROBLEM, SAMPLE_SYSTEM if system else None)
+    except Exception as exc:  # noqa: BLE001 - a user's template: any failure is the template's
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise UserError(
+            f"{key}=chat: the chat template of {path} fails to render a sample prompt"
+            f"{' with a system message' if system else ''} ({type(exc).__name__}: {first})"
+        ) from None
+    if not isinstance(text, str) or not text.strip():
+        raise UserError(f"{key}=chat: the chat template of {path} renders a prompt as empty text")
+    if SAMPLE_PROBLEM not in text:
+        raise UserError(
+            f"{key}=chat: the chat template of {path} renders a prompt without its text "
+            f"({SAMPLE_PROBLEM!r} became {text[:120]!r})"
+        )
 
 
 def check_prompt_lengths(task, tokenizer, path: str, log=print) -> int:
@@ -244,7 +296,9 @@ def check_task_inputs(obj, task, tokenizer, path: str) -> None:
     from sat_cli.rewards import check_reward
 
     templates = {"task.template": obj.task.template, "eval.template": obj.eval.template}
-    check_chat_template(templates, tokenizer, path)
+    fields = getattr(obj.task, "fields", None)
+    system = bool(getattr(obj.task, "system_prompt", None) or getattr(fields, "system", None))
+    check_chat_template(templates, tokenizer, path, system)
     if hasattr(task, "tokenizer"):  # a data task: template=chat renders through it
         task.tokenizer = tokenizer
     check_engine_architecture(obj.engine, path)

@@ -81,6 +81,12 @@ def check_compat(c) -> None:
             "use eval=heldout (the task's own held-out split, the default when no eval= is "
             "given) or a benchmark (eval=gsm8k, eval=jsonl eval.path=<file>)"
         )
+    if c.eval.benchmark == "toy" and c.eval.template == "chat":  # as task.template=chat
+        raise ConfigError(
+            "eval.template=chat with eval=toy: the toy task's evaluation is for the char-level "
+            "model, which has no chat template (task.template=chat is refused with the toy task "
+            "too); use eval.template=plain, or a data task (task.path=…) with its own evaluation"
+        )
     if c.run.portable_numerics and (
         not type(c.engine).PINS_NUMERICS or c.engine.device == "cuda" or c.trainer.on_gpu()
     ):

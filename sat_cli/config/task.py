@@ -32,6 +32,16 @@ class FieldsConfig:
             value = getattr(self, key)
             if value is not None and not value.strip():
                 raise ConfigError(f"task.fields.{key} is empty: name a column of the data file")
+        seen: dict[str, str] = {}  # one column, one role (issue 53: settings that contradict)
+        for key in ("prompt", "answer", "system", "id"):
+            value = getattr(self, key)
+            if value is not None and value in seen:
+                raise ConfigError(
+                    f"task.fields.{key} and task.fields.{seen[value]} name the same column "
+                    f"{value!r}: each role (prompt, answer, system, id) needs its own column"
+                )
+            if value is not None:
+                seen[value] = key
 
 
 @dataclass
@@ -91,11 +101,32 @@ class TaskConfig:
             )
         if self.heldout_path is not None and self.kind == "toy":
             raise ConfigError("task.heldout_path is for data tasks; the toy task holds out its own")
+        if self.fields.system is not None and self.template != "chat":
+            raise ConfigError(
+                "task.fields.system is the per-row system message of task.template=chat; with "
+                f"task.template={self.template!r} it would be ignored"
+            )
+        if self.path and self.heldout_path and _same_file(self.path, self.heldout_path):
+            raise ConfigError(
+                f"task.heldout_path and task.path are the same data ({self.heldout_path}): "
+                "every held-out problem would also be trained on; give a file of other rows, "
+                "or leave task.heldout_path unset (a held-out split of task.path)"
+            )
 
     @property
     def is_data(self) -> bool:
         """A task over a fixed set of rows (not the toy generator)."""
         return self.kind != "toy"
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two data paths name the same file or folder (links and ``..`` resolved)."""
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (refused later, naming it): compare the text
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_sampling(section: str, s) -> None:

@@ -228,49 +228,34 @@ def rows_csv(rows: list[StudyRow]) -> str:
     return buf.getvalue()
 
 
-# the string columns that hold a number or "" (the tables call float() on them when they use them)
-OPTIONAL_NUMBERS = (
-    "t_collapse",
-    "min_ess",
-    "can_act_frac",
-    "ledger_mismatch",
-    "ledger_staleness",
-    "best_step",
-    "late_gain",
-    "can_act_early",
-    "eval_window",
-    "early_crash",
-    "final_eval",
-    "dose",
-    "dpi_mean",
-)
+def _kinds() -> dict:
+    """What each column of a collapse-study CSV may hold (``report.csv_checks``)."""
+    from sat_cli.report import csv_checks as C
 
-
-def _check_number(text: str, column: str, line: int) -> None:
-    try:
-        ok = math.isfinite(float(text))
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"line {line}: column {column} is {text!r}, want a finite number or empty")
+    kinds = dict.fromkeys(COLUMNS, C.optional_number)  # "" or a number (parsed where used)
+    kinds |= dict.fromkeys(("method", "lag", "seed", "run", "commit", "design", "started"), C.text)
+    kinds |= {
+        "status": C.one_of(*C.STATUSES),
+        "last_step": C.integer(0),
+        "evals": C.integer(0),
+        "collapsed": C.integer(-1, 1),  # 1 / 0, -1: too short to tell
+        "t_collapse": C.optional_integer(0),
+        "best_step": C.optional_integer(0),
+        "early_crash": C.one_of("", "0", "1"),
+    }
+    return kinds
 
 
 def read_rows(text: str) -> list[StudyRow]:
-    """The rows of a CSV written by ``rows_csv`` (a clear error for another file)."""
+    """The rows of a CSV written by ``rows_csv``: every column checked
+    (``report.csv_checks``); ``ValueError`` naming the line and the column for another file."""
+    from sat_cli.report.csv_checks import checked_rows
+
     reader = csv.DictReader(io.StringIO(text))
     if reader.fieldnames not in (COLUMNS, COLUMNS_PILOT1, COLUMNS_PILOT2):
         raise ValueError(f"not a collapse-study CSV: columns {reader.fieldnames}, want {COLUMNS}")
     out = []
-    for i, d in enumerate(reader, start=2):
-        for k in OPTIONAL_NUMBERS:  # "" or a number: the reports parse them where they use them
-            if d.get(k):
-                _check_number(d[k], k, i)
-        if d.get("best_step") and not (d["best_step"].isascii() and d["best_step"].isdigit()):
-            raise ValueError(f"line {i}: column best_step is {d['best_step']!r}, not a step")
-        if d.get("early_crash", "") not in ("", "0", "1"):
-            raise ValueError(
-                f"line {i}: column early_crash is {d['early_crash']!r}, want 0, 1 or empty"
-            )
+    for _, d in checked_rows(reader, _kinds()):
         out.append(
             StudyRow(
                 **{

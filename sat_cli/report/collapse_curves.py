@@ -15,6 +15,7 @@ import io
 from sat_cli import metric_names as M
 
 CURVE_COLUMNS = ["run", "method", "lag", "seed", "series", "step", "value"]
+SERIES = ("eval", "reward", "q", "ledger_mismatch", "ledger_staleness")  # _series' names
 
 
 def _series(run) -> list[tuple[str, list[tuple[int, float]]]]:
@@ -41,11 +42,16 @@ def curves_csv(runs) -> str:
 
 
 def read_curves(text: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """``(run, series) -> [(step, value)]`` from a file written by ``curves_csv``."""
+    """``(run, series) -> [(step, value)]`` from a file written by ``curves_csv``: every column
+    checked (``report.csv_checks``); ``ValueError`` naming the line and the column otherwise."""
+    from sat_cli.report import csv_checks as C
+
     reader = csv.DictReader(io.StringIO(text))
     if reader.fieldnames != CURVE_COLUMNS:
         raise ValueError(f"not a collapse-curves CSV: columns {reader.fieldnames}")
+    kinds = dict.fromkeys(("run", "method", "lag", "seed"), C.text)
+    kinds |= {"series": C.one_of(*SERIES), "step": C.integer(0), "value": C.number}
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for d in reader:
+    for _, d in C.checked_rows(reader, kinds):
         out.setdefault((d["run"], d["series"]), []).append((int(d["step"]), float(d["value"])))
     return out

@@ -4,6 +4,7 @@ McNemar tests. Rules as fixed in docs/results/collapse_cpu.md before any run."""
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -182,12 +183,14 @@ def _pilot2_record(rows: list[StudyRow], path: Path) -> str:
     from sat_cli.util.readers import read_text
 
     curves = path.with_name(f"{path.stem}_curves.csv")
-    if not any(r.design in (ROUND1, ROUND2) for r in rows) or not curves.is_file():
-        return ""
+    if not any(r.design in (ROUND1, ROUND2) for r in rows) or not os.path.lexists(curves):
+        return ""  # a FIFO, a folder or a dangling link there is refused by read_text
+    import csv
+
     text = read_text(curves, what=str(curves), error=UserError, max_bytes=64 << 20)
     try:
         return "\n" + record_markdown(rows, read_curves(text))
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, csv.Error) as exc:
         raise UserError(f"{curves}: not a collapse-curves CSV ({str(exc)[:200]})") from None
 
 

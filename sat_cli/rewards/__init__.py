@@ -143,7 +143,7 @@ class Scorer:
         except Exception as exc:  # noqa: BLE001 - a user's reward: any failure is counted
             out.values.append(on_error)
             out.components.append({})
-            out.errors.append(error_text(exc))
+            out.errors.append(error_text(exc, plugin_label(self.settings)))
             return
         out.values.append(value)
         out.components.append(parts)
@@ -153,12 +153,28 @@ class Scorer:
         """Stop what the scorer started (worker processes)."""
 
 
-def error_text(exc: BaseException) -> str:
-    """One line for a failed reward: ``Type: message`` (at most 300 characters)."""
+def plugin_label(settings) -> str:
+    """The reward a message names: ``reward.fn=<spec>`` (python), ``reward.url=<url>`` (http,
+    secrets masked), ``reward=<name>`` otherwise."""
+    name = getattr(settings, "name", None)
+    if name == "python" and getattr(settings, "fn", None):
+        return f"reward.fn={settings.fn}"
+    if name == "http" and getattr(settings, "url", None):
+        from sat_cli.tracking.params import redact_uri
+
+        return f"reward.url={redact_uri(str(settings.url))}"
+    return f"reward={name}" if name else ""
+
+
+def error_text(exc: BaseException, label: str = "") -> str:
+    """One line for a failed reward: ``Type: message`` (at most 300 characters); a result the
+    trainer cannot take names the reward (``label``, :func:`plugin_label`)."""
+    from sat_cli.tracking.remote_text import escape_controls
+
     lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else ""
+    text = escape_controls(lines[0]) if lines else ""  # a plug-in's or a server's own text
     if isinstance(exc, BadReward):
-        return f"the reward {text}"[:300]
+        return (f"{label} {text}" if label else f"the reward {text}")[:300]
     if isinstance(exc, ReportedError):
         return text[:300]
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]

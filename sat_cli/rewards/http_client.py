@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from sat_cli.rewards import ReportedError
+from sat_cli.tracking.remote_text import escape_controls
 from sat_cli.util.procs import abort_connection
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -115,7 +116,9 @@ class Client:
             if status in RETRY_STATUS:
                 raise _Retry(f"HTTP {status}")
             if not 200 <= status < 300:
-                raise ReportedError(f"reward server {shown(url)}: HTTP {status} {reason}")
+                raise ReportedError(
+                    f"reward server {shown(url)}: HTTP {status} {escape_controls(reason)}"
+                )
             try:
                 return json.loads(raw)
             except ValueError:
@@ -154,7 +157,8 @@ class Client:
         except (OSError, http.client.HTTPException) as exc:
             if time.monotonic() >= end or self.closed.is_set():
                 raise _Retry("no whole answer within the call's deadline") from None
-            raise _Retry(str(exc) or type(exc).__name__) from None
+            # http.client's messages quote the server's status line: its text, escaped
+            raise _Retry(escape_controls(str(exc)) or type(exc).__name__) from None
         finally:
             timer.cancel()
             with self._lock:

@@ -86,6 +86,14 @@ class Sweep:
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
+SANE_MAX_RUNS = 10**6  # above it a grid's size is a typo (range(0,10**9)), not a plan
+
+
+def _count(n: int) -> str:
+    """A grid's or an axis's size for a message: exact up to 10^15, then ``1.23e+130``."""
+    return str(n) if n < 10**15 else f"{float(n):.3g}" if n < 10**308 else "more than 1e308"
+
+
 def override_hash(overrides: list[str]) -> str:
     """SHA-256 (hex) of the sorted override list, JSON-encoded."""
     blob = json.dumps(sorted(overrides), separators=(",", ":"))
@@ -214,8 +222,14 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
     ):
         raise UserError(f"{p}: seeds must be a non-empty list of distinct integers >= 0")
     max_runs = doc.get("max_runs", DEFAULT_MAX_RUNS)
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-        raise UserError(f"{p}: max_runs must be an integer >= 1, got {max_runs!r}")
+    if (
+        isinstance(max_runs, bool)
+        or not isinstance(max_runs, int)
+        or not 1 <= max_runs <= SANE_MAX_RUNS
+    ):
+        raise UserError(
+            f"{p}: max_runs must be an integer in [1, {SANE_MAX_RUNS}], got {str(max_runs)[:40]}"
+        )
     total = len(methods) * len(seeds)
     for n in sizes.values():
         total *= n
@@ -223,14 +237,18 @@ def load_sweep(path: str | os.PathLike, cli_overrides: list[str] | None = None) 
         grid = " × ".join(
             [
                 f"{len(methods)} methods",
-                *(f"{k}({n})" for k, n in sizes.items()),
+                *(f"{k}({_count(n)})" for k, n in sizes.items()),
                 f"{len(seeds)} seeds",
             ]
         )
+        advice = (  # a size no machine composes is not worth a max_runs: it gets no advice to
+            f", or set max_runs: {total} in the sweep file if you mean it"  # set it
+            if total <= SANE_MAX_RUNS
+            else f"; no sweep runs more than {SANE_MAX_RUNS} runs"
+        )
         raise UserError(
-            f"{p}: the grid has {total} runs ({grid}), more than max_runs={max_runs}; every run "
-            "is composed and checked before the sweep starts. Narrow an axis, or set "
-            f"max_runs: {total} in the sweep file if you mean it"
+            f"{p}: the grid has {_count(total)} runs ({grid}), more than max_runs={max_runs}; "
+            f"every run is composed and checked before the sweep starts. Narrow an axis{advice}"
         )
     axes = {str(k): expand_axis(parser, str(k), v, f"{p}: axes.{k}") for k, v in axes_doc.items()}
 

@@ -30,6 +30,7 @@ from sat_cli.tasks.datafiles import DataError
 from sat_cli.tasks.rows import as_text, check_unique, normalize_row
 
 MAX_ROW_BYTES = 1 << 20  # one row of a user's file, all columns (a prompt is far smaller)
+MAX_SIDE_BYTES = 1 << 20  # a datasets folder's state.json / dataset_dict.json (kilobytes)
 FORMATS = "a .jsonl or .parquet file, or a Hugging Face datasets folder (save_to_disk)"
 
 
@@ -91,51 +92,54 @@ def _arrow_records(table, path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _parquet_table(path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from sat_cli.tasks.arrow_bounds import parquet_table
 
-    try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable parquet file ({str(exc)[:200]})") from None
+    return parquet_table(path)
+
+
+def _side_file(path: Path) -> object:
+    """A ``datasets`` folder's JSON side file (``state.json``, ``dataset_dict.json``) through
+    the bounded reader (a regular file of at most :data:`MAX_SIDE_BYTES`)."""
+    from sat_cli.util.readers import read_json
+
+    return read_json(path, what=str(path), error=DataError, max_bytes=MAX_SIDE_BYTES, max_depth=8)
 
 
 def _arrow_folder_table(path: Path):
     """The table of one split saved by ``datasets``' ``save_to_disk``."""
     import pyarrow as pa
 
-    if (path / "dataset_dict.json").is_file():
+    from sat_cli.tasks.arrow_bounds import check_table, ipc_stream_table
+
+    if os.path.lexists(path / "dataset_dict.json"):
         try:
-            splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
-        except (OSError, ValueError, KeyError, TypeError):
+            splits = _side_file(path / "dataset_dict.json")["splits"]  # type: ignore[index]
+        except (DataError, KeyError, TypeError):
             splits = "?"
         raise DataError(
-            f"{path}: a DatasetDict folder (splits {splits}); give one split's folder, e.g. "
-            f"{path / 'train'}"
+            f"{path}: a DatasetDict folder (splits {str(splits)[:200]}); give one split's "
+            f"folder, e.g. {path / 'train'}"
         )
+    if not os.path.lexists(path / "state.json"):
+        raise DataError(f"{path}: a folder without state.json; expected {FORMATS}")
+    state = _side_file(path / "state.json")
     try:
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        names = [d["filename"] for d in state["_data_files"]]
-    except FileNotFoundError:
-        raise DataError(f"{path}: a folder without state.json; expected {FORMATS}") from None
-    except (OSError, ValueError, KeyError, TypeError):
+        names = [d["filename"] for d in state["_data_files"]]  # type: ignore[index]
+    except (KeyError, TypeError):
         raise DataError(f"{path}/state.json: not a datasets state file (_data_files)") from None
     tables = []
     for name in names:
         file = path / str(name)
         if Path(str(name)).name != str(name) or not file.is_file():
             raise DataError(f"{path}/state.json: data file {name!r} is not a file of the folder")
-        try:
-            with pa.memory_map(str(file), "r") as source:
-                tables.append(pa.ipc.open_stream(source).read_all())
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise DataError(f"{file}: not a readable Arrow stream ({str(exc)[:200]})") from None
+        tables.append(ipc_stream_table(file))
     if not tables:
         raise DataError(f"{path}/state.json: lists no data files")
     try:
-        return pa.concat_tables(tables)
+        table = pa.concat_tables(tables)
     except (pa.ArrowException, ValueError) as exc:
         raise DataError(f"{path}: the data files' columns differ ({str(exc)[:200]})") from None
+    return check_table(table, str(path))  # the files together
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -162,8 +166,6 @@ def read_rows(path: str | os.PathLike, fields=None) -> list[dict[str, Any]]:
     if path.is_dir():
         records = _arrow_records(_arrow_folder_table(path), path)
     elif path.suffix == ".parquet":
-        if not path.is_file():
-            raise DataError(f"{path}: no such file")
         records = _arrow_records(_parquet_table(path), path)
     elif path.suffix == ".jsonl" or path.is_file():
         records = _jsonl_records(path)

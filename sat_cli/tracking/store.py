@@ -48,7 +48,9 @@ SQLITE_MAX_PATHNAME = 512  # sqlite's unix VFS: a longer absolute path cannot be
 
 def check_sqlite_path(uri: str) -> None:
     """``TrackingError`` (exit 2) for a ``sqlite:///`` store whose absolute path is longer than
-    sqlite can open: MLflow would retry it for minutes before failing."""
+    sqlite can open (MLflow would retry it for minutes before failing), or that is not a usable
+    database (:func:`sqlite_store_problem`: a damaged file left the run's folder and
+    ``config.yaml`` behind, then a multi-line error)."""
     db = sqlite_db_path(uri)
     if db is not None and len(str(db.resolve())) >= SQLITE_MAX_PATHNAME:
         raise TrackingError(
@@ -56,6 +58,54 @@ def check_sqlite_path(uri: str) -> None:
             f"path; sqlite opens at most {SQLITE_MAX_PATHNAME - 1}: choose a shorter run.dir "
             "or tracking.uri"
         )
+    why = sqlite_store_problem(db) if db is not None else None
+    if why is not None:
+        raise TrackingError(
+            f"the MLflow store {db} {why}: move it away, choose another tracking.uri, or disable "
+            "tracking with tracking.uri=none"
+        )
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def sqlite_store_problem(db: Path) -> str | None:
+    """Why the sqlite store file ``db`` cannot be used (None: it can, or it does not exist yet
+    and its folder is writable): a folder, not a regular file, not an SQLite database, a
+    damaged one, or a folder sqlite cannot write its database and journal in. Reads only: the
+    file's first bytes (``O_NONBLOCK``, a FIFO is never waited on), then a read-only query of
+    its schema (a database locked by a live writer counts as usable)."""
+    import sqlite3
+
+    from sat_cli.util.fsio import NotRegularFile, open_regular
+
+    folder = db.parent
+    if os.path.lexists(db):
+        if db.is_dir():
+            return "is a folder, not a database file"
+        try:
+            with open_regular(db) as fh:
+                head = fh.read(len(SQLITE_MAGIC))
+        except NotRegularFile:
+            return "is not a regular file"
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror or exc})"
+        if head and head != SQLITE_MAGIC:
+            return "is not an SQLite database (another file, or a damaged one)"
+        if head:
+            try:
+                con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
+                try:
+                    con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                finally:
+                    con.close()
+            except sqlite3.OperationalError:
+                pass  # locked by a live writer, or a path sqlite's URI form cannot name
+            except sqlite3.DatabaseError as exc:
+                return f"is a damaged SQLite database ({exc})"
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        return f"is in {folder}, where sqlite cannot write (a database needs its folder)"
+    return None
 
 
 def default_artifact_root(uri: str) -> str | None:

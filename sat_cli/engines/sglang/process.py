@@ -114,7 +114,9 @@ class ManagedProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
-        return tail_lines(self.log_path, n)
+        from sat_cli.tracking.remote_text import escape_controls
+
+        return escape_controls(tail_lines(self.log_path, n), keep="\n")  # the server's text
 
     def failure_message(self, what: str) -> str:
         tail = self.log_tail()

@@ -264,5 +264,9 @@ def update_weights_payload(path: str, version: int, *, flush_cache: bool = True)
 
 
 def wire_excerpt(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    """A server's answer quoted in a message: at most ``BODY_EXCERPT_CHARS``, its control
+    characters escaped (``tracking.remote_text``)."""
+    from sat_cli.tracking.remote_text import escape_controls
+
+    text = escape_controls(value if isinstance(value, str) else repr(value))
     return text if len(text) <= BODY_EXCERPT_CHARS else text[:BODY_EXCERPT_CHARS] + "…"

@@ -9,6 +9,7 @@ of two models (``sat_cli.report.run.build_report``, what `sat report` calls)."""
 from __future__ import annotations
 
 import pytest
+from cli_helpers import seeded_store
 from omegaconf import OmegaConf
 
 from sat_cli.commands.resume_check import check_same_config, differences
@@ -60,7 +61,7 @@ def _store(tmp_path, runs, extra=None):
     import mlflow
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"  # an empty store, not created here
     client = MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("mixed")
     for i, (model, seed, evals) in enumerate(runs):

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_helpers import run_sat
+from cli_helpers import run_sat, seeded_store
 
 from sat_cli.config import ConfigError, load
 from sat_cli.tasks.datafiles import DataError
@@ -223,6 +223,7 @@ def test_advertised_gsm8k_command_trains_on_its_own_heldout_split(tmp_path):
             for i in range(20)
         ],
     )
+    seeded_store(tmp_path / "runs" / "mlflow.db")  # store creation: tests/test_train_cli.py
     out = run_sat(
         "train",
         "model=qwen3_0_6b",
@@ -287,6 +288,7 @@ def test_parquet_fields_python_reward_chat_template_on_a_tiny_llama(tmp_path):
     held = [{**r, "k": f"h{i}", "flaky": i == 1} for i, r in enumerate(rows[:3])]
     _parquet(tmp_path / "held.parquet", held)
     (tmp_path / "my_reward.py").write_text(FLAKY_REWARD)
+    seeded_store(tmp_path / "runs" / "mlflow.db")  # store creation: tests/test_train_cli.py
     out = run_sat(
         "train",
         "task.path=train.parquet",

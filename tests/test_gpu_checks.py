@@ -110,14 +110,36 @@ def _gpu_check(out, *args, env=None):
     return _run(["bash", "scripts/gpu_check.sh", str(out), *args], env=env, timeout=300)
 
 
-def test_gpu_check_cpu_dry_run_writes_the_summary(tmp_path):
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One ``scripts/gpu_check.sh --cpu-dry-run`` for the two read-only tests below (~7 s each
+    time): started as from a plain shell, with no PYTHON and a PATH that lacks the venv, so the
+    check finds the project's Python itself (PYTHON= is taken in
+    test_gpu_check_without_a_gpu_exits_2). Its output folder and the finished process."""
+    out_dir = tmp_path_factory.mktemp("gpu-check") / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", str(out_dir), "--cpu-dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
+    return out_dir, out
+
+
+@pytest.mark.xdist_group("gpu_dry_run")  # one worker runs ``dry_run`` once for both
+def test_gpu_check_cpu_dry_run_writes_the_summary(dry_run):
     """scripts/gpu_check.sh --cpu-dry-run: the device plans of the GPU layouts (the paper preset's
     0-3 / 4-7 split), the nvidia-smi parser, every GPU step recorded as skipped."""
     import json
 
-    rc, text = _gpu_check(tmp_path / "out", "--cpu-dry-run")
+    out_dir, out = dry_run
+    rc, text = out.returncode, out.stdout + out.stderr
     assert rc == 0, text[-3000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((out_dir / "summary.json").read_text())
     steps = summary["steps"]
     assert summary["status"] == "PASS" and summary["cpu_dry_run"] is True
     paper = steps["plan"]["layouts"]["paper 1x8"]
@@ -134,24 +156,16 @@ def test_gpu_check_cpu_dry_run_writes_the_summary(tmp_path):
         assert steps[name]["status"] == "SKIPPED", name
 
 
-def test_gpu_check_finds_the_projects_python_without_the_venv_on_path(tmp_path):
+@pytest.mark.xdist_group("gpu_dry_run")
+def test_gpu_check_finds_the_projects_python_without_the_venv_on_path(dry_run):
     """With no PYTHON and a PATH that lacks the venv (a plain shell, a bare GPU image), the
     check finds a Python that imports torch itself (the project's .venv here) and runs."""
     import json
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
-    env["PATH"] = "/usr/bin:/bin"
-    out = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", str(tmp_path / "out"), "--cpu-dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
-    )
+    out_dir, out = dry_run
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "gpu_check.sh: Python " in out.stderr
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "PASS"
+    assert json.loads((out_dir / "summary.json").read_text())["status"] == "PASS"
 
 
 def test_gpu_check_losses_on_the_cpu_match_float64():

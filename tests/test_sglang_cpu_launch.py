@@ -53,12 +53,19 @@ def checksum_loaded():
     weight = torch.arange(32 * 64, dtype=torch.float32).reshape(32, 64).to(torch.bfloat16)
     layer.weight = torch.nn.Parameter(weight, requires_grad=False)
     loaded = wc._hash_tensor(weight)
-    amx_utils._amx_process_weight_after_loading(layer, ["weight"])
+    # packed as SGLang's linear and MoE layers do it: through the name unquant.py imported
+    from sglang.srt.layers.quantization import unquant
+    unquant._amx_process_weight_after_loading(layer, ["weight"])
     checker = wc.WeightChecker.__new__(wc.WeightChecker)
     checker._get_model = lambda: layer
     checker._placement = dict(tp_rank=0, tp_size=1, dp_rank=0, dp_size=1, pp_rank=0, pp_size=1)
     sums = checker._compute_checksum(role="target")["checksums"]
-    return f"packed: {layer.weight.shape[0] == 64} reports the loaded: {sums['weight'] == loaded}"
+    with torch.no_grad():  # a packed weight changed in place since (one element)
+        layer.weight.data[3, 5] = 0.5  # was 324
+    held = wc._hash_tensor(layer.weight.data)
+    after = checker._compute_checksum(role="target")["checksums"]["weight"]
+    return (f"packed: {layer.weight.shape[0] == 64} reports the loaded: {sums['weight'] == loaded}"
+            f"; changed, what it holds: {after == held != loaded}")
 
 ARGV = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 
@@ -87,6 +94,9 @@ for check in sys.argv[3].split(","):
     print("RESULT " + json.dumps({check: found}), flush=True)
 """
 ALL = ["torchvision", "state_capturer", "amx_pack", "checksum_loaded"]
+# a packed weight reports the hash it was loaded with (packed through the name SGLang's layers
+# imported), and after a change in place the hash of what it holds, not the loaded one
+LOADED_AND_CHANGED = "packed: True reports the loaded: True; changed, what it holds: True"
 PARSERS = ["server_args", "router_args"]
 
 
@@ -150,7 +160,7 @@ def test_every_patch_takes_effect(patched):
         "torchvision": {"returned": "imported"},
         "state_capturer": {"returned": "buffer (4, 2, 2) False"},
         "amx_pack": {"returned": "packs gate: False up: True"},
-        "checksum_loaded": {"returned": "packed: True reports the loaded: True"},
+        "checksum_loaded": {"returned": LOADED_AND_CHANGED},
     }
 
 
@@ -178,8 +188,10 @@ def test_the_router_gate_is_not_amx_packed_with_the_patch(bare, patched):
 @pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
 def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare, patched):
     # engine.verify_weights compares them with what the trainer sent (weightsync/layouts.py)
-    assert bare["checksum_loaded"] == {"returned": "packed: True reports the loaded: False"}
-    assert patched["checksum_loaded"] == {"returned": "packed: True reports the loaded: True"}
+    assert bare["checksum_loaded"] == {
+        "returned": "packed: True reports the loaded: False; changed, what it holds: True"
+    }
+    assert patched["checksum_loaded"] == {"returned": LOADED_AND_CHANGED}
 
 
 def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):

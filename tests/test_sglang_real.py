@@ -84,15 +84,6 @@ def flat(groups):
     return [s for g in groups for s in g]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known defect, open: on the 2026-12-04 development machine (Intel Xeon, AMX) the real "
-        "SGLang server reports, after a weight update, checksums of its AMX-packed expert and "
-        "o_proj weights that differ from the sent ones (16 of 39 tensors), at 9d6538e too; "
-        "the checksum_loaded patch (engines/sglang/cpu_launch.py) does not cover it there"
-    ),
-)
 def test_sat_train_with_r3_on_the_server_logs_the_real_mismatch_and_replays_its_routes(
     engine, tmp_path
 ):
@@ -448,15 +439,6 @@ def test_sglang_stops_on_the_union_of_eos_ids_like_the_local_engine(
     assert any(s.response_ids[-1] == eos for s in samples)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known defect, open: on the 2026-12-04 development machine (Intel Xeon, AMX) the real "
-        "SGLang server reports, after a weight update, checksums of its AMX-packed expert and "
-        "o_proj weights that differ from the sent ones (16 of 39 tensors), at 9d6538e too; "
-        "the checksum_loaded patch (engines/sglang/cpu_launch.py) does not cover it there"
-    ),
-)
 def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tmp_path):
     """engine.weight_sync=distributed against the real server (gloo, this process the sender):
     SGLang 0.5.23's /weights_checker reports exactly the checksums the trainer side computes
@@ -464,7 +446,7 @@ def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tm
     the same weights (measured: 0.0 on the AVX-512 Xeon, 2026-12-02)."""
     from sat_cli.engines.local.sync import served_state
     from sat_cli.loop.weightsync import GroupSpec
-    from sat_cli.weightsync.layouts import compare
+    from sat_cli.weightsync.layouts import compare, expected_checksums
     from sat_cli.weightsync.sender import WeightSender
 
     url = engine.worker_urls[0]
@@ -485,7 +467,18 @@ def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tm
     sender.capture(v + 1, served_state(model))
     engine.sync_weights(sender, v + 1, GroupSpec(timeout_s=120.0))
     assert engine.served_versions() == [v + 1] and len(sender.plan(v + 1)) > 1
-    assert compare(sender.checksums(v + 1, "sglang"), engine.served_checksums()[url]) == []
+    served = engine.served_checksums()[url]
+    assert compare(sender.checksums(v + 1, "sglang"), served) == []
+    # one element of one AMX-packed tensor (an expert's down_proj) other than what was sent:
+    # exactly that tensor differs
+    named = dict(served_state(model))
+    down = "model.layers.0.mlp.experts.0.down_proj.weight"
+    named[down] = named[down].clone()
+    named[down][0, 0] += 0.5
+    claimed = expected_checksums(named, "sglang", "bfloat16", sender.tied)
+    assert [p.split(":")[0] for p in compare(claimed, served)] == [
+        "model.layers.0.mlp.experts.w2_weight"
+    ]
     by_wire = scored()
     save_hf(model, None, tmp_path / "v")
     engine.update_weights(str(tmp_path / "v"), v + 2)
@@ -494,6 +487,29 @@ def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tm
     assert max(abs(a - b) for a, b in zip(by_wire, base, strict=True)) > 0.1  # it did change
     engine.update_weights(str(MODEL), v + 3)  # back to the base weights
     sender.close()
+
+
+def test_a_served_weight_changed_in_place_is_caught(engine):
+    """On AMX CPUs /weights_checker reports, for an AMX-packed weight, the hash it was loaded
+    with (cpu_launch.py's checksum_loaded) only while the weight holds exactly the bytes packed
+    from it: SGLang's own ``reset_tensors`` overwrites every weight in place with random values,
+    and then every tensor, the packed ones included, differs from the loaded weights; a load
+    from disk packs them again and all match."""
+    from sat_cli.engines.local.sync import served_state
+    from sat_cli.weightsync.layouts import compare, expected_checksums
+
+    url = engine.worker_urls[0]
+    model = load_model(str(MODEL), "float32", torch.device("cpu"))
+    loaded = expected_checksums(served_state(model), "sglang", "bfloat16")
+    v = engine.version
+    engine.update_weights(str(MODEL), v + 1)  # the base weights, packed after an update
+    assert compare(loaded, engine.served_checksums()[url]) == []
+    answer = engine.client.post_json("/weights_checker", {"action": "reset_tensors"}, url=url)
+    assert answer.get("success") is True, answer
+    problems = compare(loaded, engine.served_checksums()[url])
+    assert sorted(p.split(":")[0] for p in problems) == sorted(loaded)
+    engine.update_weights(str(MODEL), v + 2)  # back to the base weights
+    assert compare(loaded, engine.served_checksums()[url]) == []
 
 
 def test_the_cpu_all_reduce_segments_carry_our_tag(engine):

@@ -31,8 +31,13 @@ The patches, for SGLang 0.5.23 with PyPI's torchvision 0.28.0 on torch 2.13.0+cp
   kernels after every load (``_amx_process_weight_after_loading``), and ``/weights_checker``
   ``checksum`` then hashes the packed bytes, which no trainer can compute, so
   ``engine.verify_weights`` could never match. The patch hashes each weight as it was loaded,
-  just before it is packed, and ``checksum`` reports that hash for a packed weight (the packed
-  bytes are a fixed function of it). Without AMX nothing is packed and nothing changes.
+  just before it is packed (at the first load and after every update: SGLang packs again after
+  ``/update_weights_from_disk`` and ``/end_weight_update``), and ``checksum`` reports that hash
+  for a packed weight while it still holds exactly the bytes packed from it (the packed bytes
+  are a fixed function of it); a weight changed since reports the hash of what it holds. SGLang's
+  layers import the packing function by name (``quantization/unquant.py``), so the patch
+  replaces it in every loaded module, not only in ``amx_utils``. Without AMX nothing is packed
+  and nothing changes.
 
 ``SAT_SGLANG_CPU_SKIP=name[,name]`` leaves patches out (tests show each one is needed).
 """
@@ -124,27 +129,51 @@ def patch_checksum_loaded() -> None:
     from sglang.srt.utils import weight_checker
 
     pack = amx_utils._amx_process_weight_after_loading
+    hash_tensor = weight_checker._hash_tensor
 
     def pack_recording(module, weight_names, *args, **kwargs):
         before = {name: getattr(module, name) for name in weight_names}
-        hashes = {name: weight_checker._hash_tensor(t.data) for name, t in before.items()}
+        hashes = {name: hash_tensor(t.data) for name, t in before.items()}
         out = pack(module, weight_names, *args, **kwargs)
         for name in weight_names:
             after = getattr(module, name)
             if after is not before[name]:  # packed: a new parameter (it shares the old __dict__)
-                after.__dict__["_sat_loaded_hash"] = hashes[name]
+                after.__dict__["_sat_loaded_hash"] = (hash_tensor(after.data), hashes[name])
         return out
 
-    amx_utils._amx_process_weight_after_loading = pack_recording
+    _rebind(pack, pack_recording)
     compute = weight_checker.WeightChecker._compute_checksum
 
     def checksum(self, skip_tensor_list=None, *, role):
         out = compute(self, skip_tensor_list, role=role)
-        loaded = {n: t.__dict__.get("_sat_loaded_hash") for n, t in self._model_state()}
-        sums = {n: loaded.get(n) or h for n, h in out["checksums"].items()}
+        packed = {n: t.__dict__.get("_sat_loaded_hash") for n, t in self._model_state()}
+        sums = {n: _as_loaded(h, packed.get(n)) for n, h in out["checksums"].items()}
         return {**out, "checksums": sums, "per_gpu_checksum": weight_checker.overall_checksum(sums)}
 
     weight_checker.WeightChecker._compute_checksum = checksum
+
+
+def _rebind(original, replacement) -> None:
+    """Replace ``original`` in every loaded module that holds it: SGLang's layers import
+    ``_amx_process_weight_after_loading`` by name (``quantization/unquant.py``, imported with
+    ``weight_checker``), so patching ``amx_utils`` alone would leave their copy in use; modules
+    imported later take the patched one from ``amx_utils``."""
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)
+        for name, value in list(names.items()) if isinstance(names, dict) else ():
+            if value is original:
+                setattr(module, name, replacement)
+
+
+def _as_loaded(served: str, record) -> str:
+    """The checksum to report for a tensor whose bytes hash to ``served``: the loaded weight's
+    hash if the tensor still holds exactly the bytes packed from it (``record`` = (packed
+    hash, loaded hash)), else ``served`` (a tensor changed since, in place or unpacked, reports
+    what it holds, so a corrupted weight never passes for the loaded one)."""
+    if record is None:
+        return served
+    packed_hash, loaded_hash = record
+    return loaded_hash if served == packed_hash else served
 
 
 def apply(skip: set[str] = frozenset()) -> list[str]:

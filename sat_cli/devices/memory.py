@@ -15,7 +15,7 @@ memory-efficient kernels: no ``[heads, S, S]`` score matrix is formed):
   MLP ``f``); an MoE layer replaces ``16f`` by ``k·(16f_moe + 8h + 36) + 4E`` (each routed
   copy: its input, gate, up, activation, product and weight; the router's probabilities);
 - with a padding or packing mask (rows of unequal length) SDPA gets k and v repeated to nq heads
-  (``+ 8d·nq``) and the ``[rows, 1, S, S]`` mask (4 B) is held once;
+  (``+ 8d·(nq − nkv)``) and each layer holds the ``[rows, 1, S, S]`` mask (4 B);
 - outside the layers: ``8h + 4d + 12`` bytes per token (final norm, RoPE tables, positions);
 - bf16 autocast: ``26h + 8 + (10d + 8)·nq + (10d + 4)·nkv + 8f`` per token and layer plus one
   bf16 copy of each layer's weights (2 B/param), counted on the dense layer; an MoE layer's
@@ -111,7 +111,7 @@ def hf_layer_bytes(a, padded: bool, bf16: bool = False) -> float:
     else:
         attn = 24 * h + 8 + (16 * d + 8) * nq + (16 * d + 4) * nkv
         mlp = a.top_k * (16 * a.moe_ffn + 8 * h + 36) + 4 * a.experts if a.experts else 16 * a.ffn
-    repeat = (4 if bf16 else 8) * d * nq if padded else 0  # k, v repeated to nq heads
+    repeat = (4 if bf16 else 8) * d * (nq - nkv) if padded else 0  # k, v repeated to nq heads
     return attn + mlp + repeat
 
 
@@ -125,8 +125,8 @@ def hf_activations(a, rows: int, seq: int, padded: bool, bf16: bool = False) -> 
     b = T * (a.layers * hf_layer_bytes(a, padded, bf16) + hf_outer_bytes(a))
     formula = f"{rows} × {seq} tokens × {a.layers} layers (SDPA, no score matrix)"
     if padded:
-        b += 4 * rows * seq * seq
-        formula += f" + the [{rows}, 1, {seq}, {seq}] mask"
+        b += 4 * rows * seq * seq * a.layers
+        formula += f" + the [{rows}, 1, {seq}, {seq}] mask per layer"
     if bf16:
         b += 2 * (a.total() - 2 * a.vocab * a.hidden)  # the layers' bf16 weight copies
         formula += " + bf16 weight copies"

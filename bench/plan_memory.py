@@ -4,7 +4,7 @@ local trainer on the CPU, shape by shape (docs/gpus.md "Memory per process").
     PYTHONPATH=. .venv/bin/python bench/plan_memory.py [--shape NAME ...] [--json]
 
 Per shape, a random-initialised Qwen3 (dense) or Qwen3-MoE of that shape is written to a
-temporary folder by one child process; a second, fresh child imports torch, transformers and
+temporary folder; a fresh child process imports torch, transformers and
 ``sat_cli``, builds the batch, resets its resident-set high-water mark (``/proc/self/clear_refs``
 5) and reads its resident set (the baseline: interpreter, torch, transformers, the batch), then
 builds ``LocalTrainer`` from the folder and runs ``--steps`` GRPO steps (one thread, glibc's
@@ -35,6 +35,7 @@ SHAPES: dict[str, dict] = {
     "dense-micro": dict(BASE, rows=32, seq=256, micro=2048),
     "moe-base": dict(BASE, experts=8, top_k=2, moe_ffn=256, rows=16, seq=256),
     "dense-packed": dict(BASE, rows=32, seq=128, ragged=64, row=224, micro=1792),
+    "dense-bf16": dict(BASE, rows=16, seq=256, dtype="bfloat16"),
 }
 # the floor: the same process with a model and batch of a few kB (lazy imports, file maps)
 FLOOR = dict(
@@ -83,13 +84,16 @@ def estimate(s: dict) -> float:
     from sat_cli.models.arch import Arch
 
     rows, width = forward_shape(s)
-    return local_trainer(Arch.from_hf(hf_config(s)), rows, width).peak
+    bf16 = s.get("dtype") == "bfloat16"
+    return local_trainer(Arch.from_hf(hf_config(s)), rows, width, bf16=bf16).peak
 
 
 def _save(folder: str, name: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     cfg = hf_config(SHAPES[name])
     config = AutoConfig.for_model(**cfg, pad_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
@@ -139,6 +143,7 @@ def _measure(folder: str, name: str, steps: int) -> dict:
         seed=0,
         max_tokens_per_row=s.get("row", 0),
         max_tokens_per_micro_batch=s.get("micro", 0),
+        dtype=s.get("dtype", "float32"),
     )
     built = _status("VmHWM")
     for _ in range(steps):
@@ -157,17 +162,17 @@ def run_shape(
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     me = str(Path(__file__).resolve())
     with tempfile.TemporaryDirectory(prefix="plan-memory-") as tmp:
-        for args in (["--save", tmp, name], ["--measure", tmp, name, str(steps)]):
-            out = subprocess.run(
-                [sys.executable, me, *args],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-            if out.returncode:
-                raise RuntimeError(f"{name} {args[0]}: {out.stderr[-2000:]}")
+        _save(tmp, name)  # here: the measuring child only reads the folder
+        out = subprocess.run(
+            [sys.executable, me, "--measure", tmp, name, str(steps)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if out.returncode:
+            raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
     if floor is not None:
         got["measured"] = got["hwm"] - floor
@@ -180,12 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--save", nargs=2, metavar=("DIR", "SHAPE"), help=argparse.SUPPRESS)
     ap.add_argument("--measure", nargs=3, metavar=("DIR", "SHAPE", "STEPS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.save:
-        _save(*a.save)
-        return 0
     if a.measure:
         print(json.dumps(_measure(a.measure[0], a.measure[1], int(a.measure[2]))))
         return 0

@@ -169,9 +169,10 @@ def test_estimate_matches_the_measured_peak_of_the_real_trainer():
         "dense-micro",
         "moe-base",
         "dense-packed",
+        "dense-bf16",
     ],
 )
 def test_estimate_matches_the_measured_peak_on_more_shapes(shape):
     """Hidden size, layers and sequence length, vocabulary (chunked log-probs), a token budget
-    per micro-batch, an MoE model and packed rows."""
+    per micro-batch, an MoE model, packed rows and bf16 autocast."""
     _check_shape(shape)

@@ -211,6 +211,10 @@ def memory_lines(obj, arch, plan) -> list[str]:
             lines.append(f"    peak = {m.peak_rule}")
             if m.host:
                 lines.append(f"    host memory: {size_text(m.host)} per GPU (offloaded)")
+        models = _models()
+        for role, settings in (("engine", obj.engine), ("trainer", obj.trainer)):
+            if type(settings) not in models:
+                lines.append(f"  {role} {settings.name}: no memory model for this option")
     from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
 
     if isinstance(t, MegatronTrainerSettings):

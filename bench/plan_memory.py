@@ -10,7 +10,8 @@ temporary folder; a fresh child process imports torch, transformers and
 builds ``LocalTrainer`` from the folder and runs ``--steps`` GRPO steps (one thread, glibc's
 mmap threshold fixed at 64 KiB so freed tensors leave the resident set). Measured = ``VmHWM``
 after the steps − that of the ``floor`` shape run the same way (a model and batch of a few kB:
-the lazy imports and file maps of building a trainer); estimate = the model's local-trainer peak on the CPU (no
+the lazy imports and file maps of building a trainer); estimate = the model's local-trainer
+peak on the CPU (no
 overhead part). Ratio = estimate / measured; the model's bar is ±15 %.
 """
 

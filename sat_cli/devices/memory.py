@@ -25,15 +25,17 @@ The log-prob chunk (``trainers/head_chunks.py``): ``C = trainer.logprob_chunk_to
 ``2^25 // V`` positions. A forward of ``T ≤ C`` positions takes the plain graph: logits, their
 ``z = logits / T``, their log-softmax and the entropy's exp and product: ``20·T·V`` bytes (bf16
 autocast: ``18·T·V``, the logits in bf16); more positions go chunk by chunk, ``20·C·V`` bytes
-at a time, plus the hidden states' gradient (``4·T·h``). The
-backward starts at the LM head: its gradient ``4·V·h`` is allocated while the activations are
-still held. Peak = weights + reference + optimizer states + max(activations + log-prob chunk +
-LM-head gradient, gradients + optimizer temporaries) + overhead (CUDA context, ``CUDA_GB``;
-0 on the CPU, where the measured baseline is the interpreter with torch and transformers).
+at a time, plus the hidden states' gradient (``4·T·h``). The backward starts at the LM head:
+its gradient ``4·V·h`` is allocated while the activations are still held. Peak = weights +
+reference + optimizer states + max(activations + log-prob chunk + LM-head gradient, gradients +
+optimizer temporaries) + overhead (CUDA context, ``CUDA_GB``; 0 on the CPU, where
+``bench/plan_memory.py`` subtracts the same process's peak with a model of a few kB). Measured
+on the CPU within ±15 % on eight shapes (bench/README.md).
 
-**Local engine** (HF ``generate`` in its own process): weights ``bytes·P``, the KV cache ``2 ·
-L · nkv · d · bytes`` per token of the rollout's rows (at most ``MAX_BATCH`` per forward) × S, the last position's logits
-``4 copies × rows × V × 4 B`` (softmax, sorting of top-p), the prefill's largest transient
+**Local engine** (HF ``generate`` in its own process): weights ``bytes·P``, the KV cache
+``2 · L · nkv · d · bytes`` per token of the rollout's rows (at most ``MAX_BATCH`` per forward)
+× S, the last position's logits ``4 copies × rows × V × 4 B`` (softmax, sorting of top-p), the
+prefill's largest transient
 (no graph: one layer's residual, normed input and three MLP-wide tensors, ``(2h + 3f)`` per
 prompt token, ``f`` the dense FFN or ``k·f_moe``, and the ``[rows, 1, P, P]`` mask). Not
 measured.
@@ -50,12 +52,12 @@ nq·d + 2h + k·(h + 3f_moe)`` elements ÷ tp (sequence parallel), all layers or
 ``b · nq/tp · S²`` scores per layer: each layer held for backward keeps the fp32 softmax and its
 bf16 copy for the value product (6 B; fp32 4 B) — all layers, or with recompute the one being
 recomputed — and the layer being computed adds its scores and their fp32 upcast and masked copy
-(8 B); the MoE allgather dispatcher's buffers (tokens gathered over etp × ep
-ranks, ``2h`` each, and the local experts' share ``k/ep`` of them through ``2h + 3f_moe``);
-full-vocabulary logits on every rank, ``18 B`` per logit of ``S × V`` (bf16 logits, fp32
-``z/T``, log-softmax, and the entropy's exp and product; fp32 20 B); overhead ``MEGATRON_OVERHEAD_GB``.
-Peak = weights + gradients + optimizer + activations + max(attention scores + MoE buffers, the
-scores held for backward + logits) + overhead.
+(8 B); the MoE allgather dispatcher's buffers (tokens gathered over etp × ep ranks, ``2h``
+each, and the local experts' share ``k/ep`` of them through ``2h + 3f_moe``); full-vocabulary
+logits on every rank, ``18 B`` per logit of ``S × V`` (bf16 logits, fp32 ``z/T``, log-softmax,
+and the entropy's exp and product; fp32 20 B); overhead ``MEGATRON_OVERHEAD_GB``. Peak =
+weights + gradients + optimizer + activations + max(attention scores + MoE buffers, the scores
+held for backward + logits) + overhead. Not measured (docs/megatron.md: the layer term is low).
 """
 
 from __future__ import annotations

@@ -36,10 +36,19 @@ def _plan(*args: str, cwd) -> str:
     return out.stdout
 
 
-def _row(text: str, name: str) -> float:
-    m = re.search(rf"^  {name}\s+([\d.]+) GB", text, re.M)
-    assert m, text
-    return float(m.group(1))
+UNITS = {"GB": 1e9, "MB": 1e6, "kB": 1e3}
+
+
+def _row(text: str, name: str, process: str = "megatron rank") -> float:
+    """A part's printed size in GB in ``process``'s block of the memory section ("peak": its
+    peak)."""
+    block = re.split(r"\n  (?=\S)", text.split(f"\n  {process}")[1])[0]
+    if name == "peak":
+        m = re.search(r"peak ([\d.]+) (GB|MB|kB)", block)
+    else:
+        m = re.search(rf"^    {name}\s+(?:([\d.]+) (GB|MB|kB)|(0))\s", block, re.M)
+    assert m, block
+    return 0.0 if m.group(1) is None else float(m.group(1)) * UNITS[m.group(2)] / 1e9
 
 
 def test_hand_counts_match_the_table():
@@ -88,17 +97,27 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     )
     assert "requests  a sweep job (--executor slurm|ray): 1 node, 8 GPU(s)" in text
     n = PAPER_DENSE + PAPER_EXPERT  # 7,642,626,048 per trainer GPU
-    assert f"parameters        {n:,}" in text and f"dense {PAPER_DENSE:,}" in text
-    assert _row(text, "weights") == round(2 * n / 1e9, 1)  # bf16: 15.3
-    assert _row(text, "gradients") == round(4 * n / 1e9, 1)  # fp32 main grads: 30.6
+    assert f"{n:,} (dense {PAPER_DENSE:,}, experts {PAPER_EXPERT:,})" in text
+    assert _row(text, "weights") == round(2 * n / 1e9, 2)  # bf16: 15.29
+    assert _row(text, "gradients") == round(4 * n / 1e9, 2)  # fp32 main grads: 30.57
     assert _row(text, "optimizer states") == 0.0  # offloaded ...
-    assert f"offloaded: {12 * n / 1e9:.1f} GB host memory per GPU" in text  # ... 91.7 GB
-    assert "1 × 33792 tokens, full recompute" in text  # 1024 prompt + 32768 response
-    total = _row(text, "total")
-    assert 50 < total <= 80 and "of trainer.gpu_memory_gb=80 (fits)" in text
+    assert f"host memory: {12 * n / 1e9:.2f} GB per GPU (offloaded)" in text  # ... 91.71 GB
+    # 1024 prompt + 8192 response tokens (the preset's cap: a 33,792-token row does not fit)
+    assert "1 × 9216 tokens ÷ tp 4, full recompute" in text
+    assert _row(text, "attention scores") == round(9216**2 * 8 * (6 + 8) / 1e9, 2)  # 8 heads
+    assert _row(text, "logits") == round(18 * 9216 * 151936 / 1e9, 2)  # full vocabulary
+    # peak: weights + gradients + layer inputs + logits (they outweigh the scores) + overhead
+    inputs = 9216 * 2048 * 2 * 48 / 4  # each layer's input, bf16, ÷ tp (sequence parallel)
+    layer = 9216 * (2 * 2048 + 40 * 128 + 32 * 128 + 2 * 2048 + 8 * (2048 + 3 * 768)) * 2 / 4
+    peak = 6 * n + inputs + layer + 18 * 9216 * 151936 + 4e9
+    assert _row(text, "peak") == round(peak / 1e9, 2) == 75.75
+    assert "peak 75.75 GB of 80 GB (fits)" in text
     assert "cannot run" not in text  # tp, optimizer offload and recompute all run
     text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
-    assert _row(text141, "total") == total and "gpu_memory_gb=141 (fits)" in text141
+    assert "peak 75.75 GB of 141 GB (fits)" in text141
+    # the paper's 32k responses: 181 GB, refused at compose time (`sat plan` and `sat train`)
+    out = run_sat("plan", PAPER, "task.max_new_tokens=32768", cwd=tmp_path)
+    assert out.returncode == 2 and "estimated peak of 181.5 GB per trainer GPU" in out.stderr
     assert not list(tmp_path.iterdir())  # wrote nothing
 
 
@@ -143,13 +162,14 @@ def test_plan_dense_8gpu_preset_fits_80_gb(tmp_path):
     assert "1 node(s) × 4 processes = 4 ranks" in text and "tp 2, pp 1, cp 1, ep 1" in text
     assert "4 rollout + 4 training, disjoint (engine.colocate=false): node 0 needs 8" in text
     n = 36 * ((ATTN_8B + MLP_8B) // 2 + NORMS_8B) + EMB_8B + 4096  # 4,095,521,792 per GPU
-    assert f"parameters        {n:,} (4.10 B): dense {n:,} (4.10 B)" in text
-    assert "experts" not in text.split("per trainer GPU")[1]
-    assert _row(text, "weights") == round(2 * n / 1e9, 1)  # 8.2
-    assert _row(text, "gradients") == round(4 * n / 1e9, 1)  # 16.4
-    assert _row(text, "optimizer states") == round(12 * n / 2 / 1e9, 1)  # ÷ dp 2: 24.6
-    assert "4 × 2048 tokens, full recompute" in text  # 1024 prompt + 1024 response
-    assert _row(text, "total") <= 80 and "(fits)" in text and "cannot run" not in text
+    assert f"{n:,} (dense {n:,}, experts 0)" in text
+    assert _row(text, "MoE dispatch") == 0.0
+    assert _row(text, "weights") == round(2 * n / 1e9, 2)  # 8.19
+    assert _row(text, "gradients") == round(4 * n / 1e9, 2)  # 16.38
+    assert _row(text, "optimizer states") == round(12 * n / 2 / 1e9, 2)  # ÷ dp 2: 24.57
+    assert "4 × 2048 tokens ÷ tp 2, full recompute" in text  # 1024 prompt + 1024 response
+    assert _row(text, "logits") == round(18 * 4 * 2048 * 151936 / 1e9, 2)  # 22.40
+    assert _row(text, "peak") <= 80 and "of 80 GB (fits)" in text and "cannot run" not in text
     assert not list(tmp_path.iterdir())
 
 
@@ -158,12 +178,10 @@ def test_plan_tiny_megatron_default(tmp_path):
     assert "the tiny model (model.*): 1,021,312 parameters" in text
     assert "engines   local: one engine process on the CPU (cpu, float32)" in text
     assert "1 node(s) × 1 processes = 1 ranks" in text
-    assert _row(text, "weights") == 0.0 and _row(text, "overhead") == 4.0
+    assert _row(text, "weights") == 0.00409 and _row(text, "overhead") == 4.0  # 4 B × 1,021,312
     assert "cannot run" not in text  # the worker runs this layout
     local = _plan(cwd=tmp_path)
-    assert (
-        "trainer   local: in the orchestrator process" in local and "per trainer GPU" not in local
-    )
+    assert "trainer   local: in the orchestrator process" in local and "megatron" not in local
 
 
 def test_plan_single_gpu_prints_cuda_and_the_dtypes_used(tmp_path):
@@ -303,7 +321,7 @@ def test_train_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     out = run_sat("train", *args, "--dry-run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == _plan(*args, cwd=tmp_path)
-    assert "per trainer GPU" in out.stdout
+    assert "megatron rank, each of 4 (largest pipeline stage) (GPU): peak" in out.stdout
     assert not list(tmp_path.iterdir())  # no run folder, no MLflow store
 
 

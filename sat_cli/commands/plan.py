@@ -14,7 +14,7 @@ imports neither torch nor MLflow).
 from __future__ import annotations
 
 from sat_cli.config.dynamic import plan_line
-from sat_cli.config.layout import architecture, sequence_tokens
+from sat_cli.config.layout import PROMPT_TOKENS, architecture, sequence_tokens
 from sat_cli.models.arch import params_text
 
 
@@ -85,8 +85,149 @@ def plan_text(obj, gpus_per_node: int | None = None) -> str:
         from sat_cli.cluster.settings import placement_text
 
         lines.append(placement_text(obj.launcher, launcher_runtime(obj)))
-    lines += t.plan_notes(arch, obj.clip.micro_batch_size, sequence_tokens(obj))
+    lines += memory_lines(obj, arch, plan)
     return "\n".join(lines) + "\n"
+
+
+SGLANG_FRACTION = 0.85  # what the plan assumes when engine.mem_fraction_static is unset
+
+
+def _nbytes(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def _trainer_forward(obj, seq: int) -> tuple[int, int]:
+    """(rows, width) of the local trainer's largest forward with gradient."""
+    from math import ceil
+
+    from sat_cli.trainers.settings import micro_batch_tokens
+
+    t, task = obj.trainer, obj.task
+    rows = max(1, task.prompts_per_step * task.samples_per_prompt // obj.algo.num_minibatches)
+    budget, row = micro_batch_tokens(t), t.max_tokens_per_row
+    width = row or seq
+    if budget:
+        return max(1, budget // width), width
+    return (ceil(rows * seq / row) if row else rows), width
+
+
+def _sglang(obj, arch, procs) -> list[tuple]:
+    """One GPU of the SGLang servers (they are alike)."""
+    from sat_cli.devices import memory as mm
+
+    e, p = obj.engine, procs[0]
+    frac = e.mem_fraction_static or p.mem_fraction or SGLANG_FRACTION
+    gpu = getattr(obj.trainer, "gpu_memory_gb", mm.GPU_GB)
+    name = f"sglang server GPU, each of {sum(len(q.gpus) for q in procs)}"
+    return [(mm.sglang_gpu(arch, e.tp, e.ep, _nbytes(e.dtype), frac, gpu, name), bool(p.gpus))]
+
+
+def _local_engine(obj, arch, procs) -> list[tuple]:
+    from sat_cli.devices.memory import local_engine
+
+    rows, seq = obj.task.prompts_per_step * obj.task.samples_per_prompt, sequence_tokens(obj)
+    nbytes = _nbytes(obj.engine.dtype)
+    return [
+        (local_engine(arch, rows, PROMPT_TOKENS, seq, nbytes, bool(p.gpus), p.name), bool(p.gpus))
+        for p in procs
+    ]
+
+
+def _megatron(obj, arch, procs) -> list[tuple]:
+    """One Megatron rank (the ranks are alike; the largest pipeline stage)."""
+    from sat_cli.devices.memory import megatron_rank
+    from sat_cli.trainers.megatron.layout import Layout, params_per_gpu
+
+    lay = Layout.of(obj.trainer)
+    name = f"megatron rank, each of {lay.world} (largest pipeline stage)"
+    rows, seq = obj.clip.micro_batch_size, sequence_tokens(obj)
+    rank = megatron_rank(arch, lay, params_per_gpu(arch, lay), rows, seq, name)
+    return [(rank, any(p.gpus for p in procs))]
+
+
+def _local_trainer(obj, arch, procs) -> list[tuple]:
+    from sat_cli.devices.memory import local_trainer
+
+    t, p = obj.trainer, procs[0]
+    rows, width = _trainer_forward(obj, sequence_tokens(obj))
+    mem = local_trainer(
+        arch,
+        rows,
+        width,
+        bf16=t.dtype == "bfloat16",
+        chunk=t.logprob_chunk_tokens,
+        kl=obj.algo.kl_coef > 0,
+        cuda=bool(p.gpus),
+        name=p.name,
+    )
+    return [(mem, bool(p.gpus))]
+
+
+def _models() -> dict:
+    """The memory model of each engine and trainer settings class."""
+    from sat_cli.engines.local.settings import LocalEngineSettings
+    from sat_cli.engines.sglang.settings import SGLangEngineSettings
+    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
+    from sat_cli.trainers.settings import LocalTrainerSettings
+
+    return {
+        SGLangEngineSettings: _sglang,
+        LocalEngineSettings: _local_engine,
+        MegatronTrainerSettings: _megatron,
+        LocalTrainerSettings: _local_trainer,
+    }
+
+
+def process_memory(obj, arch, plan) -> list[tuple]:
+    """``(ProcMemory, on a GPU)`` of each kind of process of this config (engine, trainer; the
+    SGLang servers' GPUs and the Megatron ranks alike: one entry each)."""
+    models, out = _models(), []
+    for role, settings in (("engine", obj.engine), ("trainer", obj.trainer)):
+        procs = plan.of(role)
+        model = models.get(type(settings))
+        if model is not None and procs:
+            out += model(obj, arch, procs)
+    return out
+
+
+def memory_lines(obj, arch, plan) -> list[str]:
+    """The per-process memory section of `sat plan` (and the Megatron not-yet note)."""
+    from sat_cli.devices.memory import GB, GPU_GB, size_text
+
+    t = obj.trainer
+    lines = [""]
+    if arch is None:
+        lines.append("memory    no estimate: the model's architecture is not known here")
+    else:
+        lines.append(
+            f"memory    peak per process, by part (estimate; rows of {PROMPT_TOKENS} prompt + "
+            f"{obj.task.max_new_tokens} new tokens; GB = 1e9 B; docs/gpus.md, Memory per process)"
+        )
+        gpu = getattr(t, "gpu_memory_gb", GPU_GB)
+        for m, on_gpu in process_memory(obj, arch, plan):
+            where = "GPU" if on_gpu else "CPU"
+            fits = ""
+            if on_gpu:
+                fits = f" of {gpu:g} GB ({'fits' if m.peak <= gpu * GB else 'OVER'})"
+            lines.append(f"  {m.process} ({where}): peak {size_text(m.peak)}{fits}")
+            lines += [f"    {x.name:<22} {size_text(x.bytes):>11}  {x.formula}" for x in m.parts]
+            lines.append(f"    peak = {m.peak_rule}")
+            if m.host:
+                lines.append(f"    host memory: {size_text(m.host)} per GPU (offloaded)")
+        models = _models()
+        for role, settings in (("engine", obj.engine), ("trainer", obj.trainer)):
+            if type(settings) not in models:
+                lines.append(f"  {role} {settings.name}: no memory model for this option")
+    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
+
+    if isinstance(t, MegatronTrainerSettings):
+        from sat_cli.trainers.megatron.layout import Layout, unimplemented
+        from sat_cli.trainers.megatron.plan import not_yet_message
+
+        missing = unimplemented(Layout.of(t))
+        if missing:
+            lines += ["", not_yet_message(missing, plan=True)]
+    return lines
 
 
 def check_implemented(obj) -> None:

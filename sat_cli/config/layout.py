@@ -7,8 +7,9 @@ default (``sat_cli.models.arch.TINY_MOE_CONFIG`` with ``model.num_layers``/``hid
 ``num_experts``/``top_k``), or, for a hub id whose files are not here, the table
 ``sat_cli.models.arch.KNOWN_HF_CONFIGS`` (``Qwen/Qwen3-30B-A3B-Base``).
 
-The layout rules, the parameter split and the memory estimate are Megatron's
-(``sat_cli.trainers.megatron.layout``); this module reads the config for them.
+The layout rules and the parameter split are Megatron's (``sat_cli.trainers.megatron.layout``),
+the memory estimate per rank ``sat_cli.devices.memory.megatron_rank``'s (what `sat plan` prints);
+this module reads the config for them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from pathlib import Path
 
 from sat_cli.models.arch import Arch
-from sat_cli.trainers.megatron.layout import Layout, check, memory
+from sat_cli.trainers.megatron.layout import Layout, check, params_per_gpu
 from sat_cli.validate import ConfigError
 
 PROMPT_TOKENS = 1024  # prompt allowance of a sequence in the activation estimate
@@ -78,11 +79,14 @@ def check_config(obj) -> None:
     check(lay, arch)
     if arch is None:
         return
-    mem = memory(arch, lay, obj.clip.micro_batch_size, sequence_tokens(obj))
+    from sat_cli.devices.memory import GB, megatron_rank
+
+    rows, seq = obj.clip.micro_batch_size, sequence_tokens(obj)
+    peak = megatron_rank(arch, lay, params_per_gpu(arch, lay), rows, seq, "rank").peak / GB
     limit = obj.trainer.gpu_memory_gb
-    if mem.total_gb > limit:
+    if peak > limit:
         raise ConfigError(
-            f"trainer=megatron: the estimated peak of {mem.total_gb:.1f} GB per trainer GPU "
+            f"trainer=megatron: the estimated peak of {peak:.1f} GB per trainer GPU "
             f"is over trainer.gpu_memory_gb={limit:g} (see `sat plan`); use more GPUs "
             "(trainer.nproc_per_node, trainer.nnodes) or larger trainer.ep / trainer.tp, "
             "trainer.optimizer_offload=true, trainer.recompute=true, or a shorter "

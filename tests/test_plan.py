@@ -105,16 +105,20 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
     # 1024 prompt + 8192 response tokens (the preset's cap: a 33,792-token row does not fit)
     assert "1 × 9216 tokens ÷ tp 4, full recompute" in text
     assert _row(text, "attention scores") == round(9216**2 * 8 * (6 + 8) / 1e9, 2)  # 8 heads
-    assert _row(text, "logits") == round(18 * 9216 * 151936 / 1e9, 2)  # full vocabulary
-    # peak: weights + gradients + layer inputs + logits (they outweigh the scores) + overhead
+    assert _row(text, "logits") == round(18 * 9216 * 151936 / 4 / 1e9, 2)  # vocab shard ÷ tp 4
+    # MoE dispatch: 9216 tokens gathered over ep 4 (2h each), 8/4 experts' share through 2h + 3f
+    moe = (2 * 9216 * 2048 + 9216 * 2 * (2 * 2048 + 3 * 768)) * 2 + 4 * 9216 * 128
+    assert _row(text, "MoE dispatch") == pytest.approx(moe / 1e9, abs=1e-4)  # 0.316
+    # peak: weights + gradients + layer inputs + one layer + scores and MoE buffers (they
+    # outweigh the vocabulary shard's logits) + overhead
     inputs = 9216 * 2048 * 2 * 48 / 4  # each layer's input, bf16, ÷ tp (sequence parallel)
     layer = 9216 * (2 * 2048 + 40 * 128 + 32 * 128 + 2 * 2048 + 8 * (2048 + 3 * 768)) * 2 / 4
-    peak = 6 * n + inputs + layer + 18 * 9216 * 151936 + 4e9
-    assert _row(text, "peak") == round(peak / 1e9, 2) == 75.75
-    assert "peak 75.75 GB of 80 GB (fits)" in text
+    peak = 6 * n + inputs + layer + 9216**2 * 8 * (6 + 8) + moe + 4e9
+    assert _row(text, "peak") == round(peak / 1e9, 2) == 60.38
+    assert "peak 60.38 GB of 80 GB (fits)" in text
     assert "cannot run" not in text  # tp, optimizer offload and recompute all run
     text141 = _plan(PAPER, "trainer.gpu_memory_gb=141", cwd=tmp_path)
-    assert "peak 75.75 GB of 141 GB (fits)" in text141
+    assert "peak 60.38 GB of 141 GB (fits)" in text141
     # the paper's 32k responses: 181 GB, refused at compose time (`sat plan` and `sat train`)
     out = run_sat("plan", PAPER, "task.max_new_tokens=32768", cwd=tmp_path)
     assert out.returncode == 2 and "estimated peak of 181.5 GB per trainer GPU" in out.stderr
@@ -168,7 +172,7 @@ def test_plan_dense_8gpu_preset_fits_80_gb(tmp_path):
     assert _row(text, "gradients") == round(4 * n / 1e9, 2)  # 16.38
     assert _row(text, "optimizer states") == round(12 * n / 2 / 1e9, 2)  # ÷ dp 2: 24.57
     assert "4 × 2048 tokens ÷ tp 2, full recompute" in text  # 1024 prompt + 1024 response
-    assert _row(text, "logits") == round(18 * 4 * 2048 * 151936 / 1e9, 2)  # 22.40
+    assert _row(text, "logits") == round(18 * 4 * 2048 * 151936 / 2 / 1e9, 2)  # ÷ tp 2: 11.20
     assert _row(text, "peak") <= 80 and "of 80 GB (fits)" in text and "cannot run" not in text
     assert not list(tmp_path.iterdir())
 

@@ -53,9 +53,11 @@ nq·d + 2h + k·(h + 3f_moe)`` elements ÷ tp (sequence parallel), all layers or
 bf16 copy for the value product (6 B; fp32 4 B) — all layers, or with recompute the one being
 recomputed — and the layer being computed adds its scores and their fp32 upcast and masked copy
 (8 B); the MoE allgather dispatcher's buffers (tokens gathered over etp × ep ranks, ``2h``
-each, and the local experts' share ``k/ep`` of them through ``2h + 3f_moe``); full-vocabulary
-logits on every rank, ``18 B`` per logit of ``S × V`` (bf16 logits, fp32 ``z/T``, log-softmax,
-and the entropy's exp and product; fp32 20 B); overhead ``MEGATRON_OVERHEAD_GB``. Peak =
+each, and the local experts' share ``k/ep`` of them through ``2h + 3f_moe``); each rank's
+vocabulary shard of the logits (``parallel_output=True``; the log-softmax taken across the
+shards, ``trainers/megatron/runtime.vocab_parallel_logprobs``), ``18 B`` per logit of
+``S × V/tp`` (bf16 logits, fp32 ``z/T``, the shifted exp, and the entropy's exp and product;
+fp32 20 B); overhead ``MEGATRON_OVERHEAD_GB``. Peak =
 weights + gradients + optimizer + activations + max(attention scores + MoE buffers, the scores
 held for backward + logits) + overhead. Not measured (docs/megatron.md: the layer term is low).
 """
@@ -246,7 +248,7 @@ def megatron_rank(a, lay, params: tuple[int, int], rows: int, seq: int, name: st
         local = gathered * a.top_k / lay.ep
         moe = (2 * gathered * h + local * (2 * h + 3 * a.moe_ffn)) * b + 4 * gathered * a.experts
     per_logit = 18 if bf16 else 20  # bf16 logits (fp32: kept), z, log-softmax, exp, product
-    logits = per_logit * tokens * a.vocab  # full vocabulary on every rank (parallel_output=False)
+    logits = per_logit * tokens * a.vocab / lay.tp  # each rank's vocabulary shard
     mode = "full recompute: layer inputs + one layer" if lay.recompute else f"all {L} layers"
     parts = (
         Part("weights", w * n, f"{w} B/param × {n:,} (dense {dense:,}, experts {expert:,})"),
@@ -265,7 +267,11 @@ def megatron_rank(a, lay, params: tuple[int, int], rows: int, seq: int, name: st
             "layer(s) + 8 B)",
         ),
         Part("MoE dispatch", moe, "allgather dispatcher buffers, one layer" if moe else "-"),
-        Part("logits", logits, f"full vocabulary: {per_logit} B × {int(tokens)} × {a.vocab}"),
+        Part(
+            "logits",
+            logits,
+            f"vocabulary shard: {per_logit} B × {int(tokens)} × {a.vocab} ÷ tp {lay.tp}",
+        ),
         Part("overhead", MEGATRON_OVERHEAD_GB * GB, "CUDA context, NCCL buffers"),
     )
     p = {x.name: x.bytes for x in parts}

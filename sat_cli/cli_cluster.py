@@ -153,6 +153,12 @@ def mlflow_server_cmd(
     telemetry: bool = typer.Option(
         False, "--telemetry", help="let MLflow send its usage telemetry (off by default)"
     ),
+    allowed_hosts: str = opt(
+        LINE,
+        None,
+        "--allowed-hosts",
+        help="Host headers served besides localhost and private IPs: NAME[:PORT],… (* wildcards)",
+    ),
 ) -> None:
     """One MLflow tracking server for every node (PostgreSQL store, shared artifacts); prints
     the tracking URI for `tracking=mlflow_server tracking.uri=…` (docs/cluster.md)."""
@@ -168,5 +174,6 @@ def mlflow_server_cmd(
             telemetry=telemetry,
             db_timeout_s=db_timeout,
             env=env,
+            allowed_hosts=allowed_hosts,
         )
     )

@@ -8,7 +8,10 @@ from sat_cli.config import GROUPS, ConfigError, conf_dir, group_options, load
 
 # keys whose null the schema replaces by a derived value, written back into the config, and that
 # value for every option's own YAML (the rule itself: tests/test_plan.py)
-DERIVED = {"trainer.nproc_per_node": 1}  # the fewest ranks of a layout with all sizes 1
+DERIVED = {
+    "trainer.nproc_per_node": 1,  # the fewest ranks of a layout with all sizes 1
+    "engine.dtype": "float32",  # null: by engine.device (cpu here)
+}
 
 
 @pytest.mark.parametrize(

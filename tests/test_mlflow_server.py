@@ -79,13 +79,18 @@ def mlflow_server(db: Path, port: int) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace_s``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -244,3 +249,84 @@ def test_a_store_under_a_regular_file_exits_2_without_a_traceback(tmp_path):
     )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "'regfile' is a file" in out.stderr
+
+
+def _status(url: str, host: str) -> int:
+    """The HTTP status of a GET of ``url`` sent with ``Host: host``."""
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_allowed_hosts_reach_mlflows_host_check(tmp_path):
+    """`sat mlflow-server --allowed-hosts head01.example` against the real server: a request
+    whose Host header names head01.example (with the port, as a client sends it) is served, one
+    naming another host is rejected by MLflow's DNS-rebinding guard, localhost still works."""
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "sat_cli.cli", "mlflow-server"]
+    cmd += ["--backend-store-uri", f"sqlite:///{tmp_path}/store.db"]
+    cmd += ["--artifacts-destination", str(tmp_path / "art"), "--port", str(port)]
+    cmd += ["--workers", "1", "--allowed-hosts", "head01.example,*.corp.example"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    api = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while "MLflow server ready" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        assert _status(api, f"head01.example:{port}") == 200
+        assert _status(api, "head01.example") == 200
+        assert _status(api, f"gpu7.corp.example:{port}") == 200
+        assert _status(api, f"127.0.0.1:{port}") == 200
+        assert _status(api, f"evil.example:{port}") == 403
+        assert _status(api, f"head01.example.evil:{port}") == 403
+        assert "also serving Host head01.example, *.corp.example" in log_path.read_text()
+    finally:
+        _stop_group(proc)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("*", r"would accept every Host header"),
+        ("a,,b", r"'' is not a host name"),
+        ("a b", r"'a b' is not a host name"),
+        ("a/b", r"'a/b' is not a host name"),
+    ],
+)
+def test_bad_allowed_hosts_are_one_line(text, error):
+    from sat_cli.commands.mlflow_server import parse_allowed_hosts
+
+    with pytest.raises(UserError, match=error):
+        parse_allowed_hosts(text)
+
+
+def test_allowed_hosts_list_adds_ports_and_keeps_mlflows_defaults():
+    from mlflow.server.security_utils import get_default_allowed_hosts, is_allowed_host_header
+
+    from sat_cli.commands.mlflow_server import allowed_hosts, parse_allowed_hosts
+
+    hosts = allowed_hosts(parse_allowed_hosts("head01,10.1.2.3:5000,[fd00::1]"), "node9")
+    assert hosts[: len(get_default_allowed_hosts())] == get_default_allowed_hosts()
+    assert hosts[len(get_default_allowed_hosts()) :] == [
+        "node9",
+        "node9:*",
+        "head01",
+        "head01:*",
+        "10.1.2.3:5000",
+        "[fd00::1]",
+        "[[]fd00::1]:*",
+    ]
+    for ok in ("node9:5000", "head01", "head01:80", "[fd00::1]:5000", "localhost:5000"):
+        assert is_allowed_host_header(hosts, ok), ok
+    for bad in ("head02:5000", "8.8.8.8:5000", "[fd00::2]:5000"):
+        assert not is_allowed_host_header(hosts, bad), bad

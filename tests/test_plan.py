@@ -193,7 +193,7 @@ def test_plan_single_gpu_prints_cuda_and_the_dtypes_used(tmp_path):
     architecture known (it was "one engine process on the CPU", "(CPU, float32…)",
     "1 rollout + 0 training" and "architecture unknown")."""
     cuda = ["model=qwen3_0_6b", "engine.device=cuda", "trainer.device=cuda"]
-    text = _plan(*cuda, "trainer.dtype=bfloat16", cwd=tmp_path)
+    text = _plan(*cuda, "engine.dtype=float32", cwd=tmp_path)  # the trainer: cuda's bf16
     assert "Qwen/Qwen3-0.6B-Base (sat_cli/models/arch.py): 596,049,920 (0.60 B) parameters" in text
     assert "engines   local: one engine process on the GPU (cuda:0, float32)" in text
     assert (

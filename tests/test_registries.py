@@ -111,8 +111,8 @@ def test_sat_plan_describes_a_fake_engine_by_its_settings_class(tmp_path):
     out = _sat(tmp_path, FAKE_ENGINE, "plan", "engine=fake", "engine.device=cuda")
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    assert lines[1] == "engines   fake: 1 process(es) on the GPU, float32"
-    engine = "  node 0     fake engine       GPU 0            cuda:0, float32; in its own process"
+    assert lines[1] == "engines   fake: 1 process(es) on the GPU, bfloat16"  # cuda default
+    engine = "  node 0     fake engine       GPU 0            cuda:0, bfloat16; in its own process"
     assert engine in lines
     trainer = (
         "  node 0     local trainer     CPU              cpu, float32; in the orchestrator process"

@@ -132,9 +132,14 @@ class RaySweepExecutor:
 
     def submit(self, run_name: str, cmd: list[str], log_path: Path, env: dict, header: str):
         from sat_cli.cluster.jobs import RunHost
+        from sat_cli.cluster.ray_env import live_nodes, runtime_env, unmet
 
         s, ray = self.settings, self.ray
         name = f"{header.split(' ')[0]}/{run_name}"  # header starts with the sweep id
+        asked = {"CPU": s.num_cpus, "GPU": s.num_gpus, **s.resources}
+        why = unmet([{k: float(v) for k, v in asked.items() if v}], "PACK", live_nodes(ray))
+        if why:  # nothing started: one line
+            raise ClusterError(f"run {run_name} cannot be placed on the Ray cluster: {why}")
         actor = (
             ray.remote(RunHost)
             .options(
@@ -146,6 +151,7 @@ class RaySweepExecutor:
                 num_cpus=s.num_cpus,
                 num_gpus=s.num_gpus,
                 resources=dict(s.resources),
+                runtime_env=runtime_env(),
             )
             .remote()
         )

@@ -108,6 +108,7 @@ class RayLauncher:
         s = self.settings
         self.ray = connect(s.address, s.connect_timeout_s, s.namespace, log_path=self.log_path)
         try:
+            self._check_fits()
             self._place()
             self._start_actors()
         except BaseException:
@@ -122,6 +123,19 @@ class RayLauncher:
         return [dict(s.trainer_bundle)] * self.trainer_nodes + [dict(s.server_bundle)] * (
             self.servers
         )
+
+    def _check_fits(self) -> None:
+        """Refuse, before anything is placed, bundles no live node set can hold."""
+        from sat_cli.cluster.ray_env import live_nodes, unmet
+
+        s = self.settings
+        why = unmet(self._bundles(), s.strategy, live_nodes(self.ray))
+        if why:
+            raise ClusterError(
+                f"the Ray cluster at {s.address} cannot hold this run's placement: {why}; ask for "
+                "less (launcher.trainer_cpus/trainer_gpus/server_cpus/server_gpus, "
+                "launcher.strategy) or add nodes"
+            )
 
     def _place(self) -> None:
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -171,9 +185,11 @@ class RayLauncher:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from sat_cli.cluster.hosts import NodeHost
+        from sat_cli.cluster.ray_env import runtime_env
 
         ray = self.ray
         remote = ray.remote(NodeHost)
+        env = runtime_env(self.log, "trainer and server actors")
         roles = [f"trainer node {k}" for k in range(self.trainer_nodes)]
         roles += [f"SGLang server {i}" for i in range(self.servers)]
         for i, (role, bundle) in enumerate(zip(roles, self._bundles(), strict=True)):
@@ -184,6 +200,7 @@ class RayLauncher:
                 max_restarts=0,
                 max_task_retries=0,
                 max_concurrency=8,  # a ping never waits behind a long recv or wait_ready
+                runtime_env=env,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=i
                 ),

@@ -9,6 +9,18 @@
 - **A quiet console.** The driver prints every error the cluster publishes (e.g. a lost raylet's
   state dump, dozens of lines) on its standard output; with ``log_path`` those go to that file
   instead (the one place sat reaches into Ray's private module; left alone if it moved).
+- **The run's environment reaches the actors.** A Ray actor starts with its node's environment,
+  not the driver's: every actor sat creates gets a ``runtime_env`` whose ``env_vars`` are the
+  variables of this process on the allow-list (:func:`forwarded_env`: ``NCCL_*``, ``GLOO_*``,
+  ``HF_*``, ``CUDA_*`` but ``CUDA_VISIBLE_DEVICES`` (Ray sets it per bundle), ``TORCH_*``,
+  ``SAT_*``, … and ``OMP_NUM_THREADS``-like names). A name that looks like a secret (``TOKEN``,
+  ``SECRET``, ``PASSWORD``, ``KEY``, ``CREDENTIAL`` in it) is never forwarded unless
+  ``$SAT_RAY_ENV`` names it (``SAT_RAY_ENV=HF_TOKEN,WANDB_API_KEY``); the names forwarded are
+  logged, never the values.
+- **A placement the cluster cannot hold is refused before anything starts** (:func:`unmet`):
+  a bundle larger than every live node (CPUs, GPUs, memory, custom resources), more
+  ``STRICT_SPREAD`` bundles than nodes that can hold them, a ``STRICT_PACK`` group larger than
+  any node.
 - **Deadlines.** ``ray.init`` to an address nobody answers retries for a long time: the address
   is probed with a TCP connection first (``connect_timeout_s``), and ``ray.init`` itself runs
   under the same deadline.
@@ -24,11 +36,104 @@ import time
 
 from sat_cli.errors import RunFailed, UserError
 
+FORWARD_PREFIXES = (
+    "NCCL_",
+    "GLOO_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "CUDA_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "SAT_",
+    "SGLANG_",
+    "UCX_",
+    "FI_",
+)
+FORWARD_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TZ")
+NEVER_FORWARD = ("CUDA_VISIBLE_DEVICES",)  # Ray gives each bundle its own
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
 RAY_INSTALL = "pip install -e '.[ray]'  (in a clone; or pip install 'sat-cli[ray]')"
 
 
 class ClusterError(RunFailed):
     """The cluster cannot run this (unreachable, infeasible, a lost node): exit 1."""
+
+
+def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that Ray actors get (module
+    docstring): the allow-list without secret-looking names, plus every name ``$SAT_RAY_ENV``
+    lists (comma-separated) that is set."""
+    from sat_cli.util.options import env
+
+    environ = dict(os.environ if environ is None else environ)
+    named = {n.strip() for n in str(env("SAT_RAY_ENV", "") or "").split(",") if n.strip()}
+    out = {}
+    for name, value in environ.items():
+        allowed = name.startswith(FORWARD_PREFIXES) or name in FORWARD_NAMES
+        secret = any(word in name.upper() for word in SECRET_WORDS)
+        if name in named or (allowed and not secret and name not in NEVER_FORWARD):
+            out[name] = value
+    return dict(sorted(out.items()))
+
+
+def runtime_env(log=None, what: str = "Ray actors") -> dict:
+    """The ``runtime_env`` of an actor sat creates; ``log`` gets the names (never values)."""
+    env = forwarded_env()
+    if log is not None:
+        names = ", ".join(env) if env else "none"
+        log(f"ray: environment forwarded to the {what}: {names}")
+    return {"env_vars": env} if env else {}
+
+
+def unmet(bundles: list[dict], strategy: str, nodes: list[dict]) -> str | None:
+    """Why no live node set can hold ``bundles`` under ``strategy``, or None. ``nodes``: each
+    live node's total resources (Ray's names: CPU, GPU, memory in bytes, custom)."""
+
+    def fits(bundle: dict, node: dict) -> bool:
+        return all(node.get(k, 0.0) >= v for k, v in bundle.items())
+
+    def show(res: dict) -> str:
+        keys = sorted(k for k in res if not k.startswith(("node:", "object_store")))
+        return ", ".join(
+            f"{k}: {res[k] / 1e9:.1f} GB" if k == "memory" else f"{k}: {res[k]:g}" for k in keys
+        )
+
+    if not nodes:
+        return "the cluster has no live node"
+    biggest = "; ".join(f"[{show(n)}]" for n in nodes)
+    for b in bundles:
+        if not any(fits(b, n) for n in nodes):
+            return f"a bundle [{show(b)}] is larger than every live node ({biggest})"
+    if strategy == "STRICT_PACK":
+        total: dict = {}
+        for b in bundles:
+            for k, v in b.items():
+                total[k] = total.get(k, 0.0) + v
+        if not any(fits(total, n) for n in nodes):
+            return f"STRICT_PACK needs [{show(total)}] on one node, and none has it ({biggest})"
+    if strategy == "STRICT_SPREAD":
+
+        def size(res: dict) -> tuple:
+            return (res.get("GPU", 0.0), res.get("CPU", 0.0), res.get("memory", 0.0))
+
+        free = sorted(nodes, key=size)  # each bundle its own node: the biggest bundle first,
+        for b in sorted(bundles, key=size, reverse=True):  # on the smallest node that holds it
+            match = next((n for n in free if fits(b, n)), None)
+            if match is None:
+                return (
+                    f"STRICT_SPREAD puts each of the {len(bundles)} bundles on its own node, "
+                    f"and only {len(nodes) - len(free)} of the {len(nodes)} live nodes can "
+                    f"hold them ({biggest})"
+                )
+            free.remove(match)
+    return None
+
+
+def live_nodes(ray) -> list[dict]:
+    """The total resources of every live node of the connected cluster."""
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
 def is_loopback(host: str) -> bool:

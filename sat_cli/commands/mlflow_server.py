@@ -11,11 +11,20 @@ since the default dialect wants psycopg2. Passwords never appear in what it prin
 127.0.0.1 unless ``--host`` says otherwise (a cluster: the head node's address), prints the
 tracking URI for ``tracking=mlflow_server tracking.uri=…``, and stops with Ctrl-C, SIGTERM or
 SIGHUP (the whole process group). MLflow's telemetry is off unless ``--telemetry``.
+
+**Host check.** MLflow's server answers only requests whose ``Host`` header it allows (its guard
+against DNS rebinding; by default localhost and private IP addresses). ``sat mlflow-server``
+passes MLflow's ``--allowed-hosts`` the list :func:`allowed_hosts` builds: MLflow's defaults,
+the name in the tracking URI it prints (this machine's host name when ``--host`` is every
+address, else ``--host``) and each ``--allowed-hosts`` item (``NAME`` or ``NAME:PORT``, ``*``
+wildcards; a name without a port also matches it with any port). A bare ``*`` (every host) is
+refused.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,6 +32,7 @@ from sat_cli.errors import UserError
 
 POSTGRES_INSTALL = "pip install -e '.[postgres]'  (psycopg 3; or pip install 'psycopg[binary]')"
 SCHEMES = ("postgresql", "postgresql+psycopg", "mysql", "mysql+pymysql", "sqlite")
+_HOST_ITEM = re.compile(r"[A-Za-z0-9.*\-\[\]:%_]{1,253}")
 MYSQL_DRIVERS = {"mysql": ("MySQLdb", "mysqlclient"), "mysql+pymysql": ("pymysql", "pymysql")}
 
 
@@ -105,6 +115,13 @@ def _redacted(uri: str) -> str:
     return redact_uri(uri)
 
 
+def _host_list(named: list[str], tracking_host: str) -> list[str]:
+    hosts = allowed_hosts(named, tracking_host)
+    if named:
+        print(f"MLflow host check: also serving Host {', '.join(named)}", flush=True)
+    return hosts
+
+
 def check_database(uri: str, timeout_s: float) -> None:
     """Connect once (PostgreSQL) so that a wrong host, port, user or database is one clear
     line now, not a traceback of the server later."""
@@ -127,23 +144,71 @@ def check_database(uri: str, timeout_s: float) -> None:
         raise UserError(f"cannot reach the PostgreSQL store at {where}: {first}") from None
 
 
-def server_command(store: str, artifacts: str, *, host: str, port: int, workers: int) -> list[str]:
+def parse_allowed_hosts(text: str | None) -> list[str]:
+    """``--allowed-hosts a,b:5000,*.corp`` → its items; UserError (exit 2) for an empty item, a
+    character no host name has, or a bare ``*``."""
+    if text is None:
+        return []
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
+        if not _HOST_ITEM.fullmatch(item):
+            raise UserError(
+                f"--allowed-hosts {text[:200]!r}: {item[:80]!r} is not a host name, NAME:PORT "
+                "or a pattern with * (comma-separated, no spaces inside)"
+            )
+        if item.strip("*:") == "":
+            raise UserError(
+                f"--allowed-hosts {text[:200]!r}: {item!r} would accept every Host header (no "
+                "DNS-rebinding protection); name the hosts clients use, e.g. head01,head01.corp"
+            )
+    return items
+
+
+def allowed_hosts(items: list[str], tracking_host: str) -> list[str]:
+    """What MLflow's ``--allowed-hosts`` gets (module docstring): its defaults, the tracking
+    URI's host and ``items``, each name without a port also as ``NAME:*``; no repeats."""
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    out = list(get_default_allowed_hosts())
+    for item in [tracking_host, *items]:
+        has_port = re.search(r":[0-9*]+$", item) and not item.endswith("]")
+        bracketed = item.startswith("[") and not has_port
+        out.append(item)
+        if not has_port:  # fnmatch reads '[' as a set: an IPv6 literal's bracket escaped
+            out.append(("[[]" + item[1:] if bracketed else item) + ":*")
+    return list(dict.fromkeys(out))
+
+
+def server_command(
+    store: str,
+    artifacts: str,
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    hosts: list[str] | None = None,
+) -> list[str]:
     from sat_cli.tracking.store import mlflow_executable
 
-    return mlflow_executable() + [
-        "server",
-        "--backend-store-uri",
-        store,
-        "--artifacts-destination",
-        artifacts,
-        "--serve-artifacts",
-        "--host",
-        host,
-        "--port",
-        str(int(port)),
-        "--workers",
-        str(int(workers)),
-    ]
+    extra = ["--allowed-hosts", ",".join(hosts)] if hosts else []
+    return (
+        mlflow_executable()
+        + [
+            "server",
+            "--backend-store-uri",
+            store,
+            "--artifacts-destination",
+            artifacts,
+            "--serve-artifacts",
+            "--host",
+            host,
+            "--port",
+            str(int(port)),
+            "--workers",
+            str(int(workers)),
+        ]
+        + extra
+    )
 
 
 def run_server(
@@ -156,6 +221,7 @@ def run_server(
     telemetry: bool,
     db_timeout_s: float,
     env: dict[str, str] | None = None,
+    allowed_hosts: str | None = None,
 ) -> int:
     """Check, start, print the tracking URI, serve until stopped (the module docstring)."""
     from sat_cli.commands.ui import base_url, check_port, serve, server_env
@@ -163,6 +229,7 @@ def run_server(
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     store = backend_uri(backend_store_uri)
+    named = parse_allowed_hosts(allowed_hosts)
     check_port(host, port)
     artifacts = Path(artifacts_destination).expanduser()
     if "://" not in artifacts_destination:
@@ -176,16 +243,22 @@ def run_server(
         flush=True,
     )
 
-    tracking = url
+    tracking, tracking_host = url, host
     if _unspecified(host):  # every address: other nodes use this machine's name
         import socket
 
-        tracking = f"http://{socket.gethostname()}:{int(port)}"
+        tracking_host = socket.gethostname()
+        tracking = f"http://{tracking_host}:{int(port)}"
+    if ":" in tracking_host and not tracking_host.startswith("["):
+        tracking_host = f"[{tracking_host}]"  # an IPv6 literal, as a Host header carries it
+    hosts = _host_list(named, tracking_host)
 
     def ready() -> None:
         print(f"MLflow server ready: {url}", flush=True)
         print(f"runs log here with: tracking=mlflow_server tracking.uri={tracking}", flush=True)
         print("Ctrl-C to stop", flush=True)
 
-    command = server_command(store, artifacts_destination, host=host, port=port, workers=workers)
+    command = server_command(
+        store, artifacts_destination, host=host, port=port, workers=workers, hosts=hosts
+    )
     return serve(command, url, server_env(telemetry, env), ready)

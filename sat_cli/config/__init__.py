@@ -266,6 +266,8 @@ def load(overrides: list[str] | None = None, command: str | None = None) -> tupl
     for key, value in vars(obj.trainer).items():
         if cfg.trainer.get(key, 0) is None and value is not None:
             cfg.trainer[key] = value
+    if cfg.engine.get("dtype") is None:  # null: by engine.device (engines/settings.py)
+        cfg.engine.dtype = obj.engine.dtype
     cfg.task.kind = obj.task.kind  # task.path with kind=toy: kind=file
     _scale_radii(cfg, obj)
     return cfg, obj

@@ -378,5 +378,8 @@ class SatConfig:
         check_device_plan(self)  # GPU ids per process, Ray's GPU requests (config/devices.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         check_token_budgets(self.trainer, self.task.max_new_tokens)  # trainers/settings.py
+        t = self.trainer  # null lr_decay_steps: the run's optimizer steps (trainers/lr_schedule)
+        if t.lr_decay_steps is None and t.lr_schedule != "constant":
+            t.lr_decay_steps = self.max_steps * self.algo.num_minibatches
         check_sat_scope(self.algo.name, self.clip)  # SAT needs a clip and a q that can gate
         check_env(self)  # env=<name>: what multi-turn rollouts cannot be combined with yet

@@ -22,7 +22,9 @@ VERIFY_WEIGHTS = ("first", "every", "off")
 @dataclass
 class EngineSettings:
     name: str = "local"
-    dtype: str = "float32"  # bfloat16 reproduces engine/trainer numeric mismatch on CPU
+    # null: bfloat16 on cuda, float32 on the CPU (resolved at compose time); bfloat16 on the CPU
+    # reproduces the engine/trainer numeric mismatch of real stacks
+    dtype: str | None = None
     device: str = "cpu"  # local: torch device (cuda: one GPU); sglang: cuda or cpu (sglang.md)
     # the engine shares its GPUs with the trainer (docs/gpus.md); SGLang then takes
     # mem_fraction_static of each (sat_cli.devices.COLOCATE_MEM_FRACTION when null)
@@ -41,6 +43,8 @@ class EngineSettings:
     TORCH_HERE: ClassVar[bool] = False  # its model runs under this machine's torch (device check)
 
     def __post_init__(self) -> None:
+        if self.dtype is None:  # the GPU default a GPU user expects; the CPU run's unchanged
+            self.dtype = "bfloat16" if self.device == "cuda" else "float32"
         check_choice("engine.dtype", self.dtype, DTYPES)
         check_choice("engine.device", self.device, ENGINE_DEVICES)
         check_choice("engine.weight_sync", self.weight_sync, WEIGHT_SYNC)

@@ -6,6 +6,10 @@ command line (``--slurm-partition``, ``--slurm-time``, ``--slurm-gpus``, ``--slu
 ``--slurm-mem-gb``, ``--slurm-option KEY=VALUE``, ``--slurm-setup LINE``, ``--slurm-cluster``;
 ``--ray-address``, ``--ray-cpus``, ``--ray-gpus``, ``--ray-resource NAME=AMOUNT``).
 
+A SLURM job asks for the CPUs and host memory its run's processes need
+(``sat_cli.config.needs``; :func:`job_cpus_mem`) unless ``--slurm-cpus`` / ``--slurm-mem-gb``
+say otherwise; the dry-run prints them beside the GPUs (:func:`resources_text`).
+
 A cluster sweep's runs run on other machines, so before anything is submitted (exit 2):
 
 - the tracking store must be a server every node reaches: ``sqlite:///`` or a local folder is
@@ -170,14 +174,45 @@ def job_gpus(plan, name: str, explicit, key: str) -> int:
     return explicit
 
 
-def resources_text(plan, name: str, gpus: int) -> str:
-    """The line ``--dry-run`` and each start print: what every job asks for."""
+def resources_text(plan, name: str, gpus: int, asked: tuple[int, float] | None = None) -> str:
+    """The lines ``--dry-run`` and each start print: what every job asks for (GPUs; ``asked``:
+    the CPUs and host memory, for an executor that asks for them, :func:`job_cpus_mem`)."""
     per_run = sorted(set(plan.gpus.values()))
-    return (
+    text = (
         f"resources (--executor {name}): 1 node and {gpus:g} GPU(s) per job; the runs' device "
         f"plans need {', '.join(map(str, per_run)) or 0} GPU(s)"
         + (" (0: Megatron ranks on the CPU)" if gpus == 0 and any(plan.gpus.values()) else "")
     )
+    if not plan.needs:
+        return text
+    run, need = max(plan.needs.items(), key=lambda kv: (kv[1].mem_gb, kv[1].cpus))
+    if asked is not None:
+        what = f"{asked[0]} CPUs and {asked[1]:g} GB host memory per job"
+    else:  # Ray: the actor's --ray-cpus; Ray reserves no host memory for it
+        what = "its own CPU request only (no host memory is reserved)"
+    return (
+        f"{text}\n  CPUs, memory (--executor {name}): {what}; the largest run's processes "
+        f"({run!r}) need {need.text()}"
+    )
+
+
+def job_cpus_mem(plan, section: dict, opts: ExecutorOptions) -> tuple[int, float]:
+    """CPUs and host memory (GB) per SLURM job: ``--slurm-cpus`` / ``--slurm-mem-gb`` (or the
+    sweep file's) when given, else the most any run's processes need
+    (``sat_cli.config.needs``: engine, trainer and reward processes, offloaded optimizer)."""
+    cpus = pick_value(section, "cpus_per_task", opts.slurm_cpus)
+    mem = pick_value(section, "mem_gb", opts.slurm_mem_gb)
+    cpus = (
+        _number("slurm.cpus_per_task", cpus, 1, True)
+        if cpus is not None
+        else max((n.cpus for n in plan.needs.values()), default=2)
+    )
+    mem = (
+        _number("slurm.mem_gb", mem, 0, False)
+        if mem is not None
+        else max((n.mem_gb for n in plan.needs.values()), default=0)
+    )
+    return cpus, mem
 
 
 def slurm_gpus(plan, section: dict, opts: ExecutorOptions) -> int:
@@ -200,7 +235,9 @@ def pick_value(section: dict, key: str, cli):
     return cli if cli is not None else section.get(key)
 
 
-def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
+def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0, plan=None):
+    """``--executor slurm``'s settings; with the sweep's ``plan``, CPUs and host memory per job
+    default to what its runs need (:func:`job_cpus_mem`)."""
     from sat_cli.cluster.slurm import SUBMITIT_CLUSTERS, SlurmSettings
 
     def pick(key, cli):
@@ -220,6 +257,8 @@ def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
         value = pick(key, cli)
         if value is not None:
             out[key] = _number(f"slurm.{key}", value, lo, integer)
+    if plan is not None and plan.needs:
+        out["cpus_per_task"], out["mem_gb"] = job_cpus_mem(plan, section, opts)
     setup = list(section.get("setup") or []) + list(opts.slurm_setup)
     if not all(isinstance(line, str) for line in setup):
         raise UserError("slurm.setup: a list of shell lines, e.g. ['module load cuda']")
@@ -230,7 +269,7 @@ def slurm_settings(section: dict, opts: ExecutorOptions, gpus: int = 0):
     return SlurmSettings(**out)
 
 
-def ray_settings(section: dict, opts: ExecutorOptions, gpus: float = 0.0):
+def ray_settings(section: dict, opts: ExecutorOptions, gpus: float = 0.0, plan=None):
     from sat_cli.cluster.executors import RaySweepSettings
     from sat_cli.cluster.settings import parse_address
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sat_cli.errors import UserError
 from sat_cli.sweep.spec import Sweep, SweepRun
@@ -30,6 +31,8 @@ class Plan:
     gpus: dict[str, int] = field(default_factory=dict)
     cuda: dict[str, bool] = field(default_factory=dict)
     nodes: dict[str, int] = field(default_factory=dict)
+    # per run: the CPUs and host memory its processes need on its node (sat_cli.config.needs)
+    needs: dict[str, Any] = field(default_factory=dict)
 
 
 def validate(sweep: Sweep, log=None) -> Plan:
@@ -44,6 +47,7 @@ def validate(sweep: Sweep, log=None) -> Plan:
     gpus: dict[str, int] = {}
     cuda: dict[str, bool] = {}
     nodes: dict[str, int] = {}
+    needs: dict[str, Any] = {}
     for i, run in enumerate(sweep.runs):
         if log and len(sweep.runs) > 20 and i and i % 20 == 0:
             log(f"  composed {i}/{len(sweep.runs)} runs")
@@ -68,7 +72,7 @@ def validate(sweep: Sweep, log=None) -> Plan:
         uris.setdefault(uri, run.name)
         run_dirs[run.name] = Path(obj.run.dir) / obj.run.experiment / obj.run.name
         _check_model_path(sweep, run, obj)
-        gpus[run.name], cuda[run.name], nodes[run.name] = _devices(obj)
+        gpus[run.name], cuda[run.name], nodes[run.name], needs[run.name] = _devices(obj)
         if obj.model.kind == "tiny" and not obj.model.path and not sweep.replay:
             key = json.dumps([obj.run.dir, repr(obj.model), obj.task.digits])
             warm.setdefault(key, run)
@@ -93,18 +97,20 @@ def validate(sweep: Sweep, log=None) -> Plan:
         gpus=gpus,
         cuda=cuda,
         nodes=nodes,
+        needs=needs,
     )
 
 
-def _devices(obj) -> tuple[int, bool, int]:
-    """(GPUs on node 0, needs CUDA, nodes) of a run's device plan."""
+def _devices(obj) -> tuple[int, bool, int, Any]:
+    """(GPUs on node 0, needs CUDA, nodes, CPUs and host memory) of a run's device plan."""
     from sat_cli.config.devices import device_plan
+    from sat_cli.config.needs import job_needs
 
     plan = device_plan(obj)
     cuda = any(p.gpus for p in plan.procs if not p.name.startswith("megatron"))
     placed = type(obj.launcher).places  # launcher=ray: the run places its own nodes
     nodes = 1 if placed else obj.trainer.gpu_layout()["nnodes"]
-    return plan.needed().get(0, 0), cuda, nodes
+    return plan.needed().get(0, 0), cuda, nodes, job_needs(obj, plan)
 
 
 def _config_key(cfg) -> str:

@@ -41,7 +41,7 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def no_settings(section: dict, opts, gpus: int) -> None:
+def no_settings(section: dict, opts, gpus: int, plan=None) -> None:
     return None
 
 
@@ -65,7 +65,7 @@ class SweepExecutor:
     the local subprocess launcher). ``cluster``: its runs go to other machines (``--jobs``
     defaults to every run; the resources per job are printed)."""
 
-    settings: Callable[[dict, Any, int], Any] = no_settings
+    settings: Callable[..., Any] = no_settings  # (section, opts, gpus, plan)
     build: Callable[[Any, Any], Executor | None] = nothing
     check: Callable[[Any, Any], None] = nothing
     require: Callable[[Any], None] = nothing
@@ -73,6 +73,8 @@ class SweepExecutor:
     keys: dict[str, str] | tuple[str, ...] = field(default_factory=dict)
     cluster: bool = True
     gpus: Callable[[Any, dict, Any], int] = no_gpus
+    # (CPUs, host memory GB) each job asks for, (plan, section, opts); None: none asked
+    cpus_mem: Callable[[Any, dict, Any], tuple[int, float]] | None = None
 
 
 def _executors() -> Registry:
@@ -81,7 +83,7 @@ def _executors() -> Registry:
     reg = Registry("--executor", "sweep executor")
     reg.add("local", SweepExecutor(cluster=False))
     slurm = (ex.slurm_settings, ex.open_slurm, ex.check_slurm, ex.require_slurm, ex.SLURM_SHAPES)
-    reg.add("slurm", SweepExecutor(*slurm, gpus=ex.slurm_gpus))
+    reg.add("slurm", SweepExecutor(*slurm, gpus=ex.slurm_gpus, cpus_mem=ex.job_cpus_mem))
     ray = (ex.ray_settings, ex.open_ray, ex.check_ray, ex.require_ray, ex.RAY_SHAPES)
     reg.add("ray", SweepExecutor(*ray, gpus=ex.ray_gpus))
     return reg

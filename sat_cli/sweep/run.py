@@ -108,11 +108,13 @@ def run_sweep(
     state = read_state(plan.root)
     statuses = {r.name: run_status(r, plan.run_dirs[r.name], state) for r in sweep.runs}
     # GPUs per job of a cluster executor: the runs' device plans, or checked against them
-    gpus = component.gpus(plan, sweep.executors.get(opts.name, {}), opts)
+    section = sweep.executors.get(opts.name, {})
+    gpus = component.gpus(plan, section, opts)
+    asked = component.cpus_mem(plan, section, opts) if component.cpus_mem else None
     if dry_run:
         log(format_plan(plan, statuses))
         if component.cluster:
-            log(resources_text(plan, opts.name, gpus))
+            log(resources_text(plan, opts.name, gpus, asked))
         return
     if sweep.clean_tree:  # a pre-registered study: committed code only
         from sat_cli.sweep.clean_tree import require_clean_tree
@@ -122,11 +124,11 @@ def run_sweep(
         jobs = len(sweep.runs) if component.cluster else 1
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    settings = component.settings(sweep.executors.get(opts.name, {}), opts, gpus)
+    settings = component.settings(section, opts, gpus, plan)
     component.require(settings)
     component.check(settings, plan)
     if component.cluster:
-        log(resources_text(plan, opts.name, gpus))
+        log(resources_text(plan, opts.name, gpus, asked))
     from sat_cli.util.fsio import check_output_dir
 
     check_output_dir(plan.root, "sweep folder")

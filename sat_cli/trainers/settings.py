@@ -18,6 +18,7 @@ from sat_cli.validate import ConfigError, check_choice, check_range
 # is null (a sample longer than it is a micro-batch of its own): activations of ~8k tokens of a
 # 0.6B model in bf16 are a few GB, where a 512 x 1.2k-token minibatch in one forward is not
 GPU_MICRO_BATCH_TOKENS = 8192
+MAX_LR_STEPS = 10_000_000  # trainer.lr_warmup_steps / lr_decay_steps: optimizer steps
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the attention projections
 LORA_MAX_RANK = 4096
 
@@ -71,8 +72,9 @@ class TrainerSettings:
     grad_clip: float = 1.0
     num_threads: int = 1  # torch threads of this process (the orchestrator)
     # megatron: parameter dtype (bfloat16 on GPUs); local: bfloat16 = bf16 autocast of the
-    # forward, fp32 weights and AdamW states
-    dtype: str = "float32"
+    # forward, fp32 weights and AdamW states; null: bfloat16 where its weights live on a GPU
+    # (on_gpu: the local trainer on cuda), else float32 (resolved at compose time)
+    dtype: str | None = None
     # R3: count, every step, the (token, layer) rows where the experts the trainer's forward
     # used differ from the engine's recorded routes (r3/audit_rows, r3/audit_mismatched_rows)
     r3_audit: bool = False
@@ -84,6 +86,12 @@ class TrainerSettings:
     max_tokens_per_micro_batch: int | None = None
     # LoRA (trainer=local only): the adapters train, the base weights stay as loaded
     lora: LoraSettings = field(default_factory=LoraSettings)
+    # the learning rate over optimizer steps (sat_cli/trainers/lr_schedule.py): constant, or
+    # linear / cosine decay towards 0 at lr_decay_steps (null: max_steps x algo.num_minibatches),
+    # after a linear warm-up over lr_warmup_steps (0: none); checkpointed with the optimizer
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0
+    lr_decay_steps: int | None = None
 
     # the weight-sync sender of engine.weight_sync=distributed listens in this process (its
     # port is checked before the run starts); False: inside the trainer's own workers
@@ -100,10 +108,18 @@ class TrainerSettings:
         check_range("trainer.weight_decay", self.weight_decay, 0)
         check_range("trainer.grad_clip", self.grad_clip, 0)
         check_range("trainer.num_threads", self.num_threads, 1)
+        if self.dtype is None:
+            self.dtype = "bfloat16" if self.on_gpu() else "float32"
         check_choice("trainer.dtype", self.dtype, ("float32", "bfloat16"))
         for key in ("max_tokens_per_row", "max_tokens_per_micro_batch"):
             if getattr(self, key) is not None:
                 check_range(f"trainer.{key}", getattr(self, key), 1)
+        from sat_cli.trainers.lr_schedule import LR_SCHEDULES
+
+        check_choice("trainer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_range("trainer.lr_warmup_steps", self.lr_warmup_steps, 0, MAX_LR_STEPS)
+        if self.lr_decay_steps is not None:
+            check_range("trainer.lr_decay_steps", self.lr_decay_steps, 1, MAX_LR_STEPS)
         row, micro = self.max_tokens_per_row, self.max_tokens_per_micro_batch
         if row is not None and micro is not None and micro < row:
             raise ConfigError(
@@ -248,6 +264,9 @@ def step_keywords(s: TrainerSettings, loss, options: dict) -> dict:
         r3_audit=s.r3_audit,
         max_tokens_per_row=s.max_tokens_per_row or 0,  # null: off
         max_tokens_per_micro_batch=micro_batch_tokens(s),
+        lr_schedule=s.lr_schedule,
+        lr_warmup_steps=s.lr_warmup_steps,
+        lr_decay_steps=s.lr_decay_steps or 0,
         **options,
     )
 

@@ -54,7 +54,7 @@ from sat_cli.rl import registry
 from sat_cli.rl.config import LossConfig
 from sat_cli.rl.loss_io import LossInputs
 from sat_cli.rl.losses import kl_k3_penalty
-from sat_cli.trainers import micro
+from sat_cli.trainers import lr_schedule, micro
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.ledger import VersionLedger, ledger_metrics
 from sat_cli.trainers.logprobs import token_logprobs as token_logprobs
@@ -83,6 +83,9 @@ class TrainerSettings:
     ledger_keep: int = 0  # > 0: the three-log-prob ledger, holding this many versions' weights
     max_tokens_per_row: int = 0  # > 0: pack samples into rows of this many tokens (local only)
     max_tokens_per_micro_batch: int = 0  # > 0: forwards of at most this many tokens (packing.py)
+    lr_schedule: str = "constant"  # warm-up and decay of lr over optimizer steps (lr_schedule.py)
+    lr_warmup_steps: int = 0
+    lr_decay_steps: int = 0
 
 
 class PolicyTrainer:
@@ -336,6 +339,9 @@ class PolicyTrainer:
     def _opt_step(self, lr_scale: float | None) -> None:
         """``opt.step``; with ``lr_scale`` (VCPO's ESS-guided step) the learning rate of this
         step only is multiplied by it."""
+        s = self.settings
+        if lr_schedule.active(s.lr_schedule, s.lr_warmup_steps):  # this step's scheduled lr
+            lr_schedule.apply(self.opt, s.lr, s.lr_schedule, s.lr_warmup_steps, s.lr_decay_steps)
         if lr_scale is None:
             self.opt.step()
             return

@@ -191,6 +191,8 @@ ENV: dict[str, Spec] = {
     "SAT_MEGATRON_CORE_OPTIMIZER": Text("choice", ("0", "1")),
     "TMPDIR": PATH,
     "CUDA_VISIBLE_DEVICES": Text("line"),
+    # extra variables Ray actors get beside the allow-list, comma-separated (cluster/ray_env.py)
+    "SAT_RAY_ENV": Text("line"),
     "HF_HUB_OFFLINE": Text("line"),  # a true value: hub ids resolve from the cache only
     "PATH": Text("line", max_len=1 << 16),  # passed on to a tool sandbox (envs/sandbox.py)
 }

@@ -71,6 +71,11 @@ class MegatronTrainerSettings(TrainerSettings):
                 "ranks train the full weights); use trainer=local for LoRA, or trainer.lora.rank=0"
             )
         check_range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
+        if self.lr_schedule != "constant" or self.lr_warmup_steps:
+            raise ConfigError(
+                "trainer.lr_schedule / trainer.lr_warmup_steps are built for trainer=local only; "
+                "trainer=megatron trains with a constant trainer.lr"
+            )
         if self.optimizer_offload and self.dtype != "bfloat16":
             raise ConfigError(
                 "trainer.optimizer_offload=true offloads the fp32 main weights and Adam states "

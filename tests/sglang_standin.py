@@ -253,15 +253,21 @@ class StandinState:
             if support:  # sampling_logprobs_mode=support: the kept set's log-probs, id-aligned
                 meta["output_token_sampling_logprobs"] = [
                     _fake_support(t, ids, sel)
-                    for t, ids, sel in zip(tokens, meta["output_token_sampling_mask"],
-                                           meta["output_token_sampling_logprobs"], strict=True)
-                ]  # fmt: skip
+                    for t, ids, sel in zip(
+                        tokens,
+                        meta["output_token_sampling_mask"],
+                        meta["output_token_sampling_logprobs"],
+                        strict=True,
+                    )
+                ]
         if top_n:  # top_logprobs_num: [[logprob, id, null], ...] most probable first
             meta["output_top_logprobs"] = [
-                [[round(-0.5 - j - rng.random(), 6), (t + 3 * j) % vocab, None]
-                 for j in range(top_n)]
+                [
+                    [round(-0.5 - j - rng.random(), 6), (t + 3 * j) % vocab, None]
+                    for j in range(top_n)
+                ]
                 for t in tokens
-            ]  # fmt: skip
+            ]
         if want_routed and self.routed_experts_enabled and finish["type"] != "abort":
             layers, k = int(self.dims["num_hidden_layers"]), int(self.dims["num_experts_per_tok"])
             experts = int(self.dims["num_experts"])
@@ -415,8 +421,9 @@ class _Handler(BaseHTTPRequestHandler):
             if new is not None:
                 st.sched_version = new  # the scheduler stamps before it flushes
             if body.get("flush_cache", True) and st.busy():
-                self._send(400, {"success": False, "message": UPDATE_NOT_FLUSHED,
-                                 "num_paused_requests": 0})  # fmt: skip
+                self._send(
+                    400, {"success": False, "message": UPDATE_NOT_FLUSHED, "num_paused_requests": 0}
+                )
                 return
             if new is not None:
                 st.version = new
@@ -483,8 +490,12 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         for i in sw["abort_entries"]:
             meta = items[i]["meta_info"]
-            meta["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None,
-                                     "err_type": None}  # fmt: skip
+            meta["finish_reason"] = {
+                "type": "abort",
+                "message": "Aborted",
+                "status_code": None,
+                "err_type": None,
+            }
             meta.pop("routed_experts", None)
         if sw["report_version"] is not None:
             for item in items:

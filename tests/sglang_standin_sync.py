@@ -40,8 +40,12 @@ ROUTES = (
     "/update_weights_from_distributed",
     "/weights_checker",
 )
-SWITCHES = {"sync_fault": None, "skip_receive_s": 30.0, "disk_stale": False,
-            "no_sync_routes": False}  # fmt: skip
+SWITCHES = {
+    "sync_fault": None,
+    "skip_receive_s": 30.0,
+    "disk_stale": False,
+    "no_sync_routes": False,
+}
 
 
 class SyncState:
@@ -85,9 +89,13 @@ def handle(handler, path: str, body: dict) -> None:
         name = body.get("group_name", "weight_update_group")
         if name in sync.groups:
             sync.groups.pop(name).close()
-            handler._send(200, {"success": True, "message": "Succeeded to destroy custom process group."})  # fmt: skip
+            handler._send(
+                200, {"success": True, "message": "Succeeded to destroy custom process group."}
+            )
         else:
-            handler._send(400, {"success": False, "message": "The group to be destroyed does not exist."})  # fmt: skip
+            handler._send(
+                400, {"success": False, "message": "The group to be destroyed does not exist."}
+            )
     elif path == "/begin_weight_update":
         if sync.session:
             msg = "a weight-update session is already open; call end_weight_update() first"
@@ -115,15 +123,21 @@ def _init(handler, sync: SyncState, body: dict) -> None:
     name = body.get("group_name", "weight_update_group")
     try:
         sync.groups[name] = open_group(
-            master_addr=body["master_address"], port=body["master_port"],
-            rank=body["rank_offset"], world_size=body["world_size"], group_name=name,
-            backend=body.get("backend", "nccl"), timeout_s=60.0,
-        )  # fmt: skip
+            master_addr=body["master_address"],
+            port=body["master_port"],
+            rank=body["rank_offset"],
+            world_size=body["world_size"],
+            group_name=name,
+            backend=body.get("backend", "nccl"),
+            timeout_s=60.0,
+        )
     except WeightSyncError as exc:
         msg = f"Failed to initialize custom process group: {exc}."
         handler._send(400, {"success": False, "message": msg})
         return
-    handler._send(200, {"success": True, "message": "Succeeded to initialize custom process group."})  # fmt: skip
+    handler._send(
+        200, {"success": True, "message": "Succeeded to initialize custom process group."}
+    )
 
 
 def _receive(sync: SyncState, body: dict) -> list:
@@ -134,15 +148,19 @@ def _receive(sync: SyncState, body: dict) -> list:
 
     group = sync.groups[body.get("group_name", "weight_update_group")]
     metas = tuple(
-        B.TensorMeta(n, d, tuple(s), 0) for n, d, s in zip(body["names"], body["dtypes"],
-                                                          body["shapes"], strict=True)
-    )  # fmt: skip
+        B.TensorMeta(n, d, tuple(s), 0)
+        for n, d, s in zip(body["names"], body["dtypes"], body["shapes"], strict=True)
+    )
     if body.get("load_format") == "flattened_bucket":
         metas = tuple(
-            B.TensorMeta(m.name, m.dtype, m.shape,
-                         getattr(torch, m.dtype).itemsize * int(torch.Size(m.shape).numel()))
+            B.TensorMeta(
+                m.name,
+                m.dtype,
+                m.shape,
+                getattr(torch, m.dtype).itemsize * int(torch.Size(m.shape).numel()),
+            )
             for m in metas
-        )  # fmt: skip
+        )
         bucket = B.Bucket(metas)
         flat = B.empty_bucket(bucket)
         dist.broadcast(flat, src=0, group=group.pg)
@@ -160,15 +178,22 @@ def _update(handler, st, sync: SyncState, body: dict) -> None:
 
     fault = st.switches.get("sync_fault")
     if not sync.session:
-        msg = ("update_weights_from_distributed must run between begin_weight_update() and "
-               "end_weight_update()")  # fmt: skip
+        msg = (
+            "update_weights_from_distributed must run between begin_weight_update() and "
+            "end_weight_update()"
+        )
         handler._send(400, {"success": False, "message": msg})
         return
     name = body.get("group_name", "weight_update_group")
     if fault == "fail" or name not in sync.groups:
-        why = "stand-in failure" if fault == "fail" else (
-            f"Group {name} not in {list(sync.groups)}. Please call `init_weights_update_group` "
-            "first.")  # fmt: skip
+        why = (
+            "stand-in failure"
+            if fault == "fail"
+            else (
+                f"Group {name} not in {list(sync.groups)}. Please call `init_weights_update_group` "
+                "first."
+            )
+        )
         handler._send(400, {"success": False, "message": f"Failed to receive weights: {why}"})
         return
     if fault == "skip_receive":  # never joins the broadcast (a receive that times out)
@@ -208,11 +233,27 @@ def _checker(handler, sync: SyncState, body: dict) -> None:
         overall.update(n.encode())
         overall.update(sums[n].encode())
     per_gpu = overall.hexdigest()
-    info = {"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
-            "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}  # fmt: skip
+    info = {
+        "role": "target",
+        "tp_rank": 0,
+        "tp_size": 1,
+        "dp_rank": 0,
+        "dp_size": 1,
+        "pp_rank": 0,
+        "pp_size": 1,
+        "rank": 0,
+        "size": 1,
+    }
     rank = {"checksums": sums, "per_gpu_checksum": per_gpu, "parallelism_info": [info]}
-    handler._send(200, {"success": True, "message": "Success.", "ranks": [rank],
-                        "per_engine_checksum": hashlib.sha256(per_gpu.encode()).hexdigest()})  # fmt: skip
+    handler._send(
+        200,
+        {
+            "success": True,
+            "message": "Success.",
+            "ranks": [rank],
+            "per_engine_checksum": hashlib.sha256(per_gpu.encode()).hexdigest(),
+        },
+    )
 
 
 @contextlib.contextmanager
@@ -223,8 +264,21 @@ def standin_process(model, log: Path, *extra: str, timeout_s: float = 60.0):
 
     port = free_port()
     script = Path(__file__).with_name("sglang_standin.py")
-    cmd = [sys.executable, str(script), "-m", "sglang.launch_server", "--model-path", str(model),
-           "--host", "127.0.0.1", "--port", str(port), "--weight-version", "0", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(script),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--weight-version",
+        "0",
+        *extra,
+    ]
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

@@ -86,10 +86,15 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         subprocess.run(["mungekey", "--create", "--keyfile", str(key)], check=True, timeout=30)
         os.chmod(key, 0o400)
         munged = [
-            "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={m / 'munge.socket'}",
-            f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
+            "munged",
+            "--foreground",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={m / 'munge.socket'}",
+            f"--pid-file={m / 'munged.pid'}",
+            f"--log-file={m / 'munged.log'}",
             f"--seed-file={m / 'munged.seed'}",
-        ]  # fmt: skip
+        ]
         self._spawn(munged, "munged")
         deadline = time.monotonic() + timeout_s
         while not (m / "munge.socket").exists():

@@ -306,8 +306,12 @@ def _resume_other_trainer(t: Path) -> list[str]:
 def _sweep_state_list(t: Path) -> list[str]:
     (t / "runs" / "s").mkdir(parents=True)
     (t / "runs" / "s" / "sweep_state.json").write_text("[1, 2]")
-    return ["sweep", _sweep(t, SWEEP.format(name="s", method="algo=grpo")), "run.dir=runs",
-            "--dry-run"]  # fmt: skip
+    return [
+        "sweep",
+        _sweep(t, SWEEP.format(name="s", method="algo=grpo")),
+        "run.dir=runs",
+        "--dry-run",
+    ]
 
 
 def _fifo_model(t: Path) -> Path:
@@ -634,7 +638,7 @@ CASES = {
             "trainer.cp=2",
             "trainer.nproc_per_node=2",
             "run.dir=runs",
-        ],  # fmt: skip
+        ],
         2,
         r"sat: error: .*trainer=megatron cannot run trainer\.cp=2",
     ),
@@ -645,7 +649,7 @@ CASES = {
             "trainer.tp=2",
             "trainer.nproc_per_node=3",
             "run.dir=runs",
-        ],  # fmt: skip
+        ],
         2,
         r"sat: error: trainer=megatron: trainer\.tp × trainer\.pp × trainer\.cp = 2 × 1 × 1 "
         r"must divide the number of ranks \(trainer\.nproc_per_node × trainer\.nnodes = 3\)",
@@ -981,7 +985,7 @@ CASES = {
             "sweep",
             _sweep(t, AXES.replace("{}", '{lag.n: "range(0,1000000000)"}')),
             "--dry-run",
-        ],  # fmt: skip
+        ],
         2,
         r"the grid has 1000000000 runs .*more than max_runs=2000",
     ),

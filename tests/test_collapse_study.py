@@ -68,11 +68,24 @@ def test_can_act_threshold_and_fraction():
 
 def _row(method, lag, seed, coll, act="0.9", t=""):
     return StudyRow(
-        method=method, lag=str(lag), seed=str(seed), run=f"{method}-{lag}-{seed}",
-        status="FINISHED", commit="abc", last_step=150, evals=16, eval_first=20.0,
-        eval_best=40.0, eval_last=5.0 if coll else 38.0, collapsed=coll, t_collapse=t,
-        min_ess="0.8", can_act_frac=act, ledger_mismatch="", ledger_staleness="",
-    )  # fmt: skip
+        method=method,
+        lag=str(lag),
+        seed=str(seed),
+        run=f"{method}-{lag}-{seed}",
+        status="FINISHED",
+        commit="abc",
+        last_step=150,
+        evals=16,
+        eval_first=20.0,
+        eval_best=40.0,
+        eval_last=5.0 if coll else 38.0,
+        collapsed=coll,
+        t_collapse=t,
+        min_ess="0.8",
+        can_act_frac=act,
+        ledger_mismatch="",
+        ledger_staleness="",
+    )
 
 
 def test_mcnemar_exact_and_holm_hand_values():
@@ -179,9 +192,11 @@ def test_report_collapse_from_mlflow_runs(tmp_path):
         }
         params = {"eval.name": "toy", "eval.n": "4", "algo.eps_low": "0.2", "algo.eps_high": "0.2"}
         client.log_batch(
-            rid, metrics=pts, params=[Param(k, v) for k, v in params.items()],
+            rid,
+            metrics=pts,
+            params=[Param(k, v) for k, v in params.items()],
             tags=[RunTag(k, v) for k, v in tags.items()],
-        )  # fmt: skip
+        )
         client.set_terminated(rid, "FINISHED")
     out = tmp_path / "rep"
     run_report("study", out=str(out), tracking_uri=uri, collapse=True)
@@ -216,8 +231,11 @@ def test_report_of_a_csv_that_is_not_one_exits_2(tmp_path):
     for target in (bad, tmp_path / "absent.csv"):
         r = subprocess.run(
             [sys.executable, "-m", "sat_cli.cli", "report", str(target)],
-            capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr
         assert ("not a collapse-study CSV" in r.stderr) or ("does not exist" in r.stderr)

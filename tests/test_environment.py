@@ -32,8 +32,15 @@ from sat_cli.tracking.environment import (
     parse_library_versions,
 )
 
-SMOKE = ["experiment=cpu_smoke", "task.prompts_per_step=2", "task.samples_per_prompt=2",
-         "eval.n=1", "eval.every=0", "max_steps=1", "run.dir=runs"]  # fmt: skip
+SMOKE = [
+    "experiment=cpu_smoke",
+    "task.prompts_per_step=2",
+    "task.samples_per_prompt=2",
+    "eval.n=1",
+    "eval.every=0",
+    "max_steps=1",
+    "run.dir=runs",
+]
 
 SPR = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -60,8 +67,9 @@ def _proc_cpuinfo() -> tuple[str, set[str]]:
 def _native_capability() -> str:
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
 
 
 def _client(root: Path):
@@ -104,14 +112,20 @@ def test_cpu_info_and_isa_summary_of_hand_written_cpuinfo(tmp_path):
     assert spr["vendor"] == "GenuineIntel" and zen["vendor"] == "AuthenticAMD"
     assert cpu_info(str(tmp_path / "absent"))["vendor"] == "unknown"
     assert isa_summary(spr["flags"]) == {
-        "amx": "true", "avx512": "true", "avx2": "true",
+        "amx": "true",
+        "avx512": "true",
+        "avx2": "true",
         "flags": "avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 "
         "amx_int8",
-    }  # fmt: skip
+    }
     assert isa_summary(zen["flags"])["amx"] == "false"
     assert isa_summary(zen["flags"])["avx512"] == "true"
-    assert isa_summary({"sse2"}) == {"amx": "false", "avx512": "false", "avx2": "false",
-                                     "flags": "none"}  # fmt: skip
+    assert isa_summary({"sse2"}) == {
+        "amx": "false",
+        "avx512": "false",
+        "avx2": "false",
+        "flags": "none",
+    }
     assert isa_summary(set())["avx2"] == "unknown"
 
 
@@ -232,8 +246,18 @@ def test_sat_train_records_this_machines_environment(tmp_path):
     assert p["machine.cpu.avx512"] == str("avx512f" in flags).lower()
     assert p["machine.cpu.avx2"] == str("avx2" in flags).lower()
     assert set(p["machine.cpu.flags"].split()) == flags & {
-        "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-        "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}  # fmt: skip
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    }
     assert p["machine.cpu.count"] == str(len(os.sched_getaffinity(0)))
     import torch
 
@@ -317,10 +341,18 @@ def _logged_run(client, exp_id, name, params):
     from mlflow.entities import Metric, Param
 
     rid = client.create_run(exp_id, run_name=name).info.run_id
-    base = {"eval.name": "toy", "eval.n": "4", "algo.name": "grpo", "clip.name": "sat",
-            "lag.n": "1", "seed": name[-1]}  # fmt: skip
-    metrics = [Metric("eval/toy/avg_at_4", v, 1000 + i, s)
-               for i, (s, v) in enumerate([(0, 20.0), (10, 30.0)])]  # fmt: skip
+    base = {
+        "eval.name": "toy",
+        "eval.n": "4",
+        "algo.name": "grpo",
+        "clip.name": "sat",
+        "lag.n": "1",
+        "seed": name[-1],
+    }
+    metrics = [
+        Metric("eval/toy/avg_at_4", v, 1000 + i, s)
+        for i, (s, v) in enumerate([(0, 20.0), (10, 30.0)])
+    ]
     client.log_batch(
         rid, metrics=metrics, params=[Param(k, v) for k, v in {**base, **params}.items()]
     )
@@ -334,8 +366,12 @@ def test_report_warns_about_runs_of_different_machines(tmp_path, capsys):
 
     uri = f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}"
     client = MlflowClient(tracking_uri=uri)
-    intel = {"machine.cpu.model": "Intel X", "machine.cpu.flags": "avx2 amx_tile",
-             "machine.torch.cpu_capability": "AVX512", "run.portable_numerics": "false"}  # fmt: skip
+    intel = {
+        "machine.cpu.model": "Intel X",
+        "machine.cpu.flags": "avx2 amx_tile",
+        "machine.torch.cpu_capability": "AVX512",
+        "run.portable_numerics": "false",
+    }
     amd = {**intel, "machine.cpu.model": "AMD Y", "machine.cpu.flags": "avx2"}
     same = client.create_experiment("same", artifact_location=str(tmp_path / "a1"))
     _logged_run(client, same, "s0", intel)

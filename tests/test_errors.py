@@ -76,7 +76,10 @@ def test_guard_catches_by_type(capsys):
 
 def test_loading_tells_a_bad_model_from_a_dead_worker():
     with pytest.raises(UserError, match=r"cannot load the model at m: OSError: no config"):
-        loading("m", _raise(EngineStartError("engine failed during engine startup:\nOSError: no config")))  # fmt: skip
+        loading(
+            "m",
+            _raise(EngineStartError("engine failed during engine startup:\nOSError: no config")),
+        )
     with pytest.raises(UserError, match=r"cannot load the model at m: ValueError: shapes"):
         loading("m", _raise(ValueError("shapes")))
     for exc in (MegatronWorkerError("megatron worker failed to start: x"), EngineError("died")):
@@ -118,9 +121,17 @@ def test_megatron_worker_killed_mid_run_exits_1_with_log_tail(tmp_path):
     """SIGKILL of the worker ranks after the first checkpoint: `sat train` exits 1 within seconds
     with the worker's log tail and no traceback, and no process of the run is left."""
     pytest.importorskip("megatron.core")
-    args = ["experiment=cpu_smoke", "task.prompts_per_step=2", "task.samples_per_prompt=2",
-            "eval.every=0", "run.dir=runs", "run.name=r", "trainer=megatron", "max_steps=500",
-            "checkpoint.every=1"]  # fmt: skip
+    args = [
+        "experiment=cpu_smoke",
+        "task.prompts_per_step=2",
+        "task.samples_per_prompt=2",
+        "eval.every=0",
+        "run.dir=runs",
+        "run.name=r",
+        "trainer=megatron",
+        "max_steps=500",
+        "checkpoint.every=1",
+    ]
     err = tmp_path / "err.txt"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sat_cli.cli", "train", *args],

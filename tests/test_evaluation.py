@@ -232,9 +232,16 @@ def test_overlong_problems_are_scored_wrong_without_sampling() -> None:
     engine, tok = _engine()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=32)
     res = evaluate(
-        engine, tok, PROBLEMS, n=4, sampling=sampling, template=TEMPLATE, batch_size=2,
-        name="toy", overlong=frozenset({1}),
-    )  # fmt: skip
+        engine,
+        tok,
+        PROBLEMS,
+        n=4,
+        sampling=sampling,
+        template=TEMPLATE,
+        batch_size=2,
+        name="toy",
+        overlong=frozenset({1}),
+    )
     # batch 1 sends p1 only (p2 is overlong), batch 2 sends p3
     assert [len(c) for c in engine.calls] == [1, 1]
     assert engine.calls[0][0] == tok.encode(render(TEMPLATE, "What is 2+3?"))
@@ -247,8 +254,15 @@ def test_overlong_problems_are_scored_wrong_without_sampling() -> None:
     assert res.summary()["meta"]["overlong"] == 1
     # every problem overlong: nothing reaches the engine
     engine2, _ = _engine()
-    res2 = evaluate(engine2, tok, PROBLEMS, n=2, sampling=sampling, template=TEMPLATE,
-                    overlong=frozenset({0, 1, 2}))  # fmt: skip
+    res2 = evaluate(
+        engine2,
+        tok,
+        PROBLEMS,
+        n=2,
+        sampling=sampling,
+        template=TEMPLATE,
+        overlong=frozenset({0, 1, 2}),
+    )
     assert engine2.calls == [] and res2.avg_at_k == 0.0 and res2.complete
 
 

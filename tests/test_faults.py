@@ -993,9 +993,12 @@ def test_outage_past_the_timeout_stops_with_a_resumable_checkpoint(tmp_path, run
     err = r.stderr
     assert "Traceback" not in err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("sat: error:")]
-    m = re.search(r"unreachable for \d+ s \(tracking\.outage_timeout_s=8\).*kept in \S+"
-                  r"\.metrics\.jsonl.*stopped after step (\d+) with the checkpoint \S+/step_\d+; "
-                  r".*resume=auto", line)  # fmt: skip
+    m = re.search(
+        r"unreachable for \d+ s \(tracking\.outage_timeout_s=8\).*kept in \S+"
+        r"\.metrics\.jsonl.*stopped after step (\d+) with the checkpoint \S+/step_\d+; "
+        r".*resume=auto",
+        line,
+    )
     assert m, line
     stop = int(m.group(1))
     ck = assert_checkpoint_loadable(run_dir / "checkpoints")

@@ -249,8 +249,12 @@ def test_bad_weights_mid_request_are_engine_errors_and_the_request_goes_on(
     assert max_logp_error(samples[:8], {base: weights["v0"]}) <= 1e-5
     # a scheduled update from a bad folder fails its request, naming the folder
     with pytest.raises(EngineError, match="missing"):
-        engine.generate(PROMPTS, 1, SamplingParams(max_new_tokens=4),
-                        updates=[(1, str(tmp_path / "missing"), base + 1)])  # fmt: skip
+        engine.generate(
+            PROMPTS,
+            1,
+            SamplingParams(max_new_tokens=4),
+            updates=[(1, str(tmp_path / "missing"), base + 1)],
+        )
     assert engine.health()
     engine.update_weights(weights["v1"], base + 1)  # and later updates still work
     assert engine.weight_version == base + 1

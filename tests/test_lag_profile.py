@@ -105,13 +105,15 @@ def test_empirical_reads_numpy_edges_and_refuses_malformed(tmp_path):
             read_histogram(p)
 
 
-def _profile_loop(tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_every=0,
-                  engine=None):  # fmt: skip
+def _profile_loop(
+    tiny_dir, run_dir, lag: LagPolicy, steps: int, tracker, hist_every=0, engine=None
+):
     from sat_cli.engines.local import LocalEngine, LocalEngineRuntime, LocalEngineSettings
 
     trainer = _trainer(tiny_dir)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
-                              stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+    sampling = SamplingParams(
+        temperature=1.0, max_new_tokens=2, stop_token_ids=(trainer.tokenizer.eos_token_id,)
+    )
     s = LoopSettings(
         max_steps=steps,
         prompts_per_step=2,
@@ -155,8 +157,9 @@ def test_geometric_profile_short_run(tiny_dir, tmp_path, tiny_engine):
     prof = parse_profile("geometric:0.5,max=3")
     lag = LagPolicy(3, "fixed", profile=prof, seed=3, cells=8)
     rec = Recorder()
-    st, _ = _profile_loop(tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6,
-                          engine=tiny_engine)  # fmt: skip
+    st, _ = _profile_loop(
+        tiny_dir, tmp_path / "run", lag, 12, rec, hist_every=6, engine=tiny_engine
+    )
     counts = st.lag_profile_counts
     assert counts == _expected_counts(lag, 12) and sum(counts) == 96
     assert rec.metrics[12]["staleness/lag_profile_tv"] == tv_distance(prof.pmf, counts)
@@ -236,8 +239,14 @@ def test_cli_refuses_bad_profiles_before_writing(tmp_path):
         assert "Traceback" not in r.stderr
     r = run_sat("config", "lag.profile=geometric:0.5,max=2", cwd=tmp_path)  # unquoted: one string
     assert r.returncode == 0 and "profile: geometric:0.5,max=2" in r.stdout
-    r = run_sat("train", "lag.profile=fixed:1", "lag.mode=bounded", "run.dir=runs",
-                cwd=tmp_path, timeout=120)  # fmt: skip
+    r = run_sat(
+        "train",
+        "lag.profile=fixed:1",
+        "lag.mode=bounded",
+        "run.dir=runs",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2 and "per-token profiles are not implemented" in r.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -256,8 +265,9 @@ def test_profile_run_resumes_from_a_checkpoint_exactly(tiny_dir, tmp_path):
 
     def run(run_dir, steps, resume=None):
         trainer, rec = _trainer(tiny_dir), Recorder()
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=2,
-                                  stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+        sampling = SamplingParams(
+            temperature=1.0, max_new_tokens=2, stop_token_ids=(trainer.tokenizer.eos_token_id,)
+        )
         s = LoopSettings(
             max_steps=steps,
             prompts_per_step=2,

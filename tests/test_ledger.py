@@ -102,9 +102,7 @@ def test_pi_old_of_a_version_is_a_fresh_forward_of_its_published_checkpoint(ckpt
 
 @pytest.mark.parametrize("num_minibatches", [1, 2])
 def test_parts_sum_to_the_divergence_in_trainer_steps(ckpt, num_minibatches):
-    trainer = LocalTrainer(
-        str(ckpt), lr=5e-2, ledger_keep=2, num_minibatches=num_minibatches
-    )  # fmt: skip
+    trainer = LocalTrainer(str(ckpt), lr=5e-2, ledger_keep=2, num_minibatches=num_minibatches)
     trainer.step(_batch(0, [0] * 4))
     trainer.step(_batch(1, [0, 0, 1, 1]))
     diag: dict = {}

@@ -121,15 +121,19 @@ def _batch():
     for i in range(4):
         ids = torch.randint(3, 100, (6 + 2 * i,), generator=g).tolist()
         logp = (-4.6 + 0.1 * torch.randn(4 + i, generator=g)).tolist()
-        samples.append(Sample(ids, torch.randint(3, 100, (4 + i,), generator=g).tolist(), logp,
-                              "length", 0))  # fmt: skip
+        samples.append(
+            Sample(ids, torch.randint(3, 100, (4 + i,), generator=g).tolist(), logp, "length", 0)
+        )
     return collate(samples, [1.0, -1.0, 0.5, -0.5], pad_id=0)
 
 
 def _linear_dtypes(trainer, batch) -> set:
     seen = set()
-    hooks = [m.register_forward_hook(lambda m, a, o: seen.add(o.dtype))
-             for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    hooks = [
+        m.register_forward_hook(lambda m, a, o: seen.add(o.dtype))
+        for m in trainer.model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     trainer.logprobs(batch)
     for h in hooks:
         h.remove()

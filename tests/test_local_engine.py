@@ -115,11 +115,30 @@ def test_sampling_mask_replay_reproduces_mu_and_the_sampler_top_k(engine, ckpt, 
     T = 0.8
     cases = {"top_p": dict(top_p=0.8), "top_k": dict(top_k=5)}
     batches = {
-        name: collate([s for g in engine.generate(PROMPTS[:3], 2, SamplingParams(
-            temperature=T, max_new_tokens=8, seed=4, sampling_mask=True, topk_logprobs=3,
-            **kw)) for s in g], [1.0, -1.0] * 3, pad_id=0, need_mask=True, need_topk=3)
+        name: collate(
+            [
+                s
+                for g in engine.generate(
+                    PROMPTS[:3],
+                    2,
+                    SamplingParams(
+                        temperature=T,
+                        max_new_tokens=8,
+                        seed=4,
+                        sampling_mask=True,
+                        topk_logprobs=3,
+                        **kw,
+                    ),
+                )
+                for s in g
+            ],
+            [1.0, -1.0] * 3,
+            pad_id=0,
+            need_mask=True,
+            need_topk=3,
+        )
         for name, kw in cases.items()
-    }  # fmt: skip
+    }
     # fp32 engine and trainer, the same weights (lag 0)
     tr = LocalTrainer(str(ckpt), temperature=T, replay_sampling_mask=True, score_centering_topk=3)
     for name, batch in batches.items():

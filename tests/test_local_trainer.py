@@ -218,10 +218,15 @@ def test_load_refuses_a_checkpoint_with_missing_or_integer_tensors(tmp_path):
 def _perturbed(samples, shift):
     """The same samples with rollout log-probs shifted (a stale behaviour policy)."""
     return [
-        Sample(s.prompt_ids, s.response_ids, [x + shift for x in s.rollout_logp],
-               s.finish_reason, s.weight_version)
+        Sample(
+            s.prompt_ids,
+            s.response_ids,
+            [x + shift for x in s.rollout_logp],
+            s.finish_reason,
+            s.weight_version,
+        )
         for s in samples
-    ]  # fmt: skip
+    ]
 
 
 def test_a3po_step_at_staleness_one_equals_grpo(ckpt, samples):
@@ -269,8 +274,10 @@ def test_vcpo_score_norms_and_scaled_step(ckpt, samples):
     assert tr.opt.param_groups[0]["lr"] == 1e-3  # restored after the step
     # the same step with lr * scale and no ESS scaling (base ~ 0 -> factor 1) is identical
     tr2 = LocalTrainer(
-        str(ckpt), loss=vcpo.replace(vcpo_ess_base=1e-12), **(kw | {"lr": 1e-3 * scale}),
-    )  # fmt: skip
+        str(ckpt),
+        loss=vcpo.replace(vcpo_ess_base=1e-12),
+        **(kw | {"lr": 1e-3 * scale}),
+    )
     assert tr2.step(batch)["opt/lr_scale"] == 1.0
     for (n, p), (_, p2) in zip(
         tr.model.named_parameters(), tr2.model.named_parameters(), strict=True

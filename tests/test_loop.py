@@ -302,8 +302,9 @@ def _bounded_run(tiny_dir, run_dir, inflight: bool, steps=6, n=2, tokens=6) -> R
 
     trainer = _trainer(tiny_dir)
     rec = Recorder()
-    sampling = replace(SAMPLING, max_new_tokens=tokens,
-                       stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+    sampling = replace(
+        SAMPLING, max_new_tokens=tokens, stop_token_ids=(trainer.tokenizer.eos_token_id,)
+    )
     s = LoopSettings(
         max_steps=steps,
         prompts_per_step=P,

@@ -291,13 +291,20 @@ def test_admission_and_staleness_use_every_tokens_version():
     from sat_cli.loop.steps import score_batch, task_scorer
     from sat_cli.loop.stream import Batch
 
-    s = SimpleNamespace(lag=LagPolicy(2, "bounded"), group_size=2, adv_std_norm=False,
-                        drop_zero_adv_groups=False)  # fmt: skip
+    s = SimpleNamespace(
+        lag=LagPolicy(2, "bounded"), group_size=2, adv_std_norm=False, drop_zero_adv_groups=False
+    )
 
     def smp(versions, reward_len):
         toks = [1] * reward_len
-        return Sample([9], toks, [-0.1] * reward_len, "stop", versions[0],
-                      token_versions=versions if len(set(versions)) > 1 else None)  # fmt: skip
+        return Sample(
+            [9],
+            toks,
+            [-0.1] * reward_len,
+            "stop",
+            versions[0],
+            token_versions=versions if len(set(versions)) > 1 else None,
+        )
 
     groups = [
         [smp([3, 3, 4], 3), smp([4, 4, 4], 3)],  # oldest 3: lag 2, kept

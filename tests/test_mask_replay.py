@@ -139,11 +139,16 @@ def test_kept_sets_are_the_finite_support_of_filtered_logprobs(T, top_p, top_k):
 
 # --- collate and the replay store ---------------------------------------------------------------
 def _sample(prompt, resp, kept=None, topk=None):
-    return Sample(prompt_ids=prompt, response_ids=resp, rollout_logp=[-0.5] * len(resp),
-                  finish_reason="stop", weight_version=0,
-                  sampling_mask=None if kept is None else [np.array(k, np.int32) for k in kept],
-                  topk_ids=None if topk is None else np.array(topk[0], np.int32),
-                  topk_logp=None if topk is None else np.array(topk[1], np.float32))  # fmt: skip
+    return Sample(
+        prompt_ids=prompt,
+        response_ids=resp,
+        rollout_logp=[-0.5] * len(resp),
+        finish_reason="stop",
+        weight_version=0,
+        sampling_mask=None if kept is None else [np.array(k, np.int32) for k in kept],
+        topk_ids=None if topk is None else np.array(topk[0], np.int32),
+        topk_logp=None if topk is None else np.array(topk[1], np.float32),
+    )
 
 
 def test_collate_aligns_kept_sets_and_topk_with_the_tokens_they_score():
@@ -200,8 +205,10 @@ def test_the_captured_real_answer_parses_to_kept_sets():
 
 def test_support_mode_and_top_logprobs_parse_to_the_sampled_distributions_top_k():
     # support mode: the kept set's log-probs; the behaviour log-prob is the sampled token's
-    meta = {"output_token_sampling_mask": [[4, 9, 2], [7]],
-            "output_token_sampling_logprobs": [[-0.2, -1.9, -3.0], [0.0]]}  # fmt: skip
+    meta = {
+        "output_token_sampling_mask": [[4, 9, 2], [7]],
+        "output_token_sampling_logprobs": [[-0.2, -1.9, -3.0], [0.0]],
+    }
     ex = Extras(filtering=True, keep_mask=True, topk=2)
     assert ex.payload_fields() == {
         "return_sampling_mask": True,
@@ -220,8 +227,11 @@ def test_support_mode_and_top_logprobs_parse_to_the_sampled_distributions_top_k(
     assert Extras.of(SamplingParams(top_k=3, sampling_mask=True)) == Extras(True, True, 0)
     assert Extras.of(SamplingParams(sampling_mask=True)).payload_fields() == {}
     with pytest.raises(EngineError, match="not in its own kept set"):
-        parse_extras({"output_token_sampling_mask": [[1]], "output_token_sampling_logprobs":
-                      [0.0]}, [3], Extras(True, True))  # fmt: skip
+        parse_extras(
+            {"output_token_sampling_mask": [[1]], "output_token_sampling_logprobs": [0.0]},
+            [3],
+            Extras(True, True),
+        )
     with pytest.raises(EngineError, match="output_top_logprobs has 0 entries for 1"):
         parse_extras({"output_top_logprobs": []}, [3], Extras(topk=2))
 
@@ -232,8 +242,9 @@ def test_settings_compose_reach_the_trainer_and_megatron_refuses_them(tmp_path):
     from sat_cli.config import ConfigError, load
     from sat_cli.config.schema import AlgoConfig
 
-    _, obj = load(["algo.replay_sampling_mask=true", "algo.score_centering_topk=4",
-                   "task.top_p=0.9"])  # fmt: skip
+    _, obj = load(
+        ["algo.replay_sampling_mask=true", "algo.score_centering_topk=4", "task.top_p=0.9"]
+    )
     assert obj.algo.replay_sampling_mask and obj.algo.score_centering_topk == 4
     assert not AlgoConfig().replay_sampling_mask and AlgoConfig().score_centering_topk == 0
     with pytest.raises(ConfigError, match="score_centering_topk"):
@@ -255,8 +266,10 @@ def test_a_replay_refuses_records_the_recording_lacks():
     from sat_cli.commands.replay import check_match
     from sat_cli.errors import UserError
 
-    rec = {"algo": {"replay_sampling_mask": False, "score_centering_topk": 2},
-           "task": {"top_p": 0.9, "top_k": -1}}  # fmt: skip
+    rec = {
+        "algo": {"replay_sampling_mask": False, "score_centering_topk": 2},
+        "task": {"top_p": 0.9, "top_k": -1},
+    }
 
     def composed(**algo):
         return {"algo": {**rec["algo"], **algo}, "task": rec["task"]}

@@ -35,8 +35,14 @@ from sat_cli.trainers.megatron import convert, runtime  # noqa: E402
 from sat_cli.trainers.megatron.actor import MegatronActor  # noqa: E402
 
 LR = 5e-5
-SAT_R3_KL = dict(loss=LossConfig(algo="grpo", adaptive=True, kl_coef=0.1), num_minibatches=2,
-                 r3=True, r3_audit=True, lr=LR, temperature=0.9)  # fmt: skip
+SAT_R3_KL = dict(
+    loss=LossConfig(algo="grpo", adaptive=True, kl_coef=0.1),
+    num_minibatches=2,
+    r3=True,
+    r3_audit=True,
+    lr=LR,
+    temperature=0.9,
+)
 
 
 @pytest.fixture(scope="session")
@@ -78,9 +84,12 @@ def test_recompute_step_is_bit_identical(megatron_dist, tiny_dir, r3):
         assert m1["r3/audit_rows"] > 0 and m1["r3/audit_mismatched_rows"] == 0
         # routes dropped after the forward: the backward's rerun routes by itself -> other grads
         lp2, m2, w2, _ = _run(
-            tiny_dir, batch, after_build=lambda a: setattr(a, "recompute", False),
-            recompute=True, **kw,
-        )  # fmt: skip
+            tiny_dir,
+            batch,
+            after_build=lambda a: setattr(a, "recompute", False),
+            recompute=True,
+            **kw,
+        )
         assert torch.equal(lp2, lp0)  # the forward itself still replays
         assert _max_diff(w0, w2) > 1e-5
         assert m2["loss/grad_norm"] != m0["loss/grad_norm"]

@@ -71,7 +71,7 @@ def test_a_trainer_step_reports_the_shared_names(tmp_path):
             (-3.0 + 0.3 * torch.randn(4, generator=g)).tolist(),
             "stop",
             0,
-        )  # fmt: skip
+        )
         for _ in range(4)
     ]
     batch = collate(samples, torch.tensor([1.0, -1.0, 0.5, -0.5]), pad_id=0)

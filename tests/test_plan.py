@@ -55,12 +55,32 @@ def test_hand_counts_match_the_table():
     assert PAPER_TOTAL == 30_532_122_624  # ≈ 30.5 B, the model card's figure
     arch = Arch.from_hf(QWEN3_30B_A3B)
     assert arch.total() == PAPER_TOTAL
-    lay = Layout(1, 4, tp=4, pp=1, cp=1, ep=4, etp=1, dtype="bfloat16",
-                 optimizer_offload=True, recompute=True)  # fmt: skip
+    lay = Layout(
+        1,
+        4,
+        tp=4,
+        pp=1,
+        cp=1,
+        ep=4,
+        etp=1,
+        dtype="bfloat16",
+        optimizer_offload=True,
+        recompute=True,
+    )
     assert params_per_gpu(arch, lay) == (PAPER_DENSE, PAPER_EXPERT)
     # pp 2: half the layers and one of embedding / output layer on the largest stage
-    lay2 = Layout(1, 8, tp=4, pp=2, cp=1, ep=4, etp=1, dtype="bfloat16",
-                  optimizer_offload=False, recompute=False)  # fmt: skip
+    lay2 = Layout(
+        1,
+        8,
+        tp=4,
+        pp=2,
+        cp=1,
+        ep=4,
+        etp=1,
+        dtype="bfloat16",
+        optimizer_offload=False,
+        recompute=False,
+    )
     dense, expert = params_per_gpu(arch, lay2)
     assert dense == 24 * (ATTN // 4 + NORMS_ROUTER) + EMB // 4 + 2048
     assert expert == PAPER_EXPERT // 2
@@ -258,8 +278,11 @@ def test_compose_time_runs_the_same_checks():
         load(["trainer.recompute=true"])
     _, obj = load([PAPER, "algo=gspo", "lag=8", "r3=true"])  # the paper overlay composes
     assert (obj.trainer.tp, obj.trainer.ep, obj.trainer.etp, obj.trainer.dtype) == (
-        4, 4, 1, "bfloat16"
-    )  # fmt: skip
+        4,
+        4,
+        1,
+        "bfloat16",
+    )
 
 
 def test_unimplemented_is_one_constant():
@@ -304,16 +327,27 @@ def test_trainer_memory_options_are_checked():
         load(["trainer.recompute=true"])
     with pytest.raises(ConfigError, match=r"optimizer_offload=true .* needs trainer\.dtype=bf"):
         load(["trainer=megatron", "trainer.optimizer_offload=true"])
-    _, obj = load(["trainer=megatron", "trainer.recompute=true", "trainer.dtype=bfloat16",
-                   "trainer.optimizer_offload=true"])  # fmt: skip
+    _, obj = load(
+        [
+            "trainer=megatron",
+            "trainer.recompute=true",
+            "trainer.dtype=bfloat16",
+            "trainer.optimizer_offload=true",
+        ]
+    )
     assert obj.trainer.recompute and obj.trainer.optimizer_offload
 
 
 def test_train_refuses_unimplemented_cp_before_anything_starts(tmp_path):
     out = run_sat(
-        "train", "trainer=megatron", "trainer.nproc_per_node=2", "trainer.cp=2", "run.dir=runs",
-        cwd=tmp_path, timeout=60,
-    )  # fmt: skip
+        "train",
+        "trainer=megatron",
+        "trainer.nproc_per_node=2",
+        "trainer.cp=2",
+        "run.dir=runs",
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert re.search(r"sat: error: trainer=megatron cannot run trainer\.cp=2 yet", out.stderr)
@@ -343,6 +377,13 @@ def test_counts_from_a_local_config_json(tmp_path):
     dense.mkdir()
     cfg = {k: v for k, v in TINY_MOE_CONFIG.items() if "expert" not in k}
     (dense / "config.json").write_text(json.dumps(cfg))
-    out = run_sat("plan", "trainer=megatron", "model.kind=hf", f"model.path={dense}",
-                  "trainer.nproc_per_node=2", "trainer.ep=2", cwd=tmp_path)  # fmt: skip
+    out = run_sat(
+        "plan",
+        "trainer=megatron",
+        "model.kind=hf",
+        f"model.path={dense}",
+        "trainer.nproc_per_node=2",
+        "trainer.ep=2",
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and "trainer.ep=2 needs a Mixture-of-Experts model" in out.stderr

@@ -142,8 +142,14 @@ def test_one_trainer_node_on_ray_binds_the_port_the_os_picks(ray_cluster, tmp_pa
     common = ["train", *MEGATRON_SMOKE, "max_steps=2"]  # one rank: the test nodes have 1 CPU each
     ref = run_sat(*common, "run.name=here", cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
-    out = run_sat(*common, "run.name=ray1", "launcher=ray", "launcher.trainer_gpus=0",
-                  f"launcher.address={ray_cluster.address}", cwd=tmp_path)  # fmt: skip
+    out = run_sat(
+        *common,
+        "run.name=ray1",
+        "launcher=ray",
+        "launcher.trainer_gpus=0",
+        f"launcher.address={ray_cluster.address}",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "ray: trainer node 0 on Ray node" in out.stdout + out.stderr
     config = json.loads((tmp_path / "runs/sat/ray1/megatron/worker_config.json").read_text())

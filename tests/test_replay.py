@@ -53,7 +53,10 @@ def test_step_round_trip_is_exact():
     assert r2 == rows and w2[0] == rewards[0] and w2[1] is None
     for a, b in zip([s for g in groups for s in g], [s for g in g2 for s in g], strict=True):
         assert (a.prompt_ids, a.response_ids, a.finish_reason) == (
-            b.prompt_ids, b.response_ids, b.finish_reason)  # fmt: skip
+            b.prompt_ids,
+            b.response_ids,
+            b.finish_reason,
+        )
         assert a.rollout_logp == b.rollout_logp  # float64: the same Python floats
         assert (a.weight_version, a.token_versions) == (b.weight_version, b.token_versions)
         if a.routed_experts is None:
@@ -66,8 +69,7 @@ def _record_dir(tmp_path: Path, steps: int = 2) -> Path:
     run = tmp_path / "run"
     w = StreamWriter(run / "replay", {"config": {}}, prompts_per_step=1, group_size=2)
     for t in range(steps):
-        w.write(t, [[_sample(t, 2), _sample(t, 3)]], [{"id": str(t), "prompt": "p"}],
-                [[0.0, 1.0]])  # fmt: skip
+        w.write(t, [[_sample(t, 2), _sample(t, 3)]], [{"id": str(t), "prompt": "p"}], [[0.0, 1.0]])
     return run
 
 
@@ -107,8 +109,9 @@ class SpyTrainer:
         self.inner, self.batches = trainer, []
 
     def step(self, batch, *args):
-        self.batches.append({k: v.clone() for k, v in vars(batch).items()
-                             if isinstance(v, torch.Tensor)})  # fmt: skip
+        self.batches.append(
+            {k: v.clone() for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
+        )
         return self.inner.step(batch, *args)
 
     def __getattr__(self, name):
@@ -134,8 +137,9 @@ def _loop(
         LocalTrainer(str(tiny_dir), lr=1e-2, seed=0, loss=LossConfig(algo=algo, adaptive=True))
     )
     rec = Recorder()
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=4,
-                              stop_token_ids=(trainer.tokenizer.eos_token_id,))  # fmt: skip
+    sampling = SamplingParams(
+        temperature=1.0, max_new_tokens=4, stop_token_ids=(trainer.tokenizer.eos_token_id,)
+    )
     kw.setdefault("sampling", sampling)
     s = LoopSettings(
         max_steps=4,
@@ -174,8 +178,13 @@ def test_replay_reproduces_losses_bit_for_bit_and_feeds_every_algorithm_the_same
     same, t_same = _loop(tiny_dir, tmp_path / "same", "grpo", replay=open_recording(run, 4))
     other, t_other = _loop(tiny_dir, tmp_path / "gspo", "gspo", replay=open_recording(run, 4))
     for t in range(1, 5):
-        for key in ("loss/policy", "loss/grad_norm", "rollout/reward_mean",
-                    "rollout/prompt_digest", "staleness/version_lag_mean"):  # fmt: skip
+        for key in (
+            "loss/policy",
+            "loss/grad_norm",
+            "rollout/reward_mean",
+            "rollout/prompt_digest",
+            "staleness/version_lag_mean",
+        ):
             assert same.metrics[t][key] == orig.metrics[t][key], (t, key)
     assert [orig.metrics[t]["staleness/version_lag_max"] for t in range(1, 5)] == [0, 1, 2, 2]
     for k, v in t_orig.model.state_dict().items():
@@ -188,8 +197,9 @@ def test_replay_reproduces_losses_bit_for_bit_and_feeds_every_algorithm_the_same
             assert torch.equal(a[k], b[k]), k
     for t in range(1, 5):
         assert other.metrics[t]["rollout/prompt_digest"] == orig.metrics[t]["rollout/prompt_digest"]
-    assert any(other.metrics[t]["loss/policy"] != orig.metrics[t]["loss/policy"]
-               for t in range(1, 5))  # fmt: skip
+    assert any(
+        other.metrics[t]["loss/policy"] != orig.metrics[t]["loss/policy"] for t in range(1, 5)
+    )
 
 
 # ----------------------------------------------------------------------------- sat replay (CLI)
@@ -206,8 +216,12 @@ def _fake_run(tmp_path: Path, steps: int = 3) -> Path:
 
     cfg, _ = load([*SMOKE, "run.name=rec", "replay.record=true"], "train")
     run = tmp_path / "runs" / "sat" / "rec"
-    header = {"overrides": [*SMOKE, "replay.record=true"], "run": "rec", "mlflow_run_id": None,
-              "config": OmegaConf.to_container(cfg, resolve=True)}  # fmt: skip
+    header = {
+        "overrides": [*SMOKE, "replay.record=true"],
+        "run": "rec",
+        "mlflow_run_id": None,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
     w = StreamWriter(run / "replay", header, prompts_per_step=8, group_size=4)
     for t in range(steps):
         rows = [{"id": str(i), "prompt": "1+1=", "answer": "2"} for i in range(8)]
@@ -271,8 +285,10 @@ def test_sat_replay_of_a_recorded_run_reproduces_its_losses(tmp_path):
     runs = {x.info.run_name: x for x in c.search_runs([exp])}
 
     def hist(name, key):
-        return [(m.step, m.value) for m in sorted(
-            c.get_metric_history(runs[name].info.run_id, key), key=lambda m: m.step)]  # fmt: skip
+        return [
+            (m.step, m.value)
+            for m in sorted(c.get_metric_history(runs[name].info.run_id, key), key=lambda m: m.step)
+        ]
 
     for key in ("loss/policy", "loss/grad_norm", "eval/toy/avg_at_2", "rollout/prompt_digest"):
         assert hist("same", key) == hist("rec", key) and hist("rec", key), key
@@ -331,8 +347,9 @@ def test_report_pairs_each_replay_with_its_recorded_run(tmp_path):
     c = MlflowClient(f"sqlite:///{seeded_store(tmp_path / 'mlflow.db')}")
     exp = c.create_experiment("x", artifact_location=str(tmp_path / "art"))
     orig = c.create_run(exp, run_name="rec").info.run_id
-    rep = c.create_run(exp, run_name="rec-replay", tags={"replay_of": "rec",
-                                                         "replay_of_run_id": orig}).info.run_id  # fmt: skip
+    rep = c.create_run(
+        exp, run_name="rec-replay", tags={"replay_of": "rec", "replay_of_run_id": orig}
+    ).info.run_id
     plain = c.create_run(exp, run_name="other").info.run_id
     for rid, vals in ((orig, (0.5, 0.25, 40.0)), (rep, (0.75, 0.125, 42.5)), (plain, (1, 1, 1))):
         for step, scale in ((1, 2.0), (3, 1.0)):  # the last step counts
@@ -341,8 +358,17 @@ def test_report_pairs_each_replay_with_its_recorded_run(tmp_path):
             c.log_metric(rid, "eval/toy/avg_at_8", vals[2] * scale, step=step)
 
     def data(rid, name):
-        return RunData(run_id=rid, name=name, status="FINISHED", start_time=0, method="GSPO",
-                       lag="1", seed="0", row="GSPO", eval_key="eval/toy/avg_at_8")  # fmt: skip
+        return RunData(
+            run_id=rid,
+            name=name,
+            status="FINISHED",
+            start_time=0,
+            method="GSPO",
+            lag="1",
+            seed="0",
+            row="GSPO",
+            eval_key="eval/toy/avg_at_8",
+        )
 
     rows = replay_rows(c, [data(rep, "rec-replay"), data(plain, "other")])
     got = {r["metric"]: (r["replay_value"], r["recorded"], r["difference"]) for r in rows}

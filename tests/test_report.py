@@ -364,8 +364,15 @@ def test_regime_section(report):
 
 def test_plots_and_parent_artifacts(report, store):
     out = report[0]
-    names = ("eval.png", "eval_ess.png", "reward.png", "dpi.png", "sat_gate_rate.png",
-             "sat_band.png", "staleness_hist.png")  # fmt: skip
+    names = (
+        "eval.png",
+        "eval_ess.png",
+        "reward.png",
+        "dpi.png",
+        "sat_gate_rate.png",
+        "sat_band.png",
+        "staleness_hist.png",
+    )
     for name in names:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -545,8 +552,12 @@ def test_row_order_sorts_axis_values_numerically():
         "A · trainer.lr=0.0001",
     ]
     rows = row_order([rd(r) for r in seen], ["A", "B"])
-    assert rows == ["A · trainer.lr=1e-05", "A · trainer.lr=0.0001", "B · trainer.lr=0.0005",
-                    "B · trainer.lr=0.0007"]  # fmt: skip
+    assert rows == [
+        "A · trainer.lr=1e-05",
+        "A · trainer.lr=0.0001",
+        "B · trainer.lr=0.0005",
+        "B · trainer.lr=0.0007",
+    ]
     # methods outside the sweep's list keep their first appearance, grouped
     rows = row_order([rd(r) for r in ["Z · x=2", "Y · x=1", "Z · x=1"]], ["A"])
     assert rows == ["Z · x=1", "Z · x=2", "Y · x=1"]

@@ -161,8 +161,9 @@ def test_compute_is_the_one_entry_point():
         mask=(torch.rand(4, 7, generator=g) > 0.3).float(),
         old_logp=rollout + 0.01,
     )
-    cfg = LossConfig("grpo", "tis", eps_low=0.1, eps_high=0.3, adaptive=True, quantile=0.7,
-                     tis_cap=1.5, q_rows=2)  # fmt: skip
+    cfg = LossConfig(
+        "grpo", "tis", eps_low=0.1, eps_high=0.3, adaptive=True, quantile=0.7, tis_cap=1.5, q_rows=2
+    )
     a, b = registry.compute(cfg, inputs), registry.compute(cfg, inputs)
     assert isinstance(a, LossOutputs) and a.diag is None
     assert torch.equal(a.loss, b.loss) and a.metrics == b.metrics

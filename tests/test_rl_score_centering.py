@@ -165,9 +165,15 @@ def _inputs(seed=2, B=4, T=5):
     mask[:, 0] = True
     adv = torch.randn(B, generator=g, dtype=F64)
     return dict(
-        logp=logp, rollout_logp=mu, advantages=adv, mask=mask, old_logp=mu + 0.02,
-        policy_topk_logp=lp, sampler_topk_logp=lq, topk_valid=valid,
-    ), z  # fmt: skip
+        logp=logp,
+        rollout_logp=mu,
+        advantages=adv,
+        mask=mask,
+        old_logp=mu + 0.02,
+        policy_topk_logp=lp,
+        sampler_topk_logp=lq,
+        topk_valid=valid,
+    ), z
 
 
 @pytest.mark.parametrize(

@@ -206,8 +206,12 @@ def test_str_refused_without_a_plain_clip(algo):
     with pytest.raises(ValueError, match="str_delta compose with the algorithms"):
         loss_of(
             LossConfig(algo=algo, str_delta=0.1),
-            logp=lp, rollout_logp=mu, advantages=adv, mask=mask, old_logp=lp,
-        )  # fmt: skip
+            logp=lp,
+            rollout_logp=mu,
+            advantages=adv,
+            mask=mask,
+            old_logp=lp,
+        )
 
 
 def test_off_by_default_and_empty_mask():

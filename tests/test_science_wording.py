@@ -17,8 +17,14 @@ from sat_cli.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
-SWEEPS = ["paper_table1", "paper_table1_cpu", "regime_map_cpu", "sat_power_cpu",
-          "sat_power_lr_check_cpu", "smoke"]  # fmt: skip
+SWEEPS = [
+    "paper_table1",
+    "paper_table1_cpu",
+    "regime_map_cpu",
+    "sat_power_cpu",
+    "sat_power_lr_check_cpu",
+    "smoke",
+]
 WRITE_UP = [
     ROOT / "README.md",
     ROOT / "docs" / "sweeps.md",

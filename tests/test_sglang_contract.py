@@ -293,9 +293,13 @@ def test_cpu_server_command_runs_through_the_launcher_with_cpu_flags(tmp_path):
     assert cmd[2:4] == ["-m", "sglang.launch_server"]
     i = cmd.index("--device")
     assert cmd[i : i + 6] == [
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule",
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-overlap-schedule",
         "--sleep-on-idle",
-    ]  # fmt: skip
+    ]
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--max-total-tokens") + 1] == "4096"
     assert "--enable-deterministic-inference" not in cmd

@@ -195,13 +195,28 @@ def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare
 
 
 def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):
-    assert patched["server_args"] == {"returned": {
-        "model_path": "m", "host": "127.0.0.1", "port": "31000", "dtype": "bfloat16",
-        "device": "cpu", "attention_backend": "torch_native", "tp_size": "1",
-        "max_total_tokens": "4096", "enable_return_routed_experts": "True",
-        "weight_version": "0", "disable_overlap_schedule": "True", "sleep_on_idle": "True",
-    }}  # fmt: skip
-    assert patched["router_args"] == {"returned": {
-        "worker_urls": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"], "port": 30999,
-        "policy": "round_robin", "health_failure_threshold": 10, "health_check_timeout_secs": 60,
-    }}  # fmt: skip
+    assert patched["server_args"] == {
+        "returned": {
+            "model_path": "m",
+            "host": "127.0.0.1",
+            "port": "31000",
+            "dtype": "bfloat16",
+            "device": "cpu",
+            "attention_backend": "torch_native",
+            "tp_size": "1",
+            "max_total_tokens": "4096",
+            "enable_return_routed_experts": "True",
+            "weight_version": "0",
+            "disable_overlap_schedule": "True",
+            "sleep_on_idle": "True",
+        }
+    }
+    assert patched["router_args"] == {
+        "returned": {
+            "worker_urls": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"],
+            "port": 30999,
+            "policy": "round_robin",
+            "health_failure_threshold": 10,
+            "health_check_timeout_secs": 60,
+        }
+    }

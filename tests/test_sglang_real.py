@@ -95,10 +95,18 @@ def test_sat_train_with_r3_on_the_server_logs_the_real_mismatch_and_replays_its_
     parsers in tests/test_sglang_cpu_launch.py."""
     url = engine.worker_urls[0]
     small = [
-        "engine=sglang", "engine.device=cpu", f"engine.urls=[{url}]", "experiment=cpu_smoke",
-        "task.prompts_per_step=8", "task.samples_per_prompt=4", "eval.every=3", "eval.limit=16",
-        "eval.n=2", "run.dir=runs", "run.name=sg",
-    ]  # fmt: skip
+        "engine=sglang",
+        "engine.device=cpu",
+        f"engine.urls=[{url}]",
+        "experiment=cpu_smoke",
+        "task.prompts_per_step=8",
+        "task.samples_per_prompt=4",
+        "eval.every=3",
+        "eval.limit=16",
+        "eval.n=2",
+        "run.dir=runs",
+        "run.name=sg",
+    ]
     log_path = engine.servers[0].log_path
     before = len(log_path.read_text())
     seeded_store(tmp_path / "runs" / "mlflow.db")
@@ -220,8 +228,12 @@ def test_routed_experts_decode_to_what_the_trainer_replays(engine, prompts, toke
 
     model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
     with RouteCapture(model) as cap, torch.no_grad():
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-              position_ids=batch.position_ids, use_cache=False)  # fmt: skip
+        model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
     own = cap.last_call().view(B, S, layers, k).sort(-1).values
     agree = (own == batch.routed_experts.sort(-1).values).all(-1)[valid].float().mean()
     assert agree > 0.9
@@ -249,8 +261,12 @@ def test_top_k_top_p_logprobs_are_the_behaviour_policy(engine, prompts, tokenize
     batch = collate(samples, torch.zeros(len(samples)), tokenizer.pad_token_id)
     model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).logits.float()  # fmt: skip
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits.float()
     ref, got, unfiltered = [], [], []
     full = token_logprobs(logits, batch.input_ids, 1.0)[0]
     for b, s in enumerate(samples):
@@ -279,12 +295,17 @@ def test_kept_sets_and_top_k_parse_and_the_trainer_replays_them(engine, prompts,
     top_k, top_p = 5, 0.9
     cut = sampling(tokenizer, top_k=top_k, top_p=top_p, sampling_mask=True, topk_logprobs=3)
     samples = flat(engine.generate(prompts[:4], 2, cut))
-    batch = collate(samples, torch.zeros(len(samples)), tokenizer.pad_token_id,
-                    need_mask=True, need_topk=3)  # fmt: skip
+    batch = collate(
+        samples, torch.zeros(len(samples)), tokenizer.pad_token_id, need_mask=True, need_topk=3
+    )
     model = load_model(str(MODEL), "bfloat16", torch.device("cpu")).eval()
     with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).logits.float()  # fmt: skip
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits.float()
     same = []
     for b, s in enumerate(samples):
         start = len(s.prompt_ids)
@@ -311,8 +332,12 @@ def test_kept_sets_and_top_k_parse_and_the_trainer_replays_them(engine, prompts,
     plain = flat(engine.generate(prompts[:4], 1, sampling(tokenizer, topk_logprobs=3)))
     pb = collate(plain, torch.zeros(len(plain)), tokenizer.pad_token_id, need_topk=3)
     with torch.no_grad():
-        pl = model(input_ids=pb.input_ids, attention_mask=pb.attention_mask,
-                   position_ids=pb.position_ids, use_cache=False).logits.float()  # fmt: skip
+        pl = model(
+            input_ids=pb.input_ids,
+            attention_mask=pb.attention_mask,
+            position_ids=pb.position_ids,
+            use_cache=False,
+        ).logits.float()
     ref = topk_logprobs(pl, pb.topk_ids, 1.0, None)
     valid = (pb.topk_ids >= 0) & pb.loss_mask.bool()[..., None]
     assert bool(valid[..., 0][pb.loss_mask.bool()].all())
@@ -453,8 +478,12 @@ def test_a_broadcast_serves_what_a_disk_load_of_the_same_weights_does(engine, tm
     seq = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 20, 21, 22, 23]
 
     def scored() -> list[float]:
-        body = {"input_ids": seq, "sampling_params": {"max_new_tokens": 1},
-                "return_logprob": True, "logprob_start_len": 0}  # fmt: skip
+        body = {
+            "input_ids": seq,
+            "sampling_params": {"max_new_tokens": 1},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
         answer = engine.client.post_json("/generate", body, url=url)
         return [lp for lp, _, _ in answer["meta_info"]["input_token_logprobs"][1:]]
 

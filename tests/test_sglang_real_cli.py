@@ -38,9 +38,15 @@ def ok(out) -> None:
 def test_eval_toy_on_sglang(tmp_path):
     sglang_python()
     out = sat(
-        "eval", "toy", "engine=sglang", "engine.device=cpu", "eval.limit=32", "eval.n=2",
-        "run.dir=runs", cwd=tmp_path,
-    )  # fmt: skip
+        "eval",
+        "toy",
+        "engine=sglang",
+        "engine.device=cpu",
+        "eval.limit=32",
+        "eval.n=2",
+        "run.dir=runs",
+        cwd=tmp_path,
+    )
     ok(out)
     assert "eval toy: complete" in out.stdout
     # the table row: problems, n, avg@2, pass@1, pass@2
@@ -50,8 +56,7 @@ def test_eval_toy_on_sglang(tmp_path):
 @pytest.mark.slow  # 40-70 s; `make test-full` (the default suite's run: tests/test_sglang_real.py)
 def test_two_servers_behind_the_router_serve_one_run(tmp_path):
     sglang_python()
-    out = sat("train", *SMALL, "max_steps=3", "engine.num_servers=2", "eval.every=0",
-              cwd=tmp_path)  # fmt: skip
+    out = sat("train", *SMALL, "max_steps=3", "engine.num_servers=2", "eval.every=0", cwd=tmp_path)
     ok(out)
     logs = tmp_path / "runs" / "sat" / "sg" / "logs"
     assert "sglang_router.launch_router" in (logs / "sglang_router.log").read_text()
@@ -68,8 +73,16 @@ def test_the_papers_stack_in_miniature(tmp_path):
     # SGLang rollouts, the megatron-core trainer, SGLang's routed experts replayed in
     # megatron's RouterReplay: every replayed (token, layer) row uses SGLang's experts.
     sglang_python()
-    out = sat("train", *SMALL, "max_steps=3", "trainer=megatron", "r3=true",
-              "trainer.r3_audit=true", "eval.every=0", cwd=tmp_path)  # fmt: skip
+    out = sat(
+        "train",
+        *SMALL,
+        "max_steps=3",
+        "trainer=megatron",
+        "r3=true",
+        "trainer.r3_audit=true",
+        "eval.every=0",
+        cwd=tmp_path,
+    )
     ok(out)
     rows = metrics(tmp_path / "runs", "r3/audit_rows")
     bad = metrics(tmp_path / "runs", "r3/audit_mismatched_rows")

@@ -166,8 +166,12 @@ def test_busy_flush_and_an_update_paused_in_place_behave_as_the_real_server(stan
     assert (got["status"], got["body"]) == (real["status"], real["body"]) == (400, real["body"])
     th.join()
 
-    call(standin.url, "POST", "/update_weights_from_disk",
-         {"model_path": str(MODEL), "weight_version": "1", "flush_cache": True})  # fmt: skip
+    call(
+        standin.url,
+        "POST",
+        "/update_weights_from_disk",
+        {"model_path": str(MODEL), "weight_version": "1", "flush_cache": True},
+    )
     th = _long_request(standin, "inflight", results)
     for name in ("pause_in_place", "health_generate_paused", "health_paused"):
         real, got = replay(standin, name)
@@ -205,10 +209,21 @@ def test_an_abort_pause_ends_running_requests_as_the_real_server(standin):
 
 
 WS_CAPTURES = (
-    "ws_destroy_missing", "ws_update_outside_session", "ws_end_without_session", "ws_init",
-    "ws_begin", "ws_begin_twice", "ws_update_ok", "ws_end", "ws_model_info_after", "ws_checksum",
-    "ws_compare_cpu", "ws_update_sender_gone", "ws_model_info_after_failure", "ws_destroy",
-)  # fmt: skip
+    "ws_destroy_missing",
+    "ws_update_outside_session",
+    "ws_end_without_session",
+    "ws_init",
+    "ws_begin",
+    "ws_begin_twice",
+    "ws_update_ok",
+    "ws_end",
+    "ws_model_info_after",
+    "ws_checksum",
+    "ws_compare_cpu",
+    "ws_update_sender_gone",
+    "ws_model_info_after_failure",
+    "ws_destroy",
+)
 
 
 @pytest.fixture

@@ -237,8 +237,14 @@ class _Script(ManagedProcess):
     name = "script server"
 
     def __init__(self, code: str, port: int, log_path: Path):
-        super().__init__(host="127.0.0.1", port=port, log_path=log_path, health_path="/health",
-                         startup_timeout_s=30.0, env=None)  # fmt: skip
+        super().__init__(
+            host="127.0.0.1",
+            port=port,
+            log_path=log_path,
+            health_path="/health",
+            startup_timeout_s=30.0,
+            env=None,
+        )
         self.code = code
 
     @property

@@ -78,11 +78,15 @@ def test_the_protocol_delivers_every_bucket_and_the_version(sender, tmp_path):
         finally:
             engine.close()
     per_version = len(sender.plan(1))
-    assert paths[1:] == ["/init_weights_update_group", "/begin_weight_update",
-                         *["/update_weights_from_distributed"] * per_version,
-                         "/end_weight_update", "/begin_weight_update",
-                         *["/update_weights_from_distributed"] * per_version,
-                         "/end_weight_update"]  # fmt: skip
+    assert paths[1:] == [
+        "/init_weights_update_group",
+        "/begin_weight_update",
+        *["/update_weights_from_distributed"] * per_version,
+        "/end_weight_update",
+        "/begin_weight_update",
+        *["/update_weights_from_distributed"] * per_version,
+        "/end_weight_update",
+    ]
     assert paths[0] == "/destroy_weights_update_group"  # the capability probe
     # the version and the cache flush go with the last bucket only
     assert [u["weight_version"] for u in updates[:per_version]] == [None] * (per_version - 1) + [

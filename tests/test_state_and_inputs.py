@@ -75,11 +75,16 @@ def test_state_file_schemas(schema, value, pattern):
 
 def test_state_files_written_by_sat_pass_their_schema():
     good = {
-        "step": 2, "pending": [[2, 1]], "published": [0, 1], "engine_version": 1,
-        "min_needed": 1, "finished": False, "mlflow_run_id": None,
+        "step": 2,
+        "pending": [[2, 1]],
+        "published": [0, 1],
+        "engine_version": 1,
+        "min_needed": 1,
+        "finished": False,
+        "mlflow_run_id": None,
         "counters": {"sat_steps": 2, "sat_active_steps": 2.0},
         "eval": {"best": 1.5, "best_step": 0, "last": None, "last_step": None, "key": None},
-    }  # fmt: skip
+    }
     assert R.check(R.LOOP_STATE, good) is None
     assert R.check(R.SWEEP_STATE, {"runs": {}, "parents": {}, "invocations": 0}) is None
 
@@ -151,37 +156,68 @@ def _fifo(rel: str):
 
 
 DAMAGE = {
-    "loop-state-a-list": (lambda ck: (ck / "loop_state.json").write_text("[]"),
-                          r"loop_state\.json: expected an object, got list"),
-    "loop-state-step-null": (_json_edit("loop_state.json", lambda s: {**s, "step": None}),
-                             r"loop_state\.json: step: expected an integer >= 0, got null"),
-    "loop-state-other-step": (_json_edit("loop_state.json", lambda s: {**s, "step": 3}),
-                              r"does not describe step_2"),
-    "loop-state-nan": (lambda ck: (ck / "loop_state.json").write_text('{"step": 2, "eval": {"best": NaN}}'),
-                       r"eval\.best: nan is out of range"),
-    "trainer-state-truncated": (lambda ck: (ck / "trainer/trainer_state.json").write_text('{"step_co'),
-                                r"trainer/trainer_state\.json is unreadable \(JSONDecodeError"),
-    "trainer-state-no-groups": (_json_edit("trainer/trainer_state.json", lambda s: {"step_count": 2}),
-                                r"'param_groups' is missing"),
+    "loop-state-a-list": (
+        lambda ck: (ck / "loop_state.json").write_text("[]"),
+        r"loop_state\.json: expected an object, got list",
+    ),
+    "loop-state-step-null": (
+        _json_edit("loop_state.json", lambda s: {**s, "step": None}),
+        r"loop_state\.json: step: expected an integer >= 0, got null",
+    ),
+    "loop-state-other-step": (
+        _json_edit("loop_state.json", lambda s: {**s, "step": 3}),
+        r"does not describe step_2",
+    ),
+    "loop-state-nan": (
+        lambda ck: (ck / "loop_state.json").write_text('{"step": 2, "eval": {"best": NaN}}'),
+        r"eval\.best: nan is out of range",
+    ),
+    "trainer-state-truncated": (
+        lambda ck: (ck / "trainer/trainer_state.json").write_text('{"step_co'),
+        r"trainer/trainer_state\.json is unreadable \(JSONDecodeError",
+    ),
+    "trainer-state-no-groups": (
+        _json_edit("trainer/trainer_state.json", lambda s: {"step_count": 2}),
+        r"'param_groups' is missing",
+    ),
     "trainer-state-fewer-params": (
-        _json_edit("trainer/trainer_state.json",
-                   lambda s: {**s, "param_groups": [{**s["param_groups"][0], "params": [0, 1]}]}),
-        r"parameter groups hold 2 parameters, the model has \d+"),
-    "optimizer-wrong-shape": (_optimizer_edit(_reshape_first_moment),
-                              r"'state/\d+/exp_avg' has shape \[5\] but the parameter has"),
+        _json_edit(
+            "trainer/trainer_state.json",
+            lambda s: {**s, "param_groups": [{**s["param_groups"][0], "params": [0, 1]}]},
+        ),
+        r"parameter groups hold 2 parameters, the model has \d+",
+    ),
+    "optimizer-wrong-shape": (
+        _optimizer_edit(_reshape_first_moment),
+        r"'state/\d+/exp_avg' has shape \[5\] but the parameter has",
+    ),
     "optimizer-unknown-parameter": (
         _optimizer_edit(lambda sd: sd.update({"state/9999/exp_avg": sd["rng/torch"][:1].float()})),
-        r"'state/9999/exp_avg' names no parameter"),
-    "optimizer-no-rng": (_optimizer_edit(lambda sd: sd.pop("rng/torch")), r"no random-number state"),
-    "optimizer-truncated": (lambda ck: (ck / "trainer/optimizer.safetensors").write_bytes(b"\x10" * 20),
-                            r"optimizer\.safetensors is not a readable safetensors file"),
+        r"'state/9999/exp_avg' names no parameter",
+    ),
+    "optimizer-no-rng": (
+        _optimizer_edit(lambda sd: sd.pop("rng/torch")),
+        r"no random-number state",
+    ),
+    "optimizer-truncated": (
+        lambda ck: (ck / "trainer/optimizer.safetensors").write_bytes(b"\x10" * 20),
+        r"optimizer\.safetensors is not a readable safetensors file",
+    ),
     "optimizer-a-fifo": (_fifo("trainer/optimizer.safetensors"), r"is a FIFO, not a regular file"),
-    "trainer-state-a-fifo": (_fifo("trainer/trainer_state.json"), r"trainer_state\.json is missing"),
-    "manifest-a-fifo": (lambda ck: os.mkfifo(ck / "manifest.json"), r"manifest\.json is unreadable.*FIFO"),
-    "manifest-wrong-shape": (lambda ck: (ck / "manifest.json").write_text('{"files": {"a": 1}}'),
-                             r"manifest\.json: files\.a: expected an object"),
+    "trainer-state-a-fifo": (
+        _fifo("trainer/trainer_state.json"),
+        r"trainer_state\.json is missing",
+    ),
+    "manifest-a-fifo": (
+        lambda ck: os.mkfifo(ck / "manifest.json"),
+        r"manifest\.json is unreadable.*FIFO",
+    ),
+    "manifest-wrong-shape": (
+        lambda ck: (ck / "manifest.json").write_text('{"files": {"a": 1}}'),
+        r"manifest\.json: files\.a: expected an object",
+    ),
     "weights-nan": (_nan_weights, r"1 tensor\(s\) hold NaN or infinite values \('lm_head\.weight'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.timeout(60)  # a FIFO opened for reading would block here forever
@@ -205,8 +241,11 @@ def test_resume_refuses_a_checkpoint_of_another_trainer_before_writing(checkpoin
     shutil.copytree(checkpoint.parent, run / "checkpoints")
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
     megatron = {"backend": "megatron", "world_size": 2, "tp": 1, "ep": 2, "pp": 1}
-    with pytest.raises(UserError, match=r"another trainer.*backend: 'local' in the checkpoint, "
-                       r"'megatron' now"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"another trainer.*backend: 'local' in the checkpoint, "
+        r"'megatron' now",
+    ):
         resume_checkpoint(run, True, str(TINY), log=lambda m: None, trainer=megatron)
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*")) == before
     ck = resume_checkpoint(run, True, str(TINY), log=lambda m: None, trainer={"backend": "local"})
@@ -281,9 +320,18 @@ def _sweep(tmp_path: Path, axes: str = "{}", base: str = "", methods: str = "{A:
 
 @pytest.mark.parametrize(
     "value",
-    ["1,8", "range(0,10,3)", "range(5)", "range(10,0,-3)", "choice(a,b,c)", "sort(3,1,2)",
-     "range(1.0,2.0,0.25)", "range(0,0)", "7"],
-)  # fmt: skip
+    [
+        "1,8",
+        "range(0,10,3)",
+        "range(5)",
+        "range(10,0,-3)",
+        "choice(a,b,c)",
+        "sort(3,1,2)",
+        "range(1.0,2.0,0.25)",
+        "range(0,0)",
+        "7",
+    ],
+)
 def test_axis_sizes_are_computed_without_enumerating(value):
     _check_axis_size(value)
 
@@ -388,27 +436,43 @@ def test_max_runs_is_the_sweep_files_to_raise(tmp_path):
     )
     from sat_cli.sweep import load_sweep
 
-    with pytest.raises(UserError, match=r"3 runs \(1 methods × lag\(3\) × 1 seeds\), more than "
-                       r"max_runs=2.*set max_runs: 3"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"3 runs \(1 methods × lag\(3\) × 1 seeds\), more than "
+        r"max_runs=2.*set max_runs: 3",
+    ):
         load_sweep(tmp_path / "s.yaml")
 
 
 @pytest.mark.parametrize(
     "axes, base, methods, pattern",
     [
-        ('{lag: "1,8"}', ", lag.n=2", "{A: [algo=grpo]}",
-         r"runs 'a-lag1-s0' and 'a-lag8-s0' are the same config .*axes: lag=1, axes: lag=8; "
-         r"base: lag\.n=2 sets the same setting in both"),
-        ('{lag: "1,8", lag.n: "2,3"}', "", "{A: [algo=grpo]}",
-         r"'a-lag1-n2-s0' and 'a-lag8-n2-s0' are the same config.*axes: lag\.n=2 sets the same"),
-        ("{}", "", "{A: [algo=grpo], B: [algo=grpo, clip=sat]}",
-         r"'a-s0' and 'b-s0' are the same config \(they differ only in methods\.B: clip=sat; "
-         r"the difference changes nothing"),
+        (
+            '{lag: "1,8"}',
+            ", lag.n=2",
+            "{A: [algo=grpo]}",
+            r"runs 'a-lag1-s0' and 'a-lag8-s0' are the same config .*axes: lag=1, axes: lag=8; "
+            r"base: lag\.n=2 sets the same setting in both",
+        ),
+        (
+            '{lag: "1,8", lag.n: "2,3"}',
+            "",
+            "{A: [algo=grpo]}",
+            r"'a-lag1-n2-s0' and 'a-lag8-n2-s0' are the same config.*axes: lag\.n=2 sets the same",
+        ),
+        (
+            "{}",
+            "",
+            "{A: [algo=grpo], B: [algo=grpo, clip=sat]}",
+            r"'a-s0' and 'b-s0' are the same config \(they differ only in methods\.B: clip=sat; "
+            r"the difference changes nothing",
+        ),
         ('{tracking.histogram_every: "5,10"}', ", tracking=none", "{A: [algo=grpo]}", None),
     ],
-)  # fmt: skip
-def test_runs_of_a_grid_that_are_the_same_config_are_refused(tmp_path, axes, base, methods,
-                                                             pattern):  # fmt: skip
+)
+def test_runs_of_a_grid_that_are_the_same_config_are_refused(
+    tmp_path, axes, base, methods, pattern
+):
     from sat_cli.sweep import validate
 
     sweep = _sweep(tmp_path, axes=axes, base=base, methods=methods)
@@ -422,8 +486,11 @@ def test_runs_of_a_grid_that_are_the_same_config_are_refused(tmp_path, axes, bas
 def test_a_sweep_run_with_an_option_of_another_command_is_refused(tmp_path):
     from sat_cli.sweep import validate
 
-    with pytest.raises(UserError, match=r"does not compose: 'ckpt=x': ckpt is a setting of "
-                       r"`sat eval`; `sat train` does not use it"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"does not compose: 'ckpt=x': ckpt is a setting of "
+        r"`sat eval`; `sat train` does not use it",
+    ):
         validate(_sweep(tmp_path, base=", ckpt=x"))
 
 
@@ -438,8 +505,9 @@ def test_every_numeric_setting_is_checked_for_nan_by_one_rule():
     from sat_cli.config import compose
     from sat_cli.validate import check_finite
 
-    base = OmegaConf.to_container(compose(["trainer=megatron", "engine=sglang",
-                                           "engine.dtype=bfloat16"]), resolve=True)  # fmt: skip
+    base = OmegaConf.to_container(
+        compose(["trainer=megatron", "engine=sglang", "engine.dtype=bfloat16"]), resolve=True
+    )
 
     def floats(node, key=""):
         if isinstance(node, dict):
@@ -467,7 +535,7 @@ def test_every_numeric_setting_is_checked_for_nan_by_one_rule():
 @pytest.mark.parametrize(
     "override, key",
     [("algo.icepop_low=nan", "algo.icepop_low"), ("trainer.betas=[0.9,inf]", "trainer.betas[1]")],
-)  # fmt: skip
+)
 def test_nan_and_infinity_are_refused_at_compose_time(override, key):
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=-?(nan|inf) is not a finite number"):
         load([override])
@@ -511,14 +579,28 @@ def test_settings_each_command_takes_are_accepted():
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
-        (["trainer=megatron", "model=qwen3_0_6b", "r3=true"],
-         r"r3=true needs a Mixture-of-Experts model"),
-        (["task=gsm8k"], r"model=tiny_moe is warm-started on the toy task or a file of yours \(task\.path=<file>\) only; task\.kind=gsm8k"),
-        (["engine=sglang", "engine.device=cpu", "engine.dtype=bfloat16", "lag=2",
-          "lag.mode=bounded", "lag.inflight_updates=true", "r3=true"],
-         r"lag\.inflight_cache=recompute re-prefills running requests.*R3"),
+        (
+            ["trainer=megatron", "model=qwen3_0_6b", "r3=true"],
+            r"r3=true needs a Mixture-of-Experts model",
+        ),
+        (
+            ["task=gsm8k"],
+            r"model=tiny_moe is warm-started on the toy task or a file of yours \(task\.path=<file>\) only; task\.kind=gsm8k",
+        ),
+        (
+            [
+                "engine=sglang",
+                "engine.device=cpu",
+                "engine.dtype=bfloat16",
+                "lag=2",
+                "lag.mode=bounded",
+                "lag.inflight_updates=true",
+                "r3=true",
+            ],
+            r"lag\.inflight_cache=recompute re-prefills running requests.*R3",
+        ),
     ],
-)  # fmt: skip
+)
 def test_combinations_train_cannot_run_are_refused_at_compose_time(overrides, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load(overrides)
@@ -650,8 +732,11 @@ def test_nan_weights_are_refused_before_sampling(tmp_path):
     sd["model.norm.weight"][3] = float("inf")
     save_file(sd, str(model / "model.safetensors"), metadata={"format": "pt"})
     check_hf_dir(model, "model.path")  # the header check alone does not read values
-    with pytest.raises(UserError, match=r"1 tensor\(s\) hold NaN or infinite values "
-                       r"\('model\.norm\.weight'; 1 in 'model\.norm\.weight'\)"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"1 tensor\(s\) hold NaN or infinite values "
+        r"\('model\.norm\.weight'; 1 in 'model\.norm\.weight'\)",
+    ):
         check_hf_dir(model, "model.path", values=True)
 
 
@@ -672,15 +757,17 @@ def test_group_options_are_checked_after_interpolation(monkeypatch):
     "exc, pattern",
     [
         (MemoryError(), r"^out of memory \(MemoryError\); .*ulimit -v"),
-        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"),
-         r"^out of memory \(RuntimeError: DefaultCPUAllocator"),
+        (
+            RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"),
+            r"^out of memory \(RuntimeError: DefaultCPUAllocator",
+        ),
         (RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"), r"^out of memory"),
         (RuntimeError("can't start new thread"), r"^out of memory \(RuntimeError: can't start"),
         (ImportError("libx.so: failed to map segment from shared object"), r"failed to map"),
         (OSError(12, "Cannot allocate memory"), r"^Cannot allocate memory \(OSError\)"),
         (OSError(24, "Too many open files"), r"Too many open files.*ulimit -n"),
     ],
-)  # fmt: skip
+)
 def test_resource_errors_are_one_line_exit_1(exc, pattern):
     from sat_cli.errors import as_failure
 
@@ -708,8 +795,11 @@ def test_a_low_address_space_limit_is_refused_up_front(monkeypatch):
     from sat_cli.commands import preflight
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 30, resource.RLIM_INFINITY))
-    with pytest.raises(RunFailed, match=r"address-space limit of this process is 1\.00 GiB "
-                       r"\(ulimit -v 1048576\); `sat train` needs at least 2 GiB"):  # fmt: skip
+    with pytest.raises(
+        RunFailed,
+        match=r"address-space limit of this process is 1\.00 GiB "
+        r"\(ulimit -v 1048576\); `sat train` needs at least 2 GiB",
+    ):
         preflight.check_address_space("train")
     monkeypatch.setattr(resource, "getrlimit", lambda w: (resource.RLIM_INFINITY,) * 2)
     preflight.check_address_space("train")

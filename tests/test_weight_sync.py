@@ -71,8 +71,10 @@ def test_buckets_cut_in_order_and_round_trip():
     back = B.unflatten(flat, plan[0])
     assert all(torch.equal(a, t) for (_, a), (_, t) in zip(back, named[:2], strict=True))
     assert plan[0].request() == {
-        "names": ["t0", "t1"], "dtypes": ["bfloat16"] * 2, "shapes": [[10, 10], [10, 10]],
-    }  # fmt: skip
+        "names": ["t0", "t1"],
+        "dtypes": ["bfloat16"] * 2,
+        "shapes": [[10, 10], [10, 10]],
+    }
 
 
 def test_a_port_in_use_is_a_clear_error():

@@ -56,11 +56,22 @@ def train(*args: str, cwd: Path, fault: str | None = None) -> subprocess.Complet
         return run_sat("train", *args, cwd=cwd)
     (cwd / "inject").mkdir(exist_ok=True)
     (cwd / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SAT_TEST_SENDER_FAULT": fault,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(cwd / "inject"),
-                                                        os.environ.get("PYTHONPATH")]))}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "sat_cli.cli", "train", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "SAT_TEST_SENDER_FAULT": fault,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(cwd / "inject"), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "sat_cli.cli", "train", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def run_metrics(root: Path, name: str) -> tuple[str, dict[str, list[tuple[int, float]]]]:
@@ -70,8 +81,9 @@ def run_metrics(root: Path, name: str) -> tuple[str, dict[str, list[tuple[int, f
     exp = c.get_experiment_by_name("sat")
     (run,) = [r for r in c.search_runs([exp.experiment_id]) if r.info.run_name == name]
     keys = [k for k in run.data.metrics]
-    hist = {k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k))
-            for k in keys}  # fmt: skip
+    hist = {
+        k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)) for k in keys
+    }
     return run.info.status, hist
 
 
@@ -110,8 +122,13 @@ def test_a_sender_whose_bytes_are_wrong_everywhere_fails_the_run(tmp_path):
     """Damaged on the wire and in what it writes to disk: the broadcast's checksums differ, the
     disk fallback's too, the run ends FAILED (exit 1) after its last checkpoint, which a
     resume=auto without the fault continues to the end."""
-    args = [*SMALL, "max_steps=4", "checkpoint.every=1", "run.name=bad",
-            "engine.weight_sync=distributed"]  # fmt: skip
+    args = [
+        *SMALL,
+        "max_steps=4",
+        "checkpoint.every=1",
+        "run.name=bad",
+        "engine.weight_sync=distributed",
+    ]
     out = train(*args, cwd=tmp_path, fault="wire+disk")
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
@@ -134,8 +151,14 @@ def test_a_faulty_broadcast_falls_back_to_the_disk_and_the_numbers_stay(disk_run
     """Damaged bytes (checksum mismatch) or no broadcast at all (the engine's receive times out
     after engine.weight_sync_timeout_s): each version goes through the disk once, counted in
     weights/sync_fallback; the run ends with the disk path's numbers."""
-    out = train(*SMALL, "run.name=fb", "engine.weight_sync=distributed",
-                "engine.weight_sync_timeout_s=3", cwd=tmp_path, fault=fault)  # fmt: skip
+    out = train(
+        *SMALL,
+        "run.name=fb",
+        "engine.weight_sync=distributed",
+        "engine.weight_sync_timeout_s=3",
+        cwd=tmp_path,
+        fault=fault,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sending them from disk instead" in out.stdout + out.stderr
     status, hist = run_metrics(tmp_path, "fb")
@@ -145,12 +168,16 @@ def test_a_faulty_broadcast_falls_back_to_the_disk_and_the_numbers_stay(disk_run
 
 def test_bad_input_exits_2_naming_why_and_writes_nothing(tmp_path):
     cases = [
-        (["lag=2", "lag.mode=bounded", "lag.inflight_updates=true"],
-         "takes in-flight updates (mid-generation) from disk only"),
+        (
+            ["lag=2", "lag.mode=bounded", "lag.inflight_updates=true"],
+            "takes in-flight updates (mid-generation) from disk only",
+        ),
         (["engine=sglang", "engine.device=cuda", "engine.dp=2"], "data-parallel replicas"),
-        (["engine=sglang", "engine.tp=2", "engine.verify_weights=first"],
-         "SGLang reports a checksum per rank shard"),
-    ]  # fmt: skip
+        (
+            ["engine=sglang", "engine.tp=2", "engine.verify_weights=first"],
+            "SGLang reports a checksum per rank shard",
+        ),
+    ]
     for extra, why in cases:
         out = train(*SMALL, "engine.weight_sync=distributed", *extra, cwd=tmp_path)
         assert out.returncode == 2, (extra, out.stderr[-2000:])
@@ -160,8 +187,12 @@ def test_bad_input_exits_2_naming_why_and_writes_nothing(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = train(*SMALL, "engine.weight_sync=distributed",
-                    f"engine.weight_sync_port={port}", cwd=tmp_path)  # fmt: skip
+        out = train(
+            *SMALL,
+            "engine.weight_sync=distributed",
+            f"engine.weight_sync_port={port}",
+            cwd=tmp_path,
+        )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"engine.weight_sync_port={port}: cannot listen on 127.0.0.1:{port}" in out.stderr
     assert not (tmp_path / "runs").exists()
@@ -190,13 +221,21 @@ def test_sglang_servers_take_the_broadcast_and_are_verified(tmp_path):
 
 @pytest.mark.slow  # ~11 s; test_bad_input_exits_2_naming_why_and_writes_nothing stays
 def test_a_server_that_cannot_take_a_broadcast_exits_2_naming_it(tmp_path):
-    out = train(*SMALL, "run.name=no", *SGLANG, "engine.weight_sync=distributed",
-                "engine.extra_args=[--standin-no-sync-routes]", cwd=tmp_path)  # fmt: skip
+    out = train(
+        *SMALL,
+        "run.name=no",
+        *SGLANG,
+        "engine.weight_sync=distributed",
+        "engine.extra_args=[--standin-no-sync-routes]",
+        cwd=tmp_path,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
-    assert re.search(r"sat: error: engine.weight_sync=distributed cannot be used: the server at "
-                     r"http://127.0.0.1:\d+ has no /destroy_weights_update_group \(HTTP 404",
-                     out.stderr)  # fmt: skip
+    assert re.search(
+        r"sat: error: engine.weight_sync=distributed cannot be used: the server at "
+        r"http://127.0.0.1:\d+ has no /destroy_weights_update_group \(HTTP 404",
+        out.stderr,
+    )
 
 
 @pytest.mark.slow  # two Megatron runs (torchrun), about a minute each

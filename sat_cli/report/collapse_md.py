@@ -139,9 +139,11 @@ def confirm_markdown(rows: list[StudyRow]) -> str:
     further = [m for m in methods if m not in (BASE, SAT, CONTROL)]
     if further:
         adj = holm([mcnemar(base, by[m])[3] for m in further])
-        out += "\nHolm-adjusted p (vs base): " + ", ".join(
-            f"{m} {a:.3g}" for m, a in zip(further, adj, strict=True)
-        ) + ".\n"  # fmt: skip
+        out += (
+            "\nHolm-adjusted p (vs base): "
+            + ", ".join(f"{m} {a:.3g}" for m, a in zip(further, adj, strict=True))
+            + ".\n"
+        )
     return out
 
 

@@ -298,6 +298,9 @@ OUTPUT_ARGS = {"out", "--out", "--json", "--run-dir", "--output", "--out-dir", "
 SCRIPT_CHECKS = {"output_file", "output_dir"}  # sat_cli.util.script_args
 
 
+FLAG_ACTIONS = ("store_true", "store_false")
+
+
 def script_outputs() -> dict[str, tuple[list[str], bool]]:
     """``scripts/x.py`` / ``bench/x.py`` -> (its output arguments, whether it calls
     ``script_args.output_file`` / ``output_dir``), for every script with an output argument."""
@@ -312,7 +315,9 @@ def script_outputs() -> dict[str, tuple[list[str], bool]]:
             name = getattr(n.func, "attr", getattr(n.func, "id", ""))
             first = n.args[0] if n.args else None
             if name == "add_argument" and isinstance(first, ast.Constant):
-                if first.value in OUTPUT_ARGS:
+                action = next((k.value for k in n.keywords if k.arg == "action"), None)
+                flag = isinstance(action, ast.Constant) and action.value in FLAG_ACTIONS
+                if first.value in OUTPUT_ARGS and not flag:  # a switch (--json) names no path
                     args.append(first.value)
             checked |= name in SCRIPT_CHECKS
         if args:

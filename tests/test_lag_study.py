@@ -284,7 +284,7 @@ def test_the_sweep_files_are_the_design():
 def test_a_damaged_study_column_is_refused_when_read(column, value):
     rows = [_row("B1", "5000", 40.0), _row("B8", "5000", 30.0)]
     setattr(rows[1], column, value)
-    with pytest.raises(ValueError, match=f"line 3: column {column} is"):
+    with pytest.raises(ValueError, match=f"line 3, column {column}: "):
         read_rows(rows_csv(rows))
     setattr(rows[1], column, "")  # empty: a run without it (pilot 2's rows lack them all)
     assert len(read_rows(rows_csv(rows))) == 2

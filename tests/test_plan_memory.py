@@ -72,12 +72,16 @@ def test_qwen3_0_6b_on_cuda_prints_a_breakdown_per_process(tmp_path):
     assert _part(text, "local trainer", "overhead") == "1.00 GB"
     assert "4 × 2048 tokens × 28 layers" in text  # 8192 // (1024 + 1024) rows per forward
     chunk = 2**25 // 151936  # 220 positions
-    head = 20 * chunk * 151936 + 4 * 8192 * 1024
+    head = 18 * chunk * 151936 + 4 * 8192 * 1024  # bf16 autocast: cuda's default dtype
     assert _part(text, "local trainer", "log-prob chunk") == size_text(head)
-    kv = 2 * 28 * 8 * 128 * 4 * 256 * 2048  # at most 256 rows per forward, fp32
-    assert _part(text, "local engine", "KV cache") == size_text(kv) == "120.26 GB"
+    kv = 2 * 28 * 8 * 128 * 2 * 256 * 2048  # at most 256 rows per forward, bf16 on cuda
+    assert _part(text, "local engine", "KV cache") == size_text(kv) == "60.13 GB"
     assert re.search(r"local trainer \(GPU\): peak [\d.]+ GB of 80 GB \(fits\)", text)
-    assert "local engine (GPU): peak" in text and "(OVER)" in text  # 256 fp32 rows of 2k
+    assert re.search(r"local engine \(GPU\): peak [\d.]+ GB of 80 GB \(fits\)", text)
+    # the same in fp32 (the dtype chosen explicitly): 256 fp32 rows of 2k do not fit
+    fp32 = run_sat("plan", *args, "engine.dtype=float32", cwd=tmp_path).stdout
+    assert _part(fp32, "local engine", "KV cache") == size_text(2 * kv) == "120.26 GB"
+    assert "local engine (GPU): peak" in fp32 and "(OVER)" in fp32
 
 
 def _saved_bytes(model, rows: int, seq: int, ragged: bool) -> int:

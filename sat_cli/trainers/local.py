@@ -69,7 +69,6 @@ class LocalTrainer(PolicyTrainer):
         dtype: str = "float32",
         weight_sender=None,
         logprob_chunk_tokens: int | None = None,
-        lora: dict | None = None,
         **options,
     ):
         """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...);
@@ -77,8 +76,10 @@ class LocalTrainer(PolicyTrainer):
         ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring).
         ``logprob_chunk_tokens``: positions whose full-vocabulary logits are held at once
         (``head_chunks.head_scores``; None: its default bound).
-        ``lora``: ``{rank, alpha, dropout, target_modules}`` (``settings.LoraSettings``): train
-        adapters only, publish them alone (``sat_cli.trainers.lora_io``); None: full weights."""
+        ``options["lora"]``: ``{rank, alpha, dropout, target_modules}``
+        (``settings.LoraSettings``): train adapters only, publish them alone
+        (``sat_cli.trainers.lora_io``); absent or None: full weights."""
+        lora = options.pop("lora", None)
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={dtype!r}: use float32 or bfloat16")
         self._init_step(loss, options)

@@ -232,6 +232,7 @@ SWEEP_RUNS_FINISHED = "sweep/runs_finished"
 SWEEP_RUNS_FAILED = "sweep/runs_failed"
 SWEEP_WALL_S = "sweep/wall_s"
 ARTIFACT_SWEEP_RUNS = "sweep/runs.json"  # the parent run's table of children (an artifact path)
+ARTIFACT_SWEEP_FILE = "sweep/{name}"  # the parent run's copy of the sweep file, masked
 
 # --- tracking/ (tracking/tracker.py: the tracker's own counts) ----------------------------------
 TRACKING_NONFINITE = "tracking/nonfinite_metrics"  # values dropped because not finite

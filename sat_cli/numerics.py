@@ -1,8 +1,8 @@
 """Portable numerics (``run.portable_numerics=true``): pin the CPU code paths that decide the
 order of floating-point reductions, so that a seed should give the same numbers on x86-64 CPUs
 of different kinds (Intel with or without AMX, AMD), not only on the kind that made a run. What
-was measured (one CPU kind so far: the mode reproduces itself there, at a cost in speed):
-bench/README.md, "Reproducibility per CPU kind and portable numerics".
+was measured (per kind, and the op classes that differed: ``scripts/numerics_fingerprint.py``):
+bench/README.md, "Portable numerics across CPU kinds".
 
 By default torch picks its code paths from the CPU: ATen's vectorised kernels use the widest
 instruction set present (``AVX512`` or ``AVX2``), oneDNN its JIT kernels up to AMX, and MKL its
@@ -17,6 +17,14 @@ choice sums in another order, so the same run drifts apart after a few dozen ste
 * ``MKL_DYNAMIC=FALSE``, ``OMP_DYNAMIC=FALSE`` and ``OMP_NUM_THREADS`` = ``MKL_NUM_THREADS`` =
   the trainer's thread count — a fixed number of threads in every process, also in those that
   never call ``torch.set_num_threads`` (the Megatron ranks), instead of the machine's core count.
+
+One choice is not an environment variable: **the trainer's AdamW takes torch's fused CPU
+kernel** (``StepSettings.portable_numerics``, ``trainers/step.py``). torch's default AdamW calls
+``torch.sqrt``, which goes to MKL's vector math (VML); VML picks its branch by the CPU, not by
+``MKL_CBWR``, and the branch it takes on AMD refines ``rsqrtps``, an approximation whose bits
+differ between Intel and AMD (about one root in five is one ulp off, and which ones depends on
+the vendor). The fused kernel uses the processor's exact square root. The other VML functions
+the run calls (exp, log, tanh, sin, cos) use no approximate instruction on those branches.
 
 The variables are read when torch (and its libraries) load, so :func:`pin` must run before torch
 is imported; the ``sat`` command calls it right after composing the config, and every process

@@ -1,5 +1,6 @@
-"""One small registry per variation point: engines, trainers, launchers, sweep executors,
-rewards (``rewards/registry.py``) and environments (``envs/registry.py``).
+"""One small registry per variation point: engines, trainers, launchers, sweep executors, task
+and evaluation sources (``tasks/registry.py``), rewards (``rewards/registry.py``) and
+environments (``envs/registry.py``).
 
 A :class:`Component` is what a registered option brings: its **settings class** (torch-free; the
 structured config of ``conf/<group>/<name>.yaml`` in Hydra's ConfigStore, bounds in its
@@ -71,7 +72,7 @@ class Component:
 class Registry:
     """Name → entry of one variation point (``group``: the config group): a :class:`Component`
     for engines, trainers and launchers; the group's own entry type elsewhere (sweep executors,
-    rewards, environments)."""
+    task and evaluation sources, rewards; an environment's class)."""
 
     def __init__(self, group: str, what: str) -> None:
         self.group, self.what = group, what

@@ -57,11 +57,13 @@ def differing_settings(params: dict[str, str]) -> list[str]:
     options the run did not record (added to `sat` after it ran)."""
     from omegaconf import OmegaConf
 
-    from sat_cli.config import compose
+    from sat_cli.config import load
     from sat_cli.report.cells import compared
     from sat_cli.tracking.params import flatten_config
 
-    default = flatten_config(OmegaConf.to_container(compose([]), resolve=True))
+    # load, not compose: a run records the values the schema derives (null = automatic, e.g.
+    # engine.dtype and trainer.dtype by device), and so must the default it is compared with
+    default = flatten_config(OmegaConf.to_container(load([])[0], resolve=True))
     keys = sorted(k for k in set(default) | set(params) if k == "seed" or compared(k))
     return [
         f"{k}={params[k]} (default {default[k]})"

@@ -24,6 +24,9 @@ torch). Usage, from the repository root:
 same vendor, model and most ISA flags in common) and says per op class ``equal`` or
 ``differs``; the result is also in the output JSON under ``comparison``. ``--record FILE``
 adds this run's entry to FILE (replacing one of the same kind, torch version and mode).
+In portable mode a class the nearest entry lacks (added or redefined after that kind was
+recorded) is compared with the value the other recorded kinds agree on, and the output names
+them: the portable mode's claim is that the kind does not matter.
 Exit status: 0, or 1 when ``--compare`` found the same kind recorded and some class differs,
 or 2 when the portable pins cannot be applied on this machine.
 """
@@ -68,7 +71,7 @@ def _parse(argv):
 # ----------------------------------------------------------------------------- op classes
 
 
-def _classes(torch):
+def _classes(torch, mode: str = "portable"):
     F = torch.nn.functional
 
     def exact(gen, *shape, scale=1.0, dtype=torch.float32):
@@ -234,7 +237,9 @@ def _classes(torch):
     def adamw(gen):
         shapes = [(VOCAB, HIDDEN), (HIDDEN, HIDDEN), (EXPERTS * EXPERT_DIM, HIDDEN), (HIDDEN,)]
         params = [torch.nn.Parameter(exact(gen, *s, scale=0.125)) for s in shapes]
-        opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.98), weight_decay=0.0)
+        # as the trainer builds it (trainers/step.py): the fused CPU kernel in portable mode
+        fused = True if mode == "portable" else None
+        opt = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.98), weight_decay=0.0, fused=fused)
         for _ in range(3):
             for p in params:
                 p.grad = exact(gen, *p.shape, scale=2.0)
@@ -271,11 +276,11 @@ def _digest(t) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def fingerprint(torch) -> dict:
+def fingerprint(torch, mode: str = "portable") -> dict:
     """``{class: {"hash", "repeatable", "parts": {part: hash}}}``: each class run twice from
     the same seed."""
     result = {}
-    for i, (name, fn) in enumerate(_classes(torch).items()):
+    for i, (name, fn) in enumerate(_classes(torch, mode).items()):
         runs = []
         for _ in range(2):
             gen = torch.Generator().manual_seed(SEED + i)
@@ -342,9 +347,11 @@ def compare(this: dict, recorded: list[dict]) -> dict:
     same = this["mode"] == best["mode"] and all(
         best["machine"][k] == this["machine"][k] for k in KIND_KEYS
     )
-    classes, parts = {}, {}
+    classes, parts, borrowed = {}, {}, {}
     for name, got in this["ops"].items():
         ref = best["ops"].get(name)
+        if ref is None and this["mode"] == "portable":
+            ref, borrowed[name] = _consensus(name, this, recorded)
         classes[name] = (
             "missing" if ref is None else "equal" if ref["hash"] == got["hash"] else "differs"
         )
@@ -356,7 +363,24 @@ def compare(this: dict, recorded: list[dict]) -> dict:
         "against_mode": best["mode"],
         "classes": classes,
         "parts_differing": parts,
+        "borrowed": {k: v for k, v in borrowed.items() if v},
     }
+
+
+def _consensus(name: str, this: dict, recorded: list[dict]) -> tuple[dict | None, list[str]]:
+    """A class the nearest entry lacks (added or redefined after that kind was recorded): in
+    portable mode, the value every other recorded kind of this torch version gives, if they
+    agree (the mode's claim is that the kind does not matter); ``(op, [cpu models])``."""
+    same = [
+        e
+        for e in recorded
+        if e["mode"] == "portable"
+        and e["machine"]["torch"] == this["machine"]["torch"]
+        and name in e["ops"]
+    ]
+    if not same or len({e["ops"][name]["hash"] for e in same}) != 1:
+        return None, []
+    return same[0]["ops"][name], [e["machine"]["cpu_model"] for e in same]
 
 
 def _write_json(path: str, data) -> None:
@@ -393,7 +417,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)  # as the run sets trainer.num_threads
-    this = {"mode": args.mode, "machine": machine(torch), "ops": fingerprint(torch)}
+    this = {"mode": args.mode, "machine": machine(torch), "ops": fingerprint(torch, args.mode)}
     this["imports_before_torch"] = before
     status = 0
     m = this["machine"]
@@ -417,6 +441,8 @@ def main(argv=None) -> int:
             status = 1 if cmp["matched"] and set(cmp["classes"].values()) != {"equal"} else 0
     for name, op in this["ops"].items():
         verdict = this.get("comparison", {}).get("classes", {}).get(name, "")
+        lent = this.get("comparison", {}).get("borrowed", {}).get(name)
+        verdict += f" (recorded on {', '.join(lent)})" if lent else ""
         flag = "" if op["repeatable"] else "  NOT REPEATABLE"
         extra = ", ".join(this.get("comparison", {}).get("parts_differing", {}).get(name, []))
         print(f"  {name:22s} {op['hash']}  {verdict}{flag}{'  (' + extra + ')' if extra else ''}")

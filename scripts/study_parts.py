@@ -2,6 +2,8 @@
 
     # at a session's end: the complete seeds of an export, as a part (prints counts, no outcomes)
     python scripts/study_parts.py export REPORT_DIR PARTS_DIR LABEL
+    # a sweep with other arms (study v5's F1 after deviation 5: S8 and L8)
+    python scripts/study_parts.py export REPORT_DIR PARTS_DIR LABEL --arms S8,L8
     # next session: the sweep file for the seeds no part holds (only its seeds line differs)
     python scripts/study_parts.py remaining SWEEP_FILE PARTS_DIR OUT_FILE
     # once every run has ended: the parts concatenated into the study's runs.csv and curves.csv
@@ -17,6 +19,7 @@ for an input it cannot use; it never overwrites a part or an output file.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -38,8 +41,28 @@ from sat_cli.util.fsio import atomic_write_text, read_regular_bytes  # noqa: E40
 MAX_BYTES = 64 << 20  # a study's CSVs are a few MB; anything larger is not one
 
 
+ARM_NAME = re.compile(r"[A-Z][A-Za-z0-9]{0,7}")  # an arm: its methods' first word (S8, L8)
+MAX_ARMS = 16
+
+
 class Refused(Exception):
     pass
+
+
+def arms_list(text: str) -> tuple[str, ...]:
+    """``--arms``: 1 to 16 distinct arm names (a capital letter, then up to 7 letters or digits),
+    comma-separated."""
+    arms = tuple(a.strip() for a in text.split(","))
+    if (
+        not 1 <= len(arms) <= MAX_ARMS
+        or not all(ARM_NAME.fullmatch(a) for a in arms)
+        or len(set(arms)) != len(arms)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r}: 1 to {MAX_ARMS} distinct arm names (a capital letter, then up to 7 "
+            "letters or digits), comma-separated, e.g. S8,L8"
+        )
+    return arms
 
 
 def _read(path: Path) -> str:
@@ -74,9 +97,10 @@ def _parts(parts_dir: Path) -> list[tuple[str, str, str]]:
 def export(args) -> None:
     label = check_label(args.label)
     rows = read_part_rows(_read(args.report_dir / "collapse.csv"), "collapse.csv")
-    part = complete_part(rows, _read(args.report_dir / "collapse_curves.csv"), ARMS)
+    arms = args.arms
+    part = complete_part(rows, _read(args.report_dir / "collapse_curves.csv"), arms)
     if not part.seeds:
-        raise Refused(f"no seed has every arm {list(ARMS)} FINISHED: nothing to keep")
+        raise Refused(f"no seed has every arm {list(arms)} FINISHED: nothing to keep")
     merge_parts(_parts(args.parts_dir) + [(label, part.runs_csv, part.curves_csv)])  # no overlap
     runs_out = _new(args.parts_dir / (label + RUNS_SUFFIX))
     curves_out = _new(args.parts_dir / (label + CURVES_SUFFIX))
@@ -87,7 +111,7 @@ def export(args) -> None:
     )
     print(
         f"part {label}: {len(part.seeds)} seeds ({', '.join(part.seeds)}), "
-        f"{len(part.seeds) * len(ARMS)} runs{left}"
+        f"{len(part.seeds) * len(arms)} runs{left}"
     )
 
 
@@ -117,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("report_dir", type=Path)
     p.add_argument("parts_dir", type=Path)
     p.add_argument("label")
+    p.add_argument(
+        "--arms",
+        type=arms_list,
+        default=ARMS,
+        help=f"the arms every kept seed must have finished (default: {','.join(ARMS)})",
+    )
     p.set_defaults(fn=export)
     p = sub.add_parser("remaining", help="the sweep file for the seeds no part holds")
     p.add_argument("sweep_file", type=Path)

@@ -21,15 +21,18 @@ MEGATRON_SMOKE = [
 ]
 
 
-def run_sat(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`sat <args>` as a real subprocess (this interpreter, unbuffered), output captured."""
+def run_sat(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`sat <args>` as a real subprocess (this interpreter, unbuffered), output captured;
+    ``env``: variables added to this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "sat_cli.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 

@@ -14,7 +14,7 @@
 ``tests/test_input_surfaces.py`` fails for a surface this inventory does not cover, and fuzzes
 what it covers. Covering a new surface is one line: a config option needs a type the fuzz
 strategies know (``int``, ``float``, ``bool``, ``str``, optional, lists and maps of those); a
-command option is declared with ``cli_guard.opt(SPEC, …)``; an environment variable gets its
+command option is declared with ``cli.guard.opt(SPEC, …)``; an environment variable gets its
 spec in ``util.options.ENV``; a parser call gets its entry in :data:`FILE_SITES`.
 """
 
@@ -198,27 +198,17 @@ PARSER_NAMES = {
 }
 
 
+def _is_parser(f: ast.AST) -> bool:
+    return (
+        isinstance(f, ast.Attribute)
+        and isinstance(f.value, ast.Name)
+        and (f.value.id, f.attr) in PARSERS
+    ) or (isinstance(f, ast.Name) and f.id in PARSER_NAMES)
+
+
 def parser_sites() -> set[str]:
     """``module:function`` of every parser call in ``sat_cli``."""
-    out = set()
-    for path in sorted(SAT.rglob("*.py")):
-        mod = path.relative_to(SAT).with_suffix("").as_posix().replace("/", ".")
-
-        def visit(node, fn, mod=mod):
-            for ch in ast.iter_child_nodes(node):
-                inner = ch.name if isinstance(ch, ast.FunctionDef | ast.AsyncFunctionDef) else fn
-                if isinstance(ch, ast.Call):
-                    f = ch.func
-                    if (
-                        isinstance(f, ast.Attribute)
-                        and isinstance(f.value, ast.Name)
-                        and (f.value.id, f.attr) in PARSERS
-                    ) or (isinstance(f, ast.Name) and f.id in PARSER_NAMES):
-                        out.add(f"{mod}:{fn}")
-                visit(ch, inner, mod)
-
-        visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
-    return out
+    return _sites(lambda call: _is_parser(call.func))
 
 
 # Every parser call site -> the format it reads. A format in USER_FORMATS is a file a user can
@@ -265,9 +255,12 @@ FILE_SITES = {
     "sweep.plan:conflict_message": "sweep-run-record",
     "util.safe_yaml:read_yaml": "sweep-yaml",
     "sweep.spec:load_sweep": "sweep-yaml",
+    "sweep.run:_open_parent": "sweep-yaml",
     "sweep.state:_recorded_hash": "sweep-run-record",
     "sweep.state:read_state": "state-file",
     "rewards.http_client:_attempt": "reward-server-answer",
+    "rewards.pool:_receive": "internal: a reward worker's answer over its pipe (JSON, at most "
+    "16 MiB; sat's own worker, which runs the plug-in)",
     "tasks.rows:parse_row": "data-rows",
     "tasks.sources:_side_file": "dataset-folder",
     "tracking.final_status:apply_pending": "pending-status",
@@ -323,3 +316,74 @@ def script_outputs() -> dict[str, tuple[list[str], bool]]:
         if args:
             out[path.relative_to(root).as_posix()] = (args, checked)
     return out
+
+
+# ----------------------------------------------------------------------------- other processes
+# (issue 53, class 13) what enters `sat` from code or peers it does not control: a model's
+# output parsed as tool calls, an environment's answers, a plug-in's results, a remote peer's
+# text. The registries are generated from sat_cli; tests/test_input_surfaces.py fuzzes each
+# registered parser and environment, and fails for a plug-in point or a remote read this
+# inventory has not classified.
+def tool_call_parsers() -> list[str]:
+    """Every tool-call format sat_cli registers (``envs.toolcalls.PARSERS``)."""
+    from sat_cli.envs.toolcalls import PARSERS
+
+    return sorted(n for n, fn in PARSERS.items() if fn.__module__.startswith("sat_cli."))
+
+
+def environments() -> list[str]:
+    """Every environment sat_cli registers (``envs.registry.ENVIRONMENTS``; not a test's)."""
+    from sat_cli.envs.registry import ENVIRONMENTS
+
+    return sorted(
+        n for n in ENVIRONMENTS.names() if ENVIRONMENTS.get(n).__module__.startswith("sat_cli.")
+    )
+
+
+def _sites(match) -> set[str]:
+    """``module:function`` of every call in ``sat_cli`` for which ``match(call)`` holds."""
+    out = set()
+    for path in sorted(SAT.rglob("*.py")):
+        mod = path.relative_to(SAT).with_suffix("").as_posix().replace("/", ".")
+
+        def visit(node, fn, mod=mod):
+            for ch in ast.iter_child_nodes(node):
+                inner = ch.name if isinstance(ch, ast.FunctionDef | ast.AsyncFunctionDef) else fn
+                if isinstance(ch, ast.Call) and match(ch):
+                    out.add(f"{mod}:{fn}")
+                visit(ch, inner, mod)
+
+        visit(ast.parse(path.read_text(encoding="utf-8")), "<module>")
+    return out
+
+
+def _call_name(call: ast.Call) -> str:
+    return getattr(call.func, "attr", getattr(call.func, "id", ""))
+
+
+def plugin_points() -> set[str]:
+    """Every variation point a plug-in can fill: each ``Registry(...)`` of sat_cli, by site."""
+    return _sites(lambda c: _call_name(c) == "Registry")
+
+
+# calls through which bytes or text of another process or host reach sat: an HTTP answer, a
+# pipe or socket message, a server's log, a child's captured output
+REMOTE_CALLS = {"getresponse", "urlopen", "recv", "recv_bytes", "tail_lines", "tail_text"}
+REMOTE_CALLS |= {"communicate", "check_output"}
+
+
+def _captures(call: ast.Call) -> bool:
+    """``subprocess.run(..., capture_output=True)`` or ``stdout=subprocess.PIPE``."""
+    if _call_name(call) != "run":
+        return False
+    for k in call.keywords:
+        if k.arg == "capture_output" and isinstance(k.value, ast.Constant) and k.value.value:
+            return True
+        if k.arg == "stdout" and getattr(k.value, "attr", "") == "PIPE":
+            return True
+    return False
+
+
+def remote_reads() -> set[str]:
+    """``module:function`` of every read of another process's or host's output in sat_cli."""
+    return _sites(lambda c: _call_name(c) in REMOTE_CALLS or _captures(c))

@@ -41,7 +41,9 @@ def test_every_group_option_composes(group, option):
     if group == "launcher" and option == "ray":
         overrides += ["launcher.address=127.0.0.1:6379", "trainer=megatron"]  # something to place
     if group == "task" and option != "toy_add":
-        overrides.append("model=qwen3_0_6b")  # the tiny default warm-starts on the toy task only
+        # the tiny default warm-starts on the toy task only; dapo_math's 32768 new tokens need
+        # more than Qwen3-0.6B's 32768 positions (config/budgets.py): the paper's model
+        overrides.append("model=qwen3_30b_a3b" if option == "dapo_math" else "model=qwen3_0_6b")
     cfg, obj = load(overrides)
     text = (conf_dir() / group / f"{option}.yaml").read_text()
     values = yaml.safe_load(text) or {}

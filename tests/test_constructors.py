@@ -13,7 +13,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "sat_cli"
 MAX_PARAMS = 6
 STEP_OPTIONS = (
-    "the step options: the fields of trainers.step.TrainerSettings, which "
+    "the step options: the fields of trainers.step.StepSettings, which "
     "PolicyTrainer._init_step refuses by name otherwise (TypeError)"
 )
 CATCH_ALL = {

@@ -16,6 +16,7 @@ from cli_helpers import run_sat, seeded_store
 from sat_cli.config import ConfigError, load
 from sat_cli.tasks.datafiles import DataError
 from sat_cli.tasks.dataset import DatasetTask, split_heldout
+from sat_cli.tasks.registry import TASK_SOURCES
 from sat_cli.tasks.sources import MAX_ROW_BYTES, read_rows
 
 FIELDS = SimpleNamespace(prompt="question", answer="gold", system=None, id=None)
@@ -95,7 +96,9 @@ def test_data_task_defaults_to_its_own_heldout_split(tmp_path):
         ]
     )
     assert (obj.task.kind, obj.eval.benchmark, cfg.task.kind) == ("file", "heldout", "file")
-    task = DatasetTask.from_config(obj.task, data_dir=None, seed=0, heldout=True)
+    task = DatasetTask.from_config(
+        obj.task, TASK_SOURCES.get(obj.task.kind), data_dir=None, seed=0, heldout=True
+    )
     assert len(task.rows) == 18 and len(task.heldout()) == 2
     assert not {r["id"] for r in task.rows} & {r["id"] for r in task.heldout()}
     # the toy default keeps its own evaluation
@@ -438,7 +441,7 @@ def test_a_prompt_over_the_context_is_refused_naming_the_row(tmp_path):
             f"model.path={model}",
         ]
     )
-    task = DatasetTask.from_config(obj.task, data_dir=None, seed=0)
+    task = DatasetTask.from_config(obj.task, TASK_SOURCES.get(obj.task.kind), data_dir=None, seed=0)
     with pytest.raises(
         UserError,
         match=r"t\.jsonl: row 't-00004' \(and 0 more\) has a prompt "

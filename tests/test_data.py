@@ -18,10 +18,10 @@ from sat_cli.tasks.data import (
     benchmark_file,
     load_benchmark,
     load_jsonl,
-    load_training_prompts,
     normalize_row,
 )
 from sat_cli.tasks.prompts import render
+from sat_cli.tasks.registry import load_training_prompts
 
 # From the data README: AIME 2024 answers, I-1..I-15 then II-1..II-15.
 AIME24_ANSWERS = (

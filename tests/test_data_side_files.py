@@ -144,3 +144,33 @@ def test_side_files_are_regular_bounded_files(tmp_path, case, message):
         os.mkfifo(target)
     with deadline(10), pytest.raises(DataError, match=message):
         read_rows(target, SimpleNamespace(**FIELDS))
+
+
+def test_one_small_file_listed_many_times_is_bounded_as_a_whole(tmp_path):
+    """Probe (issue 53 v5): ``state.json`` listing one 5 KB ZSTD file of 100 MB of rows six
+    times; each file was bounded alone, so all six (600 MB in Arrow's pool) were read before the
+    folder's total was refused (a 1 MiB ``state.json`` can list it thousands of times). Now the
+    file that would take the folder past the cap is refused before it is decompressed."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    make = (
+        "import sys, pyarrow as pa\n"
+        "t = pa.table({'question': ['x' * (1 << 20)] * 100, 'gold': ['1'] * 100})\n"
+        "opts = pa.ipc.IpcWriteOptions(compression='zstd')\n"
+        "with pa.OSFile(sys.argv[1], 'wb') as f, pa.ipc.new_stream(f, t.schema, options=opts) as w:\n"
+        "    w.write_table(t)\n"
+    )
+    subprocess.run([sys.executable, "-c", make, str(d / "a.arrow")], check=True, timeout=120)
+    assert (d / "a.arrow").stat().st_size < 64 << 10
+    (d / "state.json").write_text(json.dumps({"_data_files": [{"filename": "a.arrow"}] * 6}))
+    r = subprocess.run(
+        [sys.executable, "-c", READ, str(d)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"REFUSED {d / 'a.arrow'} (with the files listed before it)" in r.stdout, r.stdout
+    peak = int(r.stdout.split("ARROW_PEAK ")[1])
+    assert peak < MAX_TABLE_BYTES, peak  # the two files below the cap, not six

@@ -14,7 +14,7 @@ import time
 import pytest
 from sandbox_tools import sandbox_python
 
-from sat_cli.envs import confine, sandbox
+from sat_cli.envs import confine, isolate, sandbox
 from sat_cli.envs.sandbox import ToolLimits, ToolStats, call_tool, run_tool
 from sat_cli.util.procs import live_group_members, pid_alive
 
@@ -297,3 +297,39 @@ def test_hostile_tools_become_error_observations_and_the_caller_goes_on(scratch_
     assert stats.calls == 5 and stats.error_frac == 1.0
     assert call_tool([PY, "-c", "print(6 * 7)"], stats) == {"role": "tool", "content": "42\n"}
     assert stats.calls == 6 and stats.error_frac == 5 / 6
+
+
+def _seccomp_verdict(prog, arch: int, nr: int, family: int) -> str:
+    """Run the classic BPF program ``prog`` (only the instructions ``seccomp_program`` uses) on
+    a ``seccomp_data`` of (nr, arch, args[0] = family)."""
+    data = {0: nr, 4: arch, 16: family}
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:
+            acc = data[k]
+        elif code in (0x15, 0x35):
+            hit = acc == k if code == 0x15 else acc >= k
+            pc += jt if hit else jf
+        elif code == 0x06:
+            return {isolate.SECCOMP_ALLOW: "allow", isolate.SECCOMP_DENY: "deny"}[k]
+        pc += 1
+
+
+@pytest.mark.parametrize("machine", sorted(isolate.SECCOMP_ARCHES))
+def test_the_seccomp_filter_refuses_unix_sockets_on_every_abi(machine):
+    """Probe (issue 53 v5): on x86_64 an x32 ``socket(AF_UNIX)`` (nr | 0x40000000, the same
+    audit arch) jumped to the allow, not the deny (the kernel here has no x32: ENOSYS)."""
+    arch, sys_socket, sys_uring, x32 = isolate.SECCOMP_ARCHES[machine]
+    prog = isolate.seccomp_program(machine)
+    verdict = lambda nr, family=0, a=arch: _seccomp_verdict(prog, a, nr, family)  # noqa: E731
+    assert verdict(sys_socket, isolate.AF_UNIX) == "deny"
+    assert verdict(sys_socket, socket.AF_INET) == "allow"
+    assert verdict(sys_uring) == "deny"
+    assert verdict(0) == "allow"
+    assert verdict(sys_socket, isolate.AF_UNIX, arch ^ 1) == "deny"  # another ABI
+    if x32:
+        assert verdict(x32 | sys_socket, isolate.AF_UNIX) == "deny"
+        assert verdict(x32 | 0) == "deny"
+    else:
+        assert verdict(0xFFFFFFFF) == "deny"

@@ -11,7 +11,7 @@ from sat_cli.envs.base import EnvSettings
 from sat_cli.envs.calculator import make_problem
 from sat_cli.envs.plain import teacher_example
 from sat_cli.envs.render import PlainRenderer
-from sat_cli.models.env_warmstart import DEFAULTS, EnvWarmStart, batch
+from sat_cli.models.env_warmstart import EnvWarmStart, batch, defaults
 from sat_cli.models.tiny_moe import build_char_tokenizer
 
 COMPACT = EnvSettings(max_turns=4, max_tokens=512, parser="compact")
@@ -85,4 +85,7 @@ def test_warm_start_settings_are_bounded(kwargs, match):
 def test_every_shipped_environment_has_a_warm_start():
     from sat_cli.envs.registry import ENVIRONMENTS
 
-    assert sorted(DEFAULTS) == sorted(ENVIRONMENTS.names())
+    assert {n: defaults(n) for n in ENVIRONMENTS.names()} == {
+        "calculator": EnvWarmStart(target=0.2, eval_every=5),
+        "guess": EnvWarmStart(target=None, max_steps=30),
+    }

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from sat_cli.cli_guard import guard as _guard
+from sat_cli.cli.guard import guard as _guard
 from sat_cli.commands.common import loading
 from sat_cli.engines.base import EngineError, EngineStartError
 from sat_cli.errors import RunFailed, TrainerError, UserError

@@ -135,6 +135,7 @@ def test_every_config_option_has_a_fuzz_strategy():
     assert inv.option_needs("engine.request_timeout_s") == ["engine=sglang"]
     assert inv.option_needs("launcher.placement_timeout_s") == ["launcher=ray"]
     assert inv.option_needs("engine.weight_sync") == []
+    assert inv.option_needs("trainer.lora.sync") == []  # a choice: hostile strings are fuzzed
     assert [k for k, t in options.items() if value_strategy(t) is None] == []
 
 
@@ -144,7 +145,7 @@ def test_every_command_option_and_argument_has_a_typed_spec():
     params = inv.cli_params()
     assert ("ui", "--port") in params and ("sweep", "--slurm-mem-gb") in params
     untyped = [k for k, v in params.items() if v is not None and not isinstance(v, Num | Text)]
-    assert untyped == [], "declare these with sat_cli.cli_guard.opt(SPEC, ...) / arg(SPEC, ...)"
+    assert untyped == [], "declare these with sat_cli.cli.guard.opt(SPEC, ...) / arg(SPEC, ...)"
 
 
 def test_every_environment_variable_read_has_a_spec():
@@ -971,3 +972,259 @@ def test_every_script_output_is_checked_before_the_work():
     assert len(found) >= 8, found  # the inventory sees the scripts
     unchecked = sorted(f"{path} {args}" for path, (args, ok) in found.items() if not ok)
     assert unchecked == [], "check these outputs with sat_cli.util.script_args"
+
+
+# ----------------------------------------------------------------------------- other processes
+# issue 53, class 13: a model's output parsed as tool calls, an environment's answers, a
+# plug-in's results, a remote peer's text (inventory: tests/input_surfaces.py)
+_TAGS = ["<tool_call>", "</tool_call>", "[", "]", ":", "{", "}", '"name"', '"arguments"']
+_JSONISH = st.sampled_from(
+    [
+        '{"name": "calculator", "arguments": {"expression": "1+1"}}',
+        '{"name": "calculator", "arguments": {"expression": "' + "9" * 5000 + '"}}',
+        '{"name": ' + "1" * 5000 + "}",  # past Python's int conversion limit
+        '{"name": NaN, "arguments": Infinity}',
+        '{"name": "\\ud800", "arguments": {}}',  # a lone surrogate
+        "[" * 30000 + "]" * 30000,  # nested past the recursion limit, under the size cap
+        '{"a":' * 10000 + "1" + "}" * 10000,
+        '{"name": "x", "arguments": [1, 2]}',
+        '{"name": "x" "arguments": {}}',
+        "calc:" + "(" * 3000 + "1" + ")" * 3000,
+        "calc:" + "9" * 5000 + "**" + "9" * 5000,
+        "calc:" + "9**" * 200 + "9",
+    ]
+)
+HOSTILE_OUTPUT = st.one_of(
+    st.lists(st.one_of(st.sampled_from(_TAGS), _JSONISH, st.text(max_size=40)), max_size=12).map(
+        "".join
+    ),
+    _JSONISH.map(lambda j: f"<tool_call>{j}</tool_call>"),
+    _JSONISH.map(lambda j: f"[{j}]" if j.startswith("calc:") else f"[calc:{j}]"),
+    st.integers(1, 40).map(lambda n: "<tool_call>" * n),  # never closed
+    st.integers(17, 400).map(lambda n: "[calc:1+1]" * n),  # more calls than MAX_CALLS
+    st.sampled_from(["x" * 70000, "<tool_call>" + "x" * 70000, "[calc:" + "1" * 70000 + "]"]),
+)
+
+
+def _check_parsed(parsed) -> None:
+    from sat_cli.envs.toolcalls import Parsed, ToolCall
+
+    assert isinstance(parsed, Parsed) and isinstance(parsed.content, str)
+    assert all(isinstance(c, ToolCall) and isinstance(c.name, str) for c in parsed.calls)
+    assert all(isinstance(c.arguments, dict) for c in parsed.calls)
+    assert all(isinstance(e, str) and "\n" not in e for e in parsed.errors)
+
+
+@pytest.mark.parametrize("n", PROFILES)
+@pytest.mark.parametrize("parser", inv.tool_call_parsers())
+def test_every_tool_call_parser_takes_hostile_model_output(parser, n):
+    """Huge, deeply nested and malformed tool calls in a model's turn: every registered format
+    parses them into calls or one-line errors, within a second, never an exception."""
+    from sat_cli.envs.toolcalls import parse
+
+    @given(HOSTILE_OUTPUT)
+    def prop(text):
+        with deadline(2):
+            _check_parsed(parse(parser, text))
+
+    _run(prop, n)
+
+
+@pytest.mark.parametrize("n", PROFILES)
+@pytest.mark.parametrize(
+    ("env", "parser"), [(e, p) for e in inv.environments() for p in inv.tool_call_parsers()]
+)
+def test_every_environment_answers_hostile_model_output(env, parser, n):
+    """Every registered environment, fed hostile turns until its trajectory ends: each step's
+    result passes the trajectory's own check (``envs.results.check_step``: a finite reward,
+    chat-role messages of strings, bounded), within two seconds, never an exception."""
+    from sat_cli.envs import registry
+    from sat_cli.envs.base import EnvSettings
+    from sat_cli.envs.results import check_step
+
+    settings_ = EnvSettings(max_turns=3, parser=parser, sandbox="unsafe_local")
+
+    @given(st.lists(HOSTILE_OUTPUT, min_size=1, max_size=3))
+    def prop(turns):
+        e = registry.make(env, settings_)
+        row = type(e).rows("train", 1)[0] if hasattr(type(e), "rows") else {}
+        with deadline(2):
+            e.reset(row)
+            for text in turns:
+                step = check_step(e.step(text), e)
+                if step.done:
+                    break
+
+    _run(prop, n)
+
+
+class _HostileEnv:
+    """A plug-in environment whose first step returns ``result`` (a ``Step``'s fields)."""
+
+    max_turns = 2
+
+    def __init__(self, result):
+        self.result = result
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        return self.result
+
+
+HOSTILE_STEPS = [
+    (([], float("nan"), True, {}), "reward=nan: not a finite number"),
+    (([], "1.0", True, {}), "reward='1.0': not a finite number"),
+    (([], 1.0, 1, {}), "done=1: not a bool"),
+    (([], 1.0, False, [("a", 1)]), "not a mapping with string keys"),
+    (([{"role": "tool"}], 0.0, False, {}), "not {'role', 'content'} strings"),
+    (([{"role": "tool", "content": "x" * (1 << 21)}], 0.0, False, {}), "over 1048576"),
+    ((None, 0.0), "not a Step(observation, reward, done, info)"),
+]
+
+
+@pytest.mark.xdist_group("tiny_engine")
+@pytest.mark.parametrize(("result", "message"), HOSTILE_STEPS)
+def test_a_plugin_environments_unusable_result_stops_the_trajectory_naming_it(
+    tiny_engine, result, message
+):
+    """A real trajectory (the tiny model on the local engine) of a plug-in environment whose
+    step returns what the trajectory cannot use: one line naming the environment and the
+    field (a NaN reward used to reach the advantages; a string one, a traceback)."""
+    from sat_cli.engines.base import SamplingParams
+    from sat_cli.envs.results import EnvironmentResultError
+    from sat_cli.envs.trajectory import TrajectorySettings, run_trajectory
+    from sat_cli.models.tiny_moe import build_char_tokenizer
+
+    sampling = SamplingParams(max_new_tokens=4, seed=1)
+    with pytest.raises(EnvironmentResultError) as err:
+        run_trajectory(
+            tiny_engine,
+            _HostileEnv(result),
+            build_char_tokenizer(),
+            {"prompt": "1+1="},
+            sampling,
+            TrajectorySettings(max_turns=2, max_tokens=64),
+        )
+    assert str(err.value).startswith("environment _HostileEnv: step() returned ")
+    assert message in str(err.value)
+    one_line(err.value)
+
+
+# every variation point a plug-in can fill -> where its results are checked, and the test
+PLUGIN_POINTS = {
+    "rewards.registry:<module>": "rewards.combine: every value and component finite in float32, "
+    "names bounded (tests/test_rewards.py::test_values_the_trainer_cannot_hold_are_errors, "
+    "test_fuzz_plugin_reward_results below)",
+    "envs.registry:<module>": "envs.results.check_step on every step "
+    "(test_a_plugin_environments_unusable_result_stops_the_trajectory_naming_it)",
+    "engines.registry:<module>": "in-process code of sat's own engine protocol (samples are "
+    "checked by the trainer's batch: tests/test_trainer_step.py); no plug-in text is shown",
+    "trainers.registry:<module>": "in-process code returning metrics the loop logs as numbers "
+    "(non-finite ones counted: tests/test_tracking.py)",
+    "cluster.registry:<module>": "in-process launcher code; its errors reach sat: error: "
+    "(escaped, masked: tests/test_remote_text.py::test_every_sat_error_paragraph_is_escaped)",
+    "tasks.registry:<module>": "in-process code building the task object; the shipped sources' "
+    "rows and a user's file are read by tasks.sources / tasks.data, each row checked and named "
+    "(tests/test_custom_tasks.py::test_damaged_files_are_refused_naming_file_and_row)",
+    "sweep.registry:_executors": "in-process executor code; child runs are `sat train` "
+    "processes whose logs are read as remote text (REMOTE_READS)",
+}
+
+
+def test_every_plugin_point_is_classified():
+    points = inv.plugin_points()
+    assert sorted(points - set(PLUGIN_POINTS)) == [], "add the registry to PLUGIN_POINTS"
+    assert sorted(set(PLUGIN_POINTS) - points) == [], "a listed registry is gone"
+
+
+@pytest.mark.parametrize("n", PROFILES)
+def test_fuzz_plugin_reward_results(n):
+    """Whatever a reward plug-in returns (numbers past float32, NaN, huge or nested dicts,
+    strings, lists, huge integers): one score or a failed reward, never an exception."""
+    from sat_cli.rewards import BadReward, combine, error_text
+
+    leaf = st.one_of(NUMBERS, STRINGS, st.none(), st.booleans(), st.integers(-(10**400), 10**400))
+    result = st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=70), inner, max_size=5)
+        ),
+        max_leaves=12,
+    )
+
+    @given(result)
+    def prop(value):
+        with deadline(2):
+            try:
+                score, parts = combine(value, {})
+            except BadReward as exc:  # the sample's failed reward, its one line
+                text = error_text(exc, "reward.fn=r.py:f")
+                assert text.startswith("reward.fn=r.py:f ") and "\n" not in text
+                return
+        for v in [score, *parts.values()]:
+            assert isinstance(v, float) and abs(v) <= 3.4028e38, value
+
+    _run(prop, n)
+
+
+# every read of another process's or host's output -> how its text reaches the user
+REMOTE_READS = {
+    "cluster.hosts:recv": "bytes of a node's command channel, parsed as messages (not shown)",
+    "cluster.remote:log_tail": "escape_controls on the tail (shown in a sat: error: paragraph)",
+    "cluster.slurm:_queued": "squeue's job ids and states, compared, not shown",
+    "commands.ui:_healthy": "an HTTP status only",
+    "engines.local.engine:_recv": "the engine worker's messages; an error's text reaches sat: "
+    "error: (escaped, masked in cli.guard)",
+    "engines.local.inflight:serve": "the orchestrator's commands to the worker (sat's own)",
+    "engines.local.worker:worker_main": "the orchestrator's commands to the worker (sat's own)",
+    "engines.sglang.client:_once": "escape_controls in engines.sglang.wire.wire_excerpt "
+    "(tests/test_remote_text.py::test_an_sglang_servers_error_body_is_escaped)",
+    "engines.sglang.models:models_dir": "a path printed by the SGLang interpreter, used as a path",
+    "engines.managed_server:log_tail": "escape_controls on the tail (shown in a sat: error: "
+    "paragraph)",
+    "engines.sglang.server:ready": "the readiness answer's JSON status, not shown",
+    "envs.confine:_probe_net": "the probe child's exit and marker, not shown",
+    "envs.confine:strict_refusal": "the probe child's one-line reason, shown through sat: error:",
+    "rewards.http_client:_exchange": "escape_controls on the reason phrase and errors; the answer "
+    "through rewards.combine (tests/test_remote_text.py::test_a_reward_servers_text_is_escaped)",
+    "rewards.pool:_receive": "a reward worker's answer: JSON checked as [kind, index, payload], "
+    "else the sample's failed reward (test_a_plugins_own_value_types_and_garbage_are_results_"
+    "not_exceptions); the ready message (sat's own); the plug-in's results then go through "
+    "rewards.combine, its errors through rewards.error_text (escape_controls; "
+    "test_a_plugins_error_string_is_escaped)",
+    "rewards.pool:_serve": "the parent's calls to the reward worker (sat's own)",
+    "sweep.clean_tree:_git": "git's own output about the checkout, compared, not shown",
+    "sweep.jobs:finish_run": "sweep.children.tail_text: escape_controls and redact_text on a "
+    "child's log tail (test_a_sweep_childs_log_tail_is_escaped_and_masked)",
+    "sweep.jobs:warm_start": "sweep.children.tail_text, as finish_run",
+    "tracking.environment:git_commit": "a commit hash recorded as a param (masked, truncated)",
+    "tracking.environment:sglang_version": "a version string recorded as a param (masked)",
+    "trainers.megatron.calls:_read_reply": "the Megatron worker's messages; an error's text "
+    "reaches sat: error: (escaped, masked in cli.guard)",
+    "trainers.megatron.pipeline:backward": "tensors between pipeline stages",
+    "trainers.megatron.pipeline:token_logprobs": "tensors between pipeline stages",
+    "util.procs:http_get_status": "an HTTP status only",
+}
+
+
+def test_every_remote_read_is_classified():
+    reads = inv.remote_reads()
+    assert sorted(reads - set(REMOTE_READS)) == [], "add the read to REMOTE_READS"
+    assert sorted(set(REMOTE_READS) - reads) == [], "a listed read is gone"
+
+
+def test_a_sweep_childs_log_tail_is_escaped_and_masked(tmp_path, monkeypatch):
+    """A failed sweep run's log tail is printed on the sweep's terminal: a plug-in's control
+    sequences and a secret in it (the child's own output, or its plug-ins') do not get there."""
+    from sat_cli.sweep.children import tail_text
+
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "TAIL-SECRET-1")
+    monkeypatch.setattr("sat_cli.tracking.params._ENV_KNOWN", [])
+    log = tmp_path / "sweep_child.log"
+    log.write_text("ok\n\x1b[2J\x1b]0;title\x07cleared\nkey TAIL-SECRET-1 --api-key K-2\n")
+    tail = tail_text(log)
+    assert tail == (
+        "    | ok\n    | \\x1b[2J\\x1b]0;title\\x07cleared\n    | key *** --api-key ***"
+    )

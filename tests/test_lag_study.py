@@ -5,6 +5,7 @@ and the per-run columns the study adds (sat_cli/report/collapse.py)."""
 
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -312,6 +313,9 @@ def test_the_study_columns_from_a_real_mlflow_store(tmp_path):
     pts += [Metric("loss/clipfrac", 0.1 if s % 2 else 0.2, 1, s) for s in range(1, 301)]
     pts += [Metric("sat/clipfrac_sat_band", 0.05, 1, s) for s in range(1, 151)]
     pts += [Metric("staleness/abs_logratio_mean", 0.01 * (s % 3), 1, s) for s in range(1, 301)]
+    # a real run logs d̄π against mu too (the same values here, as in the study's runs): the report
+    # stores it as the d̄π series, and the row must read that series, not the source key
+    pts += [Metric("staleness/abs_logratio_mean_mu", 0.01 * (s % 3), 1, s) for s in range(1, 301)]
     tags = {
         "sat.method": "S8 SAT-GSPO lag 8",
         "lag": "8",
@@ -338,3 +342,18 @@ def test_the_study_columns_from_a_real_mlflow_store(tmp_path):
     assert float(row.dpi_mean) == pytest.approx(0.01, abs=1e-6)  # 0.01, 0.02, 0 in turn
     md = (out / "collapse.md").read_text()
     assert md.startswith(f"{L.WAITING}: 1 of 64 planned runs have ended")
+
+
+def test_the_committed_result_regenerates_from_the_committed_csv():
+    """The write-up's result block is what `sat report docs/results/sat_lag_v5_cpu/runs.csv`
+    prints, byte for byte, and its verdict is the one the write-up states in words."""
+    root = Path(__file__).resolve().parents[1]
+    doc = root / "docs/results/sat_lag_v5_cpu.md"
+    md = doc.read_text()
+    head = "<!-- generated: lag_study from sat_lag_v5_cpu/runs.csv -->\n"
+    body = md.split(head, 1)[1].split("<!-- /generated -->", 1)[0]
+    rows = read_rows((doc.parent / "sat_lag_v5_cpu/runs.csv").read_text())
+    assert body == study_markdown(rows)
+    d = L.decide(rows)
+    assert d["verdict"] == L.BEYOND and len(d["seeds"]) == 16
+    assert f"**Verdict, by the pre-registered rules: {d['verdict']}." in " ".join(md.split())

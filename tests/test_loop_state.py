@@ -120,7 +120,16 @@ def test_a_checkpoint_written_before_the_train_loop_resumes_identically(tmp_path
         st = TrainLoop(s, parts).run(run_dir / "checkpoints" / "step_2")
     assert sorted(rec.metrics) == [3, 4, 5]
     for t, want in ref["metrics"].items():
-        assert {k: rec.metrics[int(t)][k] for k in want} == want, t
+        got = {k: rec.metrics[int(t)][k] for k in want}
+        # a loss that cancels to rounding noise (step 3's GRPO mean, ~1e-9) is compared as zero:
+        # the order of that sum follows the CPU kind and the thread count, so its last bits do
+        # too (run alone on an AMD Zen 4: -3.7e-09, the recording -6.2e-09); every other value,
+        # and the steps after, stay bit-identical
+        noise = {k for k, v in want.items() if k.startswith("loss/") and abs(v) < 1e-7}
+        assert all(abs(got[k]) < 1e-7 for k in noise), (t, got)
+        assert {k: v for k, v in got.items() if k not in noise} == {
+            k: v for k, v in want.items() if k not in noise
+        }, t
     assert json.dumps(st.to_json(), sort_keys=True) == json.dumps(ref["state"], sort_keys=True)
     final = run_dir / "checkpoints" / "step_5" / "loop_state.json"
     assert _json(final) == json.dumps(ref["state"], indent=1, sort_keys=True)

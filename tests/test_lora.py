@@ -103,11 +103,23 @@ def test_unknown_target_modules_are_one_line(ckpt):
         (["trainer.lora.dropout=1"], r"trainer\.lora\.dropout=1.0 is out of range"),
         (["trainer.lora.target_modules=[]"], "must name at least one module"),
         (["trainer.lora.target_modules=[a.b]"], "is not a module name"),
+        (["trainer.lora.sync=both"], r"trainer\.lora\.sync"),
         (
             ["trainer=megatron", "trainer.lora.rank=8"],
             r"trainer=megatron has no LoRA yet .* use trainer=local",
         ),
-        (["trainer.lora.rank=8", "engine=sglang"], "wired into engine=local only"),
+        (
+            ["trainer.lora.rank=8", "engine=sglang", "engine.num_servers=2"],
+            r"with engine=sglang: not engine\.num_servers=2, engine\.dp=1 \(one server",
+        ),
+        (
+            ["trainer.lora.rank=8", "engine=sglang", "engine.restart_on_failure=true"],
+            r"not engine\.restart_on_failure=true \(a restarted server has lost its adapters",
+        ),
+        (
+            ["trainer.lora.rank=8", "engine=sglang", "engine.urls=[http://127.0.0.1:1]"],
+            r"not engine\.urls \(servers started elsewhere",
+        ),
         (
             ["trainer.lora.rank=8", "engine.weight_sync=distributed"],
             "use engine.weight_sync=disk",
@@ -131,8 +143,39 @@ def test_lora_settings_compose():
         "alpha": 16.0,
         "dropout": 0.0,
         "target_modules": ["q_proj"],
+        "sync": "adapter",
     }
     assert not load([])[1].trainer.lora.on  # off by default
+    merged = load(
+        ["trainer.lora.rank=8", "trainer.lora.sync=merged", "engine.num_servers=2", "engine=sglang"]
+    )[1]  # full weights: no adapter rule applies
+    assert merged.trainer.lora.sync == "merged"
+
+
+def test_sglang_with_lora_composes_and_its_servers_get_the_lora_flags():
+    """engine=sglang takes trainer.lora: its servers start with SGLang's LoRA flags (names as
+    in sglang/srt/arg_groups/fields/lora.py), one batch slot per held version plus the base."""
+    from sat_cli.config import load
+    from sat_cli.engines.sglang.lora import server_lora_args
+
+    run = load(["trainer.lora.rank=8", "engine=sglang", "lag.n=2"])[1]
+    assert run.trainer.lora.on and run.engine.lora_refusal() is None
+    lora = run.trainer.lora.as_dict() | {"target_modules": ["q_proj", "v_proj"]}
+    assert server_lora_args(lora, 4, "cpu") == [
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--lora-target-modules",
+        "q_proj",
+        "v_proj",
+        "--max-loras-per-batch",
+        "4",
+        "--max-loaded-loras",
+        "4",
+        "--lora-backend",
+        "torch_native",
+    ]
+    assert server_lora_args(lora, 4, "cuda")[-2:] == ["--max-loaded-loras", "4"]
 
 
 def test_sat_plan_says_what_lora_trains():

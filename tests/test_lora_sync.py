@@ -53,7 +53,7 @@ def test_a_version_is_its_adapter_alone_and_the_engine_serves_it_exactly(
     """v3 on disk is an adapter (no base tensor); the engine takes it without reloading the
     base, names it per request, serves the checksums the trainer wrote, and its sampled
     log-probs are the trainer's at v3 (the log-prob probe)."""
-    from sat_cli.loop.weightsync import _disk_sums
+    from sat_cli.loop.transports import disk_checksums as _disk_sums
     from sat_cli.weightsync.adapters import ADAPTER_FILE, read_adapter
     from sat_cli.weightsync.layouts import compare
 
@@ -149,6 +149,86 @@ def test_a_damaged_adapter_is_refused_and_the_run_fails_closed(published, engine
         sync.load(2)
     assert sync.fallbacks == 1 and "loading them from disk again" in logs[0]
     assert engine.health() and engine.full_reloads == 0
+
+
+def test_an_adapter_whose_served_logprobs_are_not_the_trainers_is_refused(
+    published, engine, tmp_path
+):
+    """The log-prob probe: v1's tensors (with their own, valid checksums) published under v2's
+    name and v2's probe pass the file checks, but the engine's log-probs of the probe sequence
+    are not the trainer's at v2 (float32: max |difference| 1e-3 allowed): refused, the engine
+    keeps what it had, and the loop fails closed as for a checksum mismatch."""
+    import json
+
+    from sat_cli.loop.weightsync import SyncSettings, WeightSync, WeightSyncFailed
+    from sat_cli.weightsync.adapters import ADAPTER_CONFIG, read_adapter, write_adapter
+
+    weights, _ = published
+    bad = tmp_path / "weights"
+    shutil.copytree(weights, bad)
+    config, _ = read_adapter(weights / "v2", 2)
+    _, previous = read_adapter(weights / "v1", 1)
+    shutil.rmtree(bad / "v2")
+    write_adapter(
+        bad / "v2",
+        previous,
+        version=2,
+        rank=4,
+        alpha=8.0,
+        targets=["q_proj", "v_proj"],
+        probe=config["probe"],
+    )
+    assert read_adapter(bad / "v2", 2)[0]["probe"] == config["probe"]  # the files check out
+    for v in (0, 1):
+        engine.update_weights(str(bad / f"v{v}"), v)
+    with pytest.raises(
+        EngineError,
+        match=r"local engine does not serve adapter v2 the trainer "
+        r"wrote: its log-probs of the probe sequence differ by max \S+ > 0.001",
+    ):
+        engine.update_weights(str(bad / "v2"), 2)
+    assert engine.adapter == 1 and engine.adapters_held == [0, 1]  # nothing changed
+    sync = WeightSync(SyncSettings(verify="every"), engine, None, bad, log=[].append)
+    with pytest.raises(WeightSyncFailed, match=r"weights v2 did not reach the engine"):
+        sync.load(2)
+    engine.update_weights(str(weights / "v2"), 2)  # the true v2 passes its probe
+    probe = json.loads((weights / "v2" / ADAPTER_CONFIG).read_text())["probe"]
+    assert len(probe["ids"]) == 16 and len(probe["logprobs"]) == 15
+
+
+def test_merged_weights_serve_what_the_adapter_does(tiny_dir, published, engine, tmp_path):
+    """trainer.lora.sync=merged: the trainer at v3 publishes full weights W + (alpha/r) B A (an
+    HF checkpoint, no adapter); an engine loading them gives the same samples as the adapter
+    engine serving v3 (same seeds), with log-probs equal within 1e-5 (float32; measured
+    ~1e-6: the merged matmul rounds otherwise than base + low-rank)."""
+    from sat_cli.weightsync.adapters import is_adapter
+
+    weights, trainer = published
+    trainer.lora["sync"] = "merged"
+    try:
+        merged = trainer.publish_weights(tmp_path / "weights", 3)
+    finally:
+        trainer.lora["sync"] = "adapter"
+    assert not is_adapter(merged) and (merged / "model.safetensors").is_file()
+    assert any(".lora_A" in n for n in trainer.model.state_dict())  # the adapters are back
+    sampling = SamplingParams(max_new_tokens=6, seed=11)
+    engine.update_weights(str(weights / "v3"), 3)
+    by_adapter = [s for g in engine.generate([PROMPT, [40, 41]], 3, sampling) for s in g]
+    with _engine(tiny_dir, keep=2) as plain:
+        plain.update_weights(str(merged), 3)
+        by_merged = [s for g in plain.generate([PROMPT, [40, 41]], 3, sampling) for s in g]
+        assert plain.adapter is None and plain.full_reloads == 1
+    assert [s.response_ids for s in by_merged] == [s.response_ids for s in by_adapter]
+    gap = max(
+        abs(a - b)
+        for x, y in zip(by_merged, by_adapter, strict=True)
+        for a, b in zip(x.rollout_logp, y.rollout_logp, strict=True)
+    )
+    assert gap < 1e-5
+    # the adapter matters: the base alone (v0, the engine's start) serves other log-probs
+    base = [s for g in engine.generate([PROMPT, [40, 41]], 3, sampling, adapters=[0, 0]) for s in g]
+    first = [(s.response_ids[0], s.rollout_logp[0]) for s in base]
+    assert max(abs(a[1] - b.rollout_logp[0]) for a, b in zip(first, by_adapter, strict=True)) > 1e-3
 
 
 class _Recording(LocalTrainer):

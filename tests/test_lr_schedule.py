@@ -99,5 +99,5 @@ def test_config_bounds_and_the_derived_decay_horizon():
     ):
         with pytest.raises(ConfigError, match=msg):
             load([bad])
-    with pytest.raises(ConfigError, match="built for trainer=local only"):
-        load(["trainer=megatron", "trainer.lr_warmup_steps=10"])
+    _, obj = load(["trainer=megatron", "trainer.lr_schedule=cosine", "trainer.lr_warmup_steps=2"])
+    assert (obj.trainer.lr_schedule, obj.trainer.lr_warmup_steps) == ("cosine", 2)

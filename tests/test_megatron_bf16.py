@@ -265,3 +265,24 @@ def test_sat_train_megatron_bf16(tmp_path):
     assert published, "no published weights left to inspect"
     for folder in (p.parent for p in published):
         assert all(v.dtype == torch.bfloat16 for v in convert.load_hf_state(folder).values())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_portable_numerics_steps_megatron_with_the_fused_adamw(megatron_dist, tiny_dir, dtype):
+    """run.portable_numerics reaches the Megatron actor too (trainers/step.py): its AdamW over
+    the model's (fp32) or the main (bf16) weights is the fused CPU kernel, and a step gives the
+    default AdamW's weights up to the square root's last bit: within 1e-8, 1e-4 of the step."""
+    portable = MegatronActor(str(tiny_dir), dtype=dtype, portable_numerics=True, **KW)
+    plain = MegatronActor(str(tiny_dir), dtype=dtype, **KW)
+    assert portable.opt.param_groups[0]["fused"] is True
+    assert plain.opt.param_groups[0]["fused"] is None
+    batch = _batch()
+    a, b = portable.step(batch), plain.step(batch)
+    assert a["loss/policy"] == b["loss/policy"]  # the same forward, before either update
+    moved = 0.0
+    for (n, p), (_, q) in zip(
+        portable.hf_state(main=True).items(), plain.hf_state(main=True).items(), strict=True
+    ):
+        assert (p - q).abs().max().item() <= 1e-8, n  # a few ulps of the weights
+        moved = max(moved, (p - convert.load_hf_state(tiny_dir)[n]).abs().max().item())
+    assert moved >= 0.9 * LR

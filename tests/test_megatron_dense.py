@@ -208,7 +208,7 @@ def _check_vocab_parallel(vp: dict, ids: torch.Tensor, ref_logits: torch.Tensor)
 
 
 def test_compose_time_families_are_the_workers():
-    from sat_cli.config.compat import MEGATRON_FAMILIES
+    from sat_cli.trainers.megatron.checks import MEGATRON_FAMILIES
     from sat_cli.trainers.megatron.model import FAMILIES
 
     assert tuple(FAMILIES) == MEGATRON_FAMILIES

@@ -46,7 +46,7 @@ def test_config_env_section_builds_the_loops_env_run():
         (["env=calculator", "env.max_tokens=2097152"], "env.max_tokens"),
         (["env=calculator", "env.partial=drop"], "env.partial"),
         (["env=calculator", "env.parser=xml"], "env.parser"),
-        (["env=calculator", "lag.profile=fixed:1"], "lag.profile"),
+        (["env=calculator", "env.partial=abort", "lag.profile=fixed:1"], "lag.profile"),
     ],
 )
 def test_env_section_refuses_bad_values(overrides, match):

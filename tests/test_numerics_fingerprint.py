@@ -49,7 +49,9 @@ def _load_script():
 def test_fingerprint_is_repeatable_pinned_and_needs_torch_only(fingerprint):
     _, fp, _ = fingerprint
     recorded = json.loads(RECORDED.read_text())["entries"]
-    assert all(set(e["ops"]) == set(fp["ops"]) for e in recorded)  # no class left unrecorded
+    assert all(set(e["ops"]) <= set(fp["ops"]) for e in recorded)  # no class recorded but gone
+    portable = [e for e in recorded if e["mode"] == "portable"]
+    assert set().union(*(e["ops"] for e in portable)) == set(fp["ops"])  # each class on a kind
     assert [n for n, op in fp["ops"].items() if not op["repeatable"]] == []
     assert fp["machine"]["cpu_capability"] == "AVX2" and fp["machine"]["num_threads"] == 1
     assert "MKL_CBWR=COMPATIBLE" in fp["machine"]["numeric_env"]
@@ -96,3 +98,44 @@ def test_compare_matches_the_kind_and_names_what_differs():
         "b": ["z"]
     }
     assert mod.compare(this, [])["against"] is None
+
+
+def test_recorded_portable_kinds_agree_class_by_class():
+    """The portable mode's claim, in the recorded data: every class two recorded kinds (of one
+    torch version) both hold gives the same bits on both. Two vendors are recorded (the kinds
+    in bench/README.md); a kind recorded later that disagrees fails here."""
+    recorded = json.loads(RECORDED.read_text())["entries"]
+    portable = [e for e in recorded if e["mode"] == "portable"]
+    assert len({e["machine"]["cpu_vendor"] for e in portable}) >= 2
+    disagree = []
+    for a in portable:
+        for b in portable:
+            if a is b or a["machine"]["torch"] != b["machine"]["torch"]:
+                continue
+            for name in set(a["ops"]) & set(b["ops"]):
+                if a["ops"][name]["hash"] != b["ops"][name]["hash"]:
+                    disagree.append((a["machine"]["cpu_model"], b["machine"]["cpu_model"], name))
+    assert disagree == []
+
+
+def test_compare_borrows_a_class_the_kind_lacks_from_the_agreeing_kinds():
+    """A class added or redefined after a kind was recorded is compared, in portable mode, with
+    the value the other kinds agree on; with no agreement (or in default mode) it is missing."""
+    mod = _load_script()
+    m = {"cpu_vendor": "V", "cpu_model": "M", "isa_flags": "avx2 fma", "torch": "2.0"}
+    op = lambda h: {"hash": h, "parts": {"x": h}}  # noqa: E731
+    this = {"mode": "portable", "machine": m, "ops": {"a": op("1"), "new": op("5")}}
+    mine = {"mode": "portable", "machine": m, "ops": {"a": op("1")}}
+    amd = {"mode": "portable", "machine": {**m, "cpu_model": "A"}, "ops": {"new": op("5")}}
+    zen = {"mode": "portable", "machine": {**m, "cpu_model": "Z"}, "ops": {"new": op("5")}}
+    got = mod.compare(this, [mine, amd, zen])
+    assert got["matched"] and got["classes"] == {"a": "equal", "new": "equal"}
+    assert got["borrowed"] == {"new": ["A", "Z"]}
+    other = {**this, "ops": {"a": op("1"), "new": op("6")}}
+    got = mod.compare(other, [mine, amd])
+    assert got["classes"]["new"] == "differs" and got["parts_differing"] == {"new": ["x"]}
+    odd = {**zen, "ops": {"new": op("7")}}  # the other kinds disagree: nothing to compare with
+    assert mod.compare(this, [mine, amd, odd])["classes"]["new"] == "missing"
+    default = {**this, "mode": "default"}
+    got = mod.compare(default, [{**mine, "mode": "default"}, amd])
+    assert got["classes"]["new"] == "missing" and got["borrowed"] == {}

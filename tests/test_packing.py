@@ -216,6 +216,21 @@ def test_bad_token_budgets_are_refused_at_compose_time(name):
     assert (obj.trainer.max_tokens_per_row, obj.trainer.max_tokens_per_micro_batch) == (17, 17)
 
 
+def test_the_trainers_token_budget_is_the_smaller_of_its_two():
+    """``TrainerSettings.token_budget()``: what `sat train` checks the training prompts
+    against (both trainers: their rows and micro-batches)."""
+    from sat_cli.config import load
+
+    cases = {
+        (): None,
+        ("trainer.max_tokens_per_row=64",): 64,
+        ("trainer.max_tokens_per_row=64", "trainer.max_tokens_per_micro_batch=80"): 64,
+        ("trainer.max_tokens_per_micro_batch=80",): 80,
+        ("trainer=megatron", "trainer.max_tokens_per_micro_batch=96"): 96,
+    }
+    assert {k: load(list(k))[1].trainer.token_budget() for k in cases} == cases
+
+
 def test_budget_below_a_sample_exits_2_and_writes_nothing(tmp_path):
     from cli_helpers import run_sat
 

@@ -6,6 +6,7 @@ starts (sat_cli/trainers/megatron/layout.py, sat_cli/config/layout.py)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -115,8 +116,16 @@ def test_plan_paper_overlay_fits_80_and_141_gb(tmp_path):
         "  node 0     megatron node 0   GPU 4,5,6,7      cuda, bfloat16; CUDA_VISIBLE_DEVICES=4,5,6,7"
         in text
     )
-    assert "requests  a sweep job (--executor slurm|ray): 1 node, 8 GPU(s)" in text
     n = PAPER_DENSE + PAPER_EXPERT  # 7,642,626,048 per trainer GPU
+    # the job's CPUs and host memory, by hand: sat train 1 + SGLang (2 + tp 4) + 4 ranks; 11
+    # processes × 2 GB, the bf16 model once for the engine and once for the trainer node, the
+    # offloaded fp32 main weights and Adam moments (12 B/param) of each of the 4 ranks; × 1.2
+    total = 30_532_122_624
+    parts = 11 * 2.0 + 2 * total / 1e9 + 2 * total / 1e9 + 4 * 12 * n / 1e9
+    assert (
+        "requests  a sweep job (--executor slurm|ray): 1 node, 8 GPU(s), 11 CPUs (1 sat train + "
+        f"6 engine + 4 Megatron ranks), {math.ceil(parts * 1.2)} GB host memory" in text
+    )
     assert f"{n:,} (dense {PAPER_DENSE:,}, experts {PAPER_EXPERT:,})" in text
     assert _row(text, "weights") == round(2 * n / 1e9, 2)  # bf16: 15.29
     assert _row(text, "gradients") == round(4 * n / 1e9, 2)  # fp32 main grads: 30.57

@@ -66,10 +66,14 @@ def test_compare_marks_equal_steps_and_names_the_first_difference():
 def test_only_the_default_runs_settings_are_compared():
     from omegaconf import OmegaConf
 
-    from sat_cli.config import compose
+    from sat_cli.config import load
     from sat_cli.tracking.params import flatten_config
 
-    default = flatten_config(OmegaConf.to_container(compose([]), resolve=True))
+    # the params a default run records: the loaded config, with the values the schema derives
+    # (engine.dtype and trainer.dtype null -> float32 on the CPU); compose's nulls once made
+    # every default run "not the default"
+    default = flatten_config(OmegaConf.to_container(load([])[0], resolve=True))
+    assert default["engine.dtype"] == default["trainer.dtype"] == "float32"
     placed = {
         **default,
         "run.name": "mine",
@@ -78,7 +82,7 @@ def test_only_the_default_runs_settings_are_compared():
     }
     assert C.differing_settings(placed) == []
     assert C.differing_settings({**default, "seed": "1"}) == ["seed=1 (default 0)"]
-    other = flatten_config(OmegaConf.to_container(compose(["algo=gspo", "lag=8"]), resolve=True))
+    other = flatten_config(OmegaConf.to_container(load(["algo=gspo", "lag=8"])[0], resolve=True))
     diff = C.differing_settings(other)
     assert "algo.name=gspo (default grpo)" in diff and any(d.startswith("lag.n=8") for d in diff)
     older = {k: v for k, v in default.items() if k != "algo.eps_high"}  # an option added later

@@ -136,14 +136,43 @@ def test_a_plugin_that_fails_to_load_reaches_the_terminal_escaped(tmp_path):
 
 
 def test_every_sat_error_paragraph_is_escaped(capsys):
-    """The last line of defence: ``cli_guard.fail`` escapes what a message quotes (its lines
+    """The last line of defence: ``cli.guard.fail`` escapes what a message quotes (its lines
     stay lines)."""
     import typer
 
-    from sat_cli.cli_guard import fail
+    from sat_cli.cli.guard import fail
 
     with pytest.raises(typer.Exit):
         fail(f"server said: {HOSTILE}\nsecond line")
     err = capsys.readouterr().err
     assert clean(err) and err.endswith("\nsecond line\n"), repr(err)
     assert "\\x1b]0;owned\\x07" in err
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"pid": 999999, "start": "1", "host": HOSTILE, "argv": ["sat", HOSTILE], "since": HOSTILE},
+        {"pid": 999999, "start": "1", "host": 7, "argv": [1, 2]},
+    ],
+)
+def test_a_planted_lock_is_named_escaped(tmp_path, record):
+    """Probe (issue 53 v5): a run folder's ``.sat.lock`` is another process's file; the next
+    ``sat train`` printed its host, time and command as they were ("taking over the stale lock
+    of …": raw ESC sequences on the terminal), and a command of numbers raised ``TypeError``."""
+    from sat_cli.commands.runlock import LOCK_NAME, RunLock
+
+    (tmp_path / LOCK_NAME).write_text(json.dumps(record))
+    said = []
+    with RunLock(tmp_path, log=said.append):
+        pass
+    (line,) = said
+    assert line.startswith("taking over the stale lock of pid 999999 on ")
+    assert not set(line) & set(CONTROLS), line
+    if record["argv"] == [1, 2]:
+        assert (
+            line
+            == "taking over the stale lock of pid 999999 on 7 since ? (1 2): that process is gone"
+        )
+    else:
+        assert line.count(escape_controls(HOSTILE)) == 3

@@ -305,7 +305,7 @@ def test_sweep_with_a_replay_source_runs_sat_replay_on_the_recording(tmp_path, m
     """A sweep file's `replay:` key: every run composes through `sat replay`'s checks and starts
     as `sat replay <run> <its overrides>`; a seed other than the recorded one is refused."""
     from sat_cli.errors import UserError
-    from sat_cli.sweep import jobs
+    from sat_cli.sweep import jobs, local
     from sat_cli.sweep.plan import validate
     from sat_cli.sweep.spec import load_sweep
 
@@ -320,9 +320,9 @@ def test_sweep_with_a_replay_source_runs_sat_replay_on_the_recording(tmp_path, m
     assert sorted(plan.run_dirs) == ["grpo+tis-s0", "grpo-s0"]
     assert plan.needs_warm_start == []  # the recorded run's start checkpoint is used
     cmds = []
-    monkeypatch.setattr(jobs, "launch_child", lambda cmd, *a: (cmds.append(cmd) or _Proc(), None))
+    monkeypatch.setattr(local, "launch_child", lambda cmd, *a: (cmds.append(cmd) or _Proc(), None))
     tis = next(r for r in plan.sweep.runs if r.method == "GRPO+TIS")
-    jobs.start_run(plan, {"runs": {}}, tis, None, log=lambda *_: None)
+    jobs.start_run(plan, {"runs": {}}, tis, None, lambda *_: None, local.LocalExecutor())
     assert cmds[0][3:5] == ["replay", str(run)] and "algo.correction=tis" in cmds[0]
     (tmp_path / "rp1.yaml").write_text(doc.replace("seeds: [0]", "seeds: [1]"))
     with pytest.raises(UserError, match="cannot match the recording: seed"):
@@ -408,3 +408,54 @@ def test_sat_replay_inherits_the_recordings_numerics_pins(tmp_path):
     for key in ("machine.numeric_env", "machine.torch.cpu_capability", "machine.torch.num_threads"):
         assert runs["same"][key] == runs["rec"][key], key
     assert "ATEN_CPU_CAPABILITY=avx2" in runs["same"]["machine.numeric_env"]
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+SECRET_URL = "http://user:S3cretPW@127.0.0.1:9/x?token=T0kenVal"
+
+
+def test_a_recording_keeps_no_secret_and_the_replay_asks_for_it_again(tmp_path):
+    """Probe (issue 53 v5): the manifest held the run's overrides and config in the clear. It
+    now holds them masked, as config.yaml and the params do; `sat replay` asks for each masked
+    override again, and compares the recorded config masked."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from sat_cli.commands.replay import check_match, masked_keys, replay_overrides
+    from sat_cli.commands.run import _stream
+    from sat_cli.config import load
+    from sat_cli.config.quoting import hydra_quote
+    from sat_cli.errors import UserError
+
+    overrides = [*SMOKE, "replay.record=true", f"+tracking.tags.src={hydra_quote(SECRET_URL)}"]
+    cfg, obj = load([*overrides, "run.name=rec"], "train")
+    config = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = tmp_path / "runs" / "sat" / "rec"
+    run = SimpleNamespace(replay=None, obj=obj, overrides=tuple(overrides), run_dir=run_dir)
+    stream = _stream(run, config, "id0")
+    stream.writer.write(
+        0, [[_sample(0, 2)] * 4] * 8, [{"prompt": "1+1=", "answer": "2"}] * 8, [[1.0] * 4] * 8
+    )
+    text = (run_dir / "replay" / "manifest.json").read_text()
+    assert "S3cretPW" not in text and "T0kenVal" not in text
+    header = json.loads(text)["header"]
+    assert header["overrides"][-1] == "+tracking.tags.src='http://user:***@127.0.0.1:9/x?token=***'"
+    assert header["config"]["tracking"]["tags"]["src"] == "http://user:***@127.0.0.1:9/x?token=***"
+    # the replay: the masked override must be given again, and the given value is the one used
+    assert masked_keys(header["overrides"]) == ["tracking.tags.src"]
+    with pytest.raises(UserError, match=r"keeps no secrets; give tracking.tags.src again"):
+        replay_overrides(header["overrides"], [], "r")
+    given = [f"tracking.tags.src={hydra_quote(SECRET_URL)}"]
+    got = replay_overrides(header["overrides"], given, "r")
+    assert [ov for ov in got if "tags.src" in ov] == given
+    with pytest.raises(UserError, match="would change the recorded data"):
+        replay_overrides(header["overrides"], [*given, "model.path=/x"], "r")
+    # the masked recorded config matches the config composed with the secret given again
+    check_match(header["config"], config, 1, 1)
+    other = json.loads(json.dumps(config))
+    other["engine"]["dtype"] = "bfloat16"
+    with pytest.raises(UserError, match="engine.dtype"):
+        check_match(header["config"], other, 1, 1)

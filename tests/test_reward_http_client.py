@@ -44,9 +44,11 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client gave up: that is the point
 
     def _answer(self):
-        if self.path == "/trickle":
+        if self.path in ("/trickle", "/trickle-close"):
             self.send_response(200)
             self.send_header("Content-Length", "100")
+            if self.path == "/trickle-close":  # http.client then drops the connection's socket
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.flush()
             for _ in range(100):
@@ -58,6 +60,17 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(0.2)
+        elif self.path == "/deep":
+            data = b"[" * 100000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/badport":
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:99999/x")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif self.path in ("/away", "/old"):
             self.send_response(307)
             self.send_header("Location", self.server.elsewhere if self.path == "/away" else "/ok")
@@ -89,10 +102,12 @@ def url_of(srv, path: str) -> str:
     return f"http://127.0.0.1:{srv.server_address[1]}{path}"
 
 
-@pytest.mark.parametrize("path", ["/trickle", "/slowhead"])
+@pytest.mark.parametrize("path", ["/trickle", "/slowhead", "/trickle-close"])
 def test_a_trickled_answer_is_cut_at_the_calls_deadline(server, path):
     """Every read returns within any socket timeout, but the whole answer takes 20 s (body) or
-    8 s (headers): the call's deadline ends each attempt, and the retries end at deadline_s."""
+    8 s (headers): the call's deadline ends each attempt, and the retries end at deadline_s.
+    ``/trickle-close`` (``Connection: close``, as an HTTP/1.0 server answers): http.client sets
+    the connection's socket to None once the headers are read; the deadline took 19.9 s."""
     t0 = time.monotonic()
     with pytest.raises(ReportedError, match="did not answer within reward.deadline_s=2.5 s"):
         Client().post(url_of(server, path), {"x": 1}, timeout_s=1.0, deadline_s=2.5)
@@ -161,9 +176,12 @@ with orderly_stop():
 """
 
 
-def test_ctrl_c_ends_a_run_waiting_on_the_server_within_a_second(server):
+@pytest.mark.parametrize("path", ["/trickle", "/trickle-close"])
+def test_ctrl_c_ends_a_run_waiting_on_the_server_within_a_second(server, path):
+    """``/trickle-close`` (probe, issue 53 v5): ``close()`` found no socket to shut down once
+    http.client had dropped it, so the process waited for both bodies (20 s)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", RUN, url_of(server, "/trickle")],
+        [sys.executable, "-c", RUN, url_of(server, path)],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stderr=subprocess.PIPE,
     )
@@ -181,3 +199,16 @@ def test_ctrl_c_ends_a_run_waiting_on_the_server_within_a_second(server):
         proc.kill()
         proc.wait()
     assert proc.returncode != 0 and took < 1.0, took
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [("/deep", "the answer is not JSON"), ("/badport", "redirected to an invalid address")],
+)
+def test_a_hostile_answer_is_a_reported_error(server, path, message):
+    """An answer nested past the JSON parser's recursion limit raised ``RecursionError`` and a
+    redirect to port 99999 ``ValueError``: ``reward.batched=true`` catches only
+    ``ReportedError``, so either ended the run with a traceback (probe, issue 53 v5)."""
+    with pytest.raises(ReportedError, match=message):
+        Client().post(url_of(server, path), {"x": 1}, timeout_s=1.0, deadline_s=2.5)
+    assert server.hits == [path]

@@ -242,3 +242,49 @@ def test_default_reward_is_the_tasks_grader():
     assert obj.reward.name == "math" and obj.reward.on_error == 0.0
     _, obj = load(["reward=python", f"reward.fn={Path('r.py')}:f", "+reward.weights.ok=2"])
     assert obj.reward.weights == {"ok": 2.0}
+
+
+HOSTILE_PLUGIN = """
+import gc, os, time
+from multiprocessing.connection import Connection
+
+class Score(float):  # a class only the plug-in's own module has
+    pass
+
+def own_class(prompt, response, row):
+    return Score(0.5) if response == "plain" else {"parts": Score(0.25)}
+
+def garbage(prompt, response, row):
+    if response == "garbage":  # a message on the answer pipe that is no answer
+        for o in gc.get_objects():
+            if isinstance(o, Connection):
+                os.write(o.fileno(), (8).to_bytes(4, "big") + b"\\x80\\x05junk!!")
+        time.sleep(0.5)
+    return 1.0
+"""
+
+
+def test_a_plugins_own_value_types_and_garbage_are_results_not_exceptions(tmp_path):
+    """Probe (issue 53 v5): the worker's answer was unpickled in ``sat``, so a float subclass
+    defined in the plug-in file raised ``ModuleNotFoundError: sat_reward_…`` out of ``score``
+    (the run ended with a traceback; ``pkg.module:function`` would have imported the plug-in into
+    ``sat``), and bytes written on the pipe raised ``UnpicklingError``. Answers are JSON now."""
+    path = tmp_path / "hostile.py"
+    path.write_text(HOSTILE_PLUGIN)
+    scorer = build_reward(settings(name="python", fn=f"{path}:own_class", workers=1), task=None)
+    try:
+        got = scorer.score(["p", "p"], ["plain", "parts"], [{}, {}])
+        assert got.values == [0.5, 0.25] and got.errors == [None, None]
+        assert got.components == [{}, {"parts": 0.25}]
+    finally:
+        scorer.close()
+    scorer = build_reward(settings(name="python", fn=f"{path}:garbage", workers=1), task=None)
+    try:
+        got = scorer.score(["p"] * 2, ["garbage", "ok"], [{}, {}])
+        assert got.values == [-1.0, 1.0]
+        assert got.errors[0] == (
+            "the reward process sent an unreadable answer (UnicodeDecodeError); it was stopped"
+        )
+        assert scorer.score(["p"], ["ok"], [{}]).values == [1.0]  # a fresh worker answers
+    finally:
+        scorer.close()

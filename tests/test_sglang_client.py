@@ -248,12 +248,11 @@ def test_health(model_dir, standin):
     assert not engine.health()  # closed
 
 
-def test_abort_inflight_fails_blocked_calls_at_once(standin):
-    # The watchdog's mechanism: a dead server is reported to calls blocked on a read.
-    standin.configure(delay_s=10.0)
-    client = SGLangClient(standin.url, retries=0)
+def _blocked_call(client):
+    """A ``/generate`` call on its own thread (not started) whose EngineError text is kept; the
+    client reports the watchdog's reason for an aborted call."""
     client.abort_reason = lambda: "SGLang server died; log: /x/sglang_0.log"
-    errors = []
+    errors: list[str] = []
 
     def call():
         try:
@@ -261,7 +260,14 @@ def test_abort_inflight_fails_blocked_calls_at_once(standin):
         except EngineError as e:
             errors.append(str(e))
 
-    thread = threading.Thread(target=call)
+    return threading.Thread(target=call), errors
+
+
+def test_abort_inflight_fails_blocked_calls_at_once(standin):
+    # The watchdog's mechanism: a dead server is reported to calls blocked on a read.
+    standin.configure(delay_s=10.0)
+    client = SGLangClient(standin.url, retries=0)
+    thread, errors = _blocked_call(client)
     t0 = time.monotonic()
     thread.start()
     time.sleep(0.3)
@@ -459,3 +465,47 @@ def test_a_flush_refused_for_a_request_not_yet_retired_is_retried(
         else:  # SGLang's tokenizer kept the old stamp; the engine reports the failure
             assert len(updates) == 1 and engine.served_versions() == [0]
     other.close()
+
+
+def test_abort_inflight_reaches_a_call_whose_answer_closes_the_connection():
+    """Probe (issue 53 v5): an answer with ``Connection: close`` (HTTP/1.0 servers, proxies)
+    makes http.client drop the connection's socket while the body is still read; the abort
+    must reach the socket itself. The body trickles a byte every 0.2 s (20 s in all); the
+    aborted call fails within a second or two, with the watchdog's reason."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Trickle(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for _ in range(100):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                pass  # the client gave up: that is the point
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = SGLangClient(f"http://127.0.0.1:{server.server_address[1]}", retries=0)
+    thread, errors = _blocked_call(client)
+    thread.start()
+    time.sleep(0.6)  # the headers have come; the body is being read
+    t0 = time.monotonic()
+    client.abort_inflight()
+    thread.join(timeout=25)
+    took = time.monotonic() - t0
+    client.close()
+    server.shutdown()
+    server.server_close()
+    assert errors == ["SGLang server died; log: /x/sglang_0.log"]
+    assert took < 3.0, took  # not the 20 s of the trickled body

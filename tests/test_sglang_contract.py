@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
-from sat_cli.engines.sglang.process import ManagedProcess
+from sat_cli.engines.managed_server import ManagedServer
 from sat_cli.engines.sglang.routes import MoEDims, decode_routed_experts, read_moe_dims
 from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
@@ -316,7 +316,7 @@ def test_server_defaults_pick_a_free_port_and_a_plain_python(tmp_path):
     assert "--enable-return-routed-experts" not in server.command
     assert "--weight-version" not in server.command
     with pytest.raises(ValueError, match="127.0.0.1"):  # an SGLang process binds only it
-        ManagedProcess(
+        ManagedServer(
             host="0.0.0.0",
             port=None,
             log_path=tmp_path / "s.log",

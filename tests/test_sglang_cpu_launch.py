@@ -67,6 +67,15 @@ def checksum_loaded():
     return (f"packed: {layer.weight.shape[0] == 64} reports the loaded: {sums['weight'] == loaded}"
             f"; changed, what it holds: {after == held != loaded}")
 
+def lora_pin():  # what SGLang's LoRA layers and torch backend do on the CPU
+    import torch
+    from sglang.srt.lora import layers
+    from sglang.srt.lora.backend import torch_backend
+    a = layers.torch.empty((3,), dtype=torch.int32, pin_memory=True)
+    b = torch_backend.torch.tensor([1, 2], dtype=torch.int32, pin_memory=True, device="cpu")
+    c = torch.zeros(2)
+    return f"allocated {tuple(a.shape)} {tuple(b.shape)}; pin_memory() is itself: {c.pin_memory() is c}"
+
 ARGV = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 
 def server_args():  # SGLang's own parser on the command sat builds
@@ -77,7 +86,8 @@ def server_args():  # SGLang's own parser on the command sat builds
     return {k: str(getattr(ns, k)) for k in (
         "model_path", "host", "port", "dtype", "device", "attention_backend", "tp_size",
         "max_total_tokens", "enable_return_routed_experts", "weight_version",
-        "disable_overlap_schedule", "sleep_on_idle")}
+        "disable_overlap_schedule", "sleep_on_idle", "enable_lora", "max_lora_rank",
+        "lora_target_modules", "max_loras_per_batch", "max_loaded_loras", "lora_backend")}
 
 def router_args():
     from sglang_router.launch_router import parse_router_args
@@ -93,7 +103,8 @@ for check in sys.argv[3].split(","):
         found = {"raised": f"{type(exc).__name__}: {exc}"}
     print("RESULT " + json.dumps({check: found}), flush=True)
 """
-ALL = ["torchvision", "state_capturer", "amx_pack", "checksum_loaded"]
+ALL = ["torchvision", "state_capturer", "amx_pack", "checksum_loaded", "lora_pin"]
+LORA_PINNED = "allocated (3,) (2,); pin_memory() is itself: True"
 # a packed weight reports the hash it was loaded with (packed through the name SGLang's layers
 # imported), and after a change in place the hash of what it holds, not the loaded one
 LOADED_AND_CHANGED = "packed: True reports the loaded: True; changed, what it holds: True"
@@ -129,12 +140,15 @@ def bare():
 
 def sat_commands(tmp: Path) -> dict[str, list[str]]:
     """The arguments sat's server and router commands pass to SGLang's own entry points."""
+    from sat_cli.engines.sglang.lora import server_lora_args
     from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
     from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
     from sat_cli.engines.sglang.settings import SGLangEngineSettings
 
     cpu = SGLangEngineSettings(device="cpu", dtype="bfloat16", max_total_tokens=4096)
-    server = SGLangServer(cpu, ServerRuntime("m", tmp / "s.log", "py", port=31000, r3=True))
+    lora = server_lora_args({"rank": 4, "target_modules": ["q_proj", "v_proj"]}, 3, "cpu")
+    at = ServerRuntime("m", tmp / "s.log", "py", port=31000, r3=True, lora_args=tuple(lora))
+    server = SGLangServer(cpu, at)
     urls = ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
     router = SGLangRouter(urls, ProcessLaunch(tmp / "r.log", "py", device="cpu", port=30999))
 
@@ -161,6 +175,7 @@ def test_every_patch_takes_effect(patched):
         "state_capturer": {"returned": "buffer (4, 2, 2) False"},
         "amx_pack": {"returned": "packs gate: False up: True"},
         "checksum_loaded": {"returned": LOADED_AND_CHANGED},
+        "lora_pin": {"returned": LORA_PINNED},
     }
 
 
@@ -194,6 +209,14 @@ def test_checksums_of_amx_packed_weights_are_the_loaded_ones_with_the_patch(bare
     assert patched["checksum_loaded"] == {"returned": LOADED_AND_CHANGED}
 
 
+@pytest.mark.slow  # the failure without the patch: two more SGLang imports (~40 s)
+def test_lora_layers_allocate_on_cpu_only_with_the_patch(bare, patched):
+    # without it the LoRA server dies at start in LoRAManager.init_lora_modules (docs/sglang.md
+    # "LoRA"); its end-to-end check: tests/test_sglang_lora.py
+    assert "requires a CUDA or other accelerator backend" in bare["lora_pin"]["raised"]
+    assert patched["lora_pin"] == {"returned": LORA_PINNED}
+
+
 def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):
     assert patched["server_args"] == {
         "returned": {
@@ -209,6 +232,12 @@ def test_sglangs_own_parsers_accept_the_commands_sat_builds(patched):
             "weight_version": "0",
             "disable_overlap_schedule": "True",
             "sleep_on_idle": "True",
+            "enable_lora": "True",
+            "max_lora_rank": "4",
+            "lora_target_modules": "['q_proj', 'v_proj']",
+            "max_loras_per_batch": "3",
+            "max_loaded_loras": "3",
+            "lora_backend": "torch_native",
         }
     }
     assert patched["router_args"] == {

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sat_cli.engines.base import EngineError, SamplingParams
+from sat_cli.engines.managed_server import ManagedServer
 from sat_cli.engines.sglang import SGLangEngine
-from sat_cli.engines.sglang.process import ManagedProcess
 from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime, SGLangRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
 from sat_cli.engines.sglang.settings import SGLangEngineSettings
@@ -233,7 +233,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-class _Script(ManagedProcess):
+class _Script(ManagedServer):
     name = "script server"
 
     def __init__(self, code: str, port: int, log_path: Path):

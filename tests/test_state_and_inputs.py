@@ -623,7 +623,7 @@ MEGATRON_MODELS = [
 
 @pytest.mark.parametrize("config, problem", MEGATRON_MODELS)
 def test_megatron_model_rules_at_compose_time(config, problem):
-    from sat_cli.config.compat import megatron_model_problem
+    from sat_cli.trainers.megatron.checks import megatron_model_problem
 
     got = megatron_model_problem(config)
     assert (got is None) if problem is None else re.search(problem, got), got
@@ -777,7 +777,7 @@ def test_resource_errors_are_one_line_exit_1(exc, pattern):
 
 
 def test_memory_error_in_a_command_is_one_line(capsys):
-    from sat_cli.cli_guard import guard as _guard
+    from sat_cli.cli.guard import guard as _guard
 
     def body():
         raise MemoryError()

@@ -138,3 +138,62 @@ def test_the_script_round_trip_and_its_refusals(tmp_path):
     ):
         r = _script(*bad, cwd=tmp_path)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_export_keeps_the_seeds_complete_in_the_arms_given(tmp_path):
+    """``--arms S8,L8`` (study v5's F1 after deviation 5): a seed is kept when both finished."""
+    rows = [_row("S8", "5000", 30.0), _row("L8", "5000", 28.0), _row("S8", "5001", 30.0)]
+    rows.append(_row("L8", "5001", 28.0, status="KILLED"))  # L8 of 5001 did not finish
+    rep = tmp_path / "report"
+    rep.mkdir()
+    (rep / "collapse.csv").write_text(rows_csv(rows))
+    (rep / "collapse_curves.csv").write_text(_curves(rows))
+    default = _script("export", "report", "parts", "f1", cwd=tmp_path)  # the study's four arms
+    assert default.returncode == 2 and "arm 'L8' is not one of the study's" in default.stderr
+    r = _script("export", "report", "parts", "f1", "--arms", "S8,L8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "part f1: 1 seeds (5000), 2 runs; left out (some arm not finished): 5001"
+    )
+    for bad in (
+        "",
+        "S8,S8",
+        "s8",
+        "S8,,L8",
+        "S8;L8",
+        "K0.50",
+        ",".join(f"A{i}" for i in range(17)),
+    ):
+        r = _script("export", "report", "parts", "x", "--arms", bad, cwd=tmp_path)
+        assert r.returncode == 2 and "--arms" in r.stderr and "Traceback" not in r.stderr, bad
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_arms_list_accepts_exactly_the_documented_names(seed):
+    """Fuzz: random strings over the characters that matter; the parser either returns the
+    comma-split names, each a capital then up to 7 letters or digits, distinct, 1 to 16 of them,
+    or refuses with argparse's error (exit 2), never anything else."""
+    import argparse
+    import importlib.util
+    import random
+    import re
+
+    spec = importlib.util.spec_from_file_location("study_parts_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = random.Random(seed)
+    alphabet = "SLB8K0.,; aZ\u00e9\x00-"
+    name = re.compile(r"[A-Z][A-Za-z0-9]{0,7}")
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        want = tuple(a.strip() for a in text.split(","))
+        ok = (
+            1 <= len(want) <= 16
+            and all(name.fullmatch(a) for a in want)
+            and len(set(want)) == len(want)
+        )
+        if ok:
+            assert mod.arms_list(text) == want
+        else:
+            with pytest.raises(argparse.ArgumentTypeError):
+                mod.arms_list(text)

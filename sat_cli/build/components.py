@@ -19,12 +19,14 @@ def build_engine(obj, path: str, logs: Path, *, r3: bool, placer=None):
     e, lag, plan = obj.engine, obj.lag, device_plan(obj)  # the GPUs each process gets
     inflight = (lag.inflight_updates, lag.inflight_cache)
     rt = EngineRuntime(path, logs, obj.seed, r3, *inflight, placer=placer, devices=plan)
-    if obj.trainer.lora.on:  # one adapter per version a batch can still be sampled from
+    lora = obj.trainer.lora
+    if lora.on and lora.sync == "adapter":  # one adapter per version a batch can sample from
         from dataclasses import replace
 
         from sat_cli.config.additions import ledger_versions
 
-        rt = replace(rt, adapters_kept=ledger_versions(True, lag.n, lag.profile) - 1)
+        kept = ledger_versions(True, lag.n, lag.profile) - 1
+        rt = replace(rt, adapters_kept=kept, lora=lora.as_dict())
     return ENGINES.of(e).build(e, rt)
 
 
@@ -36,6 +38,7 @@ def build_trainer(obj, path: str, run_dir: Path, placer=None):
     options = {k: getattr(a, k) for k in own}  # the step keywords from outside trainer.*
     ledger = ledger_versions(a.ledger, obj.lag.n, obj.lag.profile)
     options.update(temperature=obj.task.temperature, r3=obj.r3, seed=obj.seed, ledger_keep=ledger)
+    options["portable_numerics"] = obj.run.portable_numerics
     from sat_cli.config.devices import device_plan
 
     loss, plan = loss_config(obj), device_plan(obj)  # the GPUs each process gets

@@ -9,6 +9,7 @@ from pathlib import Path
 from sat_cli.models import hub
 from sat_cli.models.weights_check import check_hf_dir
 from sat_cli.rewards.grading import logging_samples, plugin_grader
+from sat_cli.tasks.registry import eval_source
 
 
 def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
@@ -39,7 +40,7 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
     kw.update(target_accuracy=ws.target_accuracy, model_overrides=overrides)
     settings = WarmStartSettings(digits=obj.task.digits, heldout_size=ws.eval_size, **kw)
     cache = Path(obj.run.dir) / "cache"
-    if obj.task.kind != "toy":  # a user's file: the toy warm start, then SFT on its rows
+    if obj.task.is_data:  # a user's file: the toy warm start, then SFT on its rows
         from sat_cli.build.task_warmstart import tiny_task_warm_start
 
         return str(tiny_task_warm_start(obj, cache, overrides, log=log))
@@ -47,16 +48,13 @@ def model_path(obj, log=print, *, use_shipped: bool = True) -> str:
 
 
 def build_task(obj):
-    """The training task: the toy generator, or a prompt set graded by the math grader."""
+    """The training task: the toy generator, or a prompt set graded by the math grader (its
+    ``task.kind``'s entry, ``tasks/registry.TASK_SOURCES``)."""
+    from sat_cli.tasks.registry import TASK_SOURCES
+
     t = obj.task
-    if t.kind == "toy":  # the problems' seed is 0 whatever the run's
-        from sat_cli.tasks.toy import ToyTask
-
-        return ToyTask(digits=t.digits, seed=0, heldout_size=t.heldout_size, template=t.template)
-    from sat_cli.tasks.dataset import DatasetTask
-
-    heldout = obj.eval.benchmark == "heldout"  # its own held-out rows, split off training
-    return DatasetTask.from_config(t, data_dir=obj.data.dir, seed=obj.seed, heldout=heldout)
+    heldout = eval_source(obj.eval.benchmark).splits_task  # eval=heldout: its rows, split off
+    return TASK_SOURCES.get(t.kind).build(t, obj.data.dir, obj.seed, heldout)
 
 
 def loss_config(obj):
@@ -100,17 +98,19 @@ def eval_problems(obj, task, limit=_CONFIGURED) -> tuple[list, object, str]:
     ``limit``: problems to keep (default ``eval.limit``; ``None``: all)."""
     e = obj.eval
     limit = e.limit if limit is _CONFIGURED else limit
-    if e.benchmark in ("toy", "heldout"):  # the training task's own held-out problems
+    source = eval_source(e.benchmark)
+    if source.own:  # the training task's own held-out problems
         problems = task.heldout()
         grader = lambda resp, gold: task.reward(resp, gold) > 0  # noqa: E731
-        template = obj.task.template if e.benchmark == "toy" else e.template
+        template = obj.task.template if source.task_template else e.template
     else:
         import functools
 
         from sat_cli.tasks.reward import grade
         from sat_cli.tasks.sources import benchmark_rows
 
-        problems = benchmark_rows(e.benchmark, e.path, obj.task.fields, obj.data.dir, limit)
+        path = e.path if source.user_file else None
+        problems = benchmark_rows(e.benchmark, path, obj.task.fields, obj.data.dir, limit)
         grader, template = functools.partial(grade, timeout_s=e.grader_timeout_s), e.template
     grader = plugin_grader(obj.reward, task, grader)  # a plugin decides what counts as correct
     if limit:

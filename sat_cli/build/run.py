@@ -19,7 +19,11 @@ def lag_policy(obj):
         return LagPolicy(obj.lag.n, obj.lag.mode)
     profile = parse_profile(obj.lag.profile)  # checked when the config was composed
     cells = obj.task.prompts_per_step * obj.task.samples_per_prompt
-    return LagPolicy(profile.max_lag, "fixed", profile=profile, seed=obj.seed, cells=cells)
+    env = getattr(obj, "env", None)  # an environment: one draw per turn's generation call
+    turns = env.max_turns if env is not None and env.name != "none" else 1
+    return LagPolicy(
+        profile.max_lag, "fixed", profile=profile, seed=obj.seed, cells=cells, turns=turns
+    )
 
 
 def loop_settings(obj, run_dir: Path, tokenizer):

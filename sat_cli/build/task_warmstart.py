@@ -107,9 +107,12 @@ def sft_split(obj, tokenizer):
     Every row (held-out ones too) is checked against the tokenizer's characters first."""
     from sat_cli.tasks.dataset import DatasetTask, split_heldout
     from sat_cli.tasks.prompts import ChatTemplateMissing
+    from sat_cli.tasks.registry import TASK_SOURCES, eval_source
 
-    heldout = obj.eval.benchmark == "heldout"
-    task = DatasetTask.from_config(obj.task, data_dir=obj.data.dir, seed=SEED, heldout=heldout)
+    heldout = eval_source(obj.eval.benchmark).splits_task
+    task = DatasetTask.from_config(
+        obj.task, TASK_SOURCES.get(obj.task.kind), data_dir=obj.data.dir, seed=SEED, heldout=heldout
+    )
     task.tokenizer = tokenizer
     try:
         check_charset(tokenizer, task.rows, task.render, str(obj.task.path))

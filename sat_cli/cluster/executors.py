@@ -53,6 +53,9 @@ class RayJob:
         self._ex = executor
         self._code: int | None = None
 
+    def record(self) -> dict:
+        return {}  # its record in sweep_state.json: the executor's name and job_id alone
+
     def poll(self) -> int | None:
         if self._code is not None:
             return self._code

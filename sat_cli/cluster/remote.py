@@ -5,7 +5,7 @@
   ``pids_alive``, ``close``, ``launcher_pid``); ``MegatronTrainer`` drives trainer node 0
   through it exactly as through a local torchrun.
 - :class:`RemoteServer` has the interface of
-  :class:`~sat_cli.engines.sglang.process.ManagedProcess` that the engine's ``Supervisor`` uses
+  :class:`~sat_cli.engines.managed_server.ManagedServer` that the engine's ``Supervisor`` uses
   (``start``, ``wait_ready``, ``stop``, ``alive``, ``returncode``, ``failure_message``, ``url``,
   ``pid``); the supervisor and the engine work unchanged. Its ``returncode`` is what the health
   monitor last heard (no Ray call per check); a lost node reads as a dead server whose message

@@ -51,6 +51,9 @@ class SlurmJob:
         self.job_id = str(job.job_id)
         self._code: int | None = None
 
+    def record(self) -> dict:
+        return {}  # its record in sweep_state.json: the executor's name and job_id alone
+
     def poll(self) -> int | None:
         if self._code is None and not self._waiting():
             self._code = self._result()

@@ -72,7 +72,10 @@ def adapter_dir(obj) -> Path | None:
     ck = Path(obj.ckpt)
     for cand in (ck / "trainer" / "adapter", ck):
         if (cand / "adapter_config.json").is_file():
-            if not getattr(type(obj.engine), "LORA_ADAPTERS", False):
+            # LORA_EVAL: whether sat eval's engine loads adapters (engine=sglang's servers get
+            # the LoRA flags of trainer.lora in sat train only)
+            kind = type(obj.engine)
+            if not getattr(kind, "LORA_EVAL", getattr(kind, "LORA_ADAPTERS", False)):
                 raise UserError(
                     f"ckpt={obj.ckpt!r} is a LoRA adapter: engine={obj.engine.name} does not "
                     "load adapters; use engine=local"
@@ -97,16 +100,9 @@ def _own_folder(base: Path) -> Path:
 
 def _data_file(obj) -> str | None:
     """The JSONL file a benchmark name resolves to (data directory, else the shipped copy)."""
-    from sat_cli.tasks.datafiles import BENCHMARK_FILES, benchmark_file
+    from sat_cli.tasks.registry import eval_source
 
-    e = obj.eval
-    if e.benchmark == "jsonl":
-        return e.path
-    if e.benchmark == "heldout":
-        return obj.task.heldout_path or obj.task.path
-    if e.benchmark in BENCHMARK_FILES:
-        return str(benchmark_file(e.benchmark, obj.data.dir))
-    return None
+    return eval_source(obj.eval.benchmark).data_file(obj.eval, obj.task, obj.data.dir)
 
 
 def _max_new_tokens(e, path: str, log=print) -> int:
@@ -145,12 +141,13 @@ class Evaluator:
         from sat_cli.build.parts import build_task, eval_problems
         from sat_cli.commands import preflight
         from sat_cli.commands.common import check_devices
+        from sat_cli.tasks.registry import eval_source
         from sat_cli.tracking import flatten_config
 
         self.obj, self.log, e = obj, log, obj.eval
         preflight.check_address_space("eval")  # ulimit -v too low: one clear line, nothing written
         check_devices(obj, trainer=False)
-        self.task = build_task(obj) if e.benchmark in ("toy", "heldout") else None
+        self.task = build_task(obj) if eval_source(e.benchmark).own else None
         self.spec = eval_problems(obj, self.task)
         self.data_file = _data_file(obj)
         self.path = model_dir(obj)
@@ -200,6 +197,9 @@ class Evaluator:
             finally:
                 getattr(self.spec[1], "close", lambda: None)()  # a reward plugin's workers
                 end_run(tracker, status, run_root)
+                from sat_cli.tracking.secret_logs import scrub_logs
+
+                scrub_logs(out / "logs")  # the engine is closed: its logs, secrets masked
         return self._outcome(res)
 
     def _evaluate(self, tracker) -> EvalResult:

@@ -55,6 +55,7 @@ class EnvEvaluator(Evaluator):
         self.path = model_dir(obj)
         self.tokenizer = preflight.load_tokenizer(self.path)
         preflight.check_engine_architecture(obj.engine, self.path)
+        preflight.check_env_context(env, self.path)  # a trajectory fits the model's positions
         self.base = Path(obj.run.dir) / "eval" / f"{e.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         preflight.check_output_dir(self.base, "evaluation folder")
         self.max_new_tokens = e.max_new_tokens
@@ -111,7 +112,9 @@ class EnvEvaluator(Evaluator):
         out, e = self.out, self.obj.eval
         head = {"name": e.name, "n": e.n, "complete": res.complete, "error": res.error}
         files = {"summary.json": {**head, **res.summary}, "rows.json": res.rows}
-        files["samples.json"] = res.samples
+        from sat_cli.tracking.params import mask_known_in
+
+        files["samples.json"] = mask_known_in(res.samples)  # one secret policy (samples tables)
         try:
             for fname, data in files.items():
                 atomic_write_json(out / fname, data)
@@ -133,4 +136,6 @@ class EnvEvaluator(Evaluator):
 def run_any_eval(cfg, obj) -> None:
     """`sat eval NAME`: :class:`EnvEvaluator` for an environment's name, else ``Evaluator``."""
     cls = EnvEvaluator if is_env_benchmark(obj.eval.benchmark) else Evaluator
-    cls(cfg, obj, log=lambda s: print(s, flush=True)).run()
+    from sat_cli.tracking.params import masked_print
+
+    cls(cfg, obj, log=lambda s: masked_print(s, flush=True)).run()  # the secret policy

@@ -46,9 +46,12 @@ def _device_lines(obj, plan) -> list[str]:
         head = f"GPUs      {rollout} rollout + {train} training, {share}: {need}"
     note = [f"          {obj.trainer.GPU_NOTE}"] if obj.trainer.GPU_NOTE and train else []
     if not plan.placed:  # what a `sat sweep --executor slurm|ray` job of it asks for
+        from sat_cli.config.needs import job_needs
+
         needed = plan.needed()
         note.append(
-            f"requests  a sweep job (--executor slurm|ray): 1 node, {needed.get(0, 0)} GPU(s)"
+            f"requests  a sweep job (--executor slurm|ray): 1 node, {needed.get(0, 0)} GPU(s), "
+            f"{job_needs(obj, plan).text()}"
             if len(needed) <= 1
             else f"requests  {len(needed)} nodes: under SLURM through Ray, scripts/ray_in_slurm.sh"
         )
@@ -86,7 +89,9 @@ def plan_text(obj, gpus_per_node: int | None = None) -> str:
 
         lines.append(placement_text(obj.launcher, launcher_runtime(obj)))
     lines += memory_lines(obj, arch, plan)
-    return "\n".join(lines) + "\n"
+    from sat_cli.tracking.params import redact_text
+
+    return redact_text("\n".join(lines) + "\n")  # a URL's password, a key in a path: masked
 
 
 SGLANG_FRACTION = 0.85  # what the plan assumes when engine.mem_fraction_static is unset
@@ -218,15 +223,8 @@ def memory_lines(obj, arch, plan) -> list[str]:
         for role, settings in (("engine", obj.engine), ("trainer", obj.trainer)):
             if type(settings) not in models:
                 lines.append(f"  {role} {settings.name}: no memory model for this option")
-    from sat_cli.trainers.megatron.settings import MegatronTrainerSettings
-
-    if isinstance(t, MegatronTrainerSettings):
-        from sat_cli.trainers.megatron.layout import Layout, unimplemented
-        from sat_cli.trainers.megatron.plan import not_yet_message
-
-        missing = unimplemented(Layout.of(t))
-        if missing:
-            lines += ["", not_yet_message(missing, plan=True)]
+    if why := t.not_yet(plan=True):  # settings the chosen trainer cannot run yet
+        lines += ["", why]
     return lines
 
 

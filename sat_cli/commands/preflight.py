@@ -268,6 +268,29 @@ def check_token_budget(task, tokenizer, budget: int | None, max_new_tokens: int)
         )
 
 
+def check_env_context(env, path: str, budget: int | None = None) -> None:
+    """**Bounded trajectories** (``env=<name>``): a trajectory (prompt, turns and observations)
+    never grows past ``env.max_tokens`` (the driver ends it ``length`` first), so that bound
+    must fit the model's context (``max_position_embeddings``) and the trainer's token budget
+    (``budget``), or ``UserError``: the run is refused before anything starts."""
+    if env is None or env.name == "none":
+        return
+    limit = context_length(path)
+    n = env.max_tokens
+    if limit is not None and n > limit:
+        raise UserError(
+            f"env.max_tokens={n} is over the model's context of {limit} tokens: a trajectory "
+            f"(prompt, turns and observations) could grow past the model's positions; set "
+            f"env.max_tokens={limit} or lower"
+        )
+    if budget is not None and n > budget:
+        raise UserError(
+            f"env.max_tokens={n} is over the trainer's token budget of {budget} "
+            "(trainer.max_tokens_per_row / max_tokens_per_micro_batch): a trajectory could not "
+            f"be trained; set env.max_tokens={budget} or lower"
+        )
+
+
 def check_eval_lengths(problems, template: str, tokenizer, path: str, log=print) -> frozenset:
     """Indices of the evaluation problems too long for the model's context (see the module
     docstring: they are scored as wrong, not generated); refuses when every problem is."""

@@ -50,17 +50,35 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def masked_keys(recorded: list[str]) -> list[str]:
+    """The keys of the recorded overrides whose value the recording masked (a secret: a
+    recording keeps none; the replay is given each again)."""
+    from sat_cli.tracking.params import REDACTED
+
+    return [_key(ov) for ov in recorded if REDACTED in ov.partition("=")[2]]
+
+
 def replay_overrides(recorded: list[str], given: list[str], name: str, tags=()) -> list[str]:
-    """The overrides of the replay: the recording's (less its run name), then the given ones,
-    then ``tags`` (the MLflow tags naming the recorded run)."""
+    """The overrides of the replay: the recording's (less its run name and its masked secrets),
+    then the given ones (each masked secret given again), then ``tags`` (the MLflow tags naming
+    the recorded run)."""
+    secrets = masked_keys(recorded)
     for ov in given:
         key = _key(ov)
-        if "=" not in ov or not any(key == a or key.startswith(a + ".") for a in ALLOWED):
+        if "=" not in ov or not (
+            key in secrets or any(key == a or key.startswith(a + ".") for a in ALLOWED)
+        ):
             raise UserError(
                 f"sat replay: {ov!r} would change the recorded data; a replay takes only "
                 f"{', '.join(a + '…' for a in ALLOWED)} (the rest comes from the recording)"
             )
-    kept = [ov for ov in recorded if not any(_key(ov) == d for d in DROPPED)]
+    missing = [k for k in secrets if not any(_key(ov) == k for ov in given)]
+    if missing:
+        raise UserError(
+            f"sat replay: the recording keeps no secrets; give {', '.join(missing)} again "
+            f"(sat replay RUN {' '.join(k + '=…' for k in missing)})"
+        )
+    kept = [ov for ov in recorded if not any(_key(ov) == d for d in (*DROPPED, *secrets))]
     named = [] if any(_key(ov) == "run.name" for ov in given) else [f"run.name={name}"]
     return [*kept, *given, "replay.record=false", *named, *tags]
 
@@ -75,8 +93,12 @@ def _differences(a, b, prefix: str = "") -> list[str]:
 
 
 def check_match(recorded: dict, composed: dict, steps: int, recorded_steps: int) -> None:
-    """Refuse a replay whose data-making settings differ from the recording's."""
-    diff = [d for k in DATA_KEYS for d in _differences(recorded.get(k), composed.get(k), k)]
+    """Refuse a replay whose data-making settings differ from the recording's (both masked as
+    a recording stores its config: secrets are given again, not compared)."""
+    from sat_cli.tracking.params import redact_config
+
+    recorded, masked = redact_config(recorded), redact_config(composed)
+    diff = [d for k in DATA_KEYS for d in _differences(recorded.get(k), masked.get(k), k)]
     rt, ct = recorded.get("trainer", {}), composed.get("trainer", {})
     diff += [f"trainer.{k}" for k in ("name", "lr", "dtype") if rt.get(k) != ct.get(k)]
     if diff:

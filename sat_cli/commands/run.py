@@ -21,7 +21,10 @@ from sat_cli.tracking.environment import engine_params
 
 if TYPE_CHECKING:
     from sat_cli.checkpoints.loop_state import LoopState
+    from sat_cli.config.schema import SatConfig
     from sat_cli.loop.parts import RunParts
+    from sat_cli.replay.store import Recording
+    from sat_cli.tasks.base import Task, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,19 @@ class RunInputs:
     prompts dropped as too long, the log, the command's overrides (a recording's header) and
     the recording it replays (`sat replay`; None: the engine generates)."""
 
-    obj: Any
-    config: dict
+    obj: SatConfig
+    config: dict[str, Any]  # plain JSON values: what MLflow and the resume check compare
     config_yaml: str
     run_dir: Path
     resuming: bool
     model: str
-    tokenizer: Any
-    task: Any
+    tokenizer: Tokenizer
+    task: Task
     evals: EvalSpecs
     dropped: int
     log: Callable[[str], None]
     overrides: tuple[str, ...] = ()
-    replay: Any = None
+    replay: Recording | None = None
 
 
 class RunSession:
@@ -106,6 +109,7 @@ def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> 
     connected, processes placed), the tracker (``resumed``: the checkpoint's state, which names
     the MLflow run), the trainer, the engine (not for a replay without evaluations), the stream
     (replay, recording or the engine's), the evaluators, the reward's scorer and the progress."""
+    from sat_cli.engines.verification import require_verification
     from sat_cli.loop.parts import RunParts
     from sat_cli.loop.progress import Progress
     from sat_cli.rewards import build_reward
@@ -128,6 +132,7 @@ def assemble(run: RunInputs, resumed: LoopState | None, session: RunSession) -> 
         engine = loading(model, lambda: build_engine(obj, model, logs, r3=obj.r3, placer=launcher))
         session.open(engine)
         check_support(obj.engine, engine)  # distributed: can this engine take it (exit 2)
+        require_verification(engine, obj.engine.name, obj.engine.verify_weights, log)
     write_pids(logs, engine)
     # the engine worker's own numeric paths (sat_cli/tracking/environment.py)
     tracker.set_tags(engine_params(getattr(engine, "numerics", {})))
@@ -154,11 +159,12 @@ def _stream(run: RunInputs, config: dict, run_id: str | None):
     if not run.obj.replay.record:
         return LiveStream()
     from sat_cli.replay.store import StreamWriter
+    from sat_cli.tracking.params import redact_config, redact_text
 
     t = run.obj.task
-    header = {
-        "overrides": list(run.overrides),
-        "config": config,
+    header = {  # no secret in a recording: `sat replay` asks for each masked value again
+        "overrides": [redact_text(ov) for ov in run.overrides],
+        "config": redact_config(config),
         "mlflow_run_id": run_id,
         "run": run.run_dir.name,
     }

@@ -62,10 +62,17 @@ def holder_alive(rec: dict) -> bool:
 
 
 def _describe(rec: dict) -> str:
-    cmd = " ".join(rec.get("argv") or [])[:200]
-    return f"pid {rec.get('pid')} on {rec.get('host', '?')} since {rec.get('since', '?')}" + (
+    """The holder as messages name it: the record is another process's file (a folder may be
+    shared), so its text is escaped and masked (``remote_text``, ``redact_text``)."""
+    from sat_cli.tracking.params import redact_text
+    from sat_cli.tracking.remote_text import escape_controls
+
+    argv = rec.get("argv")
+    cmd = " ".join(str(a) for a in argv)[:200] if isinstance(argv, list) else ""
+    text = f"pid {rec.get('pid')} on {rec.get('host', '?')} since {rec.get('since', '?')}" + (
         f" ({cmd})" if cmd else ""
     )
+    return escape_controls(redact_text(text))
 
 
 def live_holder(run_dir: Path) -> dict | None:
@@ -155,11 +162,13 @@ class RunLock:
         raise RunLocked(f"cannot take the lock {self.path}: it keeps changing")
 
     def _write(self) -> None:
+        from sat_cli.tracking.params import redact_text
+
         rec = {
             "pid": os.getpid(),
             "start": _start_time(os.getpid()),
             "host": socket.gethostname(),
-            "argv": ["sat", *sys.argv[1:]],
+            "argv": ["sat", *(redact_text(a) for a in sys.argv[1:])],  # masked: on disk, 0644
             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         data = json.dumps(rec).encode()

@@ -137,7 +137,9 @@ def _checked_inputs(cfg, obj, overrides: tuple[str, ...], replay) -> RunInputs:
     preflight.check_address_space("train")  # ulimit -v too low: one clear line, nothing written
     check_devices(obj)
     run_dir, resuming = resolve_run_dir(obj)
-    log = print
+    from sat_cli.tracking.params import masked_print
+
+    log = masked_print  # the run's lines through the secret policy
     preflight.check_run_folder(run_dir)
     if obj.tracking.uri:  # a store sqlite cannot open: refused before anything is written
         from sat_cli.tracking.store import check_sqlite_path
@@ -153,11 +155,9 @@ def _checked_inputs(cfg, obj, overrides: tuple[str, ...], replay) -> RunInputs:
     tokenizer = preflight.load_tokenizer(path)
     preflight.check_task_inputs(obj, task, tokenizer, path)  # chat template, SGLang, reward.fn
     dropped = preflight.check_prompt_lengths(task, tokenizer, path, log)
-    t = obj.trainer
-    budget = min(
-        (b for b in (t.max_tokens_per_row, t.max_tokens_per_micro_batch) if b), default=None
-    )
+    budget = obj.trainer.token_budget()  # the trainer's: its rows and micro-batches
     preflight.check_token_budget(task, tokenizer, budget, obj.task.max_new_tokens)
+    preflight.check_env_context(getattr(obj, "env", None), path, budget)  # trajectories fit
 
     def overlong(s):  # evaluation problems too long for the context: scored wrong, not sampled
         return None if s is None else preflight.check_eval_lengths(s[0], s[2], tokenizer, path, log)
@@ -215,20 +215,26 @@ def _run(run: RunInputs):
     from sat_cli.loop.train import TrainLoop
 
     obj, log = run.obj, run.log
+    from sat_cli.tracking.secret_logs import scrub_logs
+
     with RunLock(run.run_dir, log):  # nothing in the run folder is written before this point
-        ckpt, resumed = _resume_point(run)
-        _prepare_folder(run, ckpt)
-        with RunSession(Path(obj.run.dir), log) as session:
-            parts = assemble(run, resumed, session)
-            settings = loop_settings(obj, run.run_dir, run.tokenizer)
-            loop = session.loop = TrainLoop(settings, parts)
-            t0 = time.perf_counter()
-            try:
-                state = loop.run(ckpt)
-            finally:
-                parts.progress.close()
-            _summary(obj, run.run_dir, state, parts.tracker, time.perf_counter() - t0, log)
-            return state
+        scrub_logs(run.run_dir / "logs")  # what a killed run's processes left unmasked
+        try:
+            ckpt, resumed = _resume_point(run)
+            _prepare_folder(run, ckpt)
+            with RunSession(Path(obj.run.dir), log) as session:
+                parts = assemble(run, resumed, session)
+                settings = loop_settings(obj, run.run_dir, run.tokenizer)
+                loop = session.loop = TrainLoop(settings, parts)
+                t0 = time.perf_counter()
+                try:
+                    state = loop.run(ckpt)
+                finally:
+                    parts.progress.close()
+                _summary(obj, run.run_dir, state, parts.tracker, time.perf_counter() - t0, log)
+                return state
+        finally:  # the processes are closed: their logs through the secret policy
+            scrub_logs(run.run_dir / "logs")
 
 
 def _prepare_folder(run: RunInputs, ckpt) -> None:

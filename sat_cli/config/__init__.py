@@ -195,9 +195,12 @@ def _heldout_by_default(cfg, overrides: list[str]) -> bool:
     """True when no evaluation was chosen (``eval`` is the default ``toy``, no ``eval=`` override)
     and the task is a data task (``task.kind`` other than ``toy``, or ``task.path`` set): its
     evaluation is then ``eval=heldout``, the task's own held-out split."""
+    from sat_cli.tasks.registry import TASK_SOURCES, eval_source
+
     named = any(re.match(r"[+~]*eval(=|$)", ov.strip()) for ov in overrides)
-    data_task = cfg.task.kind != "toy" or cfg.task.get("path") is not None
-    return not named and data_task and cfg.eval.benchmark == "toy"
+    source = TASK_SOURCES.find(cfg.task.kind)  # an unknown kind is refused later
+    data_task = source is None or source.data or cfg.task.get("path") is not None
+    return not named and data_task and eval_source(cfg.eval.benchmark).generator
 
 
 def compose(overrides: list[str] | None = None):
@@ -238,6 +241,9 @@ def compose(overrides: list[str] | None = None):
     container = OmegaConf.to_container(cfg, resolve=True)
     check_finite(container)  # one rule for every number
     check_durations(container)  # and one for every duration
+    from sat_cli.tracking.params import remember_secrets
+
+    remember_secrets(container)  # masked wherever they appear (one secret policy)
     return cfg
 
 

@@ -5,7 +5,7 @@ trajectory of (``sat_cli.envs.trajectory``), rewarded by the environment."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sat_cli.validate import ConfigError, check_choice, check_range
 
@@ -43,12 +43,21 @@ class EnvConfig:
         check_choice("env.partial", self.partial, PARTIAL_MODES)
         check_choice("env.parser", self.parser, tuple(sorted(PARSERS)))
         check_choice("env.sandbox", self.sandbox, SANDBOX_MODES)
+        if self.name == NONE:  # no environment: its settings would be ignored
+            for f in fields(self):
+                if f.name != "name" and getattr(self, f.name) != f.default:
+                    raise ConfigError(
+                        f"env.{f.name} is a setting of a multi-turn environment "
+                        f"(env={' or env='.join(sorted(ENVIRONMENTS.names()))}); with env={NONE} "
+                        "it would be ignored"
+                    )
 
 
 def check_env(c) -> None:
     """The rules between ``env`` and other sections (``c``: a ``SatConfig``)."""
-    if c.env.name != NONE and c.lag.profile is not None:
+    if c.env.name != NONE and c.lag.profile is not None and c.env.partial == "abort":
         raise ConfigError(
-            f"env={c.env.name} cannot be combined with lag.profile (a profile draws each "
-            "sample's version in advance; a trajectory's turns are generated one by one)"
+            "env.partial=abort cannot be combined with lag.profile: the profile draws a "
+            "version for every turn, so a trajectory whose turns differ would be run again "
+            "until it is dropped; use env.partial=resume (docs/lag-profiles.md)"
         )

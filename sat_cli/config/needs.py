@@ -123,10 +123,11 @@ def job_needs(obj, plan=None) -> JobNeeds:
         else:  # the local trainer, in sat train's process
             bytes_ = LOCAL_TRAINER_BYTES if not p.gpus else 4  # its weights stay fp32
             mem["trainer state"] += weights * bytes_ / 1e9
-    reward = obj.reward
-    if reward.name == "python":
-        processes += reward.workers
-        cpus["reward workers"] = reward.workers
+    from sat_cli.rewards.registry import REWARDS
+
+    if workers := REWARDS.get(obj.reward.name).processes(obj.reward):
+        processes += workers
+        cpus["reward workers"] = workers
     mem["processes"] = PROCESS_GB * processes
     total_gb = sum(mem.values()) * MARGIN
     return JobNeeds(

@@ -5,13 +5,26 @@ handled."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from sat_cli.validate import ConfigError, check_choice, check_range
 
 MAX_TIMEOUT_S = 3600.0
 MAX_WORKERS = 64
 MIN_MEMORY_MB, MAX_MEMORY_MB = 128, 1 << 20
+# the settings only some rewards read: the others ignore them (math, exact and regex return
+# one number: no components to weigh, nothing to call, batch or time)
+USED_BY = {
+    "fn": ("python",),
+    "pattern": ("regex",),
+    "url": ("http",),
+    "batched": ("python", "http"),
+    "weights": ("python", "http"),
+    "timeout_s": ("python", "http"),
+    "workers": ("python", "http"),
+    "deadline_s": ("http",),
+    "memory_mb": ("python",),
+}
 
 
 @dataclass
@@ -63,24 +76,12 @@ class RewardConfig:
                     f"reward.weights: {key!r} is a built-in metric's name (reward/{key}); "
                     "name the component otherwise"
                 )
-        need = {"python": "fn", "http": "url", "regex": "pattern"}.get(self.name)
-        if need and not getattr(self, need):
-            raise ConfigError(f"reward={self.name} needs reward.{need}")
-        if self.name == "python" and not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", self.fn):
-            raise ConfigError(
-                f"reward.fn={self.fn!r}: expected pkg.module:function or path/to/file.py:function"
-            )
-        if self.name == "http" and not re.match(r"https?://[^/\s]+", self.url):
-            raise ConfigError(f"reward.url={self.url!r}: expected http://host:port/path")
-        if self.name == "regex":
-            try:
-                compiled = re.compile(self.pattern)
-            except re.error as exc:
+        for f in fields(self):
+            users = USED_BY.get(f.name, (self.name,))
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            if self.name not in users and getattr(self, f.name) != default:
                 raise ConfigError(
-                    f"reward.pattern={self.pattern!r} is not a regex: {exc}"
-                ) from None
-            if compiled.groups > 1:
-                raise ConfigError(
-                    f"reward.pattern={self.pattern!r} has {compiled.groups} groups; at most one "
-                    "(the answer)"
+                    f"reward.{f.name} is a setting of reward={' or reward='.join(users)}; "
+                    f"with reward={self.name} it would be ignored"
                 )
+        REWARDS.get(self.name).validate(self)  # the chosen reward's own rules

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from sat_cli.cluster.settings import LauncherSettings  # where processes go
 from sat_cli.config.additions import check_loss_additions  # STR, score centering
-from sat_cli.config.compat import check_compat, check_layout  # rules across sections
+from sat_cli.config.budgets import check_budgets
+from sat_cli.config.compat import check_compat  # rules across sections
 from sat_cli.config.devices import check_device_plan  # GPU ids per process, Ray's requests
 from sat_cli.config.dynamic import DynamicSamplingConfig  # DAPO's dynamic sampling
 from sat_cli.config.env import EnvConfig, check_env  # multi-turn rollouts (env=none: off)
@@ -259,8 +260,10 @@ class EvalConfig:
             check_range("eval.limit", self.limit, 1)
         check_range("eval.batch_size", self.batch_size, 1)
         check_range("eval.grader_timeout_s", self.grader_timeout_s, 0, lo_open=True)
-        if self.benchmark == "jsonl" and not self.path:
-            raise ConfigError("eval=jsonl needs eval.path=<file.jsonl>")
+        from sat_cli.tasks.registry import eval_source
+
+        if eval_source(self.benchmark).user_file and not self.path:
+            raise ConfigError(f"eval={self.benchmark} needs eval.path=<file.jsonl>")
 
 
 @dataclass
@@ -372,12 +375,12 @@ class SatConfig:
         check_range("seed", self.seed, 0, MAX_SEED)
         if self.r3 and self.model.num_experts <= 1:
             raise ConfigError("r3=true needs a Mixture-of-Experts model")
-        check_layout(self)  # trainer=megatron: layout rules and memory estimate (`sat plan`)
-        for component in components(self):  # each option's own rules across sections
+        for component in components(self):  # each option's own rules (trainer=megatron: layout)
             component.check(self)
         check_device_plan(self)  # GPU ids per process, Ray's GPU requests (config/devices.py)
         check_compat(self)  # model × task × trainer × engine rules (sat_cli/config/compat.py)
         check_token_budgets(self.trainer, self.task.max_new_tokens)  # trainers/settings.py
+        check_budgets(self)  # token and memory budgets across sections (config/budgets.py)
         t = self.trainer  # null lr_decay_steps: the run's optimizer steps (trainers/lr_schedule)
         if t.lr_decay_steps is None and t.lr_schedule != "constant":
             t.lr_decay_steps = self.max_steps * self.algo.num_minibatches

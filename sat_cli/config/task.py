@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 
 from sat_cli.validate import ConfigError, check_choice, check_range
 
-TASK_KINDS = ("toy", "file", "jsonl", "dapo_math", "gsm8k")
-
 
 @dataclass
 class FieldsConfig:
@@ -72,9 +70,12 @@ class TaskConfig:
     system_prompt: str | None = None
 
     def __post_init__(self) -> None:
-        if self.path is not None and self.kind == "toy":
-            self.kind = "file"  # a user's file: the data task of that file
-        check_choice("task.kind", self.kind, TASK_KINDS)
+        from sat_cli.tasks.registry import TASK_SOURCES
+
+        check_choice("task.kind", self.kind, tuple(TASK_SOURCES.names()))
+        if self.path is not None and TASK_SOURCES.get(self.kind).with_path:
+            self.kind = TASK_SOURCES.get(self.kind).with_path  # toy + a user's file: kind=file
+        source = TASK_SOURCES.get(self.kind)
         check_range("task.digits", self.digits, 1, 9)
         check_range("task.prompts_per_step", self.prompts_per_step, 1)
         check_range("task.samples_per_prompt", self.samples_per_prompt, 1)
@@ -84,12 +85,12 @@ class TaskConfig:
         for key in ("path", "heldout_path"):
             if getattr(self, key) is not None and not getattr(self, key).strip():
                 raise ConfigError(f"task.{key} is empty: give a file or folder, or leave it unset")
-        if self.kind in ("file", "jsonl") and not self.path:
+        if source.needs_path and not self.path:
             raise ConfigError(
                 f"task.kind={self.kind} needs task.path=<file.jsonl | file.parquet | datasets "
                 "folder> (the training prompts)"
             )
-        if self.kind == "toy" and self.template == "chat":
+        if not source.data and self.template == "chat":
             raise ConfigError(
                 "task.template=chat is for data tasks (task.path=…); the toy task's char-level "
                 "model has no chat template"
@@ -99,7 +100,7 @@ class TaskConfig:
                 "task.system_prompt is the system message of task.template=chat; with "
                 f"task.template={self.template!r} it would be ignored"
             )
-        if self.heldout_path is not None and self.kind == "toy":
+        if self.heldout_path is not None and not source.data:
             raise ConfigError("task.heldout_path is for data tasks; the toy task holds out its own")
         if self.fields.system is not None and self.template != "chat":
             raise ConfigError(
@@ -116,7 +117,9 @@ class TaskConfig:
     @property
     def is_data(self) -> bool:
         """A task over a fixed set of rows (not the toy generator)."""
-        return self.kind != "toy"
+        from sat_cli.tasks.registry import TASK_SOURCES
+
+        return TASK_SOURCES.get(self.kind).data
 
 
 def _same_file(a: str, b: str) -> bool:

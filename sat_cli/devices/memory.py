@@ -67,6 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GB = 1e9
+PROMPT_TOKENS = 1024  # prompt allowance of a sequence in the activation estimate
 CUDA_GB = 1.0  # CUDA context and allocator slack of a single-GPU process
 MEGATRON_OVERHEAD_GB = 4.0  # CUDA context, NCCL buffers, fragmentation
 CHUNK_LOGIT_ELEMENTS = 2**25  # trainers/head_chunks.py's default bound (logits per chunk)

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from sat_cli.engines.verification import Verification
 from sat_cli.errors import EngineError, EngineStartError, WeightsMismatch, WeightSyncError
 from sat_cli.samples import Sample, SamplingParams
 
@@ -36,15 +37,19 @@ class RolloutEngine(Protocol):
     takes in-flight updates (``LocalEngineRuntime(inflight_updates=True)``, SGLang paused in place),
     between decode steps, and the samples then carry ``token_versions``.
 
+    ``weight_verification`` has no default: every engine declares how the weights it serves
+    are verified (``engines/verification.py``: ``Checksums(layout)`` with
+    ``served_checksums()``, ``OnArrival(how)`` or ``Unverified(reason)``); a run refuses an
+    engine that declares none (``tests/test_architecture.py`` checks every registered one).
+
     Capabilities with defaults here (an engine that subclasses this protocol overrides what it
     has): ``pid`` (its own process, ``logs/pids.json``), ``numerics`` (its worker's numeric
-    paths, ``machine.engine.*`` tags), ``checksum_layout`` with ``served_checksums()``
-    (``engine.verify_weights``) and ``distributed_sync_unsupported()`` with
+    paths, ``machine.engine.*`` tags) and ``distributed_sync_unsupported()`` with
     ``sync_weights(sender, version, group)`` (``engine.weight_sync=distributed``).
     """
 
     pid: int | None = None
-    checksum_layout: str | None = None
+    weight_verification: Verification | None = None  # None: undeclared, refused by a run
     numerics: Mapping[str, str] = MappingProxyType({})
 
     def distributed_sync_unsupported(self) -> str | None:

@@ -94,6 +94,7 @@ class EngineRuntime:
     placer: Any = None
     devices: Any = None
     adapters_kept: int = 0  # trainer.lora: the versions a run can still sample from (0: off)
+    lora: dict | None = None  # trainer.lora: {rank, alpha, dropout, target_modules} (None: off)
 
     def inflight(self) -> dict:
         """The engines' in-flight keywords (none when updates wait for the request's end)."""

@@ -50,9 +50,19 @@ def rows(split: str, n: int, start: int = 0, lo: int = LO, hi: int = HI) -> list
     return split_rows("guess", lambda seed: make_row(seed, lo, hi), split, n, start)
 
 
+def teach(row: dict[str, Any], observations: list[Message], rng) -> str:
+    """The format warm start's teacher: a uniform guess from the range every turn, ignoring
+    the feedback (it teaches the format only, and leaves using the feedback to RL)."""
+    return "\\boxed{" + str(rng.randint(row["lo"], row["hi"])) + "}"
+
+
 class GuessEnv(TurnBasedEnv):
     needs = ("target", "lo", "hi")
     rows = staticmethod(rows)  # the environment's own rows: rows(split, n, start)
+    teacher = staticmethod(teach)  # the format warm start's turns (envs/plain.py)
+    # its format warm start (models/env_warmstart.EnvWarmStart): the format only (its teacher
+    # guesses at random, which 30 steps imitate: success and turns those of random guessing)
+    warm_start = {"target": None, "max_steps": 30}
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.start(row)

@@ -58,7 +58,16 @@ class _MountAttr(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in ("attr_set", "attr_clr", "propagation", "userns")]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+def _load_libc() -> ctypes.CDLL:
+    """glibc by its soname; ``find_library`` (which runs ``ldconfig -p``, a subprocess at
+    import time) only where that name is absent."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+_libc = _load_libc()
 _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong]
 _libc.mount.argtypes += [ctypes.c_char_p]
@@ -159,7 +168,8 @@ class _SockFprog(ctypes.Structure):
 
 
 def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The filter of ``deny_unix_sockets`` as (code, jt, jf, k) BPF instructions."""
+    """The filter of ``deny_unix_sockets`` as (code, jt, jf, k) BPF instructions (a jump's
+    target is the next instruction's index plus its offset: from index 4, 5 reaches the last)."""
     arch, sys_socket, sys_uring, x32 = SECCOMP_ARCHES[machine]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, …|JGE|K, BPF_RET|K
     return [
@@ -167,7 +177,7 @@ def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
         (jeq, 1, 0, arch),
         (ret, 0, 0, SECCOMP_DENY),  # another ABI (i386 on x86_64): refused
         (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, 4, 0, x32) if x32 else (jeq, 4, 0, 0xFFFFFFFF),  # x32 numbers: refused
+        (jge, 5, 0, x32) if x32 else (jeq, 5, 0, 0xFFFFFFFF),  # x32 numbers: refused
         (jeq, 4, 0, sys_uring),  # io_uring makes sockets without socket(2): refused
         (jeq, 0, 2, sys_socket),
         (ld, 0, 0, 16),  # the low half of socket(2)'s first argument: its family

@@ -9,7 +9,7 @@ sampled ids, the closing ``<eos>`` included. So the trajectory ``123*456=`` → 
 ids("56088=\\n") + ids("\\boxed{56088}") + [eos]``, the model's tokens (the two turns with
 their ``<eos>``) trained, the others not.
 
-The teachers (``TEACHERS``) write the turns a format warm start imitates (``warmstart.py``):
+The teachers (an environment class's ``teacher``) write the turns a format warm start imitates:
 ``calculator`` calls the tool with the problem's operands, then answers the tool's value;
 ``guess`` guesses uniformly at random from the range every turn, ignoring the feedback, so it
 teaches the format only and leaves using the feedback to RL.
@@ -25,19 +25,8 @@ from sat_cli.envs import registry
 from sat_cli.envs.base import EnvSettings, Message
 from sat_cli.envs.render import PlainRenderer
 
-
-def teach_calculator(row: dict[str, Any], observations: list[Message], rng: random.Random) -> str:
-    if not observations:
-        return f"[calc:{row['a']}{row['op']}{row['b']}]"
-    return "\\boxed{" + observations[-1]["content"].rstrip("=") + "}"
-
-
-def teach_guess(row: dict[str, Any], observations: list[Message], rng: random.Random) -> str:
-    return "\\boxed{" + str(rng.randint(row["lo"], row["hi"])) + "}"
-
-
+# an environment's teacher: its class's ``teacher(row, observations, rng)`` (static method)
 Teacher = Callable[[dict[str, Any], list[Message], random.Random], str]
-TEACHERS: dict[str, Teacher] = {"calculator": teach_calculator, "guess": teach_guess}
 
 
 def text_ids(tokenizer, messages: list[Message]) -> list[int]:
@@ -51,12 +40,13 @@ def teacher_example(
     """One trajectory of the environment's teacher: ``(ids, train_mask, reward)``; the mask is
     1 on the model's tokens (its turns and their ``<eos>``), 0 on the prompt and observations."""
     env = registry.make(env_name, settings)
+    teacher: Teacher = registry.ENVIRONMENTS.get(env_name).teacher
     ids = text_ids(tokenizer, env.reset(row))
     mask = [0] * len(ids)
     seen: list[Message] = []
     reward, done = 0.0, False
     while not done:
-        turn = TEACHERS[env_name](row, seen, rng)
+        turn = teacher(row, seen, rng)
         t = tokenizer(turn)["input_ids"] + [tokenizer.eos_token_id]
         ids += t
         mask += [1] * len(t)

@@ -15,8 +15,9 @@ prompt, ``response_ids`` exactly the concatenation of the turns' ids and the obs
 ``loss_mask`` 1 on model tokens and 0 on environment tokens, ``turn_ids`` the turn of each token
 (an observation: the turn it answers), ``token_versions`` each token's weight version when
 they are not all one (an observation: its turn's last version), ``weight_version`` the first
-token's. ``meta``: ``reward`` (the sum of the steps' rewards), ``turns``, ``requeues`` and
-``info`` (the last step's). ``finish_reason``: ``stop`` when the environment ended the
+token's. ``meta``: ``reward`` (the sum of the steps' rewards), ``turns``, ``requeues``,
+``info`` (the last step's) and ``steps`` (per turn a ``TurnStep``: the environment's ``reward`` and
+``observation`` messages: the samples table's reward parts and tool results). ``finish_reason``: ``stop`` when the environment ended the
 trajectory, ``length`` when the token budget (``max_tokens``: prompt, turns and observations),
 ``max_turns`` or a turn cut at ``max_new_tokens`` ended it first (the environment still grades
 that turn), ``abort`` when the engine aborted a turn or ``partial="abort"`` gave up.
@@ -36,6 +37,7 @@ after it were sampled. Without routes from every turn the sample has none.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,6 +67,24 @@ class TrajectorySettings:
             )
 
 
+@dataclass(frozen=True)
+class TurnVersions:
+    """A lag profile's weight version of every generation call (``loop/lag_profile.py``):
+    ``of(i, turn)`` is the version trajectory ``i``'s call of ``turn`` is generated from;
+    ``load(version)`` puts those weights in the engine before the call."""
+
+    of: Callable[[int, int], int]
+    load: Callable[[int], Any]
+
+
+@dataclass(frozen=True)
+class TurnStep:
+    """What the environment answered to one model turn (``Sample.meta["steps"]``)."""
+
+    reward: float
+    observation: list  # the messages it appended (a tool's result: role ``tool``)
+
+
 @dataclass
 class _Run:
     """One trajectory being built."""
@@ -83,6 +103,7 @@ class _Run:
     turn: int = 0
     reward: float = 0.0
     info: dict = field(default_factory=dict)
+    steps: list = field(default_factory=list)  # per turn: the environment's reward, observation
     finish: str | None = None
     requeues: int = 0
 
@@ -90,7 +111,7 @@ class _Run:
         self.prompt = list(renderer.prompt_ids(self.env.reset(self.row)))
         self.ids, self.logp, self.mask, self.turns, self.versions = [], [], [], [], []
         self.kept, self.topk, self.turn, self.reward, self.info = [], [], 0, 0.0, {}
-        self.routes = []
+        self.routes, self.steps = [], []
 
     @property
     def length(self) -> int:
@@ -148,6 +169,7 @@ class _Run:
             meta={"reward": self.reward, "turns": self.turn, "requeues": self.requeues},
         )
         out.meta["info"] = self.info
+        out.meta["steps"] = self.steps
         if self.routes:
             out.routed_experts = np.concatenate(self.routes)
         if self.topk:
@@ -176,6 +198,14 @@ def _turn_seed(seed: int | None, j: int) -> int | None:
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
 
 
+def _version_seed(seed: int | None, v: int) -> int | None:
+    """The seed of a round's call from version ``v`` (a lag profile: one call per version)."""
+    if seed is None:
+        return None
+    h = hashlib.sha256(f"{seed}:version:{v}".encode()).digest()
+    return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
 def run_trajectory(
     engine, env: Environment, tokenizer, row: dict, sampling: SamplingParams, settings=None
 ) -> Sample:
@@ -190,8 +220,11 @@ def run_trajectories(
     rows: list[dict],
     sampling: SamplingParams,
     settings: TrajectorySettings | None = None,
+    versions: TurnVersions | None = None,
 ) -> list[Sample]:
-    """Trajectory ``i`` of ``envs[i]`` on ``rows[i]``, all in lockstep (module docstring)."""
+    """Trajectory ``i`` of ``envs[i]`` on ``rows[i]``, all in lockstep (module docstring);
+    ``versions`` (a lag profile): each turn's call from the version drawn for it, the calls of
+    a round grouped by version, oldest first."""
     s = settings or TrajectorySettings()
     if len(envs) != len(rows):
         raise ValueError(f"{len(envs)} environments for {len(rows)} rows")
@@ -200,16 +233,21 @@ def run_trajectories(
     runs = [_Run(env, row) for env, row in zip(envs, rows, strict=True)]
     for r in runs:
         r.start(renderer)
+    index = {id(r): i for i, r in enumerate(runs)}
     active = [r for r in runs if not _out_of_budget(r, s)]
     j = 0
     while active:
-        by_budget: dict[int, list[_Run]] = {}
+        calls: dict[tuple[int, int], list[_Run]] = {}  # (version or -1, token budget)
         for r in active:
-            by_budget.setdefault(min(sampling.max_new_tokens, s.max_tokens - r.length), []).append(
-                r
-            )
-        for budget, group in sorted(by_budget.items()):
-            turn = replace(sampling, max_new_tokens=budget, seed=_turn_seed(sampling.seed, j))
+            v = -1 if versions is None else versions.of(index[id(r)], r.turn)
+            budget = min(sampling.max_new_tokens, s.max_tokens - r.length)
+            calls.setdefault((v, budget), []).append(r)
+        for (v, budget), group in sorted(calls.items()):
+            seed = _turn_seed(sampling.seed, j)
+            if versions is not None:
+                versions.load(v)
+                seed = _version_seed(seed, v)
+            turn = replace(sampling, max_new_tokens=budget, seed=seed)
             out = engine.generate([r.prompt + r.ids for r in group], 1, turn)
             for r, (smp,) in zip(group, out, strict=True):
                 _step(r, smp, renderer, tokenizer, stop_ids, s)
@@ -239,9 +277,12 @@ def _step(r: _Run, smp: Sample, renderer, tokenizer, stop_ids, s: TrajectorySett
         r.start(renderer)
         return
     text = tokenizer.decode(smp.response_ids, skip_special_tokens=True)
-    step = r.env.step(text)
+    from sat_cli.envs.results import check_step
+
+    step = check_step(r.env.step(text), r.env)  # a plug-in's result: usable, or one line
     r.reward += float(step.reward)
     r.info = dict(step.info)
+    r.steps.append(TurnStep(float(step.reward), list(step.observation)))
     r.turn += 1
     if step.done:
         r.finish = "stop"

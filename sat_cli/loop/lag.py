@@ -40,16 +40,18 @@ class LagPolicy:
     profile: LagProfile | None = None
     seed: int = 0  # the run's seed: a profile's draws
     cells: int = 0  # samples per batch (prompts x group size): a profile's draws
+    turns: int = 1  # generation calls per sample (an environment's max_turns): a profile's draws
 
-    def sample_versions(self, k: int) -> list[int]:
-        """A profile's version of every sample of batch ``k`` (prompt-major, group-minor)."""
+    def sample_versions(self, k: int, turn: int = 0) -> list[int]:
+        """A profile's version of every sample of batch ``k`` (prompt-major, group-minor); with
+        an environment, of every trajectory's generation call of ``turn``."""
         assert self.profile is not None
-        return self.profile.versions(self.seed, k, self.cells)
+        return self.profile.versions(self.seed, k, self.cells, turn)
 
     def batch_versions(self, k: int, trainer_version: int) -> set[int]:
-        """Every version that generates part of batch ``k``."""
+        """Every version that generates part of batch ``k`` (a profile: any turn's draw)."""
         if self.profile is not None:
-            return set(self.sample_versions(k))
+            return {v for j in range(self.turns) for v in self.sample_versions(k, j)}
         return {self.version_for(k, trainer_version)}
 
     def __post_init__(self) -> None:
@@ -76,7 +78,7 @@ class LagPolicy:
     def can_submit(self, k: int, trainer_version: int) -> bool:
         """Batch ``k`` may be requested now: its version exists and, bounded, it is within reach."""
         if self.profile is not None:
-            return max(self.sample_versions(k)) <= trainer_version
+            return max(self.batch_versions(k, trainer_version)) <= trainer_version
         if self.mode == "bounded" and self.n > 0:
             return k <= trainer_version + self.n
         return self.version_for(k, trainer_version) <= trainer_version

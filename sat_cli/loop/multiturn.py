@@ -34,15 +34,29 @@ class EnvRun:
     trajectory: TrajectorySettings
 
     def generate(
-        self, engine, tokenizer, rows: list[dict], n: int, sampling: SamplingParams
+        self, engine, tokenizer, rows: list[dict], n: int, sampling: SamplingParams, versions=None
     ) -> list[list[Sample]]:
-        """``n`` trajectories per row, each with a fresh environment, as groups in row order."""
+        """``n`` trajectories per row, each with a fresh environment, as groups in row order;
+        ``versions`` (a lag profile's ``TurnVersions``): each generation call's version."""
         from sat_cli.envs.registry import make
 
         envs = [make(self.name, self.settings) for _ in rows for _ in range(n)]
         flat = [row for row in rows for _ in range(n)]
-        samples = run_trajectories(engine, envs, tokenizer, flat, sampling, self.trajectory)
+        samples = run_trajectories(
+            engine, envs, tokenizer, flat, sampling, self.trajectory, versions
+        )
         return [samples[i * n : (i + 1) * n] for i in range(len(rows))]
+
+
+def log_trajectories(tracker, env: EnvRun, batch, tokenizer, step: int) -> None:
+    """The samples table of the batch trained at ``step`` (``loop.trajectory_table``): every
+    turn of its trajectories, as ``samples/train_step_<step>.json``."""
+    from sat_cli.loop.trajectory_table import trajectory_table
+
+    table = trajectory_table(
+        batch.groups, batch.rows, batch.rewards, tokenizer, env.settings.parser
+    )
+    tracker.log_dict(table, M.samples_artifact("train", step))
 
 
 def rewards(groups: list[list[Sample]]) -> list[list[float] | None]:
@@ -60,6 +74,18 @@ def turn_lags(samples: list[Sample], t: int) -> dict[int, list[int]]:
     for s in samples:
         for k, v in zip(s.model_turns(), s.model_token_versions(), strict=True):
             out.setdefault(k, []).append(t - v)
+    return out
+
+
+def call_lags(samples: list[Sample], t: int) -> list[int]:
+    """The version lag of every generation call (a model turn: one version, without in-flight
+    updates) of the batch trained at step ``t``: what a lag profile's draws are compared to."""
+    out = []
+    for s in samples:
+        first: dict[int, int] = {}
+        for k, v in zip(s.model_turns(), s.model_token_versions(), strict=True):
+            first.setdefault(k, v)
+        out += [t - first[k] for k in sorted(first)]
     return out
 
 

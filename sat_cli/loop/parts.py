@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sat_cli.loop.stream import LiveStream, Stream
 from sat_cli.tracking.sink import MetricSink
+
+if TYPE_CHECKING:
+    from sat_cli.engines.base import RolloutEngine
+    from sat_cli.loop.progress import Progress
+    from sat_cli.rewards import Scorer
+    from sat_cli.tasks.base import Task, Tokenizer
+    from sat_cli.trainers.base import Trainer
 
 
 @dataclass(frozen=True)
@@ -43,12 +50,12 @@ class RunParts:
     ``scorer`` (a ``sat_cli.rewards.Scorer``) None: the task's own grader; ``stream``: where
     batches come from (``loop.stream``); ``progress``: the console progress (None: silent)."""
 
-    engine: Any
-    trainer: Any
+    engine: RolloutEngine | None
+    trainer: Trainer
     tracker: MetricSink
-    task: Any
-    tokenizer: Any
+    task: Task
+    tokenizer: Tokenizer
     evaluators: Evaluators = Evaluators()
-    scorer: Any = None
+    scorer: Scorer | None = None
     stream: Stream = LiveStream()
-    progress: Any = None
+    progress: Progress | None = None

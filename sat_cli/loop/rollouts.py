@@ -179,6 +179,11 @@ class RolloutThread:
             timing["update_s"] += self._load(v)
         return True
 
+    def load(self, version: int) -> float:
+        """Put ``version``'s weights in the engine now (on the rollout thread, inside a job: a
+        lag profile's generation call of a trajectory's turn); seconds taken."""
+        return self._load(version)
+
     def call(self, version: int, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the rollout thread with the engine at ``version`` (evaluation)."""
 
@@ -238,9 +243,10 @@ class RolloutBuffer:
         a lag profile each sample from batch ``k``'s draw."""
         sampling = replace(self.sampling, seed=request_seed(self.seed, *key))
         late = self.lag.mode == "bounded" and self.lag.n > 0
-        if self.env is not None:  # multi-turn: trajectories of the environment (no profile)
+        if self.env is not None:  # multi-turn: trajectories of the environment
             env, engine, tok, n = self.env, self.thread.engine, self.tokenizer, self.group_size
-            job = lambda: env.generate(engine, tok, rows, n, sampling)  # noqa: E731
+            calls = self._turn_versions(k)
+            job = lambda: env.generate(engine, tok, rows, n, sampling, calls)  # noqa: E731
             return self.thread.submit_job(None if late else version, job)
         ids = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         mixed = self.lag.sample_versions(k) if self.lag.profile is not None else []
@@ -249,6 +255,16 @@ class RolloutBuffer:
             return self.thread.submit_mixed(mixed, ids, self.group_size, sampling, seed_of)
         # one version for the whole batch (a profile's single version: min = all)
         return self.thread.submit(None if late else version, ids, self.group_size, sampling)
+
+    def _turn_versions(self, k: int):
+        """A lag profile's version of every generation call of batch ``k``'s trajectories
+        (turn ``j`` of trajectory ``i``: draw ``i`` of turn ``j``), or None without a profile."""
+        if self.lag.profile is None:
+            return None
+        from sat_cli.envs.trajectory import TurnVersions
+
+        table = [self.lag.sample_versions(k, j) for j in range(self.lag.turns)]
+        return TurnVersions(lambda i, j: table[j][i], self.thread.load)
 
     def restore(self, snapshot: list) -> None:
         """Request again the batches a checkpoint recorded, with their versions."""

@@ -7,11 +7,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sat_cli.loop.lag import LagPolicy
 from sat_cli.loop.schedule import Every
 from sat_cli.samples import SamplingParams
+
+if TYPE_CHECKING:
+    from sat_cli.loop.dynamic import DynamicSampling
+    from sat_cli.loop.multiturn import EnvRun
+    from sat_cli.loop.weightsync import SyncSettings
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,16 @@ class LoopSettings:
     checkpoint_keep: int = 2
     histograms: Every = Every(10)  # asked with the step's index t (before its update)
     inflight_updates: bool = False  # bounded mode: the engine takes new weights mid-generation
-    weight_sync: Any = None  # a loop.weightsync.SyncSettings (None: plain disk loads, no checks)
+    weight_sync: SyncSettings | None = None  # None: plain disk loads, no checks
     samples: Every = Every(0)  # the samples table of a step
     max_reward_error_frac: float = 1.0  # a step with more failed rewards ends the run FAILED
-    env: Any = None  # a loop.multiturn.EnvRun: multi-turn rollouts (None: single-turn)
-    dynamic: Any = None  # a loop.dynamic.DynamicSampling (None: algo.dynamic_sampling off)
+    env: EnvRun | None = None  # multi-turn rollouts (None: single-turn)
+    dynamic: DynamicSampling | None = None  # None: algo.dynamic_sampling off
+
+    def __post_init__(self) -> None:
+        turns = self.env.trajectory.max_turns if self.env is not None else 1
+        if self.lag.profile is not None and self.lag.turns != turns:
+            raise ValueError(
+                f"a lag profile with {self.lag.turns} draws per sample for {turns} turns per "
+                "trajectory (LagPolicy.turns must be the environment's max_turns)"
+            )

@@ -8,7 +8,7 @@ needs) and the stop when the tracking store has been unreachable too long
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sat_cli.checkpoints.loop_state import LoopState
 from sat_cli.checkpoints.state import CheckpointError, prune_checkpoints, save_checkpoint
@@ -19,6 +19,7 @@ from sat_cli.loop.rollouts import RolloutBuffer, RolloutThread
 if TYPE_CHECKING:
     from sat_cli.loop.parts import RunParts
     from sat_cli.loop.settings import LoopSettings
+    from sat_cli.loop.weightsync import WeightSync
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Rollouts:
     thread: RolloutThread
     pub: WeightPublisher
     buf: RolloutBuffer
-    sync: Any
+    sync: WeightSync | None
 
     @classmethod
     def open(cls, s: LoopSettings, st: LoopState, parts: RunParts) -> Rollouts:

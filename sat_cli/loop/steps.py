@@ -17,12 +17,15 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sat_cli import metric_names as M
 from sat_cli.errors import RunFailed
 from sat_cli.samples import Sample
 from sat_cli.tracking.sink import MetricSink
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_CONSECUTIVE_NONFINITE = 5
 
@@ -133,7 +136,7 @@ class Scored:
     (None: a dropped group; what a recording stores) and the groups dropped at this step."""
 
     samples: list[Sample]
-    adv: Any
+    adv: torch.Tensor  # [len(samples)], float32
     lags: Lags
     metrics: dict[str, float]
     rewards: list

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sat_cli.loop import multiturn
+
+if TYPE_CHECKING:
+    from sat_cli.replay.store import Recording, StreamWriter
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class LiveStream:
 
 @dataclass(frozen=True)
 class RecordingStream(LiveStream):
-    writer: Any  # a replay.store.StreamWriter
+    writer: StreamWriter
 
     def keep(self, t: int, batch: Batch, rewards: list) -> None:
         self.writer.write(t, batch.groups, batch.rows, rewards)
@@ -77,7 +80,7 @@ class RecordingStream(LiveStream):
 
 @dataclass(frozen=True)
 class ReplayStream:
-    recording: Any  # a replay.store.Recording
+    recording: Recording
     generates = False
 
     def take(self, t: int, buf) -> Batch:

@@ -162,7 +162,9 @@ class TrainLoop:
         self._evaluate(version, metrics)
         _perf(metrics, t_step, batch.timing)
         self._log(version, metrics, diag, scored.lags)
-        if s.samples.due(version):
+        if s.samples.due(version) and s.env is not None:  # every turn of the trajectories
+            multiturn.log_trajectories(p.tracker, s.env, batch, p.tokenizer, version)
+        elif s.samples.due(version):
             log_samples(p.tracker, self.scorer, version)  # what the model wrote, with rewards
         if p.progress:
             p.progress.step(t, metrics)
@@ -191,7 +193,8 @@ class TrainLoop:
             scored.lags.turns = multiturn.turn_lags(samples, t)
             metrics.update(multiturn.turn_metrics(samples, scored.lags.turns))
         if s.lag.profile is not None:  # realised lags against the profile's target
-            counts = st.count_lags(scored.lags.sample if samples else [])
+            drawn = scored.lags.sample if s.env is None else multiturn.call_lags(samples, t)
+            counts = st.count_lags(drawn if samples else [])
             metrics[M.LAG_PROFILE_TV] = tv_distance(s.lag.profile.pmf, counts)
         return scored
 

@@ -25,6 +25,9 @@ Per loaded version the metrics ``weights/sync_s`` (= pause + wire + assemble),
 (broadcast and load, or the disk load), ``weights/sync_assemble_s`` (capture and flattening, or
 the disk write), ``weights/sync_bytes`` and ``weights/verify_s`` are added to the next logged
 step (:meth:`WeightSync.metrics`).
+
+Each path is a transport (``loop/transports.py``: :class:`DiskTransport`,
+:class:`DistributedTransport`, one interface); this module is the policy over them.
 """
 
 from __future__ import annotations
@@ -35,15 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sat_cli import metric_names as M
-from sat_cli.errors import EngineError, RunFailed, WeightsMismatch, WeightSyncError
+from sat_cli.engines.verification import checksum_layout
+from sat_cli.errors import WeightsMismatch, WeightSyncError
+from sat_cli.loop.transports import DiskTransport, DistributedTransport, WeightSyncFailed
 
 MODES = ("disk", "distributed")
 VERIFY = ("first", "every", "off")
-
-
-class WeightSyncFailed(RunFailed):
-    """A version reached the engine neither by broadcast nor from disk (or never verified):
-    exit 1; the last checkpoint is intact."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,11 @@ class WeightSync:
         self.s, self.engine, self.trainer = settings, engine, trainer
         self.weights_dir, self.log = Path(weights_dir), log
         self.sender = trainer.weight_sender if settings.mode == "distributed" else None
-        self.layout = getattr(engine, "checksum_layout", None)
+        self.layout = checksum_layout(engine)  # its declared Checksums' layout, else None
+        self.disk = DiskTransport(engine, self.sender, self.weights_dir, settings.dtype)
+        self.distributed = None
+        if self.sender is not None:
+            self.distributed = DistributedTransport(engine, self.sender, settings.group)
         self.verified: set[str] = set()  # paths verified once ("distributed", "disk")
         self.fallbacks = 0
         self._assemble: dict[int, float] = {}  # version -> capture or write seconds
@@ -98,12 +102,7 @@ class WeightSync:
 
     def to_disk(self, version: int) -> Path:
         """``weights/v<N>`` on disk (written from the sender's copy when missing)."""
-        path = self.weights_dir / f"v{int(version)}"
-        if not path.is_dir():
-            if self.sender is None or not self.sender.has(version):
-                raise WeightSyncFailed(f"weights v{version} are neither on disk ({path}) nor held")
-            self.sender.write_hf(version, path)
-        return path
+        return self.disk.to_disk(version)
 
     def keep(self, versions) -> None:
         """Drop the sender's copies of versions nothing needs any more."""
@@ -121,62 +120,33 @@ class WeightSync:
         """The engine serves ``version`` (verified as configured) when this returns."""
         version = int(version)
         first: Exception | None = None
-        if self.sender is not None and self.sender.has(version):
+        if self.distributed is not None and self.distributed.carries(version):
             try:
-                self._record(version, self._distributed(version))
+                self._record(version, self._send(self.distributed, version, False))
                 return
             except (WeightSyncError, WeightsMismatch) as exc:
                 first = exc
                 self.fallbacks += 1
                 self.log(f"WARNING: weights v{version}: {exc}; sending them from disk instead")
         try:
-            self._record(version, self._disk(version, forced=first is not None))
+            self._record(version, self._send(self.disk, version, first is not None))
         except (WeightSyncError, WeightsMismatch) as exc:
             if first is None:  # a disk load that failed: once more from disk
                 first = exc
                 self.fallbacks += 1
                 self.log(f"WARNING: weights v{version}: {exc}; loading them from disk again")
                 try:
-                    self._record(version, self._disk(version, forced=True))
+                    self._record(version, self._send(self.disk, version, True))
                     return
                 except (WeightSyncError, WeightsMismatch) as again:
                     exc = again
             raise self._failed(version, first, exc) from None
 
-    def _distributed(self, version: int) -> dict[str, float]:
-        timing = self.engine.sync_weights(self.sender, version, self.s.group)
-        if self._wants("distributed", False):
-            timing["verify_s"] = self._verify(version, "distributed", self.sender.checksums)
-        return timing
-
-    def _disk(self, version: int, forced: bool) -> dict[str, float]:
-        t0 = time.perf_counter()
-        path = self.to_disk(version)
-        written = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        try:
-            self.engine.update_weights(str(path), version)
-        except EngineError as exc:
-            if not self.engine.health():
-                raise  # a dead engine is no sync failure: the run stops on it
-            raise WeightSyncError(f"loading {path} failed: {exc}") from None
-        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        timing = {
-            "pause_s": 0.0,
-            "wire_s": time.perf_counter() - t1,
-            "assemble_s": written,
-            "bytes": float(nbytes),
-        }
-        if self._wants("disk", forced):
-            # what the trainer sent: its sender's copy when it has one (a fallback), else the
-            # published folder's files
-            held = self.sender is not None and self.sender.has(version)
-            expected_of = (
-                self.sender.checksums
-                if held
-                else (lambda v, layout: _disk_sums(path, layout, self.s.dtype))
-            )
-            timing["verify_s"] = self._verify(version, "disk", expected_of)
+    def _send(self, transport, version: int, forced: bool) -> dict[str, float]:
+        """``version`` through ``transport``, verified as configured (``forced``: a fallback)."""
+        timing = transport.send(version)
+        if self._wants(transport.kind, forced):
+            timing["verify_s"] = self._verify(version, transport.kind, transport.expected)
         return timing
 
     def _wants(self, kind: str, forced: bool) -> bool:
@@ -221,14 +191,3 @@ class WeightSync:
             "The checkpoints written so far are complete: continue with resume=auto once the "
             "cause is fixed."
         )
-
-
-def _disk_sums(path: Path, layout: str, dtype: str) -> dict[str, str]:
-    """Expected checksums of a published folder (what the disk path sent)."""
-    from sat_cli.models.hf_config import config_if_usable
-    from sat_cli.trainers.megatron.hf_io import read_all
-    from sat_cli.weightsync.layouts import expected_checksums
-
-    cfg = config_if_usable(path, "published weights") or {}
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    return expected_checksums(read_all(path).items(), layout, dtype, tied=tied)

@@ -3,7 +3,7 @@
 The embedded checkpoint (``sat_cli/assets/tiny_moe_warm``) knows ``a+b=`` → ``\\boxed{sum}``
 only; it never writes a tool call or a second turn, so RL on an environment would see no
 reward. ``env_warm_start(env, cache_dir)`` continues it with teacher-forced cross-entropy on the
-model tokens of the environment teacher's trajectories (``plain.TEACHERS``; the loss mask of
+model tokens of the environment teacher's trajectories (its class's ``teacher``; the loss mask of
 ``plain.teacher_example``), batch 64, AdamW lr 1e-3, betas (0.9, 0.98), grad clip 1.0, fresh
 training rows each step (``rows("train", …)`` from seed 10^9 on, far from an RL run's), and stops
 as soon as the held-out success of one sampled trajectory per row (temperature 1,
@@ -30,12 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sat_cli.envs import calculator, guess, registry
+from sat_cli.envs import registry
 from sat_cli.envs.base import EnvSettings
 from sat_cli.envs.plain import teacher_example, text_ids
 from sat_cli.validate import check_int
 
-ROWS = {"calculator": calculator.rows, "guess": guess.rows}
 SFT_SEED0 = 1_000_000_000
 FORMAT_VERSION = 2  # the trajectories' rendering (plain.py)
 
@@ -70,12 +69,19 @@ class EnvWarmStart:
             raise ValueError("warm start lr must be in (0, 1] and target None or in [0, 1]")
 
 
-# calculator: until a fifth of the held-out trajectories succeed; guess: the format only (its
-# teacher guesses at random, which 30 steps imitate: success and turns those of random guessing)
-DEFAULTS = {
-    "calculator": EnvWarmStart(target=0.2, eval_every=5),
-    "guess": EnvWarmStart(target=None, max_steps=30),
-}
+def defaults(env: str) -> EnvWarmStart:
+    """The warm start of ``env``: its class's ``warm_start`` fields (``ValueError``: none)."""
+    envs = registry.ENVIRONMENTS
+    fields = getattr(envs.find(env), "warm_start", None)
+    if fields is None:
+        have = [n for n in envs.names() if getattr(envs.get(n), "warm_start", None) is not None]
+        raise ValueError(f"no warm start for environment {env!r}; valid: {', '.join(have)}")
+    return EnvWarmStart(**fields)
+
+
+def rows_of(env: str):
+    """The rows of ``env``: its class's ``rows(split, n, start)``."""
+    return registry.ENVIRONMENTS.get(env).rows
 
 
 def settings_for(ws: EnvWarmStart) -> EnvSettings:
@@ -86,7 +92,7 @@ def batch(env: str, ws: EnvWarmStart, tokenizer, step: int):
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 off model tokens)."""
     import torch
 
-    rows = ROWS[env]("train", ws.batch_size, start=SFT_SEED0 + step * ws.batch_size * 2)
+    rows = rows_of(env)("train", ws.batch_size, start=SFT_SEED0 + step * ws.batch_size * 2)
     rng = random.Random(f"{ws.seed}:{step}")
     ex = [teacher_example(env, r, settings_for(ws), tokenizer, rng)[:2] for r in rows]
     S = max(len(ids) for ids, _ in ex)
@@ -162,7 +168,7 @@ def play(
 
 def heldout_success(model, tokenizer, env: str, ws: EnvWarmStart, seed: int) -> dict:
     """Success, first-turn success and mean turns of one sampled trajectory per held-out row."""
-    rows = ROWS[env]("heldout", ws.heldout_size)
+    rows = rows_of(env)("heldout", ws.heldout_size)
     was = model.training
     model.eval()
     got = play(model, tokenizer, env, rows, settings_for(ws), seed=seed)
@@ -221,10 +227,8 @@ def env_warm_start(env: str, cache_dir: str | Path, ws: EnvWarmStart | None = No
     from sat_cli.models.warmstart import SHIPPED
 
     log = log or _print
-
-    if env not in DEFAULTS:
-        raise ValueError(f"no warm start for environment {env!r}; valid: {', '.join(DEFAULTS)}")
-    ws = ws or DEFAULTS[env]
+    default = defaults(env)  # an environment without a warm start: ValueError, whatever ws
+    ws = ws or default
     base_key = json.loads((SHIPPED / "warmstart.json").read_text())["key"]
     blob = json.dumps(
         {
@@ -262,7 +266,7 @@ def env_warm_start(env: str, cache_dir: str | Path, ws: EnvWarmStart | None = No
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("env", choices=sorted(ROWS))
+    ap.add_argument("env", choices=sorted(registry.ENVIRONMENTS.names()))
     ap.add_argument("--cache-dir", required=True)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)

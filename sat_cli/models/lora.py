@@ -15,6 +15,7 @@ so a fresh adapter leaves the model unchanged. The base weights are frozen.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -112,6 +113,29 @@ def merged_weight(layer: LoraLinear) -> torch.Tensor:
     """``W + (alpha / r) B A`` of one layer (float64: the reference the tests compare with)."""
     w = layer.base.weight.detach().double()
     return w + layer.scaling * (layer.lora_B.detach().double() @ layer.lora_A.detach().double())
+
+
+@contextlib.contextmanager
+def merged_linears(model: nn.Module):
+    """Within the block every :class:`LoraLinear` of ``model`` is a plain ``nn.Linear`` of
+    weight ``W + (alpha / r) B A`` (summed in float64, cast to ``W``'s dtype; the bias kept),
+    so ``model.state_dict()`` and ``save_pretrained`` give an HF checkpoint of the merged
+    model (``trainer.lora.sync=merged``); the adapters are back afterwards, nothing changed."""
+    swapped = []
+    for path, layer in lora_layers(model).items():
+        parent_path, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        base = layer.base
+        plain = nn.Linear(base.in_features, base.out_features, bias=False, device="meta")
+        plain.weight = nn.Parameter(merged_weight(layer).to(base.weight.dtype), requires_grad=False)
+        plain.bias = base.bias
+        setattr(parent, attr, plain)
+        swapped.append((parent, attr, layer))
+    try:
+        yield model
+    finally:
+        for parent, attr, layer in swapped:
+            setattr(parent, attr, layer)
 
 
 # --- the engine's side: several versions' adapters on one base ----------------------------------

@@ -201,7 +201,7 @@ def study_row(run) -> StudyRow:
         early_crash=_fmt(early_crash(ev)),
         final_eval=_fmt(final[0] if final else None),
         dose=_fmt(mean_dose(run.values(M.CLIPFRAC), run.values(M.SAT_BAND))),
-        dpi_mean=_fmt(_mean(run.values(run.dpi_key))),
+        dpi_mean=_fmt(_mean(run.values(M.DPI))),  # the series the report stores as d̄π
     )
 
 

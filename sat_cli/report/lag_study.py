@@ -109,7 +109,7 @@ def _p(x: float) -> str:
     return "—" if x != x else (f"{x:.3g}" if x >= 1e-4 else f"{x:.1e}")
 
 
-def _line(name: str, res: Paired) -> str:
+def paired_line(name: str, res: Paired) -> str:
     return (
         f"{name}: mean {res.mean:+.2f} points [95 % CI {res.lo:+.2f}, {res.hi:+.2f}], "
         f"paired t p = {_p(res.p_t)}, Wilcoxon p = {_p(res.p_w)}; a > b in {res.a_wins}, "
@@ -183,7 +183,7 @@ def _fmt4(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f}" if xs else "—"
 
 
-def _crash_mcnemar(rows, arm: str, seeds: list[str]) -> str:
+def crash_mcnemar(rows, arm: str, seeds: list[str]) -> str:
     from sat_cli.report.collapse import mcnemar
 
     def as_collapse(a: str) -> list[StudyRow]:
@@ -223,18 +223,18 @@ def lag_study_markdown(rows: list[StudyRow]) -> str:
     label = " (descriptive: underpowered)" if d["underpowered"] else ""
     if "M" in d:
         holds = "holds" if significant(d["M"], -1) else "fails"
-        out.append(f"- **M**{label} " + _line("B8 − B1", d["M"]) + f": **{holds}**.")
+        out.append(f"- **M**{label} " + paired_line("B8 − B1", d["M"]) + f": **{holds}**.")
     if "P1" in d:
         r, lo, hi, n_drop = d["recovery"]
         extra = f"; {n_drop} resamples without a positive gap dropped" if n_drop else ""
         out.append(
             f"- **P1**{label} "
-            + _line("S8 − B8", d["P1"])
+            + paired_line("S8 − B8", d["P1"])
             + f"; recovery fraction (S8 − B8)/(B1 − B8) = {r:.3f} [seed bootstrap 95 % CI "
             f"{lo:.3f}, {hi:.3f}{extra}]."
         )
         out.append(
-            f"- **P2**{label} " + _line("S8 − C8", d["P2"]) + "."
+            f"- **P2**{label} " + paired_line("S8 − C8", d["P2"]) + "."
             if "P2" in d
             else "- **P2** not tested (P1 is not positive and significant)."
         )
@@ -244,11 +244,11 @@ def lag_study_markdown(rows: list[StudyRow]) -> str:
     if len(seeds) >= 1:
         out.append(
             "Secondary, descriptive: early crash, exact McNemar: "
-            + "; ".join(_crash_mcnemar(mine, a, seeds) for a in ("S8", "C8"))
+            + "; ".join(crash_mcnemar(mine, a, seeds) for a in ("S8", "C8"))
             + "."
         )
         fin = [
-            _line(f"final eval {a} − B8", paired_test(mine, a, "B8", seeds, "final_eval"))
+            paired_line(f"final eval {a} − B8", paired_test(mine, a, "B8", seeds, "final_eval"))
             for a in ("S8", "C8")
             if len(values(mine, a, seeds, "final_eval")) >= 2
         ]

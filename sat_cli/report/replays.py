@@ -77,9 +77,14 @@ def replay_markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def replay_csv(rows: list[dict]) -> str:
+def dict_csv(rows: list[dict], columns) -> str:
+    """``rows`` (dicts keyed by ``columns``) as CSV text with a header line."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w = csv.DictWriter(buf, fieldnames=columns)
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
+
+
+def replay_csv(rows: list[dict]) -> str:
+    return dict_csv(rows, COLUMNS)

@@ -32,7 +32,8 @@ per side when logged), PPO's clip fraction and the ESS (mean and minimum). Runs 
 recompute denominator at one optimizer step per batch (SAT inert: ``d == 0``) are flagged.
 
 Outputs under ``--out`` (default ``runs/reports/<target>/``): ``report.md``, ``table.csv``
-(every endpoint: mean, std, CI half-width per cell), ``pairs.csv``, ``regime.csv`` and PNG plots
+(every endpoint: mean, std, CI half-width per cell), ``pairs.csv``, ``regime.csv``, with
+multi-turn runs ``turns.csv`` (``sat_cli.report.turns``: staleness per turn) and PNG plots
 (``sat_cli.report.plots``): ``eval.png``, ``eval_ess.png`` (eval above the ESS), ``reward.png``,
 ``dpi.png``, ``sat_gate_rate.png``, ``sat_band.png`` (mean over seeds, shaded 95 % t-band; one
 panel per lag) and ``staleness_hist.png`` (the ``|d|`` histogram of each row × lag at its last
@@ -313,6 +314,12 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
     if replays:
         md = md.rstrip("\n") + "\n\n" + replay_markdown(replays)
         (out_dir / "replays.csv").write_text(replay_csv(replays))
+    from sat_cli.report.turns import turn_csv, turn_markdown, turn_rows
+
+    turns = turn_rows(client, runs)  # multi-turn runs: staleness per turn
+    if turns:
+        md = md.rstrip("\n") + "\n\n" + turn_markdown(turns)
+        (out_dir / "turns.csv").write_text(turn_csv(turns))
     (out_dir / "report.md").write_text(md)
     (out_dir / "table.csv").write_text(table_csv(rows, lags, cells, st))
     names = [k for k in ENDPOINTS if any(c.by_seed(k, st) for c in cells.values())]
@@ -321,6 +328,8 @@ def _write_report(client, rep: dict, uri: str, out_dir: Path, st: Settings) -> N
     print(md.split("## Plots")[0].split("Per run:")[0].rstrip())
     if replays:
         print("\n" + replay_markdown(replays).rstrip())
+    if turns:
+        print("\n" + turn_markdown(turns).rstrip())
     print(
         f"\nwritten: {out_dir}/ (report.md, table.csv, pairs.csv, regime.csv, {len(plots)} plots)"
     )

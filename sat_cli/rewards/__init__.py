@@ -154,15 +154,14 @@ class Scorer:
 
 
 def plugin_label(settings) -> str:
-    """The reward a message names: ``reward.fn=<spec>`` (python), ``reward.url=<url>`` (http,
-    secrets masked), ``reward=<name>`` otherwise."""
-    name = getattr(settings, "name", None)
-    if name == "python" and getattr(settings, "fn", None):
-        return f"reward.fn={settings.fn}"
-    if name == "http" and getattr(settings, "url", None):
-        from sat_cli.tracking.params import redact_uri
+    """The reward a message names: its entry's ``label`` (``reward.fn=<spec>`` for python,
+    ``reward.url=<url>`` for http, secrets masked), ``reward=<name>`` otherwise."""
+    from sat_cli.rewards.registry import REWARDS
 
-        return f"reward.url={redact_uri(str(settings.url))}"
+    name = getattr(settings, "name", None)
+    entry = REWARDS.find(name) if isinstance(name, str) else None
+    if entry is not None and (label := entry.label(settings)):
+        return label
     return f"reward={name}" if name else ""
 
 
@@ -180,12 +179,37 @@ def error_text(exc: BaseException, label: str = "") -> str:
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:300]
 
 
+def require(settings, key: str) -> None:
+    """``reward.<key>`` is set, else the one-line ``ConfigError`` of a reward that needs it."""
+    from sat_cli.validate import ConfigError
+
+    if not getattr(settings, key):
+        raise ConfigError(f"reward={settings.name} needs reward.{key}")
+
+
+def no_label(settings) -> str:
+    return ""
+
+
+def no_processes(settings) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class RewardEntry:
-    """One reward of the registry (``sat_cli.rewards.registry.REWARDS``)."""
+    """One reward of the registry (``sat_cli.rewards.registry.REWARDS``): ``build`` its scorer;
+    ``check`` its start-up checks (``UserError``); ``validate`` its rules on the ``reward``
+    section at compose time (``ConfigError``); ``label`` what a message names it by (empty:
+    ``reward=<name>``); ``processes`` the worker processes it starts (a cluster job's CPUs and
+    memory); ``grades_itself``: the task's own grader decides what an evaluation counts
+    correct (``math``), not ``reward.pass_threshold``."""
 
     build: Callable[[Any, dict], Scorer]  # (settings, runtime {"task": …}) -> Scorer
     check: Callable[[Any], None] = field(default=lambda settings: None)
+    validate: Callable[[Any], None] = field(default=lambda settings: None)
+    label: Callable[[Any], str] = no_label
+    processes: Callable[[Any], int] = no_processes
+    grades_itself: bool = False
 
 
 def check_reward(settings) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from sat_cli.rewards import Scorer
+from sat_cli.rewards import Scorer, require
+from sat_cli.validate import ConfigError
 
 
 def build_math(settings, runtime: dict) -> Scorer:
@@ -41,3 +42,17 @@ def build_regex(settings, runtime: dict) -> Scorer:
         return 1.0 if (got or "").strip() == str(row["answer"]).strip() else 0.0
 
     return Scorer(one, settings)
+
+
+def validate_regex(settings) -> None:
+    """``reward.pattern`` is a regex with at most one group (the answer)."""
+    require(settings, "pattern")
+    try:
+        compiled = re.compile(settings.pattern)
+    except re.error as exc:
+        raise ConfigError(f"reward.pattern={settings.pattern!r} is not a regex: {exc}") from None
+    if compiled.groups > 1:
+        raise ConfigError(
+            f"reward.pattern={settings.pattern!r} has {compiled.groups} groups; at most one "
+            "(the answer)"
+        )

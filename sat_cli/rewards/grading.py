@@ -49,8 +49,11 @@ def share_scorer(grader, scorer) -> None:
 
 
 def plugin_grader(settings, task, grader):
-    """``grader`` for ``reward=math``; else a :class:`PassGrader` of the reward plugin."""
-    return grader if settings.name == "math" else PassGrader(settings, task)
+    """``grader`` for a reward that grades with the task's grader (``reward=math``); else a
+    :class:`PassGrader` of the reward plugin."""
+    from sat_cli.rewards.registry import REWARDS
+
+    return grader if REWARDS.get(settings.name).grades_itself else PassGrader(settings, task)
 
 
 def grade_group(grader, prompt: str, texts: list[str], row: dict):
@@ -83,7 +86,8 @@ def logging_samples(run, tracker, final: bool):
     return evaluate
 
 
-def _cut(text: Any) -> Any:
+def cut_cell(text: Any) -> Any:
+    """``text`` cut at :data:`MAX_CELL_CHARS` (a table's cell), anything else as it is."""
     if isinstance(text, str) and len(text) > MAX_CELL_CHARS:
         return text[:MAX_CELL_CHARS] + f"… [{len(text) - MAX_CELL_CHARS} more characters]"
     return text
@@ -98,7 +102,10 @@ def samples_table(samples: list[dict]) -> dict:
     base = ["id", "version", "prompt", "response", "reward", "correct", "error"]
     columns = base + [M.reward_key(k) for k in parts]
     data = [
-        [_cut(s.get(c)) for c in base] + [(s.get("components") or {}).get(k) for k in parts]
+        [cut_cell(s.get(c)) for c in base] + [(s.get("components") or {}).get(k) for k in parts]
         for s in samples
     ]
-    return {"columns": columns, "data": data}
+    from sat_cli.tracking.params import mask_known_in
+
+    # a secret value quoted in a prompt, a response or a plug-in's error (one secret policy)
+    return {"columns": columns, "data": mask_known_in(data)}

@@ -15,12 +15,14 @@ refuses a server whose host and port do not accept a connection (exit 2).
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sat_cli.errors import UserError
-from sat_cli.rewards import ReportedError, Scorer, Scores
+from sat_cli.rewards import ReportedError, Scorer, Scores, require
 from sat_cli.rewards.http_client import Client, health_check
+from sat_cli.validate import ConfigError
 
 HEALTH_CHECK_S = 10.0  # at most this long (and at most reward.deadline_s) for the check
 
@@ -96,3 +98,19 @@ def check(settings) -> None:
     why = health_check(settings.url, min(HEALTH_CHECK_S, settings.deadline_s))
     if why is not None:
         raise UserError(f"{why}; start it first, or check reward.url")
+
+
+def validate(settings) -> None:
+    """``reward.url`` is an http(s) address."""
+    require(settings, "url")
+    if not re.match(r"https?://[^/\s]+", settings.url):
+        raise ConfigError(f"reward.url={settings.url!r}: expected http://host:port/path")
+
+
+def label(settings) -> str:
+    """``reward.url=<url>`` with its secrets masked."""
+    if not getattr(settings, "url", None):
+        return ""
+    from sat_cli.tracking.params import redact_uri
+
+    return f"reward.url={redact_uri(str(settings.url))}"

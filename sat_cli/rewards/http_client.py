@@ -63,10 +63,27 @@ class _Retry(Exception):
     """An attempt that may be tried again (its reason)."""
 
 
+class _Attempt:
+    """One connection and its socket, kept once connected: ``http.client`` drops ``conn.sock``
+    when the answer closes the connection (HTTP/1.0, ``Connection: close``), and the response
+    then reads from that socket, which ``abort`` must still reach."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn, self.sock = conn, None
+
+    def abort(self) -> None:
+        abort_connection(self.conn)
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class Client:
     def __init__(self) -> None:
         self.closed = threading.Event()
-        self._live: set[http.client.HTTPConnection] = set()
+        self._live: set[_Attempt] = set()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -74,8 +91,8 @@ class Client:
         self.closed.set()
         with self._lock:
             live = list(self._live)
-        for conn in live:
-            abort_connection(conn)
+        for attempt in live:
+            attempt.abort()
 
     def post(self, url: str, body: Any, timeout_s: float, deadline_s: float) -> Any:
         """The decoded JSON answer to ``body`` (module docstring)."""
@@ -105,8 +122,15 @@ class Client:
         for _ in range(MAX_REDIRECTS + 1):
             status, reason, location, raw = self._exchange(target, data, end)
             if status in REDIRECT_STATUS and location:
-                nxt = urljoin(target, location)
-                if _origin(nxt) != _origin(url):
+                try:
+                    nxt = urljoin(target, location)
+                    elsewhere = _origin(nxt) != _origin(url)
+                except ValueError:  # a port out of range, a broken IPv6 address
+                    raise ReportedError(
+                        f"reward server {shown(url)} redirected to an invalid address "
+                        f"({escape_controls(location[:200])}); not followed"
+                    ) from None
+                if elsewhere:
                     raise ReportedError(
                         f"reward server {shown(url)} redirected to another host "
                         f"({shown(nxt)}); not followed"
@@ -121,7 +145,7 @@ class Client:
                 )
             try:
                 return json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested past the parser's limit
                 raise ReportedError(f"reward server {shown(url)}: the answer is not JSON") from None
         raise ReportedError(f"reward server {shown(url)}: more than {MAX_REDIRECTS} redirects")
 
@@ -132,14 +156,16 @@ class Client:
             raise _Retry("timed out")
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         conn = cls(parts.hostname or "", parts.port, timeout=left)
-        timer = threading.Timer(left, abort_connection, (conn,))
+        attempt = _Attempt(conn)
+        timer = threading.Timer(left, attempt.abort)
         timer.daemon = True
         with self._lock:
-            self._live.add(conn)
+            self._live.add(attempt)
         timer.start()
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         try:
             conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            attempt.sock = conn.sock
             resp = conn.getresponse()
             raw = bytearray()
             while len(raw) <= MAX_ANSWER_BYTES:
@@ -162,7 +188,7 @@ class Client:
         finally:
             timer.cancel()
             with self._lock:
-                self._live.discard(conn)
+                self._live.discard(attempt)
             conn.close()
 
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 import atexit
 import importlib
 import importlib.util
+import json
 import multiprocessing
 import numbers
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -34,9 +36,31 @@ from pathlib import Path
 from typing import Any
 
 from sat_cli.errors import UserError
-from sat_cli.rewards import ReportedError, Scorer, Scores, contain, error_text
+from sat_cli.rewards import ReportedError, Scorer, Scores, contain, error_text, require
+from sat_cli.validate import ConfigError
 
 START_TIMEOUT_S = 120.0  # a worker's start: interpreter, the user's module and its imports
+MAX_ANSWER_BYTES = 16 << 20  # one answer of a worker
+
+
+def _send(conn, msg: tuple) -> None:
+    """A worker's answer as JSON: the parent never unpickles what the user's code made (a
+    value of a class of the plug-in's module raised ``ModuleNotFoundError`` in ``sat``, and
+    unpickling runs code the pickle names)."""
+    conn.send_bytes(json.dumps(msg, allow_nan=True).encode())
+
+
+def _receive(conn) -> tuple:
+    """A worker's answer (``_send``); ``OSError`` when it is not one (over the size, not
+    JSON, not ``[kind, index, payload]``)."""
+    data = conn.recv_bytes(MAX_ANSWER_BYTES)
+    try:
+        msg = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise OSError(f"an unreadable answer ({type(exc).__name__})") from None
+    if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], str)):
+        raise OSError("an unreadable answer (not [kind, index, payload])")
+    return tuple(msg)
 
 
 def load_function(spec: str):
@@ -81,9 +105,9 @@ def _serve(conn, spec: str, memory_mb: int | None = None) -> None:
         contain.contain_self(memory_mb)
         fn = load_function(spec)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which refuses it
-        conn.send(("load_error", -1, error_text(exc)))
+        _send(conn, ("load_error", -1, error_text(exc)))
         return
-    conn.send(("ready", -1, None))
+    _send(conn, ("ready", -1, None))
     while True:
         try:
             msg = conn.recv()
@@ -98,9 +122,9 @@ def _serve(conn, spec: str, memory_mb: int | None = None) -> None:
         except BaseException as exc:  # noqa: BLE001 - any failure of the user's code is counted
             reply = ("err", index, error_text(exc))
         try:
-            conn.send(reply)
+            _send(conn, reply)
         except Exception as exc:  # noqa: BLE001 - a result that cannot be sent back
-            conn.send(("err", index, f"returned a value that cannot be sent back ({exc})"))
+            _send(conn, ("err", index, f"returned a value that cannot be sent back ({exc})"))
 
 
 class _Worker:
@@ -114,12 +138,12 @@ class _Worker:
             self.kill()
             raise ValueError(f"reward.fn={spec!r}: the worker did not start in {START_TIMEOUT_S}s")
         try:
-            kind, _, text = self.conn.recv()
-        except (EOFError, OSError):
+            kind, _, text = _receive(self.conn)
+        except (EOFError, OSError) as exc:
             self.kill()
             raise ValueError(
                 f"reward.fn={spec!r}: the worker exited while loading it "
-                f"(exit code {self.proc.exitcode})"
+                f"(exit code {self.proc.exitcode}; {error_text(exc)})"
             ) from None
         if kind != "ready":
             self.kill()
@@ -186,11 +210,14 @@ class WorkerPool:
                 worker, (index, started) = self.workers[i], busy[i]
                 if worker.conn in ready:
                     try:
-                        kind, _, payload = worker.conn.recv()
+                        kind, _, payload = _receive(worker.conn)
                         results[index] = (kind, payload)
-                    except (EOFError, OSError):
+                    except (EOFError, OSError) as exc:
                         code = worker.proc.exitcode
-                        results[index] = ("err", f"the reward process died (exit code {code})")
+                        why = f"died (exit code {code})"
+                        if not isinstance(exc, EOFError):  # it is replaced, as a dead one
+                            why = f"sent {exc}; it was stopped"
+                        results[index] = ("err", f"the reward process {why}")
                         worker.kill()
                         self.workers[i] = None
                     del busy[i]
@@ -278,3 +305,20 @@ def check(settings) -> None:
 
 def build(settings, runtime: dict) -> PoolScorer:
     return PoolScorer(settings)
+
+
+def validate(settings) -> None:
+    """``reward.fn`` is ``pkg.module:function`` or ``path/to/file.py:function``."""
+    require(settings, "fn")
+    if not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", settings.fn):
+        raise ConfigError(
+            f"reward.fn={settings.fn!r}: expected pkg.module:function or path/to/file.py:function"
+        )
+
+
+def label(settings) -> str:
+    return f"reward.fn={settings.fn}" if getattr(settings, "fn", None) else ""
+
+
+def processes(settings) -> int:
+    return settings.workers  # reward.workers processes run the function

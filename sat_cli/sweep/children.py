@@ -1,14 +1,11 @@
-"""Children of a sweep: each run a ``sat train`` subprocess in its own process group, its
-sweep tags as overrides, and stopping them (SIGINT, grace period, SIGKILL).
+"""Children of a sweep: each run in flight as the job its executor submitted (``sweep/local.py``:
+a ``sat train`` subprocess in its own process group), its sweep tags as overrides, and stopping
+them with their executor's ``stop`` (SIGINT, grace period, SIGKILL for the local one).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,24 +26,18 @@ class SweepInterrupted(KeyboardInterrupt):
 
 @dataclass
 class Child:
-    """One run in flight: a local ``sat train`` subprocess (``proc``), or a cluster job
-    (``job``, ``sat_cli.cluster.executors``: ``poll()``, ``stop(grace_s)``, ``job_id``)."""
+    """One run in flight: the job its executor submitted (``sweep/registry.Job``: ``job_id``,
+    ``poll()``, ``stop(grace_s)``; ``sweep/local.LocalJob`` for this machine's subprocesses)."""
 
     run: SweepRun
-    proc: subprocess.Popen | None
-    log: Any
+    job: Any
     started: float
-    job: Any = None
     returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.proc.poll() if self.job is None else self.job.poll()
+            self.returncode = self.job.poll()
         return self.returncode
-
-
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> list[str]:
@@ -57,74 +48,27 @@ def tag_overrides(sweep_id: str, run: SweepRun, parent_run_id: str | None) -> li
     return [f"++tracking.tags.{k}={hydra_quote(v)}" for k, v in tags.items()]
 
 
-def launch_child(cmd: list[str], log_path: Path, env: dict[str, str], header: str) -> tuple:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed when the child ends
-    f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n$ {' '.join(cmd)}\n")
-    f.flush()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=f,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,  # own process group: Ctrl-C reaches it only through us
-    )
-    return proc, f
-
-
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _stop_jobs(children: list[Child], grace_s: float, log) -> None:
-    """Cluster jobs: each job's own orderly stop (scancel, the actor's SIGINT), in parallel."""
-    import threading
-
-    threads = [threading.Thread(target=c.job.stop, args=(grace_s,)) for c in children]
-    log(f"stopping {len(children)} cluster job(s) (an orderly stop, hard after {grace_s:.0f} s)")
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(grace_s + 60)
-    for c in children:
+def stop_children(children: list[Child], grace_s: float, log, stop) -> None:
+    """Stop the children still running with their executor's ``stop(jobs, grace_s, log)``
+    (``sweep/registry.SweepExecutor.stop``), and record their exit codes."""
+    alive = [c for c in children if c.poll() is None]
+    if alive:
+        stop([c.job for c in alive], grace_s, log)
+    for c in alive:
         c.poll()
 
 
-def stop_children(children: list[Child], grace_s: float, log) -> None:
-    """SIGINT to each child's process group, wait up to ``grace_s``, then SIGKILL the rest."""
-    jobs = [c for c in children if c.job is not None and c.poll() is None]
-    if jobs:
-        _stop_jobs(jobs, grace_s, log)
-    alive = [c for c in children if c.job is None and c.proc.poll() is None]
-    if not alive:
-        return
-    log(f"stopping {len(alive)} run(s): SIGINT, then SIGKILL after {grace_s:.0f} s")
-    for c in alive:
-        signal_group(c.proc, signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    try:
-        while any(c.proc.poll() is None for c in alive) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        log("second interrupt: killing now")
-    for c in alive:
-        if c.proc.poll() is None:
-            signal_group(c.proc, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            c.proc.wait(timeout=10)
-        # the group may hold grandchildren (engine process) that outlived the child
-        signal_group(c.proc, signal.SIGKILL)
-        c.returncode = c.proc.returncode
-
-
 def tail_text(path: Path, n: int = 8) -> str:
+    """The last ``n`` lines of a child's log, for the sweep's terminal: another process's text
+    (the child's plug-ins print there), so control characters escaped and secrets masked."""
+    from sat_cli.tracking.params import redact_text
+    from sat_cli.tracking.remote_text import escape_controls
+
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return "\n".join("    | " + line for line in lines[-n:])
+    return "\n".join("    | " + escape_controls(redact_text(line)) for line in lines[-n:])
 
 
 def on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess

@@ -13,14 +13,8 @@ import sys
 import time
 
 from sat_cli.errors import RunFailed
-from sat_cli.sweep.children import (
-    Child,
-    child_env,
-    launch_child,
-    signal_group,
-    tag_overrides,
-    tail_text,
-)
+from sat_cli.sweep.children import Child, tag_overrides, tail_text
+from sat_cli.sweep.local import launch_child, signal_group
 from sat_cli.sweep.plan import Plan
 from sat_cli.sweep.spec import SweepRun
 from sat_cli.sweep.state import RUN_RECORD, checkpoint_status, write_state
@@ -53,10 +47,9 @@ def warm_start(plan: Plan, log) -> None:
 
 
 def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> dict[str, Child]:
-    """Jobs of an earlier sweep (this executor) that still run: waited for, not resubmitted."""
+    """Jobs of an earlier sweep (this executor) that still run: waited for, not resubmitted (the
+    local executor adopts none: a run it left running is found by its pid instead)."""
     adopted: dict[str, Child] = {}
-    if executor is None:
-        return adopted
     for run in todo:
         rec = state["runs"].get(run.name, {})
         if rec.get("status") != "running" or rec.get("executor") != executor.name:
@@ -68,12 +61,12 @@ def adopt_jobs(plan: Plan, state: dict, todo: list[SweepRun], executor, log) -> 
             )
             continue
         log(f"adopt  {run.name}  (job {job.job_id} of an earlier sweep still runs)")
-        adopted[run.name] = Child(run, None, None, time.perf_counter(), job=job)
+        adopted[run.name] = Child(run, job, time.perf_counter())
     return adopted
 
 
 def start_run(
-    plan: Plan, state: dict, run: SweepRun, parent_id: str | None, log, executor=None
+    plan: Plan, state: dict, run: SweepRun, parent_id: str | None, log, executor
 ) -> Child:
     from sat_cli.util.fsio import atomic_write_json
 
@@ -93,27 +86,19 @@ def start_run(
         log=str(log_path),
     )
     header = f"sweep attempt {rec['attempts']}"
-    if executor is not None:
-        job = executor.submit(
-            run.name, cmd, log_path, {"PYTHONUNBUFFERED": "1"}, f"{plan.sweep.id} {header}"
-        )
-        rec.update(executor=executor.name, job_id=job.job_id)
-        rec.pop("pid", None)
-        write_state(plan.root, state)
-        log(f"submit {run.name}  ({run.method}; {executor.name} job {job.job_id}; log {log_path})")
-        return Child(run, None, None, time.perf_counter(), job=job)
-    proc, f = launch_child(cmd, log_path, child_env(), header)
-    rec.update(pid=proc.pid, executor="local", job_id=str(proc.pid))
+    job = executor.submit(
+        run.name, cmd, log_path, {"PYTHONUNBUFFERED": "1"}, f"{plan.sweep.id} {header}"
+    )
+    rec.pop("pid", None)
+    rec.update(executor=executor.name, job_id=job.job_id, **job.record())
     write_state(plan.root, state)
-    log(f"start  {run.name}  ({run.method}; pid {proc.pid}; log {log_path})")
-    return Child(run, proc, f, time.perf_counter())
+    log(f"submit {run.name}  ({run.method}; {executor.name} job {job.job_id}; log {log_path})")
+    return Child(run, job, time.perf_counter())
 
 
 def finish_run(
     plan: Plan, state: dict, child: Child, rc, done: int, total: int, log, *, interrupted=False
 ) -> str:
-    if child.log is not None:
-        child.log.close()
     finished, step = checkpoint_status(plan.run_dirs[child.run.name])
     wall = time.perf_counter() - child.started
     if finished and rc == 0:

@@ -107,7 +107,8 @@ def _devices(obj) -> tuple[int, bool, int, Any]:
     from sat_cli.config.needs import job_needs
 
     plan = device_plan(obj)
-    cuda = any(p.gpus for p in plan.procs if not p.name.startswith("megatron"))
+    ranks = obj.trainer.gpu_layout().get("torchrun", False)  # its torchrun ranks do not count
+    cuda = any(p.gpus for p in plan.procs if not (ranks and p.role == "trainer"))
     placed = type(obj.launcher).places  # launcher=ray: the run places its own nodes
     nodes = 1 if placed else obj.trainer.gpu_layout()["nnodes"]
     return plan.needed().get(0, 0), cuda, nodes, job_needs(obj, plan)
@@ -206,7 +207,9 @@ def format_plan(plan: Plan, statuses: dict[str, str]) -> str:
     for v in statuses.values():
         counts[v.split(" ")[0]] = counts.get(v.split(" ")[0], 0) + 1
     lines.append("status: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
-    return "\n".join(lines)
+    from sat_cli.tracking.params import redact_text
+
+    return redact_text("\n".join(lines))  # the overrides: a URL's password, a secret key's value
 
 
 def conflict_message(plan: Plan, run: SweepRun) -> str:

@@ -12,17 +12,12 @@ from pathlib import Path
 
 from sat_cli import metric_names as M
 from sat_cli.errors import RunFailed, UserError
-from sat_cli.sweep.children import (
-    Child,
-    SweepInterrupted,
-    on_sigterm,
-    signal_group,
-    stop_children,
-)
+from sat_cli.registry import not_buildable
+from sat_cli.sweep.children import Child, SweepInterrupted, on_sigterm, stop_children
 from sat_cli.sweep.executor import ExecutorOptions, resources_text
 from sat_cli.sweep.jobs import CHILD_LOG, adopt_jobs, finish_run, start_run, warm_start
 from sat_cli.sweep.plan import Plan, conflict_message, format_plan, validate
-from sat_cli.sweep.registry import EXECUTORS
+from sat_cli.sweep.registry import EXECUTORS, LOCAL
 from sat_cli.sweep.spec import load_sweep
 from sat_cli.sweep.state import (
     checkpoint_status,
@@ -77,7 +72,15 @@ def _open_parent(plan: Plan, state: dict, log):
 
     apply_pending(Path(plan.run_dir), tr, log)
     tr.log_dict([r.record() for r in s.runs], M.ARTIFACT_SWEEP_RUNS)
-    tr.log_artifact(s.file, "sweep")
+    from sat_cli.errors import UserError
+    from sat_cli.tracking.params import redact_text
+    from sat_cli.util.readers import read_text
+    from sat_cli.util.safe_yaml import MAX_FILE_BYTES
+
+    # the sweep file as its lines are printed: masked (it was copied as it was), read with the
+    # bound its YAML was read with
+    text = read_text(s.file, what=str(s.file), error=UserError, max_bytes=MAX_FILE_BYTES)
+    tr.log_text(redact_text(text), M.ARTIFACT_SWEEP_FILE.format(name=Path(s.file).name))
     return tr
 
 
@@ -103,6 +106,11 @@ def run_sweep(
         component = EXECUTORS.get(opts.name)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    if not dry_run and component.build is not_buildable:  # never the local executor instead
+        raise UserError(
+            f"--executor={opts.name!r} cannot start runs: its registry entry has no build "
+            "(SweepExecutor(build=...), sat_cli/sweep/registry.py); nothing was written"
+        )
     sweep = load_sweep(sweep_file, overrides)
     plan = validate(sweep, log=log)
     state = read_state(plan.root)
@@ -136,12 +144,11 @@ def run_sweep(
     if conflicts:
         raise UserError(conflict_message(plan, conflicts[0]))
     with state_lock(plan.root):
-        ex = component.build(settings, plan)  # None: local subprocesses
+        ex = component.build(settings, plan)
         try:
             _run_locked(plan, read_state(plan.root), jobs, log, ex, grace)
         finally:
-            if ex is not None:
-                ex.close()
+            ex.close()
 
 
 def _printer():
@@ -151,19 +158,19 @@ def _printer():
     return log
 
 
-def _submitted_elsewhere(executor: str | None, name: str) -> bool:
+def _submitted_elsewhere(recorded: str | None, name: str) -> bool:
     """A running record's job went to another cluster executor than ``name`` (the sweep's own
-    subprocesses, ``cluster=False``, are found by their pid instead); an executor that is not
-    registered now counts as a cluster."""
-    if executor is None or executor == name:
-        return False
-    entry = EXECUTORS.find(executor)
-    return entry is None or entry.cluster
+    subprocesses, ``cluster=False``, are found by their pid instead; a record without an
+    executor is one of them); an executor that is not registered now counts as a cluster."""
+    recorded = recorded or LOCAL
+    entry = EXECUTORS.find(recorded)
+    return recorded != name and (entry is None or entry.cluster)
 
 
-def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DEFAULT_GRACE_S):
+def _run_locked(plan: Plan, state: dict, jobs: int, log, executor, grace=DEFAULT_GRACE_S):
     sweep = plan.sweep
-    name = executor.name if executor is not None else "local"
+    name = executor.name
+    component = EXECUTORS.get(name)
     elsewhere = {
         n: rec
         for n, rec in state["runs"].items()
@@ -216,14 +223,12 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DE
             while queue and len(children) < jobs:
                 run = queue.popleft()
                 children[run.name] = start_run(plan, state, run, parent_id, log, executor)
-            time.sleep(0.2 if executor is None else 1.0)
+            time.sleep(component.poll_s)
             for name, child in list(children.items()):
                 rc = child.poll()
                 if rc is None:
                     continue
                 del children[name]
-                if rc != 0 and child.job is None:  # its engine may be left in its group
-                    signal_group(child.proc, signal.SIGKILL)
                 done += 1
                 results[name] = finish_run(plan, state, child, rc, done, len(todo), log)
         failed = [n for n, v in results.items() if v != "finished"]
@@ -248,12 +253,12 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DE
             )
     except KeyboardInterrupt as exc:
         outcome = "KILLED"
-        if executor is not None and getattr(exc, "hung_up", False):
+        if component.cluster and getattr(exc, "hung_up", False):
             # the terminal went away: the cluster jobs run on; the next `sat sweep` adopts them
             log(f"hung up: {len(children)} job(s) keep running; re-run the sweep to adopt them")
             children.clear()
             raise SweepInterrupted() from None
-        stop_children(list(children.values()), grace, log)
+        stop_children(list(children.values()), grace, log, component.stop)
         for child in children.values():
             finish_run(plan, state, child, child.poll(), 0, 0, log, interrupted=True)
         children.clear()
@@ -262,7 +267,7 @@ def _run_locked(plan: Plan, state: dict, jobs: int, log, executor=None, grace=DE
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for child in children.values():  # an unexpected error: do not leave orphans behind
-            stop_children([child], 5.0, log)
+            stop_children([child], 5.0, log, component.stop)
         if parent is not None:
             from sat_cli.tracking.final_status import end_run
 

@@ -51,12 +51,16 @@ class SweepRun:
     hash: str  # sha256 of the sorted override list
 
     def record(self) -> dict[str, Any]:
+        """What the sweep's state, each run's ``sweep_run.json`` and the parent run's artifact
+        hold: the overrides masked (``redact_text``; collisions compare ``override_hash``)."""
+        from sat_cli.tracking.params import redact_text
+
         return {
             "name": self.name,
             "method": self.method,
             "axes": dict(self.axes),
             "seed": self.seed,
-            "overrides": list(self.overrides),
+            "overrides": [redact_text(o) for o in self.overrides],
             "override_hash": self.hash,
         }
 

@@ -195,16 +195,19 @@ def parquet_table(path: Path):
     return check_table(table, str(path))
 
 
-def ipc_stream_table(path: Path):
-    """The table of one Arrow IPC stream file of a ``datasets`` folder, bounded."""
+def ipc_stream_table(path: Path, before: int = 0):
+    """The table of one Arrow IPC stream file of a ``datasets`` folder, bounded; ``before``: the
+    rows the folder's earlier files already hold (a ``state.json`` may list one small file that
+    expands to 256 MiB many times: each was bounded alone, all were read before the total was)."""
     import pyarrow as pa
 
     with open_data_file(path) as fh:
         try:
             source = pa.PythonFile(fh, mode="r")
             declared = stream_expanded_bytes(source)
-            if declared > MAX_TABLE_BYTES:
-                raise _too_big(str(path), declared)
+            if before + declared > MAX_TABLE_BYTES:
+                where = f"{path} (with the files listed before it)" if before else str(path)
+                raise _too_big(where, before + declared)
             source.seek(0)
             table = pa.ipc.open_stream(source).read_all()
         except DataError:

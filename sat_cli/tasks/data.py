@@ -27,7 +27,6 @@ digit limit, ``NaN``/``Infinity`` and lone UTF-16 surrogates are refused the sam
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ __all__ = [
     "data_dir_from",
     "load_benchmark",
     "load_jsonl",
-    "load_training_prompts",
+    "load_dapo_math",
     "normalize_row",
 ]
 
@@ -230,53 +229,21 @@ def dedupe_by_problem(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def load_training_prompts(
-    name: str,
-    data_dir: str | os.PathLike | None = None,
-    *,
-    limit: int | None = None,
-    seed: int | None = None,
-    allow_hub: bool = True,
-) -> list[dict[str, str]]:
-    """Training rows for ``task=<name>``: ``dapo_math``, ``gsm8k``, ``deepmath`` or a JSONL path.
-
-    ``dapo_math`` reads a DAPO-Math-17k copy from the data directory (one of
-    ``dapo_math_17k.jsonl``, ``dapo-math-17k.jsonl``, ``dapo_math.jsonl``), else the hub when
-    ``datasets`` is installed and ``allow_hub``; it is deduplicated by problem text (the hub parquet
-    repeats each prompt many times). ``gsm8k`` is ``gsm8k_train.jsonl``. With ``seed`` the rows
-    are shuffled deterministically (``random.Random(seed)``); ``limit`` is applied after that.
-    """
-    if name == "dapo_math":
-        root = data_dir_from(data_dir)
-        local = [root / f for f in DAPO_FILES if root is not None and (root / f).is_file()]
-        if local:
-            rows = dedupe_by_problem(load_jsonl(local[0]))
-        elif allow_hub:
-            try:
-                rows = dedupe_by_problem(load_hf("hf:dapo_math"))
-            except DataError as err:
-                raise DataError(
-                    f"task=dapo_math: {dapo_missing(root)} and the hub is not usable ({err}). "
-                    f"Offline stand-ins (also external): {STAND_INS}"
-                ) from None
-        else:
-            raise DataError(
-                f"task=dapo_math: {dapo_missing(root)}; offline stand-ins (also external): "
-                f"{STAND_INS}"
-            )
-    elif name == "gsm8k":
-        rows = load_benchmark("gsm8k_train", data_dir)
-    elif name in ("deepmath", "gsm8k_train"):
-        rows = load_benchmark(name, data_dir)
-    elif name.endswith(".jsonl") or Path(name).is_file():
-        rows = load_jsonl(name)
-    else:
+def load_dapo_math(data_dir: str | os.PathLike | None = None, allow_hub: bool = True):
+    """DAPO-Math-17k's rows, deduplicated by problem text: a copy in the data directory, else
+    the hub (``allow_hub``, with ``datasets`` installed); ``DataError`` naming the stand-ins."""
+    root = data_dir_from(data_dir)
+    local = [root / f for f in DAPO_FILES if root is not None and (root / f).is_file()]
+    if local:
+        return dedupe_by_problem(load_jsonl(local[0]))
+    if not allow_hub:
         raise DataError(
-            f"unknown training task {name!r}: use dapo_math, gsm8k, deepmath or a .jsonl path"
+            f"task=dapo_math: {dapo_missing(root)}; offline stand-ins (also external): {STAND_INS}"
         )
-    if seed is not None:
-        rows = list(rows)
-        random.Random(seed).shuffle(rows)
-    if limit is not None:
-        rows = rows[:limit]
-    return rows
+    try:
+        return dedupe_by_problem(load_hf("hf:dapo_math"))
+    except DataError as err:
+        raise DataError(
+            f"task=dapo_math: {dapo_missing(root)} and the hub is not usable ({err}). "
+            f"Offline stand-ins (also external): {STAND_INS}"
+        ) from None

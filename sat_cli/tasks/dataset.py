@@ -59,18 +59,19 @@ class DatasetTask:
 
     @classmethod
     def from_config(
-        cls, task, *, data_dir: str | None, seed: int, heldout: bool = False
+        cls, task, source, *, data_dir: str | None, seed: int, heldout: bool = False
     ) -> DatasetTask:
-        """The task of a ``TaskConfig``; ``heldout``: split off the held-out rows (``eval=heldout``)."""
-        from sat_cli.tasks.data import dedupe_by_problem, load_training_prompts
+        """The task of a ``TaskConfig`` and its kind's ``source`` (``tasks/registry.TaskSource``);
+        ``heldout``: split off the held-out rows (``eval=heldout``)."""
+        from sat_cli.tasks.data import dedupe_by_problem
         from sat_cli.tasks.sources import read_rows
 
         if task.path:  # a user's file, whatever the kind (GSM8K and DAPO layouts are known)
             rows = read_rows(task.path, task.fields)
-            if task.kind == "dapo_math":
+            if source.dedupe:
                 rows = dedupe_by_problem(rows)
         else:
-            rows = load_training_prompts(task.kind, data_dir)
+            rows = source.rows(data_dir, True)
         held = None
         if heldout and task.heldout_path:
             held = read_rows(task.heldout_path, task.fields)

@@ -109,7 +109,7 @@ def _arrow_folder_table(path: Path):
     """The table of one split saved by ``datasets``' ``save_to_disk``."""
     import pyarrow as pa
 
-    from sat_cli.tasks.arrow_bounds import check_table, ipc_stream_table
+    from sat_cli.tasks.arrow_bounds import check_table, expanded_nbytes, ipc_stream_table
 
     if os.path.lexists(path / "dataset_dict.json"):
         try:
@@ -132,7 +132,7 @@ def _arrow_folder_table(path: Path):
         file = path / str(name)
         if Path(str(name)).name != str(name) or not file.is_file():
             raise DataError(f"{path}/state.json: data file {name!r} is not a file of the folder")
-        tables.append(ipc_stream_table(file))
+        tables.append(ipc_stream_table(file, sum(expanded_nbytes(t) for t in tables)))
     if not tables:
         raise DataError(f"{path}/state.json: lists no data files")
     try:
@@ -149,15 +149,15 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def benchmark_rows(benchmark: str, path: str | None, fields, data_dir, limit: int | None):
-    """The rows of ``eval=<benchmark>``: ``eval=jsonl`` reads ``path`` as a user's file (with
-    ``task.fields``; a .jsonl file without fields as :func:`load_benchmark` does); a name is a
-    shipped benchmark (:func:`sat_cli.tasks.data.load_benchmark`)."""
+    """The rows of ``eval=<benchmark>``: a user's file at ``path`` (``eval=jsonl``: with
+    ``task.fields``; a .jsonl file without fields as :func:`load_benchmark` does); without a
+    path, a shipped benchmark by name (:func:`sat_cli.tasks.data.load_benchmark`)."""
     from sat_cli.tasks.data import load_benchmark
 
-    if benchmark == "jsonl" and (fields.prompt or not str(path).endswith(".jsonl")):
+    if path is not None and (fields.prompt or not str(path).endswith(".jsonl")):
         rows = read_rows(path, fields)
         return rows[:limit] if limit else rows
-    return load_benchmark(path if benchmark == "jsonl" else benchmark, data_dir, limit)
+    return load_benchmark(path if path is not None else benchmark, data_dir, limit)
 
 
 def read_rows(path: str | os.PathLike, fields=None) -> list[dict[str, Any]]:

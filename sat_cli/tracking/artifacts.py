@@ -129,7 +129,7 @@ class ArtifactLog:
         from mlflow.entities import Param
 
         items = [
-            Param(mlflow_key(str(k)), truncate(str(v), MAX_PARAM_VALUE_LEN))
+            Param(mlflow_key(str(k)), truncate(redact_uri(str(v)), MAX_PARAM_VALUE_LEN))
             for k, v in params.items()
         ]
         for chunk in chunked(items, PARAMS_PER_BATCH):

@@ -1,10 +1,14 @@
 """MLflow names and params: legal keys (``mlflow_key``), secret keys and URI passwords
-redacted, a nested config flattened into params (``flatten_config``).
+redacted, a nested config flattened into params (``flatten_config``), and the one secret policy
+every output goes through: the name rules (``is_secret_key``, ``redact_uri``, ``redact_text``,
+``redact_config``) and the values known to be secret (``remember_secrets``, ``mask_known``;
+environment variables by ``is_secret_env_name``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -68,6 +72,80 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
+# ----------------------------------------------------------------------- values known to be secret
+# The one policy's second half: besides the rules above (by a key's, a flag's or a query key's
+# name, a URL's userinfo), the *values* they mask in the run's composed config
+# (:func:`remember_secrets`, called by ``config.compose``) and the values of this process's
+# environment variables named like secrets (:func:`is_secret_env_name`) are masked wherever they
+# appear verbatim: params, tags, ``config.yaml``, messages, `sat plan`, samples tables, the run
+# folder's logs. Values shorter than MIN_SECRET_CHARS are not (``true``, ``1``, ``none`` would
+# mask ordinary text); the name rules still mask them where a name is next to them.
+MIN_SECRET_CHARS = 6
+_KNOWN: set[str] = set()  # remembered from composed configs (the process's inputs)
+_ENV_KNOWN: list[frozenset[str]] = []  # this process's secret environment values, read once
+_ENV_SECRET_LAST = frozenset({"key", "keys", "token", "tokens", "pat"})
+_ENV_NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's folders ("pwd" names a password)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True for an environment variable named like a secret: ``*_TOKEN``, ``*_KEY``,
+    ``*SECRET*``, ``*PASSWORD*`` and every name :func:`is_secret_key` names (``HF_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ``OPENAI_API_KEY``, ``PGPASSWORD``)."""
+    words = _key_words(name)
+    upper = name.upper()
+    if upper in _ENV_NOT_SECRET:
+        return False
+    return bool(
+        is_secret_key(name)
+        or (words and words[-1] in _ENV_SECRET_LAST)
+        or any(w in upper for w in ("SECRET", "PASSWORD", "PASSWD"))
+    )
+
+
+def _env_secrets() -> frozenset[str]:
+    if not _ENV_KNOWN:
+        _ENV_KNOWN.append(
+            frozenset(
+                v
+                for k, v in os.environ.items()
+                if len(v) >= MIN_SECRET_CHARS and is_secret_env_name(k)
+            )
+        )
+    return _ENV_KNOWN[0]
+
+
+def remember_secrets(config: Any) -> None:
+    """Remember every value :func:`redact_config` masks in ``config`` (a plain nested config),
+    so that it is masked wherever it appears (module comment above)."""
+
+    def found(value: str) -> None:
+        if len(value) >= MIN_SECRET_CHARS and value != REDACTED:
+            _KNOWN.add(value)
+
+    _redact_nested(config, found)
+    _ENV_KNOWN.clear()  # read the environment again: a command sets its variables before
+
+
+def mask_known(text: str) -> str:
+    """``text`` with every value known to be secret (module comment above) replaced by ``***``."""
+    known = _KNOWN | _env_secrets()
+    for value in sorted((v for v in known if v in text), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def mask_known_in(value: Any) -> Any:
+    """A copy of a nested value (dicts, lists, strings) with :func:`mask_known` applied to every
+    string: what a samples table's cells get (model text is data: only known values go)."""
+    if isinstance(value, str):
+        return mask_known(value)
+    if isinstance(value, Mapping):
+        return {k: mask_known_in(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_known_in(v) for v in value]
+    return value
+
+
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
 _QUERY_PAIR = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#\s]+)=(?P<value>[^&;#\s]*)")
 _QUERY_SECRET_KEYS = frozenset({"key", "sig", "signature", "code", "x-amz-signature"})
@@ -77,13 +155,19 @@ def _is_secret_query_key(key: str) -> bool:
     return key.lower() in _QUERY_SECRET_KEYS or is_secret_key(key)
 
 
-def _redact_query(url: str) -> str:
+def _masked(found, value: str) -> str:
+    if found is not None:
+        found(value)
+    return REDACTED
+
+
+def _redact_query(url: str, found=None) -> str:
     head, q, rest = url.partition("?")
     if not q:
         return url
     return head + _QUERY_PAIR.sub(
         lambda m: (
-            f"{m.group('sep')}{m.group('key')}={REDACTED}"
+            f"{m.group('sep')}{m.group('key')}={_masked(found, m.group('value'))}"
             if _is_secret_query_key(m.group("key")) and m.group("value")
             else m.group(0)
         ),
@@ -91,12 +175,14 @@ def _redact_query(url: str) -> str:
     )
 
 
-def redact_uri(text: str) -> str:
+def redact_uri(text: str, found=None) -> str:
     """Mask the password of every ``scheme://user:password@host`` inside ``text``, and the value
     of every query parameter named like a secret (``?api_key=…``, ``&token=…``, ``key``,
-    ``sig``, ``signature``, ``code``)."""
-    text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
-    return _URI.sub(lambda m: _redact_query(m.group(0)), text)
+    ``sig``, ``signature``, ``code``); also every value known to be secret (:func:`mask_known`).
+    ``found``: called with each value masked by the URI rules (:func:`remember_secrets`)."""
+    text = mask_known(text)
+    text = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{_masked(found, m.group('pw'))}@", text)
+    return _URI.sub(lambda m: _redact_query(m.group(0), found), text)
 
 
 _ASSIGNMENT = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)=(?P<q>['\"]?)(?P<value>[^\s,'\"\]}&;]+)")
@@ -128,6 +214,11 @@ def redact_text(text: str) -> str:
     )
 
 
+def masked_print(*values: Any, **kwargs: Any) -> None:
+    """``print`` with :func:`redact_text` applied: a command's lines on the terminal."""
+    print(*(redact_text(str(v)) for v in values), **kwargs)
+
+
 def truncate(value: str, limit: int) -> str:
     if len(value) <= limit:
         return value
@@ -142,11 +233,31 @@ def scalar_str(value: Any) -> str:
     return str(value)
 
 
-def _redact_nested(value: Any) -> Any:
-    """Copy of a list/dict value with secret keys masked and URI passwords removed."""
+def _scalars(value: Any) -> Iterable[str]:
+    """Every scalar under ``value`` as text (what a secret-named key's value holds)."""
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from _scalars(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _scalars(v)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def _secret(found, value: Any) -> str:
+    for text in _scalars(value) if found is not None else ():
+        found(text)
+    return REDACTED
+
+
+def _redact_nested(value: Any, found=None) -> Any:
+    """Copy of a list/dict value with secret keys masked and URI passwords removed; ``found``
+    is called with every value masked."""
     if isinstance(value, Mapping):
         return {
-            k: (REDACTED if is_secret_key(str(k)) else _redact_nested(v)) for k, v in value.items()
+            k: (_secret(found, v) if is_secret_key(str(k)) else _redact_nested(v, found))
+            for k, v in value.items()
         }
     if isinstance(value, list | tuple):
         # argument lists: mask the value after a secret-named flag (`--api-key SECRET`) and the
@@ -160,19 +271,20 @@ def _redact_nested(value: Any) -> Any:
                 and "=" not in prev
                 and is_secret_key(prev.lstrip("-"))
             ):
-                out.append(REDACTED)
+                out.append(_secret(found, v))
             elif (
                 isinstance(v, str)
                 and v.startswith("-")
                 and "=" in v
                 and is_secret_key(v.split("=", 1)[0].lstrip("-"))
             ):
-                out.append(v.split("=", 1)[0] + "=" + REDACTED)
+                flag, secret = v.split("=", 1)
+                out.append(flag + "=" + _secret(found, secret))
             else:
-                out.append(_redact_nested(v))
+                out.append(_redact_nested(v, found))
         return out
     if isinstance(value, str):
-        return redact_uri(value)
+        return redact_uri(value, found)
     return value
 
 

@@ -10,7 +10,7 @@ printable) and leaves printable text, including non-ASCII letters, unchanged. It
 such text enters a message: ``rewards.error_text`` (every failed reward's one line, printed and
 stored in the samples tables), the HTTP reward client's messages, ``engines.sglang.wire``'s
 ``wire_excerpt`` (every SGLang body quoted in an error) and the server's log tail, and every
-``sat: error:`` paragraph (``cli_guard.fail``) as the last line of defence.
+``sat: error:`` paragraph (``cli.guard.fail``) as the last line of defence.
 """
 
 from __future__ import annotations

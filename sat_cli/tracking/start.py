@@ -67,7 +67,9 @@ def log_new_params(client, run_id: str, params: dict[str, Any], existing, tags: 
     the tag ``sat.resume.changed_params`` (added to ``tags``)."""
     from mlflow.entities import Param
 
-    params = {mlflow_key(k): truncate(str(v), MAX_PARAM_VALUE_LEN) for k, v in params.items()}
+    params = {
+        mlflow_key(k): truncate(redact_uri(str(v)), MAX_PARAM_VALUE_LEN) for k, v in params.items()
+    }
     changed = sorted(k for k, v in params.items() if k in existing and existing[k] != v)
     if changed:
         log.warning("resumed run %s: params changed since it started: %s", run_id, changed)

@@ -71,7 +71,7 @@ class LocalTrainer(PolicyTrainer):
         logprob_chunk_tokens: int | None = None,
         **options,
     ):
-        """``options``: ``sat_cli.trainers.step.TrainerSettings`` (``lr``, ``grad_clip``, ...);
+        """``options``: ``sat_cli.trainers.step.StepSettings`` (``lr``, ``grad_clip``, ...);
         ``loss``: every loss setting (default ``LossConfig()``).
         ``dtype``: ``float32`` or ``bfloat16`` (autocast; module docstring).
         ``logprob_chunk_tokens``: positions whose full-vocabulary logits are held at once
@@ -238,10 +238,14 @@ class LocalTrainer(PolicyTrainer):
     # --- weights and checkpoints ---------------------------------------------------------------
     def publish_weights(self, dir: str | os.PathLike, version: int) -> Path:
         """Write the current weights as an HF checkpoint ``dir/v{version}`` (atomically); return it.
-        With LoRA: the adapter alone (``weightsync.adapters``)."""
+        With LoRA: the adapter alone (``weightsync.adapters``), or with
+        ``trainer.lora.sync=merged`` the merged full weights (``lora_io.publish_merged``)."""
+        path = Path(dir) / f"v{int(version)}"
+        if self.lora is not None and self.lora["sync"] == "merged":
+            return lora_io.publish_merged(self.model, self.tokenizer, path)
         if self.lora is not None:
-            return lora_io.publish(self.model, self.lora, Path(dir) / f"v{int(version)}", version)
-        return save_hf(self.model, self.tokenizer, Path(dir) / f"v{int(version)}")
+            return lora_io.publish(self.model, self.lora, path, version)
+        return save_hf(self.model, self.tokenizer, path)
 
     def capture_weights(self, version: int) -> int:
         """Hold the current weights as ``version`` in the weight sender (distributed sync): the

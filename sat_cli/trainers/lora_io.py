@@ -25,6 +25,7 @@ def attach(model, lora: dict | None) -> dict | None:
         "alpha": float(lora.get("alpha", 16.0)),
         "dropout": float(lora.get("dropout", 0.0)),
         "target_modules": list(lora.get("target_modules") or ()),
+        "sync": str(lora.get("sync") or "adapter"),
     }
     try:
         apply_lora(model, lora["rank"], lora["alpha"], lora["dropout"], lora["target_modules"])
@@ -36,6 +37,7 @@ def attach(model, lora: dict | None) -> dict | None:
 def publish(model, lora: dict, path: Path, version: int) -> Path:
     """Write ``model``'s adapter as weight version ``version`` at ``path`` (atomically)."""
     from sat_cli.models.lora import adapter_tensors
+    from sat_cli.weightsync.adapter_probe import trainer_probe
     from sat_cli.weightsync.adapters import write_adapter
 
     return write_adapter(
@@ -45,7 +47,18 @@ def publish(model, lora: dict, path: Path, version: int) -> Path:
         rank=lora["rank"],
         alpha=lora["alpha"],
         targets=lora["target_modules"],
+        probe=trainer_probe(model),
     )
+
+
+def publish_merged(model, tokenizer, path: Path) -> Path:
+    """``trainer.lora.sync=merged``: write the merged model (``W + (alpha / r) B A`` in place of
+    every adapted layer) as a full HF checkpoint at ``path``, for engines without adapters."""
+    from sat_cli.models.lora import merged_linears
+    from sat_cli.models.tiny_moe import save_hf
+
+    with merged_linears(model):
+        return save_hf(model, tokenizer, path)
 
 
 def param_names(model) -> list[str]:

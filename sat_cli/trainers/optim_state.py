@@ -8,6 +8,10 @@ from typing import Any
 
 import torch
 
+# how the optimizer computes, not what: kept from the live optimizer when a checkpoint is loaded
+# (run.portable_numerics picks the fused AdamW; a checkpoint of the other path resumes with it)
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
 
 def optimizer_tensors(
     opt: torch.optim.Optimizer, name_of: Callable[[int], Any] = str
@@ -37,8 +41,11 @@ def load_optimizer_tensors(
         if name.startswith("state/"):
             pname, key = name[len("state/") :].rsplit("/", 1)
             state.setdefault(index_of(pname), {})[key] = t if device is None else t.to(device)
-    for g in param_groups:
+    for g, live in zip(param_groups, opt.param_groups, strict=False):
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
+        for key in IMPLEMENTATION_KEYS:  # this process's choice, not the checkpoint's
+            if key in live:
+                g[key] = live[key]
     opt.load_state_dict({"state": state, "param_groups": param_groups})
     torch.set_rng_state(tensors["rng/torch"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sat_cli.registry import Component, Registry
 from sat_cli.trainers import settings as local
+from sat_cli.trainers.megatron import checks
 from sat_cli.trainers.megatron import settings as megatron
 
 TRAINERS = Registry("trainer", "trainer")
@@ -18,6 +19,7 @@ TRAINERS.add(
         megatron.MegatronTrainerSettings,
         megatron.build,
         resources=megatron.resources,
+        check=checks.check,
         check_model=megatron.check_model,
     ),
 )

@@ -21,6 +21,7 @@ GPU_MICRO_BATCH_TOKENS = 8192
 MAX_LR_STEPS = 10_000_000  # trainer.lr_warmup_steps / lr_decay_steps: optimizer steps
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the attention projections
 LORA_MAX_RANK = 4096
+LORA_SYNC = ("adapter", "merged")  # trainer.lora.sync
 
 
 @dataclass
@@ -28,18 +29,22 @@ class LoraSettings:
     """``trainer.lora.*``: low-rank adapters (``W + (alpha / rank) B A`` on the linear layers
     named in ``target_modules``; ``sat_cli.models.lora``). ``rank`` null or 0: off (the whole
     model trains). On, the trainer trains the adapters only and publishes them alone
-    (adapter-only weight sync, one adapter per weight version)."""
+    (adapter-only weight sync, one adapter per weight version). ``sync``: ``adapter`` (the
+    adapter alone, the engine holds one per version) or ``merged`` (full weights with the
+    adapter merged in, ``W + (alpha / rank) B A``: for engines without adapter support)."""
 
     rank: int | None = None
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    sync: str = "adapter"
 
     def __post_init__(self) -> None:
         if self.rank is not None:
             check_range("trainer.lora.rank", self.rank, 0, LORA_MAX_RANK)
         check_range("trainer.lora.alpha", self.alpha, 0, 1e6, lo_open=True)
         check_range("trainer.lora.dropout", self.dropout, 0, 1, hi_open=True)
+        check_choice("trainer.lora.sync", self.sync, LORA_SYNC)
         if not self.target_modules:
             raise ConfigError("trainer.lora.target_modules must name at least one module")
         for name in self.target_modules:
@@ -60,6 +65,7 @@ class LoraSettings:
             "alpha": float(self.alpha),
             "dropout": float(self.dropout),
             "target_modules": [str(n) for n in self.target_modules],
+            "sync": str(self.sync),
         }
 
 
@@ -142,9 +148,18 @@ class TrainerSettings:
         ``sat_cli.models.arch.Arch`` or None; ``seq``: tokens of one sequence)."""
         return ["(the per-GPU memory table is for trainer=megatron)"]
 
-    def not_yet(self) -> str | None:
-        """Why it cannot run these settings yet (``sat train`` refuses them), or None."""
+    def not_yet(self, plan: bool = False) -> str | None:
+        """Why it cannot run these settings yet (``sat train`` refuses them; ``plan``: worded
+        for `sat plan`), or None."""
         return None
+
+    def token_budget(self) -> int | None:
+        """The most tokens one sample may have in its forwards (the smaller of
+        ``max_tokens_per_row`` and ``max_tokens_per_micro_batch``; None: no budget); the
+        training prompts are checked against it before a run starts
+        (``commands/preflight.check_token_budget``)."""
+        budgets = (self.max_tokens_per_row, self.max_tokens_per_micro_batch)
+        return min((b for b in budgets if b), default=None)
 
     def checkpoint_kind(self) -> dict:
         """What a checkpoint's trainer state must say for this trainer to resume it."""
@@ -224,7 +239,7 @@ def check_token_budgets(trainer: TrainerSettings, max_new_tokens: int) -> None:
 class TrainerRuntime:
     """What a trainer is built with besides its settings: the model, the run folder, the loss
     (``rl.config.LossConfig``), the step keywords from outside ``trainer.*`` (temperature, r3,
-    minibatches, seed, the sampler replay, the ledger: ``trainers.step.TrainerSettings``), the
+    minibatches, seed, the sampler replay, the ledger: ``trainers.step.StepSettings``), the
     engine's settings (the weight sync's dtype, device and buckets), the launcher and the run's
     device plan (``sat_cli.devices.DevicePlan``)."""
 
@@ -237,7 +252,7 @@ class TrainerRuntime:
     devices: Any = None
 
     def keywords(self, s: TrainerSettings) -> dict:
-        """The keywords both trainers' constructors take (``trainers.step.TrainerSettings``)."""
+        """The keywords both trainers' constructors take (``trainers.step.StepSettings``)."""
         return step_keywords(s, self.loss, self.options)
 
 
@@ -253,7 +268,7 @@ def micro_batch_tokens(s: TrainerSettings) -> int:
 
 
 def step_keywords(s: TrainerSettings, loss, options: dict) -> dict:
-    """A trainer's step keywords (``trainers.step.TrainerSettings``, ``loss``): the optimizer
+    """A trainer's step keywords (``trainers.step.StepSettings``, ``loss``): the optimizer
     and token budgets of ``trainer.*``, and ``options``, the ones from outside it."""
     return dict(
         loss=loss,
@@ -294,16 +309,21 @@ def check_local(run) -> None:
     lora = run.trainer.lora
     if not lora.on:
         return
-    if not getattr(type(run.engine), "LORA_ADAPTERS", False):
+    merged = lora.sync == "merged"  # full weights: any engine loads them
+    if not merged and not getattr(type(run.engine), "LORA_ADAPTERS", False):
         raise ConfigError(
             f"trainer.lora.rank={lora.rank} with engine={run.engine.name}: adapter-only weight "
-            "sync is wired into engine=local only (SGLang's /load_lora_adapter is not yet); use "
-            "engine=local, or trainer.lora.rank=0"
+            "sync is wired into engine=local and engine=sglang only; use one of them, "
+            "trainer.lora.sync=merged, or trainer.lora.rank=0"
         )
+    has = hasattr(run.engine, "lora_refusal")
+    why = run.engine.lora_refusal() if has and not merged else None
+    if why is not None:
+        raise ConfigError(f"trainer.lora.rank={lora.rank} with engine={run.engine.name}: not {why}")
     if run.engine.weight_sync != "disk":
         raise ConfigError(
             f"trainer.lora.rank={lora.rank} with engine.weight_sync={run.engine.weight_sync}: "
-            "adapters reach the engine from disk (a few MB per version); use "
+            "LoRA versions reach the engine from disk (adapters: a few MB per version); use "
             "engine.weight_sync=disk"
         )
     if run.lag.inflight_updates:

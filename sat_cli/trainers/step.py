@@ -22,7 +22,7 @@
    are split the same way (``forward_nograd``).
 
 Constructor keywords common to both trainers: ``loss`` (a ``LossConfig``; default
-``LossConfig()``) and the ``TrainerSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
+``LossConfig()``) and the ``StepSettings`` fields (``lr``, ``betas``, ``weight_decay``, ``grad_clip``,
 ``temperature``, ``r3``, ``num_minibatches``, ``seed``, ``r3_audit``); ``_init_step`` splits
 and checks them.
 
@@ -65,7 +65,7 @@ NONFINITE_METRIC = M.NONFINITE_SKIPPED
 
 
 @dataclass(frozen=True)
-class TrainerSettings:
+class StepSettings:
     """The optimizer and step settings both trainers take as keywords (besides ``loss``)."""
 
     lr: float = 1e-3
@@ -86,6 +86,11 @@ class TrainerSettings:
     lr_schedule: str = "constant"  # warm-up and decay of lr over optimizer steps (lr_schedule.py)
     lr_warmup_steps: int = 0
     lr_decay_steps: int = 0
+    # run.portable_numerics: AdamW's fused CPU kernel, whose sqrt is the processor's exact one;
+    # the default path's torch.sqrt goes to MKL's vector math, whose branch on a CPU that MKL does
+    # not take for Intel's (or under MKL_CBWR=COMPATIBLE) refines the approximate rsqrtps, and
+    # that instruction's bits differ between Intel and AMD (sat_cli/numerics.py)
+    portable_numerics: bool = False
 
 
 class PolicyTrainer:
@@ -95,17 +100,17 @@ class PolicyTrainer:
     device: torch.device
 
     def _init_step(self, loss: LossConfig | None, options: dict[str, Any]) -> None:
-        """Check the constructor keywords (``TrainerSettings`` fields only; the loss settings come
+        """Check the constructor keywords (``StepSettings`` fields only; the loss settings come
         as one ``LossConfig``), validate them (fail fast: before any model is built) and seed
         torch's RNG."""
-        names = {f.name for f in fields(TrainerSettings)}
+        names = {f.name for f in fields(StepSettings)}
         unknown = set(options) - names
         if unknown:
             raise TypeError(
                 f"unknown trainer options {sorted(unknown)}; loss settings go in "
                 "loss=LossConfig(...) (sat_cli.rl.config)"
             )
-        settings = TrainerSettings(**options)
+        settings = StepSettings(**options)
         loss = LossConfig() if loss is None else loss
         if settings.num_minibatches < 1:
             raise ValueError(f"num_minibatches must be >= 1, got {settings.num_minibatches}")
@@ -138,7 +143,11 @@ class PolicyTrainer:
 
     def _new_optimizer(self, params) -> torch.optim.Optimizer:
         s = self.settings
-        return torch.optim.AdamW(params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
+        params = list(params)
+        fused = s.portable_numerics and all(p.device.type == "cpu" for p in params)
+        return torch.optim.AdamW(
+            params, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay, fused=fused or None
+        )
 
     # --- what a backend supplies ----------------------------------------------------------------
     model: torch.nn.Module

@@ -5,8 +5,8 @@ every environment variable it reads is parsed by one of the specs here.
 ``2m``, ``1.5h`` for seconds; ``512MB``, ``16GB`` for gigabytes) and ``Text`` (a path, a host,
 ``HOST:PORT``, a URI, ``KEY=VALUE``, one of some choices, a name: never a control character, a
 NUL byte, undecodable bytes or more than ``max_len`` characters). A spec is the ``parser`` of a
-typer option (``sat_cli.cli_guard.opt`` / ``arg``), so a bad value is refused before the
-command runs, as one ``sat: error:`` line with exit code 2 (``cli_guard.SatGroup``), and
+typer option (``sat_cli.cli.guard.opt`` / ``arg``), so a bad value is refused before the
+command runs, as one ``sat: error:`` line with exit code 2 (``cli.guard.SatGroup``), and
 :func:`env` reads an environment variable with the same rules (:class:`OptionError`, a
 ``UserError``).
 

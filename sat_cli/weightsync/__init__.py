@@ -13,6 +13,7 @@ arrived (``engine.verify_weights``).
   socket (:class:`RemoteSender` is the driver's proxy)
 
 The engines' halves live with the engines (``engines/local/sync.py``,
-``engines/sglang/dist_sync.py``); the policy (which path, verification, the disk fallback,
-metrics) is ``loop/weightsync.py``. docs/sglang.md "Weight sync" describes the protocol.
+``engines/sglang/dist_sync.py``); the transports (disk, distributed: one class each) are
+``loop/transports.py`` and the policy (which path, verification, the disk fallback, metrics)
+``loop/weightsync.py``. docs/sglang.md "Weight sync" describes the protocol.
 """

@@ -6,7 +6,10 @@ A published version ``weights/v<N>`` of a LoRA run is an adapter folder, not an 
   ``.lora_B.weight`` ``[out, r]`` of every adapted layer (``sat_cli.models.lora``);
 * ``adapter_config.json``: ``format`` (``sat-lora/1``), ``version`` (the weight version it
   is), ``rank``, ``alpha``, ``target_modules`` and ``checksums``: every tensor's checksum as
-  the trainer sent it (the weight sync's hash, ``weightsync.layouts``).
+  the trainer sent it (the weight sync's hash, ``weightsync.layouts``); ``probe``: the trainer's
+  log-probs of a fixed sequence at this version (``weightsync.adapter_probe``); and PEFT's keys
+  ``peft_type`` (``LORA``), ``r``, ``lora_alpha``, so that SGLang's ``/load_lora_adapter``
+  reads the folder as it is (its loader needs no ``base_model.model.`` prefix on the names).
 
 The base weights reach the engine once (the model it starts on); every later version moves
 only its adapter. :func:`read_adapter` checks an adapter on arrival: the config's shape, the
@@ -34,6 +37,7 @@ CONFIG_SCHEMA = Obj(
         "alpha": Num(0),
         "target_modules": ListOf(Str()),
         "checksums": MapOf(Str()),
+        "probe": Obj({"ids": ListOf(Int(0)), "logprobs": ListOf(Num())}, ("ids", "logprobs")),
     },
     required=("format", "version", "rank", "alpha", "checksums"),
 )
@@ -54,8 +58,11 @@ def adapter_checksums(tensors: dict, dtype: str | None = None) -> dict[str, str]
     return expected_checksums(tensors.items(), "hf", dtype)
 
 
-def write_adapter(path, tensors: dict, *, version: int, rank: int, alpha: float, targets) -> Path:
-    """Write an adapter folder at ``path`` atomically (a staged sibling renamed into place)."""
+def write_adapter(
+    path, tensors: dict, *, version: int, rank: int, alpha: float, targets, probe=None
+) -> Path:
+    """Write an adapter folder at ``path`` atomically (a staged sibling renamed into place);
+    ``probe``: ``{"ids", "logprobs"}`` (``weightsync.adapter_probe``), or None."""
     from safetensors.torch import save_file
 
     from sat_cli.util.fsio import staged_dir
@@ -68,7 +75,13 @@ def write_adapter(path, tensors: dict, *, version: int, rank: int, alpha: float,
         "alpha": float(alpha),
         "target_modules": [str(t) for t in targets],
         "checksums": adapter_checksums(tensors),
+        # what PEFT (and SGLang's LoRA loader) reads
+        "peft_type": "LORA",
+        "r": int(rank),
+        "lora_alpha": float(alpha),
     }
+    if probe is not None:
+        config["probe"] = {"ids": [int(i) for i in probe["ids"]], "logprobs": probe["logprobs"]}
     with staged_dir(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / ADAPTER_FILE))
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1, sort_keys=True))

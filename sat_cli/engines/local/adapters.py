@@ -7,8 +7,9 @@ of the newest ``keep`` versions at once on the base's target layers
 was dropped is read from disk again (an adapter load, never a full reload).
 
 * **On arrival** every adapter is checked (``weightsync.adapters.read_adapter``: its version,
-  tensor names and every checksum against what the trainer wrote); a damaged one is refused and
-  nothing the engine holds changes.
+  tensor names and every checksum against what the trainer wrote), then the worker scores the
+  trainer's probe sequence with it (``weightsync.adapter_probe``: the log-probs must be the
+  trainer's at that version); a damaged one is refused and nothing the engine holds changes.
 * **Per request**: a request names its version's adapter (``generate``'s ``adapter``), which is
   made active for that request only; the samples are stamped with the adapter's own version,
   so a version stamp is the adapter that produced it. A lag profile's mixed-version batch is
@@ -61,9 +62,27 @@ class EngineAdapters:
         for p in layers:
             self.slots[p].held[version] = (own[f"{p}.{LORA_A}"], own[f"{p}.{LORA_B}"], scaling)
         self.held[version] = own
+        if "probe" in config:
+            self._probe(model, config, version)
         self.loads += 1
         self._evict(version)
         return True
+
+    def _probe(self, model, config: dict, version: int) -> None:
+        """Score the trainer's probe with ``version``'s adapter; a mismatch drops it again
+        (``AdapterDamaged``), the active adapter unchanged."""
+        from sat_cli.weightsync.adapter_probe import check_probe, model_logprobs
+
+        before = self.active
+        activate(self.slots, version)
+        try:
+            served = model_logprobs(model, config["probe"]["ids"])
+            check_probe(config, served, str(self.dtype).removeprefix("torch."), "the local engine")
+        except Exception:
+            self._drop(version)
+            raise
+        finally:
+            activate(self.slots, before)
 
     def _evict(self, new: int) -> None:
         """Drop the oldest versions beyond ``keep``, never the new one or the active one."""
@@ -71,10 +90,12 @@ class EngineAdapters:
             old = [v for v in self.held if v not in (new, self.active)]
             if not old:
                 return
-            drop = min(old)
-            del self.held[drop]
-            for s in self.slots.values():
-                s.held.pop(drop, None)
+            self._drop(min(old))
+
+    def _drop(self, version: int) -> None:
+        del self.held[version]
+        for s in self.slots.values():
+            s.held.pop(version, None)
 
     def activate(self, version: int | None) -> None:
         """The adapter of ``version`` applies to the next forwards (None: the base alone)."""

@@ -31,6 +31,7 @@ import re
 import time
 import weakref
 
+from sat_cli.engines.verification import Checksums
 from sat_cli.errors import EngineError, WeightSyncError
 from sat_cli.weightsync import buckets as B
 
@@ -205,7 +206,8 @@ class LocalSync:
     """The distributed weight sync's part of ``LocalEngine`` (a mixin: the engine holds the
     request lock, the request thread and ``sync_channel``); it runs :func:`run_sync`."""
 
-    checksum_layout = "hf"  # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
+    # served_checksums() names: HF checkpoint names (weightsync/layouts.py)
+    weight_verification = Checksums("hf")
 
     def distributed_sync_unsupported(self) -> str | None:
         """Why this engine cannot take ``engine.weight_sync=distributed`` (None: it can)."""

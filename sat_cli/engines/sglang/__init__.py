@@ -4,7 +4,7 @@
 - ``client``  — the stdlib JSON-over-HTTP client (retries, error bodies, aborting calls)
 - ``weights`` — weight sync (``/update_weights_from_disk``)
 - ``server``  — launching and supervising ``sglang.launch_server`` / ``sglang_router`` processes
-  (``process``: the generic :class:`ManagedProcess` they build on)
+  (on the engine-neutral :class:`sat_cli.engines.managed_server.ManagedServer`)
 - ``engine``  — :class:`SGLangEngine`, the ``RolloutEngine`` over one or more servers
   (``control``: its pause / continue / flush / health calls)
 - ``settings`` — its ``engine=sglang`` settings and build (torch-free)

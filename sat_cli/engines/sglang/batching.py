@@ -23,7 +23,11 @@ class Batching:
     """``_generate`` and ``_check_version`` of ``SGLangEngine`` (which holds the client, the
     router, ``max_batch_size``, ``moe``, ``deterministic`` and the version range)."""
 
-    def _generate(self, prompts, n: int, sampling: SamplingParams) -> list[list[Sample]]:
+    def _generate(
+        self, prompts, n: int, sampling: SamplingParams, adapters: list[int] | None = None
+    ) -> list[list[Sample]]:
+        """``adapters`` (LoRA, ``lora.py``): each prompt's version, named per entry as its
+        ``lora_path``; its samples are stamped with it (the servers stay at the base)."""
         version_at_submit = self._version
         entries = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]  # prompt-major
         seeds = entry_seeds(sampling.seed if self.deterministic else None, len(prompts), n)
@@ -43,6 +47,7 @@ class Batching:
                 return_sampling_mask=extras.filtering,
             )
             | extras.payload_fields()
+            | self._lora_fields(chunk, entries, adapters)
             for chunk in chunks
         ]
         futures = self.client.map_post("/generate", payloads)
@@ -59,14 +64,34 @@ class Batching:
                 for k, item in zip(chunk, answer, strict=True):
                     prompt_index, prompt_ids = entries[k]
                     sample = parse_generate_item(item, prompt_ids, moe=self.moe, extras=extras)
-                    self._check_version(sample, version_at_submit)
-                    sample.meta["version_at_submit"] = version_at_submit
+                    if adapters is None:
+                        self._check_version(sample, version_at_submit)
+                        sample.meta["version_at_submit"] = version_at_submit
+                    else:  # the servers serve the base; the entry's adapter is its version
+                        self._check_base(sample)
+                        sample.weight_version = adapters[prompt_index]
+                        sample.meta["version_at_submit"] = adapters[prompt_index]
                     out[prompt_index].append(sample)
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
         return out
+
+    def _lora_fields(self, chunk, entries, adapters) -> dict:
+        if adapters is None:
+            return {}
+        return {"lora_path": [self.lora_path(adapters[entries[k][0]]) for k in chunk]}
+
+    def _check_base(self, sample: Sample) -> None:
+        """LoRA: the servers' own version never moves from the base they started on."""
+        versions = sample.token_versions or [sample.weight_version]
+        if sample.finish_reason != "abort" and set(versions) != {self._base_version}:
+            raise EngineError(
+                f"SGLang reports weight_version {sorted(set(versions))} with LoRA adapters; the "
+                f"servers serve the base (version {self._base_version}) under them"
+            )
+        sample.token_versions = None
 
     def _check_version(self, sample: Sample, version_at_submit: int) -> None:
         if sample.finish_reason == "abort":

@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 
 from sat_cli.engines.sglang.wire import wire_excerpt
 from sat_cli.errors import EngineError
-from sat_cli.util.procs import abort_connection
 
 # Errors before any response byte arrives: safe to retry on this or another server.
 _RETRYABLE = (
@@ -71,7 +70,7 @@ class SGLangClient:
         self.backoff_s = backoff_s
         self._cycle = itertools.cycle(range(len(self.urls)))
         self._lock = threading.Lock()
-        self._active: set[http.client.HTTPConnection] = set()
+        self._active: set[socket.socket] = set()  # the sockets of calls in flight
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sglang-http")
         self.abort_reason: Callable[[], str | None] = lambda: None
 
@@ -132,24 +131,31 @@ class SGLangClient:
     ) -> tuple[int, bytes]:
         parts = urlsplit(url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        sock = None
         try:
             try:
-                conn.sock = socket.create_connection(
+                sock = socket.create_connection(
                     (parts.hostname, parts.port), timeout=self.connect_timeout_s
                 )
             except TimeoutError as e:
                 raise _ConnectTimeout(f"connect timeout after {self.connect_timeout_s} s") from e
-            conn.sock.settimeout(timeout_s)
+            sock.settimeout(timeout_s)
+            conn.sock = sock
+            # the socket itself, not the connection: http.client drops conn.sock once an answer
+            # says Connection: close (HTTP/1.0) and the response reads on, which an abort must reach
             with self._lock:
-                self._active.add(conn)
+                self._active.add(sock)
             headers = {"Content-Type": "application/json"} if body is not None else {}
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
             with self._lock:
-                self._active.discard(conn)
+                if sock is not None:
+                    self._active.discard(sock)
             conn.close()
+            if sock is not None:
+                sock.close()
 
     def post_json(self, path: str, payload: Any, *, url: str | None = None, **kw) -> Any:
         """POST JSON, demand 200 and a JSON answer; EngineError with a body excerpt otherwise."""
@@ -182,9 +188,12 @@ class SGLangClient:
     def abort_inflight(self) -> None:
         """Shut down the sockets of running calls so their blocked reads fail now."""
         with self._lock:
-            conns = list(self._active)
-        for conn in conns:
-            abort_connection(conn)
+            socks = list(self._active)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.abort_inflight()

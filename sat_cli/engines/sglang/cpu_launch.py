@@ -39,6 +39,16 @@ The patches, for SGLang 0.5.23 with PyPI's torchvision 0.28.0 on torch 2.13.0+cp
   replaces it in every loaded module, not only in ``amx_utils``. Without AMX nothing is packed
   and nothing changes.
 
+- ``lora_pin`` (only with ``--enable-lora``): SGLang's LoRA layers and backends allocate their
+  batch-info and offset tensors with ``pin_memory=True`` and call ``.pin_memory()`` on CPU
+  tensors unconditionally (``srt/lora/layers.py``, ``backend/torch_backend.py``,
+  ``backend/chunked_backend.py``); without an accelerator torch refuses both ("pin_memory=True
+  requires a CUDA or other accelerator backend"), so the server dies at start-up in
+  ``LoRAManager.init_lora_modules`` and, past that, in its warm-up's ``prepare_lora_batch``. The
+  patch gives those modules a ``torch`` whose factory functions drop ``pin_memory``, and makes
+  ``Tensor.pin_memory`` return the tensor itself for a CPU tensor when no accelerator exists
+  (where it could only raise). Pinning is a transfer optimisation; the values are unchanged.
+
 ``SAT_SGLANG_CPU_SKIP=name[,name]`` leaves patches out (tests show each one is needed).
 """
 
@@ -54,7 +64,9 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import runpy  # noqa: E402
 
-PATCHES = ("torchvision", "state_capturer", "amx_pack", "checksum_loaded")
+PATCHES = ("torchvision", "state_capturer", "amx_pack", "checksum_loaded", "lora_pin")
+# patches needed only when the server is started with a flag (its processes share its argv)
+ONLY_WITH = {"lora_pin": "--enable-lora"}
 
 
 def patch_torchvision() -> None:
@@ -109,6 +121,58 @@ def patch_state_capturer() -> None:
 
     if not isinstance(base.ALLOC_MEMORY_FUNCS, _NoPinOnCpu):
         base.ALLOC_MEMORY_FUNCS = _NoPinOnCpu(base.ALLOC_MEMORY_FUNCS)
+
+
+# torch's factory functions SGLang's LoRA modules call with pin_memory=True
+_FACTORIES = frozenset({"empty", "zeros", "ones", "full", "tensor", "arange", "as_tensor"})
+# the modules that do it (SGLang 0.5.23); the others are GPU-only backends
+LORA_MODULES = (
+    "sglang.srt.lora.layers",
+    "sglang.srt.lora.backend.torch_backend",
+    "sglang.srt.lora.backend.chunked_backend",
+)
+
+
+class _UnpinnedTorch:
+    """``torch`` as SGLang's LoRA modules see it: ``pin_memory`` dropped from the factories."""
+
+    def __init__(self, torch) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name):
+        value = getattr(self._torch, name)
+        if name not in _FACTORIES:
+            return value
+
+        def unpinned(*args, **kwargs):
+            kwargs.pop("pin_memory", None)
+            return value(*args, **kwargs)
+
+        return unpinned
+
+
+def patch_lora_pin() -> None:
+    import importlib
+
+    import torch
+
+    if torch.accelerator.is_available():
+        return  # pinned memory exists: nothing to work around
+    for name in LORA_MODULES:
+        module = importlib.import_module(name)
+        if not isinstance(module.torch, _UnpinnedTorch):
+            module.torch = _UnpinnedTorch(torch)
+    pin = torch.Tensor.pin_memory
+    if getattr(pin, "_sat_unpinned", False):
+        return
+
+    def pin_memory(self, *args, **kwargs):
+        if self.device.type == "cpu":  # no accelerator: pinning could only raise
+            return self
+        return pin(self, *args, **kwargs)
+
+    pin_memory._sat_unpinned = True
+    torch.Tensor.pin_memory = pin_memory
 
 
 def dim_is_supported(weight) -> bool:
@@ -183,7 +247,8 @@ def apply(skip: set[str] = frozenset()) -> list[str]:
         raise SystemExit(f"SAT_SGLANG_CPU_SKIP: unknown patch {sorted(unknown)}; know {PATCHES}")
     done = []
     for name in PATCHES:
-        if name not in skip:
+        flag = ONLY_WITH.get(name)
+        if name not in skip and (flag is None or flag in sys.argv):
             globals()[f"patch_{name}"]()
             done.append(name)
     return done

@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sat_cli.engines.sglang.wire import wire_excerpt
+from sat_cli.engines.verification import Checksums
 from sat_cli.errors import EngineError, WeightSyncError
 
 _names = itertools.count()
@@ -48,7 +49,7 @@ def _failed(answer) -> bool:
 class DistributedSync:
     """The weight-sync calls of :class:`sat_cli.engines.sglang.engine.SGLangEngine`."""
 
-    checksum_layout = "sglang"  # served_checksums() names (weightsync/layouts.py)
+    weight_verification = Checksums("sglang")  # served_checksums() names (weightsync/layouts.py)
     _sync_group: str | None = None
     server_ranks = 1  # ranks per server (engine.tp)
 

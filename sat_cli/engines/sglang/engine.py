@@ -41,6 +41,7 @@ from sat_cli.engines.sglang.control import (  # noqa: F401
     inflight_pause_mode,
 )
 from sat_cli.engines.sglang.dist_sync import DistributedSync
+from sat_cli.engines.sglang.lora import ServerAdapters
 from sat_cli.engines.sglang.routes import MoEDims, read_moe_dims
 from sat_cli.engines.sglang.runtime import SGLangRuntime
 from sat_cli.engines.sglang.server import SGLangRouter, SGLangServer
@@ -55,7 +56,7 @@ from sat_cli.samples import Sample, SamplingParams
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
+class SGLangEngine(Batching, WorkerControl, DistributedSync, ServerAdapters, RolloutEngine):
     """RolloutEngine over SGLang servers: batching, version checks, R3 decoding, supervision.
 
     Construct with already-built (not necessarily started) :class:`SGLangServer` objects and an
@@ -95,6 +96,9 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
         self.server_ranks = s.tp  # ranks per server: the weight-sync group's size
         self.max_batch_size = s.max_batch_size
         self.weight_sync = rt.weight_sync or DiskWeightSync(timeout_s=s.request_timeout_s)
+        self.dtype = s.dtype
+        # trainer.lora: one adapter per version on the servers (lora.py); None: off
+        self._init_adapters(rt.adapters_kept if rt.lora_args else None, rt.initial_version)
 
         self._version = rt.initial_version  # committed: every worker acknowledged it
         self._max_version = rt.initial_version  # the newest version any worker may serve
@@ -188,9 +192,16 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
         return self._executor.submit(self.generate, prompts, n, sampling)
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        *,
+        adapters: list[int] | None = None,
     ) -> list[list[Sample]]:
-        """n samples per prompt, prompt order kept; batches of ``max_batch_size`` entries."""
+        """n samples per prompt, prompt order kept; batches of ``max_batch_size`` entries.
+        ``adapters`` (LoRA): the weight version of each prompt, whose adapter the servers hold
+        (default: every prompt from the last loaded version's adapter)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts:
@@ -204,7 +215,7 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
                 self._cache_stale = False
             self._inflight += 1
         try:
-            return self._generate(prompts, n, sampling)
+            return self._generate(prompts, n, sampling, self._entry_adapters(prompts, adapters))
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
@@ -226,6 +237,12 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
         paused, so running requests continue under the new weights.
         """
         self._check_usable()
+        if self.adapters_held is not None:  # LoRA: an adapter folder, the base stays (lora.py);
+            with self._update_lock:  # a lag profile's batch may name an older version again
+                self._load_adapter(str(Path(path).resolve()), int(version))
+                self._version = int(version)
+                self._max_version = max(self._max_version, int(version))
+            return
         if version < self._version:
             raise ValueError(f"weight version went backwards: {self._version} -> {version}")
         # the servers resolve a relative path against their own working folder (on another
@@ -242,6 +259,16 @@ class SGLangEngine(Batching, WorkerControl, DistributedSync, RolloutEngine):
             self._cache_stale = self._cache_stale or not flush
             self._version = int(version)
             self._last_weights = (str(path), int(version))
+
+    def _entry_adapters(self, prompts, adapters) -> list[int] | None:
+        """The adapter version of each prompt (LoRA), None when off."""
+        if self.adapters_held is None:
+            return None
+        if adapters is None:
+            return [self._version] * len(prompts)
+        if len(adapters) != len(prompts):
+            raise ValueError("a request's adapters must name one version per prompt")
+        return [int(v) for v in adapters]
 
     def served_versions(self) -> list[int]:
         """Each worker's weight version as ``GET /model_info`` reports it (SGLang 0.5.23 has no

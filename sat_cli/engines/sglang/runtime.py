@@ -49,6 +49,7 @@ class ServerRuntime:
     weight_version: int | None = 0
     r3: bool = False
     mem_fraction_static: float | None = None
+    lora_args: tuple[str, ...] = ()  # trainer.lora: the server's LoRA flags (lora.py)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class SGLangRuntime:
     (``SGLangEngine.launch``: the SGLang interpreter, log folder, ``CUDA_VISIBLE_DEVICES`` per
     server, the planned memory fraction, the launcher that places them) or already built
     (``servers``, ``router``; else ``engine.urls``); the client's retries and the watchdog's
-    period; the disk weight path (None: ``weights.DiskWeightSync``)."""
+    period; the disk weight path (None: ``weights.DiskWeightSync``); with LoRA the servers'
+    LoRA flags and how many versions' adapters they hold (``lora.py``)."""
 
     model_path: str
     r3: bool = False
@@ -78,3 +80,5 @@ class SGLangRuntime:
     backoff_s: float = 0.5
     watchdog_s: float = 0.5
     weight_sync: Any = None
+    lora_args: tuple[str, ...] = ()
+    adapters_kept: int = 0

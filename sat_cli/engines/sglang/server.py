@@ -28,7 +28,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sat_cli.engines.sglang.process import ManagedProcess
+from sat_cli.engines.managed_server import ManagedServer
 from sat_cli.engines.sglang.runtime import ProcessLaunch, ServerRuntime
 from sat_cli.util.procs import free_port
 
@@ -98,7 +98,7 @@ def resolve_python(spec: str) -> str:
     return str(path)
 
 
-class SGLangProcess(ManagedProcess):
+class SGLangProcess(ManagedServer):
     """An SGLang module run by SGLang's interpreter (or a launch prefix ending in one); on the
     CPU through ``cpu_launch.py`` (its patches also cover the router, whose Python launcher
     imports sglang and so torchvision)."""
@@ -185,6 +185,7 @@ class SGLangServer(SGLangProcess):
         self.deterministic = s.seeded
         self.enable_return_routed_experts = rt.r3
         self.weight_version = rt.weight_version
+        self.lora_args = list(rt.lora_args)
 
     def absolute_paths(self) -> None:
         """Make the log and model paths absolute (a process started on another node, from
@@ -228,7 +229,7 @@ class SGLangServer(SGLangProcess):
             cmd.append("--enable-return-routed-experts")
         if self.weight_version is not None:
             cmd += ["--weight-version", str(self.weight_version)]
-        return cmd + self.extra_args
+        return cmd + self.lora_args + self.extra_args
 
 
 class SGLangRouter(SGLangProcess):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from sat_cli.engines.settings import EngineRuntime, EngineSettings
 from sat_cli.engines.sglang.runtime import SGLangRuntime
@@ -20,6 +21,9 @@ X86_64_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 
 @dataclass
 class SGLangEngineSettings(EngineSettings):
+    # trainer.lora: one adapter per version through /load_lora_adapter (lora.py)
+    LORA_ADAPTERS: ClassVar[bool] = True
+    LORA_EVAL: ClassVar[bool] = False  # sat eval's servers start without the LoRA flags
     name: str = "sglang"
     dtype: str = "bfloat16"
     device: str = "cuda"
@@ -45,6 +49,18 @@ class SGLangEngineSettings(EngineSettings):
     max_batch_size: int = 64  # prompts x samples per /generate request
     request_timeout_s: float = 600.0
     restart_on_failure: bool = False
+
+    def lora_refusal(self) -> str | None:
+        """Why ``trainer.lora`` cannot run on these servers (None: it can): the adapters are
+        loaded into one server sat launches (a router's forwarding of per-entry ``lora_path``
+        and a restarted server's lost adapters are not handled)."""
+        if self.urls:
+            return "engine.urls (servers started elsewhere would need --enable-lora)"
+        if self.servers > 1 or self.dp > 1:
+            return f"engine.num_servers={self.servers}, engine.dp={self.dp} (one server, dp 1)"
+        if self.restart_on_failure:
+            return "engine.restart_on_failure=true (a restarted server has lost its adapters)"
+        return None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -193,6 +209,11 @@ def build(s: SGLangEngineSettings, rt: EngineRuntime):
         if cfg.get("num_hidden_layers") is not None and cfg.get("num_experts_per_tok") is not None:
             moe = MoEDims(cfg["num_hidden_layers"], cfg["num_experts_per_tok"], experts)
     own = SGLangRuntime(rt.model_path, rt.r3, moe, **rt.inflight())
+    if rt.lora is not None:  # one adapter per version (lora.py); the base takes a batch slot
+        from sat_cli.engines.sglang.lora import server_lora_args
+
+        lora_args = server_lora_args(rt.lora, rt.adapters_kept + 1, s.device)
+        own = replace(own, lora_args=tuple(lora_args), adapters_kept=rt.adapters_kept)
     if s.urls:
         return SGLangEngine(s, own)
     try:

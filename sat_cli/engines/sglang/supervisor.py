@@ -37,7 +37,10 @@ def build_servers(s, rt: SGLangRuntime) -> tuple[list[SGLangServer], SGLangRoute
         env = None if group is None else {"CUDA_VISIBLE_DEVICES": group}
         log = log_dir / f"sglang_{i}.log"
         at = dict(
-            weight_version=rt.initial_version, r3=rt.r3, mem_fraction_static=rt.mem_fraction_static
+            weight_version=rt.initial_version,
+            r3=rt.r3,
+            mem_fraction_static=rt.mem_fraction_static,
+            lora_args=tuple(rt.lora_args),
         )
         servers.append(SGLangServer(s, ServerRuntime(rt.model_path, log, rt.python, env, **at)))
     router = None

@@ -56,6 +56,7 @@ from sat_cli.models.hf_checkpoint import DEFAULT_MAX_SHARD_SIZE, save_hf_checkpo
 from sat_cli.models.r3 import check_routes
 from sat_cli.models.tiny_moe import torch_dtype
 from sat_cli.rl.config import LossConfig
+from sat_cli.trainers import lr_schedule
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.step import PolicyTrainer
 
@@ -81,7 +82,7 @@ class MegatronActor(CheckpointMixin, ParallelMixin, PolicyTrainer):
     ):
         """``loss``: a ``LossConfig`` or its ``to_dict()`` (the worker's JSON; default
         ``LossConfig()``); ``options``: as ``LocalTrainer``'s (the
-        ``sat_cli.trainers.step.TrainerSettings`` fields only). ``dtype``: the parameters'
+        ``sat_cli.trainers.step.StepSettings`` fields only). ``dtype``: the parameters'
         (``bfloat16``: mixed precision with fp32 main weights, ``precision.py``);
         ``export_dtype``: published weights' (the engine's; default ``dtype``); ``recompute``:
         full activation recompute of the trained model, one layer at a time;
@@ -122,6 +123,13 @@ class MegatronActor(CheckpointMixin, ParallelMixin, PolicyTrainer):
         elif self.dtype != torch.bfloat16:
             raise ValueError(f"megatron trainer: dtype float32 or bfloat16, got {dtype}")
         elif precision.use_core_optimizer(self.device, self.optimizer_offload):
+            if lr_schedule.active(self.settings.lr_schedule, self.settings.lr_warmup_steps):
+                raise ValueError(
+                    "trainer.lr_schedule / trainer.lr_warmup_steps: megatron-core's distributed "
+                    "optimizer (bf16 on CUDA) has no learning-rate schedule in sat yet; use a "
+                    f"constant trainer.lr, trainer.dtype=float32, or {precision.CORE_ENV}=0 (torch "
+                    "AdamW on fp32 main weights)"
+                )
             self.core = precision.CoreOptimizer(
                 self.model, self.settings, self.grad_clip, offload=self.optimizer_offload
             )

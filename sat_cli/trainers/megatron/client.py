@@ -59,7 +59,7 @@ import torch
 from sat_cli.rl.config import LossConfig
 from sat_cli.trainers.batch import TrainBatch
 from sat_cli.trainers.megatron.trainer_runtime import MegatronRuntime
-from sat_cli.trainers.step import TrainerSettings as StepSettings
+from sat_cli.trainers.step import StepSettings
 from sat_cli.util.procs import free_port
 
 from . import protocol

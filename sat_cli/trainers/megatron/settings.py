@@ -71,11 +71,6 @@ class MegatronTrainerSettings(TrainerSettings):
                 "ranks train the full weights); use trainer=local for LoRA, or trainer.lora.rank=0"
             )
         check_range("trainer.gpu_memory_gb", self.gpu_memory_gb, 0, lo_open=True)
-        if self.lr_schedule != "constant" or self.lr_warmup_steps:
-            raise ConfigError(
-                "trainer.lr_schedule / trainer.lr_warmup_steps are built for trainer=local only; "
-                "trainer=megatron trains with a constant trainer.lr"
-            )
         if self.optimizer_offload and self.dtype != "bfloat16":
             raise ConfigError(
                 "trainer.optimizer_offload=true offloads the fp32 main weights and Adam states "
@@ -105,12 +100,12 @@ class MegatronTrainerSettings(TrainerSettings):
 
         return notes(Layout.of(self), self.gpu_memory_gb, arch, micro_batch, seq)
 
-    def not_yet(self) -> str | None:
+    def not_yet(self, plan: bool = False) -> str | None:
         from sat_cli.trainers.megatron.layout import Layout, unimplemented
         from sat_cli.trainers.megatron.plan import not_yet_message
 
         missing = unimplemented(Layout.of(self))
-        return not_yet_message(missing) if missing else None
+        return not_yet_message(missing, plan=plan) if missing else None
 
     def checkpoint_kind(self) -> dict:
         world = self.nnodes * self.nproc_per_node

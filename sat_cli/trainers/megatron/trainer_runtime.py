@@ -17,7 +17,7 @@ class MegatronRuntime:
     its settings: the model; ``work_dir`` (the worker's config, reply FIFO and batch files) and
     ``logs_dir`` (None: ``work_dir/logs``); the loss (``rl.config.LossConfig``; None: its
     defaults) and the step keywords from outside ``trainer.*`` (``options``: temperature, r3,
-    minibatches, seed, ...: ``trainers.step.TrainerSettings`` fields); the dtype of exported
+    minibatches, seed, ...: ``trainers.step.StepSettings`` fields); the dtype of exported
     weights (None: ``trainer.dtype``); rank 0's weight-sync sender (``{dtype, device,
     bucket_bytes}``; None: disk only); the launcher that places the nodes (None: this
     machine), node 0's extra environment, its interpreter (None: this one) and how long the

@@ -16,9 +16,9 @@ import sys
 import typer
 
 from sat_cli import __version__
-from sat_cli.cli_cluster import mlflow_server_cmd, sweep_cmd, worker_cmd
-from sat_cli.cli_guard import SatGroup, arg, exit_with, fail, guard, opt
-from sat_cli.cli_model import model_app
+from sat_cli.cli.cluster import mlflow_server_cmd, sweep_cmd, worker_cmd
+from sat_cli.cli.guard import SatGroup, arg, exit_with, fail, guard, opt
+from sat_cli.cli.model import model_app
 from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, URI, Num
 from sat_cli.util.procs import exit_process  # no teardown of torch at exit (1-1.5 s of CPU)
 
@@ -271,7 +271,3 @@ def main() -> None:
     except MemoryError:  # while importing the libraries, before a command handles it
         sys.stderr.write("sat: error: out of memory while starting (see ulimit -v)\n")
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

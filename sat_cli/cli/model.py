@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from sat_cli.cli_guard import SatGroup, arg, guard, opt
+from sat_cli.cli.guard import SatGroup, arg, guard, opt
 from sat_cli.util.options import PATH, Text
 
 model_app = typer.Typer(

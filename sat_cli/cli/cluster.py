@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from sat_cli.cli_guard import arg, exit_with, fail, guard, opt
+from sat_cli.cli.guard import arg, exit_with, fail, guard, opt
 from sat_cli.util.options import COUNT, HOST, LINE, OVERRIDE, PATH, PORT, SECONDS, URI, Num, Text
 
 # a registered executor's name (sat_cli/sweep/registry.py): `sat sweep` refuses an unknown one,

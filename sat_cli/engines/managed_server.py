@@ -1,7 +1,9 @@
-"""A server subprocess managed by sat: its own process group, a log file, a health URL.
+"""A server subprocess managed by sat: its own process group, a log file, a health URL. Any
+engine's (the neutral part of an engine served by another process; torch-free).
 
-:class:`ManagedProcess` is the generic part of :class:`sat_cli.engines.sglang.server.SGLangServer`
-and ``SGLangRouter`` (see that module): ``start()`` (``start_new_session=True``, output appended
+:class:`ManagedServer` is what :class:`sat_cli.engines.sglang.server.SGLangServer` and
+``SGLangRouter`` build on, and an engine plug-in's server too (``tests/engine_plugin.py``):
+``start()`` (``start_new_session=True``, output appended
 to the log), ``wait_ready()`` (poll the health path until 200; EngineError quoting the log tail on
 exit, on timeout, or when what answers is another process on the port), ``stop()`` (SIGTERM to
 the group, SIGKILL after a grace period, return when no live process of the group is left).
@@ -29,7 +31,7 @@ from sat_cli.util.procs import (
 )
 
 
-class ManagedProcess:
+class ManagedServer:
     """A server subprocess in its own process group, logging to a file, with a health URL."""
 
     name = "process"
@@ -90,7 +92,7 @@ class ManagedProcess:
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None
 
-    def start(self) -> ManagedProcess:
+    def start(self) -> ManagedServer:
         if self.alive():
             raise EngineError(f"{self.name} at {self.url} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +204,7 @@ class ManagedProcess:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> ManagedProcess:
+    def __enter__(self) -> ManagedServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -56,8 +56,15 @@ def _user_python() -> str | None:
     return None
 
 
-def run_as(runner: str, args: list[str], mode: str = "strict", env: dict | None = None, **limits):
-    """``run_tool(args, ToolLimits(**limits), mode=mode)`` called by ``runner``: this process's
+def run_as(
+    runner: str,
+    args: list[str],
+    mode: str = "strict",
+    env: dict | None = None,
+    visible: tuple[str, ...] = (),
+    **limits,
+):
+    """``run_tool(args, ToolLimits(**limits), mode=mode, visible=visible)`` called by ``runner``: this process's
     user (``caller``; in this process unless ``env`` is given) or ``ORDINARY_UID``
     (``ordinary_user``: needs root and ``setpriv``). With ``env``, the caller is a child process
     started with ``env`` added to its environment (what ``/proc/<pid>/environ`` shows: a
@@ -65,7 +72,7 @@ def run_as(runner: str, args: list[str], mode: str = "strict", env: dict | None 
     if runner == "caller" and env is None:
         from sat_cli.envs.sandbox import ToolLimits
 
-        r = run_tool(args, ToolLimits(**limits), mode=mode)
+        r = run_tool(args, ToolLimits(**limits), mode=mode, visible=tuple(visible))
         return r.kind, r.text
     prefix, python = [], sys.executable
     if runner == "ordinary_user":
@@ -80,10 +87,11 @@ def run_as(runner: str, args: list[str], mode: str = "strict", env: dict | None 
         "import json, sys\n"
         "from sat_cli.envs.sandbox import ToolLimits, run_tool\n"
         "a = json.loads(sys.argv[1])\n"
-        "r = run_tool(a['args'], ToolLimits(**a['limits']), mode=a['mode'])\n"
+        "r = run_tool(a['args'], ToolLimits(**a['limits']), mode=a['mode'],"
+        " visible=tuple(a['visible']))\n"
         "print(json.dumps([r.kind, r.text]))\n"
     )
-    spec = json.dumps({"args": args, "limits": limits, "mode": mode})
+    spec = json.dumps({"args": args, "limits": limits, "mode": mode, "visible": list(visible)})
     done = subprocess.run(
         [*prefix, python, "-c", code, spec],
         env={"PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sandbox_tools import REPO, RUNNERS, run_as, sandbox_python
 
-from sat_cli.envs import confine, registry
+from sat_cli.envs import confine, isolate, registry
 from sat_cli.envs.base import EnvSettings
 
 pytestmark = pytest.mark.skipif(
@@ -31,7 +31,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def shared_dir():
-    """A world-writable folder the sandbox can see (not under the /tmp it hides), removed after."""
+    """A world-writable folder (not under the /tmp the sandbox covers), removed after; a test
+    that wants the tool to see it names it visible."""
     path = Path(tempfile.mkdtemp(prefix=".sat-sandbox-test-", dir=REPO))
     path.chmod(0o777)
     yield path
@@ -99,7 +100,7 @@ def test_a_tool_cannot_write_outside_its_work_folder(runner, shared_dir):
     top = f"/sat-escaped-{secrets.token_hex(4)}"  # a new file in the root folder
     args = [sandbox_python(), "-S", "-c", WRITE_PROBE, str(shared_dir), top]
     try:
-        kind, text = run_as(runner, args)
+        kind, text = run_as(runner, args, visible=(str(shared_dir),))  # seen, read-only
         assert kind == "ok", text
         got = dict(line.split() for line in text.splitlines())
         assert got.pop("work") == "WROTE" and "WROTE" not in got.values(), got
@@ -110,6 +111,62 @@ def test_a_tool_cannot_write_outside_its_work_folder(runner, shared_dir):
     finally:
         if os.path.exists(top):
             os.unlink(top)
+
+
+READ_PROBE = """
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        print(path, open(path).read().strip())
+    except OSError as e:
+        print(path, type(e).__name__)
+print('root', ' '.join(sorted(os.listdir('/'))))
+print('dev', ' '.join(sorted(os.listdir('/dev'))))
+"""
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_tool_sees_only_the_system_its_python_and_what_it_is_shown(runner, shared_dir):
+    """Another run's store, world-readable in a world-readable folder of the host, is not in
+    the tool's root at all; a folder the caller names is, read-only."""
+    store, shown = shared_dir / "mlruns", shared_dir / "shown"
+    secret = f"planted-{secrets.token_hex(8)}"
+    for folder, name, text in ((store, "meta.yaml", secret), (shown, "data.txt", "shown-data")):
+        folder.mkdir(mode=0o755)
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o644)
+    args = [sandbox_python(), "-S", "-c", READ_PROBE, str(store / "meta.yaml")]
+    args.append(str(shown / "data.txt"))
+    kind, text = run_as(runner, args, visible=(str(shown),))
+    assert kind == "ok", text
+    got = dict(line.split(" ", 1) for line in text.splitlines())
+    assert got[str(store / "meta.yaml")] == "FileNotFoundError" and secret not in text
+    assert got[str(shown / "data.txt")] == "shown-data"
+    binds, links = isolate.root_plan(isolate.default_visible() + [sandbox_python(), str(shown)])
+    tops = {p.split("/")[1] for p in [*binds, *links]} | {"dev", "proc", "tmp"}
+    root = set(got["root"].split())
+    assert {"dev", "proc", "tmp", "usr", "etc"} <= root <= tops, (root, tops)
+    assert not root & {"home", "var", "run", "srv", "mnt", "opt", "sys"} - tops
+    assert got["dev"].split() == sorted([*isolate.DEVICES, "fd", "stdin", "stdout", "stderr"])
+    kind, text = run_as(runner, args, "unsafe_local")  # without the new root: read
+    assert kind == "ok" and f"meta.yaml {secret}" in text, text
+
+
+def test_the_root_plan_follows_symlinks_and_binds_no_path_twice(shared_dir):
+    """A hand case: a chain of links to a folder, a file inside it, a missing path, a path in a
+    folder the sandbox makes itself."""
+    top = shared_dir
+    (top / "a" / "sub").mkdir(parents=True)
+    (top / "a" / "sub" / "f").write_text("x")
+    (top / "link").symlink_to("a")
+    (top / "chain").symlink_to(top / "link")
+    (top / "loop").symlink_to("loop")
+    paths = [f"{top}/chain/sub/f", f"{top}/a", f"{top}/missing", "/proc/self", f"{top}/loop"]
+    binds, links = isolate.root_plan(paths)
+    assert binds == [f"{top}/a"]
+    assert links == {f"{top}/chain": f"{top}/link", f"{top}/link": "a", f"{top}/loop": "loop"}
+    binds, links = isolate.root_plan([f"{top}/chain/sub/f"])
+    assert binds == [f"{top}/a/sub/f"] and set(links) == {f"{top}/chain", f"{top}/link"}
 
 
 NET_PROBE = """
@@ -140,7 +197,7 @@ def test_a_tool_reaches_no_network_not_even_loopback_or_a_unix_socket(runner, sh
     args = [sandbox_python(), "-S", "-c", NET_PROBE, str(tcp.getsockname()[1])]
     args.append(str(shared_dir / "s"))
     try:
-        kind, text = run_as(runner, args)
+        kind, text = run_as(runner, args, visible=(str(shared_dir),))  # the socket is there
         assert kind == "ok" and "CONNECTED" not in text, text
         for s in (tcp, unix):
             with pytest.raises(BlockingIOError):
@@ -211,7 +268,7 @@ def test_a_tool_has_no_uid_0_no_capabilities_and_no_new_privileges(runner):
 
 REFUSED = """
 import sys
-from sat_cli.envs import confine, registry, sandbox
+from sat_cli.envs import confine, isolate, registry, sandbox
 from sat_cli.envs.base import EnvSettings, TurnBasedEnv
 
 

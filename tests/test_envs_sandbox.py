@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sandbox_tools import sandbox_python
 
 from sat_cli.envs import confine, isolate, sandbox
@@ -333,3 +335,40 @@ def test_the_seccomp_filter_refuses_unix_sockets_on_every_abi(machine):
         assert verdict(x32 | 0) == "deny"
     else:
         assert verdict(0xFFFFFFFF) == "deny"
+
+
+@pytest.mark.parametrize(
+    "visible, why",
+    [
+        (("relative/dir",), "absolute and normalised"),
+        (("/a/../etc",), "absolute and normalised"),
+        (("//etc",), "absolute and normalised"),
+        (("/",), "the whole host"),
+        (("/proc/1",), "lies in /proc"),
+        (("/tmp",), "lies in /tmp"),
+        (("/dev/shm/x",), "lies in /dev"),
+        (("/etc\0/x",), "non-empty string"),
+        (("",), "non-empty string"),
+        ((3,), "non-empty string"),
+        (("/" + "a" * 5000,), "at most 4096 bytes"),
+        ("/etc", "a list of paths"),
+        (tuple(f"/p{i}" for i in range(isolate.MAX_VISIBLE + 1)), "at most 64 visible paths"),
+    ],
+)
+def test_a_bad_visible_path_is_refused_before_anything_starts(visible, why):
+    r = run_tool([PY, "-c", "print(1)"], visible=visible)
+    assert r.kind == "start" and why in r.text, r.text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_check_visible_accepts_only_absolute_normalised_paths_outside_the_sandboxs_own(path):
+    """Fuzz: any string is either refused with ValueError or one the new root can bind."""
+    try:
+        got = isolate.check_visible(path)
+    except ValueError:
+        return
+    assert got == path and path.startswith("/") and os.path.normpath(path) == path != "/"
+    assert "\0" not in path and not any(
+        path == top or path.startswith(top + "/") for top in isolate.RESERVED
+    )

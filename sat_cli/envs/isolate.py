@@ -13,11 +13,17 @@
 3. ``L`` forks ``C``, the new PID namespace's init. ``C`` dies with ``L`` (``PR_SET_PDEATHSIG``),
    and when ``C`` exits the kernel kills every process left in the namespace: no process of the
    tool outlives its call, also one that left the session with ``setsid``.
-4. ``C`` makes the mounts private, mounts a fresh ``/proc`` (only the namespace's processes),
-   makes every mount read-only and ``nosuid`` (``mount_setattr(AT_RECURSIVE)``), mounts an empty
-   ``tmpfs`` of ``work_mb`` MiB on ``/tmp`` (the tool's only writable folder: working directory,
-   ``HOME``, ``TMPDIR``) and empty read-only ``tmpfs`` over ``/dev/shm``, ``/run`` and ``/var/tmp``
-   (their sockets are out of reach), and sets the hostname ``sandbox``.
+4. ``C`` makes the mounts private and builds a **new root** (``build_root``): an empty
+   ``tmpfs`` that shows only the host paths of ``spec["visible"]`` (``root_plan``: the system
+   folders, the Python that runs ``sat``, the tool's program and what the caller names; each
+   bind-mounted, symlinks on the way re-created), five device nodes (``/dev/null``, ``zero``,
+   ``full``, ``random``, ``urandom``) and a fresh ``/proc`` (only the namespace's processes),
+   then ``pivot_root``s into it and detaches the old root: the rest of the host (home folders,
+   ``/work``-style checkouts, other runs' stores, ``/var``, ``/run``, ``/dev/shm``, ``/sys``) is
+   not there at all. It makes every mount read-only and ``nosuid``
+   (``mount_setattr(AT_RECURSIVE)``), mounts an empty ``tmpfs`` of ``work_mb`` MiB on ``/tmp``
+   (the tool's only writable folder: working directory, ``HOME``, ``TMPDIR``) and sets the
+   hostname ``sandbox``.
 5. ``C`` forks the tool ``T``: ``PR_SET_NO_NEW_PRIVS``, the capability bounding set and the
    ambient set emptied, then ``execvpe``. ``T``'s uid is not 0 in its namespace, so ``exec``
    leaves it no capabilities; set-uid programs cannot raise them (``no_new_privs``, ``nosuid``).
@@ -50,8 +56,16 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and arm64 (the unified syscall table)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
 PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+MS_BIND, MNT_DETACH, O_PATH = 0x1000, 2, 0o10000000
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 WORK = "/tmp"
-HIDDEN = ("/dev/shm", "/run", "/var/tmp")  # empty read-only tmpfs over these, where present
+# what the new root shows of the host, besides the Python that runs sat (``default_visible``)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+# made by the sandbox itself: a visible path may not be (or lie under) one of these
+RESERVED = ("/proc", "/dev", "/sys", WORK)
+MAX_VISIBLE = 64  # paths a caller may add
+MAX_LINKS = 16  # symlinks followed while resolving one visible path
 
 
 class _MountAttr(ctypes.Structure):
@@ -72,6 +86,7 @@ _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong]
 _libc.mount.argtypes += [ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def _check(ret: int, what: str) -> None:
@@ -127,16 +142,124 @@ def _read_only_root() -> None:
     _check(ret, "mount_setattr / read-only")
 
 
-def make_mounts(work_mb: int) -> None:
+def check_visible(path: object) -> str:
+    """``path`` as a visible path of the new root, or ValueError saying why it cannot be one:
+    an absolute, normalised path of at most 4096 bytes, not ``/`` and not under ``RESERVED``."""
+    if not isinstance(path, str) or not path or "\0" in path or len(path.encode()) > 4096:
+        raise ValueError(
+            f"a visible path must be a non-empty string of at most 4096 bytes: {path!r}"
+        )
+    if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+        raise ValueError(f"a visible path must be absolute and normalised: {path!r}")
+    if path == "/":
+        raise ValueError("the whole host ('/') cannot be a visible path")
+    for top in RESERVED:
+        if path == top or path.startswith(top + "/"):
+            raise ValueError(f"{path!r} lies in {top}, which the sandbox makes itself")
+    return path
+
+
+def default_visible() -> list[str]:
+    """The system folders and the prefixes of the Python running this (a tool may be ``python``)."""
+    import sys
+
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return list(SYSTEM_PATHS) + sorted(p for p in prefixes if p and p != "/")
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def root_plan(paths: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What the new root holds for host ``paths``: the real paths to bind (none inside another)
+    and the symlinks met on the way (path -> its link text), so that a path that goes through a
+    symlink (``/lib64`` -> ``usr/lib64``, a venv's ``bin/python``) resolves inside as outside.
+    A path that does not exist is left out; one that leaves ``RESERVED`` or ``/`` is too."""
+    binds: set[str] = set()
+    links: dict[str, str] = {}
+    for path in paths:
+        todo, hops = path, 0
+        while todo is not None and hops <= MAX_LINKS:
+            parts, cur, nxt = todo.strip("/").split("/"), "", None
+            for i, part in enumerate(parts):
+                cur += "/" + part
+                if os.path.islink(cur):
+                    links[cur] = os.readlink(cur)
+                    rest = "/".join(parts[i + 1 :])
+                    target = os.path.join(os.path.dirname(cur), links[cur], rest)
+                    nxt = os.path.normpath(target).replace("//", "/", 1)
+                    break
+            else:
+                if os.path.exists(cur) and cur != "/":
+                    binds.add(cur)
+            todo, hops = nxt, hops + 1
+    binds = {b for b in binds if not any(_under(b, top) for top in RESERVED)}
+    kept = sorted(b for b in binds if not any(o != b and _under(b, o) for o in binds))
+    links = {
+        k: v
+        for k, v in links.items()
+        if not any(_under(k, b) for b in kept) and not any(_under(k, top) for top in RESERVED)
+    }
+    return kept, dict(sorted(links.items()))
+
+
+def _mount_point(path: str, is_dir: bool) -> None:
+    os.makedirs(path if is_dir else os.path.dirname(path), mode=0o755, exist_ok=True)
+    if not is_dir and not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _bind(fd: int, target: str) -> None:
+    """Bind the host path open as ``fd`` (``O_PATH``, opened before ``/tmp`` was covered)."""
+    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+
+
+def build_root(binds: list[str], links: dict[str, str]) -> None:
+    """Step 4's new root: a tmpfs staged on ``/tmp`` (the host's ``/tmp`` is then covered:
+    what is bound from it was opened first), the binds, links, devices and ``/proc``; then
+    ``pivot_root`` into it and the old root detached."""
+    opened = []
+    for path in binds:
+        try:
+            fd = os.open(path, O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        opened.append((path, fd, os.path.isdir(f"/proc/self/fd/{fd}")))
+    devices = [(f"/dev/{d}", os.open(f"/dev/{d}", O_PATH | os.O_CLOEXEC), False) for d in DEVICES]
+    new = WORK
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path, fd, is_dir in opened + devices:
+        _mount_point(new + path, is_dir)
+        _bind(fd, new + path)
+        os.close(fd)
+    for path, text in links.items():
+        os.makedirs(os.path.dirname(new + path), mode=0o755, exist_ok=True)
+        os.symlink(text, new + path)
+    for name, text in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
+        os.symlink(text, f"{new}/dev/{name}")
+    for n, name in ((1, "stdout"), (2, "stderr")):
+        os.symlink(f"/proc/self/fd/{n}", f"{new}/dev/{name}")
+    os.mkdir(new + "/proc", 0o555)
+    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(new + WORK, 0o755)
+    os.mkdir(new + "/.old", 0o700)
+    machine = os.uname().machine
+    if machine not in SYS_PIVOT_ROOT:
+        raise OSError(f"no pivot_root syscall number for machine {machine!r}")
+    ret = _libc.syscall(SYS_PIVOT_ROOT[machine], new.encode(), (new + "/.old").encode())
+    _check(ret, "pivot_root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount /.old")
+    os.rmdir("/.old")
+
+
+def make_mounts(work_mb: int, binds: list[str], links: dict[str, str]) -> None:
     """Step 4 of the module docstring (in ``C``, the PID namespace's init)."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    build_root(binds, links)
     _read_only_root()
     _mount("tmpfs", WORK, "tmpfs", MS_NOSUID | MS_NODEV, f"size={work_mb}m,mode=0700")
-    for path in HIDDEN:
-        if os.path.isdir(path) and not os.path.islink(path):
-            flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-            _mount("tmpfs", path, "tmpfs", flags, "size=4k,mode=0755")
     _check(_libc.sethostname(b"sandbox", 7), "sethostname")
     os.chdir(WORK)
 
@@ -224,7 +347,8 @@ def _fail(status: int | None, msg: str) -> None:
 def _init(spec: dict, args: list[str], env: dict, status: int | None, report: int) -> None:
     """``C``: the PID namespace's init (steps 3–6); never returns."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # L is waiting for C: it cannot have gone yet
-    make_mounts(spec.get("work_mb", 64))
+    binds, links = root_plan(spec["visible"] if "visible" in spec else default_visible())
+    make_mounts(spec.get("work_mb", 64), binds, links)
     tool = os.fork()
     if tool == 0:
         os.close(report)

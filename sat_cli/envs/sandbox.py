@@ -106,9 +106,12 @@ class ToolStats:
         return self.failed / self.calls if self.calls else 0.0
 
 
-def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str) -> dict:
+def _launch_spec(
+    limits: ToolLimits, cgroup: Path | None, nproc: int | None, net: str, shown: list[str]
+) -> dict:
     """What the launcher applies before it execs the tool (``launch.py``); ``net`` is
-    ``strict`` for the strict sandbox (``isolate.py``: all namespaces) or a network mode."""
+    ``strict`` for the strict sandbox (``isolate.py``: all namespaces, a root showing only
+    ``shown``) or a network mode."""
     spec = {
         "cgroup": str(cgroup) if cgroup is not None else None,
         "cpu_s": limits.cpu_s,
@@ -118,7 +121,7 @@ def _launch_spec(limits: ToolLimits, cgroup: Path | None, nproc: int | None, net
         "net_flags": confine.NET_FLAGS.get(net, 0),
     }
     if net == "strict":
-        spec.update(isolate=True, work_mb=limits.work_mb)
+        spec.update(isolate=True, work_mb=limits.work_mb, visible=shown)
     return spec
 
 
@@ -230,18 +233,43 @@ def refusal(mode: str) -> str | None:
     return None
 
 
+def visible_paths(args: list[str], env: dict[str, str], visible: tuple[str, ...]) -> list[str]:
+    """The host paths the strict sandbox's root shows: the system folders and this Python's
+    prefixes (``isolate.default_visible``), the tool's program (found on the tool's ``PATH``)
+    and ``visible``, the caller's own (checked by ``isolate.check_visible``; ValueError)."""
+    if isinstance(visible, str) or not isinstance(visible, tuple | list):
+        raise ValueError(f"visible must be a list of paths, not {type(visible).__name__}")
+    if len(visible) > isolate.MAX_VISIBLE:
+        raise ValueError(f"at most {isolate.MAX_VISIBLE} visible paths, got {len(visible)}")
+    extra = [isolate.check_visible(p) for p in visible]
+    program = shutil.which(args[0], path=env.get("PATH", "")) if "/" not in args[0] else args[0]
+    if program and os.path.isabs(program):
+        extra.append(os.path.normpath(program))
+    return isolate.default_visible() + extra
+
+
 def run_tool(
-    args: list[str], limits: ToolLimits | None = None, stdin: bytes = b"", mode: str = "strict"
+    args: list[str],
+    limits: ToolLimits | None = None,
+    stdin: bytes = b"",
+    mode: str = "strict",
+    visible: tuple[str, ...] = (),
 ) -> ToolResult:
     """Run ``args`` confined (module docstring) in sandbox ``mode`` (``MODES``); any failure is
     a ``ToolResult``, never raised. A ``strict`` sandbox the machine cannot make is a ``start``
-    result: the call never runs less confined than asked."""
+    result: the call never runs less confined than asked. ``visible``: host paths (absolute)
+    the strict sandbox shows the tool read-only besides the system folders, the Python that
+    runs ``sat`` and the program itself (``visible_paths``); the rest of the host is absent."""
     limits = limits or ToolLimits()
     start = time.monotonic()
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         return ToolResult("start", f"tool arguments must be a non-empty list of strings: {args!r}")
     if len(stdin) > MAX_STDIN_BYTES:
         return ToolResult("start", f"tool input over {MAX_STDIN_BYTES} bytes: {len(stdin)}")
+    try:
+        shown = visible_paths(args, _environment(Path(isolate.WORK), "strict"), visible)
+    except ValueError as e:
+        return ToolResult("start", f"tool could not start: {e}")
     if (why := refusal(mode)) is not None:
         return ToolResult("start", f"tool could not start: {why}")
     strict = mode == "strict"
@@ -256,7 +284,7 @@ def run_tool(
     scratch = Path(tempfile.mkdtemp(prefix="sat-tool-")) if not strict else None
     status_r, status_w = os.pipe()
     env = _environment(Path(isolate.WORK) if strict else scratch, net)
-    spec = {**_launch_spec(limits, cgroup, nproc, net), "env": env, "status_fd": status_w}
+    spec = {**_launch_spec(limits, cgroup, nproc, net, shown), "env": env, "status_fd": status_w}
     try:
         try:
             proc = subprocess.Popen(
@@ -328,10 +356,12 @@ def call_tool(
     limits: ToolLimits | None = None,
     stdin: bytes = b"",
     mode: str = "strict",
+    visible: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Run one tool call for an environment: counted in ``stats`` and returned as the ``tool``
     message to append: the output when it succeeded, else ``error (<kind>): <what happened>``.
-    ``mode``: the environment's ``settings.sandbox``."""
-    r = run_tool(args, limits, stdin, mode)
+    ``mode``: the environment's ``settings.sandbox``; ``visible``: host paths the tool reads
+    (its scripts, data), as in ``run_tool``."""
+    r = run_tool(args, limits, stdin, mode, visible)
     stats.add(r)
     return {"role": "tool", "content": r.text if r.ok else f"error ({r.kind}): {r.text}"}

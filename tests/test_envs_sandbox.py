@@ -337,6 +337,23 @@ def test_the_seccomp_filter_refuses_unix_sockets_on_every_abi(machine):
         assert verdict(0xFFFFFFFF) == "deny"
 
 
+@pytest.mark.parametrize("machine", sorted(isolate.SECCOMP_ARCHES))
+def test_the_seccomp_filter_allows_only_the_socket_families_a_network_namespace_confines(machine):
+    """Probe (issue 53 v6): ``AF_VSOCK`` sockets were allowed (their ports are shared by every
+    network namespace; on a VM they reach the hypervisor), and so were the keyring calls (a
+    tool read a key of the caller's session keyring, which it inherits)."""
+    arch, sys_socket, _, _ = isolate.SECCOMP_ARCHES[machine]
+    prog = isolate.seccomp_program(machine)
+    verdict = lambda nr, family=0: _seccomp_verdict(prog, arch, nr, family)  # noqa: E731
+    for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+        assert verdict(sys_socket, family) == "allow", family
+    for family in (isolate.AF_UNIX, 40, 17, 38, 0, 3, 45, 0xFFFF):  # VSOCK, PACKET, ALG, …
+        assert verdict(sys_socket, family) == "deny", family
+    for nr in isolate.SECCOMP_KEYRING_CALLS[machine]:
+        assert verdict(nr) == "deny", nr
+    assert verdict(sys_socket + 1, 40) == "allow"  # connect(2) etc.: another call, any fd
+
+
 @pytest.mark.parametrize("mode", sandbox.MODES)
 @pytest.mark.parametrize(
     "args, stdin, why",

@@ -276,9 +276,16 @@ def drop_capabilities() -> None:
 
 # seccomp: (audit arch, socket(2)'s number, io_uring_setup(2)'s number, x32 bit to refuse)
 SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 425, 0x40000000), "aarch64": (0xC00000B7, 198, 425, 0)}
+# add_key, request_key, keyctl: the kernel's keyrings are not namespaced, and the caller's
+# session keyring is inherited (a tool read a key the caller had added to it)
+SECCOMP_KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
 SECCOMP_ALLOW, SECCOMP_DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ERRNO | EACCES
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-AF_UNIX = 1
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+# the only socket families a tool may make: those its network namespace confines (AF_UNIX
+# reaches a socket file on the read-only root; AF_VSOCK reaches the hypervisor of a VM, and its
+# ports are shared by every network namespace)
+SOCKET_FAMILIES = (AF_INET, AF_INET6, AF_NETLINK)
 
 
 class _SockFilter(ctypes.Structure):
@@ -292,29 +299,41 @@ class _SockFprog(ctypes.Structure):
 
 def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter of ``deny_unix_sockets`` as (code, jt, jf, k) BPF instructions (a jump's
-    target is the next instruction's index plus its offset: from index 4, 5 reaches the last)."""
+    target is the next instruction's index plus its offset). Refused: another ABI, x32 numbers,
+    ``io_uring_setup``, the keyring calls, and ``socket(2)`` of a family not in
+    ``SOCKET_FAMILIES``; everything else is allowed."""
     arch, sys_socket, sys_uring, x32 = SECCOMP_ARCHES[machine]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, …|JGE|K, BPF_RET|K
-    return [
+    refused = (sys_uring, *SECCOMP_KEYRING_CALLS[machine])
+    # jumps name their targets ("allow", "deny", or 0: the next instruction), resolved below
+    sym: list[tuple[int, object, object, int]] = [
         (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 1, 0, arch),
-        (ret, 0, 0, SECCOMP_DENY),  # another ABI (i386 on x86_64): refused
+        (jeq, 0, "deny", arch),  # another ABI (i386 on x86_64): refused
         (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, 5, 0, x32) if x32 else (jeq, 5, 0, 0xFFFFFFFF),  # x32 numbers: refused
-        (jeq, 4, 0, sys_uring),  # io_uring makes sockets without socket(2): refused
-        (jeq, 0, 2, sys_socket),
+        (jge, "deny", 0, x32) if x32 else (jeq, "deny", 0, 0xFFFFFFFF),  # x32 numbers
+        *[(jeq, "deny", 0, nr) for nr in refused],  # io_uring makes sockets without socket(2)
+        (jeq, 0, "allow", sys_socket),
         (ld, 0, 0, 16),  # the low half of socket(2)'s first argument: its family
-        (jeq, 1, 0, AF_UNIX),
+        *[(jeq, "allow", 0, family) for family in SOCKET_FAMILIES[:-1]],
+        (jeq, "allow", "deny", SOCKET_FAMILIES[-1]),  # any other family: refused
         (ret, 0, 0, SECCOMP_ALLOW),
         (ret, 0, 0, SECCOMP_DENY),
     ]
+    where = {"allow": len(sym) - 2, "deny": len(sym) - 1}
+
+    def offset(i: int, target: object) -> int:
+        return 0 if target == 0 else where[target] - i - 1
+
+    return [(c, offset(i, jt), offset(i, jf), k) for i, (c, jt, jf, k) in enumerate(sym)]
 
 
 def deny_unix_sockets() -> None:
-    """A seccomp filter: ``socket(AF_UNIX, …)`` and ``io_uring_setup`` fail with ``EACCES``.
-    A Unix socket's path on the read-only root stays connectable by whoever may write it (a
-    world-writable one: by anyone), which a network namespace does not stop; ``socketpair``
-    (pipes between the tool's own processes) still works. Needs ``no_new_privs``."""
+    """A seccomp filter (``seccomp_program``): ``socket(2)`` of any family but ``AF_INET``,
+    ``AF_INET6`` and ``AF_NETLINK``, ``io_uring_setup`` and the keyring calls fail with
+    ``EACCES``. A Unix socket's path on the read-only root stays connectable by whoever may
+    write it (a world-writable one: by anyone), and ``AF_VSOCK`` reaches a VM's host, which a
+    network namespace does not stop; ``socketpair`` (pipes between the tool's own processes)
+    still works. Needs ``no_new_privs``."""
     machine = os.uname().machine
     if machine not in SECCOMP_ARCHES:
         raise OSError(f"no seccomp filter for machine {machine!r}")

@@ -169,6 +169,24 @@ def test_the_root_plan_follows_symlinks_and_binds_no_path_twice(shared_dir):
     assert binds == [f"{top}/a/sub/f"] and set(links) == {f"{top}/chain", f"{top}/link"}
 
 
+def test_a_bind_swapped_after_the_plan_is_refused_not_followed(shared_dir):
+    """Probe (issue 53 v6): a visible folder swapped for a symlink to ``/`` between the root's
+    plan and its ``O_PATH`` open was followed: the tool was shown the host's whole root (4 of
+    40 calls against a renaming loop). The open now finds where the descriptor ended."""
+    folder = shared_dir / "data"
+    folder.mkdir()
+    binds, _ = isolate.root_plan([str(folder)])
+    assert binds == [str(folder)]
+    fd = isolate.open_planned(str(folder))
+    assert os.readlink(f"/proc/self/fd/{fd}") == str(folder)
+    os.close(fd)
+    folder.rmdir()
+    folder.symlink_to("/")  # what the plan saw as a folder now leads to the host's root
+    with pytest.raises(OSError, match="changed while the root was built"):
+        isolate.open_planned(str(folder))
+    assert isolate.open_planned(str(shared_dir / "missing")) is None
+
+
 KEYRING_AND_VSOCK_PROBE = """
 import ctypes, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import signal
 
@@ -215,17 +216,30 @@ def _bind(fd: int, target: str) -> None:
     _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
 
 
+def open_planned(path: str) -> int | None:
+    """``path`` of ``root_plan``'s binds open as ``O_PATH`` (None if it is gone), or OSError
+    when it is no longer what the plan saw: a folder on the way swapped for a symlink between
+    the plan and the open (the open follows it: a tool was shown the host's ``/`` where a
+    visible folder was planned) ends somewhere else, which the descriptor's path shows."""
+    try:
+        fd = os.open(path, O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    if (now := os.readlink(f"/proc/self/fd/{fd}")) != path:
+        os.close(fd)
+        raise OSError(errno.ESTALE, f"{path} changed while the root was built (now {now})")
+    return fd
+
+
 def build_root(binds: list[str], links: dict[str, str]) -> None:
     """Step 4's new root: a tmpfs staged on ``/tmp`` (the host's ``/tmp`` is then covered:
     what is bound from it was opened first), the binds, links, devices and ``/proc``; then
     ``pivot_root`` into it and the old root detached."""
     opened = []
     for path in binds:
-        try:
-            fd = os.open(path, O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        opened.append((path, fd, os.path.isdir(f"/proc/self/fd/{fd}")))
+        fd = open_planned(path)
+        if fd is not None:
+            opened.append((path, fd, os.path.isdir(f"/proc/self/fd/{fd}")))
     devices = [(f"/dev/{d}", os.open(f"/dev/{d}", O_PATH | os.O_CLOEXEC), False) for d in DEVICES]
     new = WORK
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")

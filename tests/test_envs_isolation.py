@@ -169,6 +169,69 @@ def test_the_root_plan_follows_symlinks_and_binds_no_path_twice(shared_dir):
     assert binds == [f"{top}/a/sub/f"] and set(links) == {f"{top}/chain", f"{top}/link"}
 
 
+def test_a_bind_swapped_after_the_plan_is_refused_not_followed(shared_dir):
+    """Probe (issue 53 v6): a visible folder swapped for a symlink to ``/`` between the root's
+    plan and its ``O_PATH`` open was followed: the tool was shown the host's whole root (4 of
+    40 calls against a renaming loop). The open now finds where the descriptor ended."""
+    folder = shared_dir / "data"
+    folder.mkdir()
+    binds, _ = isolate.root_plan([str(folder)])
+    assert binds == [str(folder)]
+    fd = isolate.open_planned(str(folder))
+    assert os.readlink(f"/proc/self/fd/{fd}") == str(folder)
+    os.close(fd)
+    folder.rmdir()
+    folder.symlink_to("/")  # what the plan saw as a folder now leads to the host's root
+    with pytest.raises(OSError, match="changed while the root was built"):
+        isolate.open_planned(str(folder))
+    assert isolate.open_planned(str(shared_dir / "missing")) is None
+
+
+KEYRING_AND_VSOCK_PROBE = """
+import ctypes, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nr = {'x86_64': 250, 'aarch64': 219}[__import__('os').uname().machine]
+key = libc.syscall(nr, 10, -3, b'user', sys.argv[1].encode(), 0)  # KEYCTL_SEARCH, session
+buf = ctypes.create_string_buffer(256)
+got = libc.syscall(nr, 11, key, buf, 256) if key > 0 else -1  # KEYCTL_READ
+print('key', buf.raw[:got].decode() if got > 0 else ctypes.get_errno())
+try:
+    socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK
+    print('vsock MADE')
+except OSError as e:
+    print('vsock', e.errno)
+"""
+
+
+def test_a_tool_reads_no_key_of_its_callers_keyring_and_makes_no_vsock():
+    """Probe (issue 53 v6): keyrings are not namespaced: the tool inherited this process's
+    session keyring and read a key added to it (``add_key``); ``AF_VSOCK``, whose ports
+    every network namespace shares (a VM's way to its host), was allowed."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # add_key, request_key, keyctl
+    calls = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}.get(os.uname().machine)
+    if calls is None:
+        pytest.skip("no keyring call numbers for this machine")
+    name, secret = f"sat-test-{secrets.token_hex(4)}", f"planted-{secrets.token_hex(8)}"
+    key = libc.syscall(calls[0], b"user", name.encode(), secret.encode(), len(secret), -3)
+    if key < 0:
+        pytest.skip(f"no keyring here: errno {ctypes.get_errno()}")
+    try:
+        args = [sandbox_python(), "-S", "-c", KEYRING_AND_VSOCK_PROBE, name]
+        kind, text = run_as("caller", args)
+        assert kind == "ok", text
+        assert text.split("\n")[:2] == ["key 13", "vsock 13"] and secret not in text  # EACCES
+        if os.geteuid() == 0:  # the unsafe sandbox: the caller's uid and its keyring
+            kind, text = run_as("caller", args, "unsafe_local")
+            assert f"key {secret}" in text
+    finally:
+        libc.syscall(calls[2], 3, key)  # KEYCTL_REVOKE
+
+
 NET_PROBE = """
 import socket, sys
 for name, family, addr in [('tcp', socket.AF_INET, ('127.0.0.1', int(sys.argv[1]))),

@@ -337,6 +337,48 @@ def test_the_seccomp_filter_refuses_unix_sockets_on_every_abi(machine):
         assert verdict(0xFFFFFFFF) == "deny"
 
 
+@pytest.mark.parametrize("machine", sorted(isolate.SECCOMP_ARCHES))
+def test_the_seccomp_filter_allows_only_the_socket_families_a_network_namespace_confines(machine):
+    """Probe (issue 53 v6): ``AF_VSOCK`` sockets were allowed (their ports are shared by every
+    network namespace; on a VM they reach the hypervisor), and so were the keyring calls (a
+    tool read a key of the caller's session keyring, which it inherits)."""
+    arch, sys_socket, _, _ = isolate.SECCOMP_ARCHES[machine]
+    prog = isolate.seccomp_program(machine)
+    verdict = lambda nr, family=0: _seccomp_verdict(prog, arch, nr, family)  # noqa: E731
+    for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+        assert verdict(sys_socket, family) == "allow", family
+    for family in (isolate.AF_UNIX, 40, 17, 38, 0, 3, 45, 0xFFFF):  # VSOCK, PACKET, ALG, …
+        assert verdict(sys_socket, family) == "deny", family
+    for nr in isolate.SECCOMP_KEYRING_CALLS[machine]:
+        assert verdict(nr) == "deny", nr
+    assert verdict(sys_socket + 1, 40) == "allow"  # connect(2) etc.: another call, any fd
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+@pytest.mark.parametrize(
+    "args, stdin, why",
+    [
+        ([PY, "-c", "print(1)\0"], b"", "tool argument 2 holds a NUL character"),
+        (["py\0thon3"], b"", "tool argument 0 holds a NUL character"),
+        ([PY, "-c", "print('\ud800')"], b"", "tool argument 2 cannot be encoded"),
+        ([PY, "-c", "print(1)"], "text", "tool input must be bytes, not str"),
+        ([PY, "-c", "print(1)"], None, "tool input must be bytes, not NoneType"),
+    ],
+)
+def test_arguments_exec_cannot_take_are_a_start_result_not_an_exception(mode, args, stdin, why):
+    """Probe (issue 53 v6): a NUL or a lone surrogate in an argument (model text can hold
+    both) raised ValueError / UnicodeEncodeError out of ``run_tool`` (documented never to
+    raise), leaving its status pipe open and its pids cgroup behind; a ``str`` input raised
+    TypeError."""
+    fds = len(os.listdir("/proc/self/fd"))
+    r = run_tool(args, stdin=stdin, mode=mode)
+    assert (r.kind, r.returncode) == ("start", None) and why in r.text, r.text
+    assert len(os.listdir("/proc/self/fd")) == fds
+    stats = ToolStats()
+    msg = call_tool(args, stats, stdin=stdin, mode=mode)
+    assert msg["content"].startswith("error (start): ") and stats.errors == {"start": 1}
+
+
 @pytest.mark.parametrize(
     "visible, why",
     [

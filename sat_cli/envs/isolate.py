@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import signal
 
@@ -215,17 +216,30 @@ def _bind(fd: int, target: str) -> None:
     _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
 
 
+def open_planned(path: str) -> int | None:
+    """``path`` of ``root_plan``'s binds open as ``O_PATH`` (None if it is gone), or OSError
+    when it is no longer what the plan saw: a folder on the way swapped for a symlink between
+    the plan and the open (the open follows it: a tool was shown the host's ``/`` where a
+    visible folder was planned) ends somewhere else, which the descriptor's path shows."""
+    try:
+        fd = os.open(path, O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    if (now := os.readlink(f"/proc/self/fd/{fd}")) != path:
+        os.close(fd)
+        raise OSError(errno.ESTALE, f"{path} changed while the root was built (now {now})")
+    return fd
+
+
 def build_root(binds: list[str], links: dict[str, str]) -> None:
     """Step 4's new root: a tmpfs staged on ``/tmp`` (the host's ``/tmp`` is then covered:
     what is bound from it was opened first), the binds, links, devices and ``/proc``; then
     ``pivot_root`` into it and the old root detached."""
     opened = []
     for path in binds:
-        try:
-            fd = os.open(path, O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        opened.append((path, fd, os.path.isdir(f"/proc/self/fd/{fd}")))
+        fd = open_planned(path)
+        if fd is not None:
+            opened.append((path, fd, os.path.isdir(f"/proc/self/fd/{fd}")))
     devices = [(f"/dev/{d}", os.open(f"/dev/{d}", O_PATH | os.O_CLOEXEC), False) for d in DEVICES]
     new = WORK
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -276,9 +290,16 @@ def drop_capabilities() -> None:
 
 # seccomp: (audit arch, socket(2)'s number, io_uring_setup(2)'s number, x32 bit to refuse)
 SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 425, 0x40000000), "aarch64": (0xC00000B7, 198, 425, 0)}
+# add_key, request_key, keyctl: the kernel's keyrings are not namespaced, and the caller's
+# session keyring is inherited (a tool read a key the caller had added to it)
+SECCOMP_KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
 SECCOMP_ALLOW, SECCOMP_DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ERRNO | EACCES
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-AF_UNIX = 1
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+# the only socket families a tool may make: those its network namespace confines (AF_UNIX
+# reaches a socket file on the read-only root; AF_VSOCK reaches the hypervisor of a VM, and its
+# ports are shared by every network namespace)
+SOCKET_FAMILIES = (AF_INET, AF_INET6, AF_NETLINK)
 
 
 class _SockFilter(ctypes.Structure):
@@ -292,29 +313,41 @@ class _SockFprog(ctypes.Structure):
 
 def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter of ``deny_unix_sockets`` as (code, jt, jf, k) BPF instructions (a jump's
-    target is the next instruction's index plus its offset: from index 4, 5 reaches the last)."""
+    target is the next instruction's index plus its offset). Refused: another ABI, x32 numbers,
+    ``io_uring_setup``, the keyring calls, and ``socket(2)`` of a family not in
+    ``SOCKET_FAMILIES``; everything else is allowed."""
     arch, sys_socket, sys_uring, x32 = SECCOMP_ARCHES[machine]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, …|JGE|K, BPF_RET|K
-    return [
+    refused = (sys_uring, *SECCOMP_KEYRING_CALLS[machine])
+    # jumps name their targets ("allow", "deny", or 0: the next instruction), resolved below
+    sym: list[tuple[int, object, object, int]] = [
         (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 1, 0, arch),
-        (ret, 0, 0, SECCOMP_DENY),  # another ABI (i386 on x86_64): refused
+        (jeq, 0, "deny", arch),  # another ABI (i386 on x86_64): refused
         (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, 5, 0, x32) if x32 else (jeq, 5, 0, 0xFFFFFFFF),  # x32 numbers: refused
-        (jeq, 4, 0, sys_uring),  # io_uring makes sockets without socket(2): refused
-        (jeq, 0, 2, sys_socket),
+        (jge, "deny", 0, x32) if x32 else (jeq, "deny", 0, 0xFFFFFFFF),  # x32 numbers
+        *[(jeq, "deny", 0, nr) for nr in refused],  # io_uring makes sockets without socket(2)
+        (jeq, 0, "allow", sys_socket),
         (ld, 0, 0, 16),  # the low half of socket(2)'s first argument: its family
-        (jeq, 1, 0, AF_UNIX),
+        *[(jeq, "allow", 0, family) for family in SOCKET_FAMILIES[:-1]],
+        (jeq, "allow", "deny", SOCKET_FAMILIES[-1]),  # any other family: refused
         (ret, 0, 0, SECCOMP_ALLOW),
         (ret, 0, 0, SECCOMP_DENY),
     ]
+    where = {"allow": len(sym) - 2, "deny": len(sym) - 1}
+
+    def offset(i: int, target: object) -> int:
+        return 0 if target == 0 else where[target] - i - 1
+
+    return [(c, offset(i, jt), offset(i, jf), k) for i, (c, jt, jf, k) in enumerate(sym)]
 
 
 def deny_unix_sockets() -> None:
-    """A seccomp filter: ``socket(AF_UNIX, …)`` and ``io_uring_setup`` fail with ``EACCES``.
-    A Unix socket's path on the read-only root stays connectable by whoever may write it (a
-    world-writable one: by anyone), which a network namespace does not stop; ``socketpair``
-    (pipes between the tool's own processes) still works. Needs ``no_new_privs``."""
+    """A seccomp filter (``seccomp_program``): ``socket(2)`` of any family but ``AF_INET``,
+    ``AF_INET6`` and ``AF_NETLINK``, ``io_uring_setup`` and the keyring calls fail with
+    ``EACCES``. A Unix socket's path on the read-only root stays connectable by whoever may
+    write it (a world-writable one: by anyone), and ``AF_VSOCK`` reaches a VM's host, which a
+    network namespace does not stop; ``socketpair`` (pipes between the tool's own processes)
+    still works. Needs ``no_new_privs``."""
     machine = os.uname().machine
     if machine not in SECCOMP_ARCHES:
         raise OSError(f"no seccomp filter for machine {machine!r}")

@@ -248,6 +248,19 @@ def visible_paths(args: list[str], env: dict[str, str], visible: tuple[str, ...]
     return isolate.default_visible() + extra
 
 
+def _unpassable(args: list[str]) -> str | None:
+    """Why ``args`` cannot be an argument list of ``exec`` (a NUL character, a lone surrogate
+    that the file-system encoding cannot write: model text can hold both), or None."""
+    for i, arg in enumerate(args):
+        if "\0" in arg:
+            return f"tool argument {i} holds a NUL character"
+        try:
+            os.fsencode(arg)
+        except UnicodeEncodeError as e:
+            return f"tool argument {i} cannot be encoded ({e.reason} at {e.start})"
+    return None
+
+
 def run_tool(
     args: list[str],
     limits: ToolLimits | None = None,
@@ -264,6 +277,10 @@ def run_tool(
     start = time.monotonic()
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         return ToolResult("start", f"tool arguments must be a non-empty list of strings: {args!r}")
+    if (why := _unpassable(args)) is not None:
+        return ToolResult("start", f"tool could not start: {why}")
+    if not isinstance(stdin, bytes | bytearray):
+        return ToolResult("start", f"tool input must be bytes, not {type(stdin).__name__}")
     if len(stdin) > MAX_STDIN_BYTES:
         return ToolResult("start", f"tool input over {MAX_STDIN_BYTES} bytes: {len(stdin)}")
     try:

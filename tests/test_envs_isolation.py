@@ -286,8 +286,9 @@ def _marked(marker: str) -> list[int]:
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_no_process_of_a_tool_outlives_its_call(runner, monkeypatch):
     """A child that leaves the session (``setsid``) and is orphaned escapes the process-group
-    kill; without a pids cgroup only the PID namespace ends it."""
+    kill; without a pids or memory cgroup (both list it) only the PID namespace ends it."""
     monkeypatch.setattr(confine, "proc_mode", lambda: "none")
+    monkeypatch.setattr(confine, "memory_mode", lambda: "rlimit")
     marker = f"{secrets.randbelow(10**6) + 10**6}.5"
     code = (
         "import subprocess\n"

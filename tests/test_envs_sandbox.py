@@ -414,3 +414,56 @@ def test_check_visible_accepts_only_absolute_normalised_paths_outside_the_sandbo
     assert "\0" not in path and not any(
         path == top or path.startswith(top + "/") for top in isolate.RESERVED
     )
+
+
+MEMORY_PROBE = r"""
+import os, time
+r, w = os.pipe()
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        b = bytearray(300 << 20)
+        for j in range(0, len(b), 4096):
+            b[j] = 1
+        os.write(w, b"h")
+        time.sleep(2)  # held while the others allocate
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+got = b""
+while len(got) < 6 and (chunk := os.read(r, 100)):  # all six, or every child gone
+    got += chunk
+print("held", len(got))
+for k in kids:
+    os.waitpid(k, 0)
+"""
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+def test_a_calls_processes_share_one_memory_budget(mode, monkeypatch):
+    """Six children of 300 MiB each under memory_mb=512: RLIMIT_AS is per process, so each is
+    allowed alone; the call's memory cgroup holds them to 512 + work_mb MiB together."""
+    if confine.memory_mode() != "cgroup":
+        pytest.skip("no memory cgroup can be made here (the per-process RLIMIT_AS is the bound)")
+    limits = ToolLimits(memory_mb=512, wall_s=60, max_procs=16)
+    r = run_tool([PY, "-S", "-c", MEMORY_PROBE], limits, mode=mode)
+    assert r.kind == "ok" and r.text.split() == ["held", "1"], r.text
+    monkeypatch.setattr(confine, "memory_mode", lambda: "rlimit")  # without the cgroup
+    r = run_tool([PY, "-S", "-c", MEMORY_PROBE], limits, mode=mode)
+    assert r.kind == "ok" and r.text.split() == ["held", "6"], r.text
+
+
+def test_a_memory_cgroup_is_made_with_its_limit_and_removable():
+    if confine.memory_mode() != "cgroup":
+        pytest.skip("no memory cgroup can be made here")
+    path = confine.new_memory_cgroup(96)
+    try:
+        name = (
+            "memory.limit_in_bytes" if (path / "memory.limit_in_bytes").exists() else "memory.max"
+        )
+        assert int((path / name).read_text()) == 96 << 20
+    finally:
+        path.rmdir()
+    assert not path.exists()

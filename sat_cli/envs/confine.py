@@ -118,6 +118,41 @@ def new_pids_cgroup(max_procs: int) -> Path | None:
     return path
 
 
+def new_memory_cgroup(limit_mb: int) -> Path | None:
+    """A fresh memory cgroup capped at ``limit_mb`` MiB for all of one call's processes and
+    the pages they own (``tmpfs`` and ``memfd`` pages too): v1 ``memory.limit_in_bytes``, v2
+    ``memory.max`` with ``memory.swap.max`` 0; None where not permitted."""
+    parent = _own_cgroup("memory")
+    if parent is None:
+        return None
+    path = parent / f"sat-tool-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    v1 = (path / "memory.limit_in_bytes").exists()
+    try:
+        (path / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit_mb << 20))
+        if not v1 and (path / "memory.swap.max").exists():
+            (path / "memory.swap.max").write_text("0")
+    except OSError:
+        path.rmdir()
+        return None
+    return path
+
+
+@functools.cache
+def memory_mode() -> str:
+    """``cgroup`` where a memory cgroup per call can be made (the call's processes share one
+    ``memory_mb + work_mb`` budget), else ``rlimit`` (``RLIMIT_AS`` per process only: a call
+    of ``n`` processes can hold ``n * memory_mb``)."""
+    probe = new_memory_cgroup(64)
+    if probe is not None:
+        probe.rmdir()
+        return "cgroup"
+    return "rlimit"
+
+
 @functools.cache
 def proc_mode() -> str:
     """``cgroup``, ``rlimit`` or ``none`` (module docstring)."""
@@ -132,7 +167,8 @@ def isolation() -> dict[str, str]:
     """The modes this machine gives the sandbox: ``{"network": …, "processes": …}`` (the
     ``unsafe_local`` sandbox) and ``"strict"``: ``available`` or why the kernel refuses it."""
     strict = strict_refusal()
-    return {"network": net_mode(), "processes": proc_mode(), "strict": strict or "available"}
+    modes = {"network": net_mode(), "processes": proc_mode(), "memory": memory_mode()}
+    return modes | {"strict": strict or "available"}
 
 
 @functools.cache

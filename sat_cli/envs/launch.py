@@ -11,13 +11,14 @@ launcher is single-threaded, so everything below is ordinary code. It also makes
 ``SPEC`` is a JSON object, every key optional::
 
     {"cgroup": "/sys/fs/cgroup/…/sat-tool-…",   # join this pids cgroup (write own pid)
+     "memory_cgroup": "/sys/fs/cgroup/…",         # and this memory cgroup (the call's budget)
      "cpu_s": 5, "memory_mb": 512, "max_file_mb": 16, "nproc": 140,   # rlimits
      "net_flags": 1073741824,                    # unshare(2) flags (confine.NET_FLAGS)
      "env": {"PATH": …, "HOME": …},              # the tool's whole environment
      "isolate": true, "work_mb": 64,             # the strict sandbox (isolate.py)
      "status_fd": 5}                             # where a failure is reported
 
-In that order: join the cgroup, set ``RLIMIT_CPU`` (hard = soft + 1 s), ``RLIMIT_AS``,
+In that order: join the cgroups, set ``RLIMIT_CPU`` (hard = soft + 1 s), ``RLIMIT_AS``,
 ``RLIMIT_FSIZE``, ``RLIMIT_CORE`` 0 and ``RLIMIT_NPROC``, unshare the network, then ``execvpe``
 the tool (a ``PATH`` search in the tool's environment). With ``isolate`` (the strict sandbox,
 ``env.sandbox=strict``) the last two steps are ``isolate.run_isolated`` instead: another uid,
@@ -50,9 +51,10 @@ def unshare(flags: int) -> None:
 
 def confine_self(spec: dict) -> None:
     """Apply ``spec``'s cgroup, limits and network namespace to this process (module docstring)."""
-    if spec.get("cgroup"):
-        with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+    for key in ("cgroup", "memory_cgroup"):
+        if spec.get(key):
+            with open(os.path.join(spec[key], "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
     if "cpu_s" in spec:
         resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 1))
     if "memory_mb" in spec:

@@ -182,8 +182,8 @@ def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[
             return bytes(out[: limits.max_output_bytes]), "output_limit"
 
 
-def _kill_all(proc: subprocess.Popen, cgroup: Path | None) -> None:
-    """Kill the tool's process group and its cgroup's processes; wait until they are gone."""
+def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:
+    """Kill the tool's process group and its cgroups' processes; wait until they are gone."""
     from sat_cli.util.procs import live_group_members
 
     deadline = time.monotonic() + KILL_WAIT_S
@@ -192,7 +192,7 @@ def _kill_all(proc: subprocess.Popen, cgroup: Path | None) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        left = confine.cgroup_pids(cgroup) if cgroup is not None else []
+        left = [pid for cgroup in cgroups for pid in confine.cgroup_pids(cgroup)]
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -205,7 +205,7 @@ def _kill_all(proc: subprocess.Popen, cgroup: Path | None) -> None:
         group = live_group_members(proc.pid)
         if (proc.returncode is not None and not group and not left) or time.monotonic() > deadline:
             break
-    if cgroup is not None:
+    for cgroup in cgroups:
         try:
             cgroup.rmdir()
         except OSError:
@@ -292,6 +292,10 @@ def run_tool(
     strict = mode == "strict"
     net = "strict" if strict else confine.net_mode()
     cgroup = confine.new_pids_cgroup(limits.max_procs) if confine.proc_mode() == "cgroup" else None
+    memcg = None  # one budget for all the call's processes and its work folder, where permitted
+    if confine.memory_mode() == "cgroup":
+        memcg = confine.new_memory_cgroup(limits.memory_mb + limits.work_mb)
+    cgroups = [c for c in (cgroup, memcg) if c is not None]
     nproc = None
     if strict:  # the tool never runs as root here: RLIMIT_NPROC holds (for its uid)
         uid = isolate.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
@@ -302,6 +306,7 @@ def run_tool(
     status_r, status_w = os.pipe()
     env = _environment(Path(isolate.WORK) if strict else scratch, net)
     spec = {**_launch_spec(limits, cgroup, nproc, net, shown), "env": env, "status_fd": status_w}
+    spec["memory_cgroup"] = str(memcg) if memcg is not None else None
     try:
         try:
             proc = subprocess.Popen(
@@ -316,8 +321,8 @@ def run_tool(
             )
         except (OSError, subprocess.SubprocessError) as e:
             os.close(status_r)
-            if cgroup is not None:
-                cgroup.rmdir()
+            for c in cgroups:
+                c.rmdir()
             return ToolResult("start", f"tool could not start: {e}", None, time.monotonic() - start)
         finally:
             os.close(status_w)
@@ -336,7 +341,7 @@ def run_tool(
                 out, reason = _read(proc, limits, start + limits.wall_s)
         finally:
             os.close(status_r)
-            _kill_all(proc, cgroup)
+            _kill_all(proc, cgroups)
             proc.stdin.close()
             proc.stdout.close()
     finally:

@@ -417,27 +417,34 @@ def test_check_visible_accepts_only_absolute_normalised_paths_outside_the_sandbo
 
 
 MEMORY_PROBE = r"""
-import os, time
+import os, select
 r, w = os.pipe()
-kids = []
+hold_r, hold_w = os.pipe()  # children hold their memory until this closes
+kids = {}
 for i in range(6):
     pid = os.fork()
     if pid == 0:
         os.close(r)
+        os.close(hold_w)
         b = bytearray(300 << 20)
         for j in range(0, len(b), 4096):
             b[j] = 1
-        os.write(w, b"h")
-        time.sleep(2)  # held while the others allocate
+        os.write(w, bytes([i]))
+        os.read(hold_r, 1)
         os._exit(0)
-    kids.append(pid)
+    kids[pid] = i
 os.close(w)
-got = b""
-while len(got) < 6 and (chunk := os.read(r, 100)):  # all six, or every child gone
-    got += chunk
-print("held", len(got))
-for k in kids:
-    os.waitpid(k, 0)
+wrote, dead = set(), set()
+while wrote | dead != set(range(6)):  # each child holds its 300 MiB, or is gone
+    if select.select([r], [], [], 0.1)[0]:
+        wrote |= set(os.read(r, 100))
+    for pid, i in list(kids.items()):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            dead.add(kids.pop(pid))
+print("held", len(wrote - dead))  # alive together, each with its 300 MiB
+os.close(hold_w)
+for pid in kids:
+    os.waitpid(pid, 0)
 """
 
 

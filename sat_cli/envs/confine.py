@@ -100,9 +100,10 @@ def _own_cgroup(controller: str) -> Path | None:
     return None
 
 
-def new_pids_cgroup(max_procs: int) -> Path | None:
-    """A fresh pids cgroup limited to ``max_procs`` processes, or None where not permitted."""
-    parent = _own_cgroup("pids")
+def _new_cgroup(controller: str, limits) -> Path | None:
+    """A fresh child cgroup of this process's ``controller`` cgroup, with ``limits(path)``
+    (which writes its limit files) applied; None where either is not permitted."""
+    parent = _own_cgroup(controller)
     if parent is None:
         return None
     path = parent / f"sat-tool-{os.getpid()}-{time.monotonic_ns()}"
@@ -111,34 +112,32 @@ def new_pids_cgroup(max_procs: int) -> Path | None:
     except OSError:
         return None
     try:
-        (path / "pids.max").write_text(str(max_procs))
+        limits(path)
     except OSError:
         path.rmdir()
         return None
     return path
+
+
+def new_pids_cgroup(max_procs: int) -> Path | None:
+    """A fresh pids cgroup limited to ``max_procs`` processes, or None where not permitted."""
+    return _new_cgroup("pids", lambda path: (path / "pids.max").write_text(str(max_procs)))
+
+
+def _memory_limits(path: Path, limit_mb: int) -> None:
+    if (path / "memory.limit_in_bytes").exists():  # v1
+        (path / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+        return
+    (path / "memory.max").write_text(str(limit_mb << 20))
+    if (path / "memory.swap.max").exists():
+        (path / "memory.swap.max").write_text("0")
 
 
 def new_memory_cgroup(limit_mb: int) -> Path | None:
     """A fresh memory cgroup capped at ``limit_mb`` MiB for all of one call's processes and
     the pages they own (``tmpfs`` and ``memfd`` pages too): v1 ``memory.limit_in_bytes``, v2
     ``memory.max`` with ``memory.swap.max`` 0; None where not permitted."""
-    parent = _own_cgroup("memory")
-    if parent is None:
-        return None
-    path = parent / f"sat-tool-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        path.mkdir()
-    except OSError:
-        return None
-    v1 = (path / "memory.limit_in_bytes").exists()
-    try:
-        (path / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit_mb << 20))
-        if not v1 and (path / "memory.swap.max").exists():
-            (path / "memory.swap.max").write_text("0")
-    except OSError:
-        path.rmdir()
-        return None
-    return path
+    return _new_cgroup("memory", lambda path: _memory_limits(path, limit_mb))
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sandbox_tools import sandbox_python
 
-from sat_cli.envs import confine, isolate, sandbox
+from sat_cli.envs import confine, isolate, sandbox, seccomp
 from sat_cli.envs.sandbox import ToolLimits, ToolStats, call_tool, run_tool
 from sat_cli.util.procs import live_group_members, pid_alive
 
@@ -314,42 +314,42 @@ def _seccomp_verdict(prog, arch: int, nr: int, family: int) -> str:
             hit = acc == k if code == 0x15 else acc >= k
             pc += jt if hit else jf
         elif code == 0x06:
-            return {isolate.SECCOMP_ALLOW: "allow", isolate.SECCOMP_DENY: "deny"}[k]
+            return {seccomp.SECCOMP_ALLOW: "allow", seccomp.SECCOMP_DENY: "deny"}[k]
         pc += 1
 
 
-@pytest.mark.parametrize("machine", sorted(isolate.SECCOMP_ARCHES))
+@pytest.mark.parametrize("machine", sorted(seccomp.SECCOMP_ARCHES))
 def test_the_seccomp_filter_refuses_unix_sockets_on_every_abi(machine):
     """Probe (issue 53 v5): on x86_64 an x32 ``socket(AF_UNIX)`` (nr | 0x40000000, the same
     audit arch) jumped to the allow, not the deny (the kernel here has no x32: ENOSYS)."""
-    arch, sys_socket, sys_uring, x32 = isolate.SECCOMP_ARCHES[machine]
-    prog = isolate.seccomp_program(machine)
+    arch, sys_socket, sys_uring, x32 = seccomp.SECCOMP_ARCHES[machine]
+    prog = seccomp.seccomp_program(machine)
     verdict = lambda nr, family=0, a=arch: _seccomp_verdict(prog, a, nr, family)  # noqa: E731
-    assert verdict(sys_socket, isolate.AF_UNIX) == "deny"
+    assert verdict(sys_socket, seccomp.AF_UNIX) == "deny"
     assert verdict(sys_socket, socket.AF_INET) == "allow"
     assert verdict(sys_uring) == "deny"
     assert verdict(0) == "allow"
-    assert verdict(sys_socket, isolate.AF_UNIX, arch ^ 1) == "deny"  # another ABI
+    assert verdict(sys_socket, seccomp.AF_UNIX, arch ^ 1) == "deny"  # another ABI
     if x32:
-        assert verdict(x32 | sys_socket, isolate.AF_UNIX) == "deny"
+        assert verdict(x32 | sys_socket, seccomp.AF_UNIX) == "deny"
         assert verdict(x32 | 0) == "deny"
     else:
         assert verdict(0xFFFFFFFF) == "deny"
 
 
-@pytest.mark.parametrize("machine", sorted(isolate.SECCOMP_ARCHES))
+@pytest.mark.parametrize("machine", sorted(seccomp.SECCOMP_ARCHES))
 def test_the_seccomp_filter_allows_only_the_socket_families_a_network_namespace_confines(machine):
     """Probe (issue 53 v6): ``AF_VSOCK`` sockets were allowed (their ports are shared by every
     network namespace; on a VM they reach the hypervisor), and so were the keyring calls (a
     tool read a key of the caller's session keyring, which it inherits)."""
-    arch, sys_socket, _, _ = isolate.SECCOMP_ARCHES[machine]
-    prog = isolate.seccomp_program(machine)
+    arch, sys_socket, _, _ = seccomp.SECCOMP_ARCHES[machine]
+    prog = seccomp.seccomp_program(machine)
     verdict = lambda nr, family=0: _seccomp_verdict(prog, arch, nr, family)  # noqa: E731
     for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
         assert verdict(sys_socket, family) == "allow", family
-    for family in (isolate.AF_UNIX, 40, 17, 38, 0, 3, 45, 0xFFFF):  # VSOCK, PACKET, ALG, …
+    for family in (seccomp.AF_UNIX, 40, 17, 38, 0, 3, 45, 0xFFFF):  # VSOCK, PACKET, ALG, …
         assert verdict(sys_socket, family) == "deny", family
-    for nr in isolate.SECCOMP_KEYRING_CALLS[machine]:
+    for nr in seccomp.SECCOMP_KEYRING_CALLS[machine]:
         assert verdict(nr) == "deny", nr
     assert verdict(sys_socket + 1, 40) == "allow"  # connect(2) etc.: another call, any fd
 

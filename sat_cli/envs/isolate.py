@@ -25,7 +25,7 @@
    (the tool's only writable folder: working directory, ``HOME``, ``TMPDIR``) and sets the
    hostname ``sandbox``.
 5. ``C`` forks the tool ``T``: ``PR_SET_NO_NEW_PRIVS``, the capability bounding set and the
-   ambient set emptied, then ``execvpe``. ``T``'s uid is not 0 in its namespace, so ``exec``
+   ambient set emptied, the seccomp filter of ``seccomp.py`` installed, then ``execvpe``. ``T``'s uid is not 0 in its namespace, so ``exec``
    leaves it no capabilities; set-uid programs cannot raise them (``no_new_privs``, ``nosuid``).
 6. ``C`` reaps orphans until ``T`` exits and reports ``T``'s wait status to ``L``, which ends
    the same way (the same exit status, or killed by the same signal).
@@ -41,6 +41,8 @@ import ctypes.util
 import errno
 import os
 import signal
+
+from sat_cli.envs import seccomp
 
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
 CLONE_NEWNS = 0x00020000
@@ -288,75 +290,6 @@ def drop_capabilities() -> None:
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
 
 
-# seccomp: (audit arch, socket(2)'s number, io_uring_setup(2)'s number, x32 bit to refuse)
-SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 425, 0x40000000), "aarch64": (0xC00000B7, 198, 425, 0)}
-# add_key, request_key, keyctl: the kernel's keyrings are not namespaced, and the caller's
-# session keyring is inherited (a tool read a key the caller had added to it)
-SECCOMP_KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
-SECCOMP_ALLOW, SECCOMP_DENY = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ERRNO | EACCES
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
-# the only socket families a tool may make: those its network namespace confines (AF_UNIX
-# reaches a socket file on the read-only root; AF_VSOCK reaches the hypervisor of a VM, and its
-# ports are shared by every network namespace)
-SOCKET_FAMILIES = (AF_INET, AF_INET6, AF_NETLINK)
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8)]
-    _fields_ += [("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The filter of ``deny_unix_sockets`` as (code, jt, jf, k) BPF instructions (a jump's
-    target is the next instruction's index plus its offset). Refused: another ABI, x32 numbers,
-    ``io_uring_setup``, the keyring calls, and ``socket(2)`` of a family not in
-    ``SOCKET_FAMILIES``; everything else is allowed."""
-    arch, sys_socket, sys_uring, x32 = SECCOMP_ARCHES[machine]
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, …|JGE|K, BPF_RET|K
-    refused = (sys_uring, *SECCOMP_KEYRING_CALLS[machine])
-    # jumps name their targets ("allow", "deny", or 0: the next instruction), resolved below
-    sym: list[tuple[int, object, object, int]] = [
-        (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 0, "deny", arch),  # another ABI (i386 on x86_64): refused
-        (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, "deny", 0, x32) if x32 else (jeq, "deny", 0, 0xFFFFFFFF),  # x32 numbers
-        *[(jeq, "deny", 0, nr) for nr in refused],  # io_uring makes sockets without socket(2)
-        (jeq, 0, "allow", sys_socket),
-        (ld, 0, 0, 16),  # the low half of socket(2)'s first argument: its family
-        *[(jeq, "allow", 0, family) for family in SOCKET_FAMILIES[:-1]],
-        (jeq, "allow", "deny", SOCKET_FAMILIES[-1]),  # any other family: refused
-        (ret, 0, 0, SECCOMP_ALLOW),
-        (ret, 0, 0, SECCOMP_DENY),
-    ]
-    where = {"allow": len(sym) - 2, "deny": len(sym) - 1}
-
-    def offset(i: int, target: object) -> int:
-        return 0 if target == 0 else where[target] - i - 1
-
-    return [(c, offset(i, jt), offset(i, jf), k) for i, (c, jt, jf, k) in enumerate(sym)]
-
-
-def deny_unix_sockets() -> None:
-    """A seccomp filter (``seccomp_program``): ``socket(2)`` of any family but ``AF_INET``,
-    ``AF_INET6`` and ``AF_NETLINK``, ``io_uring_setup`` and the keyring calls fail with
-    ``EACCES``. A Unix socket's path on the read-only root stays connectable by whoever may
-    write it (a world-writable one: by anyone), and ``AF_VSOCK`` reaches a VM's host, which a
-    network namespace does not stop; ``socketpair`` (pipes between the tool's own processes)
-    still works. Needs ``no_new_privs``."""
-    machine = os.uname().machine
-    if machine not in SECCOMP_ARCHES:
-        raise OSError(f"no seccomp filter for machine {machine!r}")
-    prog = seccomp_program(machine)
-    filters = (_SockFilter * len(prog))(*(_SockFilter(*ins) for ins in prog))
-    fprog = _SockFprog(len(prog), filters)
-    _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
-
-
 def _end_like(status: int) -> None:
     """End this process as a child with wait status ``status`` ended."""
     if os.WIFSIGNALED(status):
@@ -386,7 +319,7 @@ def _init(spec: dict, args: list[str], env: dict, status: int | None, report: in
     if tool == 0:
         os.close(report)
         drop_capabilities()
-        deny_unix_sockets()
+        seccomp.deny_sockets_and_keyrings()
         try:
             os.execvpe(args[0], args, env)
         except OSError as e:

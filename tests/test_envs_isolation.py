@@ -272,6 +272,40 @@ def test_a_tool_reaches_no_network_not_even_loopback_or_a_unix_socket(runner, sh
         unix.close()
 
 
+DATAGRAM_PROBE = """
+import socket, sys
+for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW):  # SOCK_RAW: AF_UNIX makes it a datagram pair
+    try:
+        a, _ = socket.socketpair(socket.AF_UNIX, kind)
+        a.sendto(b'SENT', sys.argv[1])
+        print(kind, 'SENT')
+    except OSError as e:
+        print(kind, type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_tool_sends_no_datagram_to_a_unix_socket(runner, shared_dir):
+    """Probe (issue 53 v7): ``socket(AF_UNIX)`` was refused, but ``socketpair(AF_UNIX,
+    SOCK_DGRAM)`` was not, and ``sendto(2)`` on one end delivered to a host datagram socket on
+    a visible path (the kind ``/dev/log`` or journald listen on)."""
+    path = str(shared_dir / "d")
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    host.bind(path)
+    os.chmod(path, 0o777)  # anyone may send: only the sandbox can stop the tool
+    host.setblocking(False)
+    args = [sandbox_python(), "-S", "-c", DATAGRAM_PROBE, path]
+    try:
+        kind, text = run_as(runner, args, visible=(str(shared_dir),))
+        assert kind == "ok" and "SENT" not in text, text
+        with pytest.raises(BlockingIOError):
+            host.recv(16)
+        kind, text = run_as(runner, args, "unsafe_local")
+        assert "SENT" in text and host.recv(16) == b"SENT"  # no network namespace stops it
+    finally:
+        host.close()
+
+
 def _marked(marker: str) -> list[int]:
     found = []
     for pid in os.listdir("/proc"):

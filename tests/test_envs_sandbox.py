@@ -301,15 +301,17 @@ def test_hostile_tools_become_error_observations_and_the_caller_goes_on(scratch_
     assert stats.calls == 6 and stats.error_frac == 5 / 6
 
 
-def _seccomp_verdict(prog, arch: int, nr: int, family: int) -> str:
+def _seccomp_verdict(prog, arch: int, nr: int, family: int, kind: int = 0) -> str:
     """Run the classic BPF program ``prog`` (only the instructions ``seccomp_program`` uses) on
-    a ``seccomp_data`` of (nr, arch, args[0] = family)."""
-    data = {0: nr, 4: arch, 16: family}
+    a ``seccomp_data`` of (nr, arch, args[0] = family, args[1] = kind)."""
+    data = {0: nr, 4: arch, 16: family, 24: kind}
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = prog[pc]
         if code == 0x20:
             acc = data[k]
+        elif code == 0x54:
+            acc &= k
         elif code in (0x15, 0x35):
             hit = acc == k if code == 0x15 else acc >= k
             pc += jt if hit else jf
@@ -351,7 +353,28 @@ def test_the_seccomp_filter_allows_only_the_socket_families_a_network_namespace_
         assert verdict(sys_socket, family) == "deny", family
     for nr in seccomp.SECCOMP_KEYRING_CALLS[machine]:
         assert verdict(nr) == "deny", nr
-    assert verdict(sys_socket + 1, 40) == "allow"  # connect(2) etc.: another call, any fd
+    connect = {"x86_64": 42, "aarch64": 203}[machine]  # (sys_socket + 1 is socketpair on arm64)
+    assert verdict(connect, 40) == "allow"  # connect(2) etc.: another call, any fd
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.SECCOMP_ARCHES))
+def test_the_seccomp_filter_allows_only_connected_unix_socketpairs(machine):
+    """Probe (issue 53 v7): ``socketpair(AF_UNIX, SOCK_DGRAM)`` was allowed, and ``sendto(2)``
+    on one end delivered a datagram to a host socket file on a visible path: ``AF_UNIX``
+    refused by ``socket(2)`` only. ``SOCK_RAW`` makes the same datagram pair."""
+    arch, _, _, _ = seccomp.SECCOMP_ARCHES[machine]
+    pair = seccomp.SECCOMP_SOCKETPAIR[machine]
+    prog = seccomp.seccomp_program(machine)
+    verdict = lambda family, kind: _seccomp_verdict(prog, arch, pair, family, kind)  # noqa: E731
+    cloexec, nonblock = 0o2000000, 0o4000
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+        for flags in (0, cloexec, nonblock, cloexec | nonblock):
+            assert verdict(seccomp.AF_UNIX, kind | flags) == "allow", (kind, flags)
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW, 0, 4, 6, 10, 0xF):
+        for flags in (0, cloexec, nonblock):
+            assert verdict(seccomp.AF_UNIX, kind | flags) == "deny", (kind, flags)
+    for family in (socket.AF_INET, socket.AF_INET6, 30, 40):  # TIPC, VSOCK: not AF_UNIX
+        assert verdict(family, socket.SOCK_STREAM) == "deny", family
 
 
 @pytest.mark.parametrize("mode", sandbox.MODES)

@@ -497,3 +497,19 @@ def test_a_memory_cgroup_is_made_with_its_limit_and_removable():
     finally:
         path.rmdir()
     assert not path.exists()
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+def test_a_tool_killed_by_its_memory_budget_is_a_memory_limit(mode):
+    """A memfd's pages are not in RLIMIT_AS (nothing maps them) but are charged to the call's
+    memory cgroup: 700 MiB under memory_mb=512 ends the tool with SIGKILL from the cgroup,
+    reported as memory_limit (not cpu_limit, the other SIGKILL)."""
+    if confine.memory_mode() != "cgroup":
+        pytest.skip("no memory cgroup can be made here")
+    code = (
+        "import os\nfd = os.memfd_create('x')\nblock = b'x' * (1 << 20)\n"
+        "for _ in range(700):\n    os.write(fd, block)\nprint('wrote 700 MiB')"
+    )
+    r = run_tool([PY, "-S", "-c", code], ToolLimits(memory_mb=512, max_file_mb=1024), mode=mode)
+    assert r.kind == "memory_limit" and "wrote" not in r.text, (r.kind, r.text)
+    assert sandbox._classify("exit", -9, 0) == "cpu_limit"  # no OOM kill counted: the CPU limit

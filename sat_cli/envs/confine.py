@@ -140,6 +140,22 @@ def new_memory_cgroup(limit_mb: int) -> Path | None:
     return _new_cgroup("memory", lambda path: _memory_limits(path, limit_mb))
 
 
+def oom_kills(path: Path) -> int:
+    """How many processes the kernel killed for the memory cgroup ``path``'s limit (v1
+    ``memory.oom_control``, v2 ``memory.events``: their ``oom_kill`` line); 0 for another
+    controller's cgroup or where unreadable."""
+    for name in ("memory.oom_control", "memory.events"):
+        try:
+            lines = (path / name).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return 0
+
+
 @functools.cache
 def memory_mode() -> str:
     """``cgroup`` where a memory cgroup per call can be made (the call's processes share one

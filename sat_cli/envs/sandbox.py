@@ -11,7 +11,8 @@ process it made is killed (its process group, and its pids cgroup where there is
 for, and the scratch folder removed.
 
 ``ToolResult.kind`` is ``ok`` (exit status 0) or an error kind: ``timeout``, ``cpu_limit``
-(killed by ``SIGXCPU``/the hard CPU limit), ``output_limit``, ``file_limit`` (``SIGXFSZ``),
+(killed by ``SIGXCPU``/the hard CPU limit), ``memory_limit`` (killed by the call's memory
+cgroup), ``output_limit``, ``file_limit`` (``SIGXFSZ``),
 ``crash`` (any other non-zero exit or signal; a refused connection, a ``MemoryError`` or a
 refused fork show here with the tool's own message), ``start`` (it could not be started);
 ``bad_call`` is for environments: a call of an unknown tool or with bad arguments.
@@ -36,11 +37,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sat_cli.envs import confine, isolate, launch
+from sat_cli.envs import confine, isolate, launch, tool_inputs
 
 MODES = ("strict", "unsafe_local")  # env.sandbox (config/env.py)
 UNSAFE_HINT = "env.sandbox=unsafe_local runs tools without it, on a machine you trust"
-ERROR_KINDS = ("timeout", "cpu_limit", "output_limit", "file_limit", "crash", "start", "bad_call")
+ERROR_KINDS = (
+    "timeout",
+    "cpu_limit",
+    "memory_limit",
+    "output_limit",
+    "file_limit",
+    "crash",
+    "start",
+    "bad_call",
+)
 KILL_WAIT_S = 5.0  # how long cleanup waits for killed processes to go
 READ_CHUNK = 65536
 MAX_STDIN_BYTES = 32768  # below a pipe's buffer: writing it never waits on the tool
@@ -182,8 +192,9 @@ def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[
             return bytes(out[: limits.max_output_bytes]), "output_limit"
 
 
-def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:
-    """Kill the tool's process group and its cgroups' processes; wait until they are gone."""
+def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> int:
+    """Kill the tool's process group and its cgroups' processes; wait until they are gone.
+    Returns how many of them the memory cgroup's limit had killed (``confine.oom_kills``)."""
     from sat_cli.util.procs import live_group_members
 
     deadline = time.monotonic() + KILL_WAIT_S
@@ -205,18 +216,22 @@ def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:
         group = live_group_members(proc.pid)
         if (proc.returncode is not None and not group and not left) or time.monotonic() > deadline:
             break
+    ooms = sum(confine.oom_kills(cgroup) for cgroup in cgroups)
     for cgroup in cgroups:
         try:
             cgroup.rmdir()
         except OSError:
             pass  # a process that would not die keeps it; the next run's cleanup may remove it
+    return ooms
 
 
-def _classify(reason: str, returncode: int | None) -> str:
+def _classify(reason: str, returncode: int | None, ooms: int = 0) -> str:
     if reason != "exit":
         return reason
     if returncode == 0:
         return "ok"
+    if ooms and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return "memory_limit"  # the call's memory cgroup killed a process of it
     if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
         return "cpu_limit"  # we kill only after timeout/output_limit, so SIGKILL is the hard limit
     if returncode == -signal.SIGXFSZ:
@@ -233,34 +248,6 @@ def refusal(mode: str) -> str | None:
     return None
 
 
-def visible_paths(args: list[str], env: dict[str, str], visible: tuple[str, ...]) -> list[str]:
-    """The host paths the strict sandbox's root shows: the system folders and this Python's
-    prefixes (``isolate.default_visible``), the tool's program (found on the tool's ``PATH``)
-    and ``visible``, the caller's own (checked by ``isolate.check_visible``; ValueError)."""
-    if isinstance(visible, str) or not isinstance(visible, tuple | list):
-        raise ValueError(f"visible must be a list of paths, not {type(visible).__name__}")
-    if len(visible) > isolate.MAX_VISIBLE:
-        raise ValueError(f"at most {isolate.MAX_VISIBLE} visible paths, got {len(visible)}")
-    extra = [isolate.check_visible(p) for p in visible]
-    program = shutil.which(args[0], path=env.get("PATH", "")) if "/" not in args[0] else args[0]
-    if program and os.path.isabs(program):
-        extra.append(os.path.normpath(program))
-    return isolate.default_visible() + extra
-
-
-def _unpassable(args: list[str]) -> str | None:
-    """Why ``args`` cannot be an argument list of ``exec`` (a NUL character, a lone surrogate
-    that the file-system encoding cannot write: model text can hold both), or None."""
-    for i, arg in enumerate(args):
-        if "\0" in arg:
-            return f"tool argument {i} holds a NUL character"
-        try:
-            os.fsencode(arg)
-        except UnicodeEncodeError as e:
-            return f"tool argument {i} cannot be encoded ({e.reason} at {e.start})"
-    return None
-
-
 def run_tool(
     args: list[str],
     limits: ToolLimits | None = None,
@@ -272,19 +259,19 @@ def run_tool(
     a ``ToolResult``, never raised. A ``strict`` sandbox the machine cannot make is a ``start``
     result: the call never runs less confined than asked. ``visible``: host paths (absolute)
     the strict sandbox shows the tool read-only besides the system folders, the Python that
-    runs ``sat`` and the program itself (``visible_paths``); the rest of the host is absent."""
+    runs ``sat`` and the program itself (``tool_inputs.visible_paths``); the rest of the host is absent."""
     limits = limits or ToolLimits()
     start = time.monotonic()
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         return ToolResult("start", f"tool arguments must be a non-empty list of strings: {args!r}")
-    if (why := _unpassable(args)) is not None:
+    if (why := tool_inputs.unpassable(args)) is not None:
         return ToolResult("start", f"tool could not start: {why}")
     if not isinstance(stdin, bytes | bytearray):
         return ToolResult("start", f"tool input must be bytes, not {type(stdin).__name__}")
     if len(stdin) > MAX_STDIN_BYTES:
         return ToolResult("start", f"tool input over {MAX_STDIN_BYTES} bytes: {len(stdin)}")
     try:
-        shown = visible_paths(args, _environment(Path(isolate.WORK), "strict"), visible)
+        shown = tool_inputs.visible_paths(args, _environment(Path(isolate.WORK), "strict"), visible)
     except ValueError as e:
         return ToolResult("start", f"tool could not start: {e}")
     if (why := refusal(mode)) is not None:
@@ -341,13 +328,13 @@ def run_tool(
                 out, reason = _read(proc, limits, start + limits.wall_s)
         finally:
             os.close(status_r)
-            _kill_all(proc, cgroups)
+            ooms = _kill_all(proc, cgroups)
             proc.stdin.close()
             proc.stdout.close()
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    kind = _classify(reason, proc.returncode)
+    kind = _classify(reason, proc.returncode, ooms)
     text = out.decode("utf-8", errors="replace")
     if kind == "timeout":
         text += f"\n[tool stopped: wall-clock limit {limits.wall_s} s]"

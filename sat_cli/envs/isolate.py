@@ -7,7 +7,8 @@
    with no supplementary groups; an ordinary user stays themself. From here on nothing in the
    tree runs as root, so the kernel's ``RLIMIT_NPROC`` applies and the caller's files and
    ``/proc`` entries are another user's.
-2. **New namespaces**: ``unshare(CLONE_NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS)``,
+2. **New namespaces**: ``unshare(CLONE_NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS |
+   NEWCGROUP)``,
    as that unprivileged uid (so it needs unprivileged user namespaces); the uid and gid map
    only themselves (``setgroups`` denied). The network namespace has only a downed loopback.
 3. ``L`` forks ``C``, the new PID namespace's init. ``C`` dies with ``L`` (``PR_SET_PDEATHSIG``),
@@ -51,7 +52,9 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWCGROUP = 0x02000000  # the tool's cgroup paths start at its own cgroup: no host names
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+NAMESPACES |= CLONE_NEWCGROUP
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
@@ -126,7 +129,7 @@ def drop_user() -> tuple[int, int]:
 def enter_namespaces(uid: int, gid: int) -> None:
     """New user, mount, PID, network, IPC and UTS namespaces; ``uid``/``gid`` map to themselves
     (a non-zero uid inside: ``exec`` leaves the tool no capabilities)."""
-    _check(_libc.unshare(NAMESPACES), "unshare(user, mount, pid, net, ipc, uts)")
+    _check(_libc.unshare(NAMESPACES), "unshare(user, mount, pid, net, ipc, uts, cgroup)")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")

@@ -95,6 +95,16 @@ def test_sleeping_tool_is_stopped_at_the_wall_clock_deadline(scratch_root):
     assert r.kind == "timeout" and 1.0 <= r.elapsed_s < 8
 
 
+@pytest.mark.parametrize("mode", ["strict", "unsafe_local"])
+def test_a_tool_that_closes_its_output_and_sleeps_is_a_timeout(scratch_root, mode):
+    """Its output's end of file comes before its exit (``unsafe_local``: the tool holds the
+    pipe's only write end): the deadline holds and ``run_tool`` returns, never raises (it
+    raised ``TimeoutExpired``: a hostile tool of the fourth probe)."""
+    code = "import os,time; os.close(1); os.close(2); time.sleep(100)"
+    r = run_clean(code, ToolLimits(wall_s=1.0), budget_s=8, mode=mode)
+    assert r.kind == "timeout" and 1.0 <= r.elapsed_s < 8
+
+
 def test_a_gigabyte_of_output_is_cut_at_the_cap(scratch_root):
     code = "b = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)"
     r = run_clean(code, ToolLimits(wall_s=20, max_output_bytes=4096), budget_s=10)

@@ -184,8 +184,11 @@ def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[
                 return bytes(out), "exit"  # children may hold the pipe open: stop here
             continue
         chunk = os.read(fd, min(READ_CHUNK, limits.max_output_bytes + 1 - len(out)))
-        if not chunk:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        if not chunk:  # a tool may close its output and go on running: the deadline holds
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                return bytes(out), "timeout"
             return bytes(out), "exit"
         out += chunk
         if len(out) > limits.max_output_bytes:

@@ -50,12 +50,14 @@ def in_pid_namespace(ns: str) -> list[int]:
     return found
 
 
-def run_clean(code: str, limits: ToolLimits, budget_s: float, mode: str = "strict"):
+def run_clean(
+    code: str, limits: ToolLimits, budget_s: float, mode: str = "strict", stdin: bytes = b""
+):
     """Run a Python tool that first prints its process group and PID namespace; check the
     deadline and that no process of it is left: none in its PID namespace (strict), none in its
     process group (``unsafe_local``, where the tool shares this process's namespace)."""
     t0 = time.monotonic()
-    r = run_tool([PY, "-c", PGID + code], limits, mode=mode)
+    r = run_tool([PY, "-c", PGID + code], limits, stdin=stdin, mode=mode)
     assert time.monotonic() - t0 < budget_s, r
     first = r.text.split("\n", 1)[0]
     assert first.startswith("pgid "), r.text[:200]
@@ -110,6 +112,29 @@ def test_a_gigabyte_of_output_is_cut_at_the_cap(scratch_root):
     r = run_clean(code, ToolLimits(wall_s=20, max_output_bytes=4096), budget_s=10)
     assert r.kind == "output_limit" and r.truncated
     assert r.text.startswith("pgid ") and r.text.count("x") == 4096 - len(r.text.split("\n")[0]) - 1
+
+
+@pytest.mark.parametrize("mode", ["strict", "unsafe_local"])
+def test_a_tool_that_shrinks_its_input_pipe_and_sleeps_is_a_timeout(
+    scratch_root, monkeypatch, mode
+):
+    """A tool that shrinks its input pipe to one page (``F_SETPIPE_SZ``) before the caller
+    writes 32 KiB, then never reads: the write gives up at the deadline (a blocking write waited
+    until the tool ended, past the deadline). The caller is slowed here so that the tool wins
+    the race it won under load (the fourth probe)."""
+    started = sandbox._start_status
+
+    def slow(fd, deadline):
+        got = started(fd, deadline)
+        time.sleep(1.0)  # the tool runs first: a loaded machine
+        return got
+
+    monkeypatch.setattr(sandbox, "_start_status", slow)
+    code = (
+        "import fcntl,time; fcntl.fcntl(0, 1031, 4096); print('shrunk', flush=True); time.sleep(20)"
+    )
+    r = run_clean(code, ToolLimits(wall_s=2.0), budget_s=8, mode=mode, stdin=b"y" * 32768)
+    assert r.kind == "timeout" and "shrunk" in r.text, r
 
 
 def test_network_is_unreachable_even_on_loopback(scratch_root):

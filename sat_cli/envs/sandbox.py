@@ -173,7 +173,15 @@ def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[
     exited_at = None
     while True:
         now = time.monotonic()
-        if now >= deadline:
+        if now >= deadline:  # what the tool wrote by then is kept (its input may have taken it all)
+            while len(out) <= limits.max_output_bytes and select.select([fd], [], [], 0)[0]:
+                if not (
+                    chunk := os.read(fd, min(READ_CHUNK, limits.max_output_bytes + 1 - len(out)))
+                ):
+                    break
+                out += chunk
+            if len(out) > limits.max_output_bytes:
+                return bytes(out[: limits.max_output_bytes]), "output_limit"
             return bytes(out), "timeout"
         if exited_at is None and proc.poll() is not None:
             exited_at = now
@@ -327,7 +335,7 @@ def run_tool(
                 except subprocess.TimeoutExpired:
                     pass
             else:
-                _feed(proc, stdin)
+                _feed(proc, stdin, start + limits.wall_s)
                 out, reason = _read(proc, limits, start + limits.wall_s)
         finally:
             os.close(status_r)
@@ -351,14 +359,27 @@ def run_tool(
     return ToolResult(kind, text, proc.returncode, elapsed, kind == "output_limit")
 
 
-def _feed(proc: subprocess.Popen, stdin: bytes) -> None:
-    """Write ``stdin`` (small: tool arguments) and close it; a tool that does not read it may
-    close its end first."""
+def _feed(proc: subprocess.Popen, stdin: bytes, deadline: float) -> None:
+    """Write ``stdin`` (small: tool arguments) and close it, giving up at ``deadline``; a tool
+    that does not read it may close its end first. The write does not block: a tool can shrink
+    its input pipe (``F_SETPIPE_SZ``, before the write) and never read it, and a blocking write
+    waited past the deadline for as long as the tool slept (the fourth probe)."""
+    fd = proc.stdin.fileno()
+    view = memoryview(bytes(stdin))
     try:
-        if stdin:
-            proc.stdin.write(stdin)
+        os.set_blocking(fd, False)
+        while view and (left := deadline - time.monotonic()) > 0:
+            if not select.select([], [fd], [], left)[1]:
+                break
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+    except OSError:  # BrokenPipeError: the tool closed its end
+        pass
+    try:
         proc.stdin.close()
-    except (BrokenPipeError, OSError):
+    except OSError:
         pass
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sandbox_tools import sandbox_python
 
-from sat_cli.envs import confine, isolate, sandbox, seccomp
+from sat_cli.envs import confine, isolate, sandbox, seccomp, tool_io
 from sat_cli.envs.sandbox import ToolLimits, ToolStats, call_tool, run_tool
 from sat_cli.util.procs import live_group_members, pid_alive
 
@@ -122,14 +122,14 @@ def test_a_tool_that_shrinks_its_input_pipe_and_sleeps_is_a_timeout(
     writes 32 KiB, then never reads: the write gives up at the deadline (a blocking write waited
     until the tool ended, past the deadline). The caller is slowed here so that the tool wins
     the race it won under load (the fourth probe)."""
-    started = sandbox._start_status
+    started = tool_io.start_status
 
     def slow(fd, deadline):
         got = started(fd, deadline)
         time.sleep(1.0)  # the tool runs first: a loaded machine
         return got
 
-    monkeypatch.setattr(sandbox, "_start_status", slow)
+    monkeypatch.setattr(tool_io, "start_status", slow)
     code = (
         "import fcntl,time; fcntl.fcntl(0, 1031, 4096); print('shrunk', flush=True); time.sleep(20)"
     )
@@ -549,3 +549,23 @@ def test_a_tool_killed_by_its_memory_budget_is_a_memory_limit(mode):
     r = run_tool([PY, "-S", "-c", code], ToolLimits(memory_mb=512, max_file_mb=1024), mode=mode)
     assert r.kind == "memory_limit" and "wrote" not in r.text, (r.kind, r.text)
     assert sandbox._classify("exit", -9, 0) == "cpu_limit"  # no OOM kill counted: the CPU limit
+
+
+def test_on_cgroup_v2_one_cgroup_holds_both_limits(tmp_path, monkeypatch):
+    """A process is in one v2 cgroup only: a memory cgroup beside the pids cgroup would take
+    the tool out of the pids limit when it joins the second (the fourth probe, by reading).
+    Where both controllers have one folder (v2), the memory limits go into the pids cgroup;
+    where they differ (v1), each controller gets its own."""
+    monkeypatch.setattr(confine, "_own_cgroup", lambda controller: tmp_path)  # v2: one folder
+    pids = confine.new_pids_cgroup(8)
+    assert confine.new_memory_cgroup(100, pids) == pids
+    assert (pids / "pids.max").read_text() == "8"
+    assert (pids / "memory.max").read_text() == str(100 << 20)
+    assert [p.name for p in tmp_path.iterdir()] == [pids.name]
+    v1 = {"pids": tmp_path / "pids", "memory": tmp_path / "memory"}
+    for folder in v1.values():
+        folder.mkdir()
+    monkeypatch.setattr(confine, "_own_cgroup", v1.get)
+    pids = confine.new_pids_cgroup(8)
+    memory = confine.new_memory_cgroup(100, pids)
+    assert memory is not None and memory.parent == v1["memory"] and pids.parent == v1["pids"]

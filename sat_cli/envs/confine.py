@@ -133,10 +133,18 @@ def _memory_limits(path: Path, limit_mb: int) -> None:
         (path / "memory.swap.max").write_text("0")
 
 
-def new_memory_cgroup(limit_mb: int) -> Path | None:
+def new_memory_cgroup(limit_mb: int, pids: Path | None = None) -> Path | None:
     """A fresh memory cgroup capped at ``limit_mb`` MiB for all of one call's processes and
     the pages they own (``tmpfs`` and ``memfd`` pages too): v1 ``memory.limit_in_bytes``, v2
-    ``memory.max`` with ``memory.swap.max`` 0; None where not permitted."""
+    ``memory.max`` with ``memory.swap.max`` 0; None where not permitted. On cgroup v2, where
+    the call's pids cgroup ``pids`` lies in the same hierarchy, the limits go into it: a process
+    is in one v2 cgroup only, so joining a second, sibling one would take it out of ``pids``."""
+    if pids is not None and _own_cgroup("memory") == pids.parent:
+        try:
+            _memory_limits(pids, limit_mb)
+        except OSError:
+            return None
+        return pids
     return _new_cgroup("memory", lambda path: _memory_limits(path, limit_mb))
 
 

@@ -27,7 +27,6 @@ back on a close-on-exec status pipe as a ``start`` result.
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -37,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sat_cli.envs import confine, isolate, launch, tool_inputs
+from sat_cli.envs import confine, isolate, launch, tool_inputs, tool_io
 
 MODES = ("strict", "unsafe_local")  # env.sandbox (config/env.py)
 UNSAFE_HINT = "env.sandbox=unsafe_local runs tools without it, on a machine you trust"
@@ -52,7 +51,6 @@ ERROR_KINDS = (
     "bad_call",
 )
 KILL_WAIT_S = 5.0  # how long cleanup waits for killed processes to go
-READ_CHUNK = 65536
 MAX_STDIN_BYTES = 32768  # below a pipe's buffer: writing it never waits on the tool
 
 
@@ -135,20 +133,6 @@ def _launch_spec(
     return spec
 
 
-def _start_status(fd: int, deadline: float) -> str | None:
-    """The launcher's failure message, '' once it has exec'd the tool (the pipe's end of file),
-    or None when the deadline came first."""
-    got = b""
-    while (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return got.decode("utf-8", errors="replace")
-        got += chunk
-    return None
-
-
 def _environment(scratch: Path, net: str) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -163,44 +147,6 @@ def _environment(scratch: Path, net: str) -> dict[str, str]:
         (site / "sitecustomize.py").write_text(confine.SITECUSTOMIZE)
         env["PYTHONPATH"] = str(site)
     return env
-
-
-def _read(proc: subprocess.Popen, limits: ToolLimits, deadline: float) -> tuple[bytes, str]:
-    """The tool's output (at most the cap) and why reading stopped: ``exit``, ``timeout`` or
-    ``output_limit``. After its first process exits, only what is already written is read."""
-    fd = proc.stdout.fileno()
-    out = bytearray()
-    exited_at = None
-    while True:
-        now = time.monotonic()
-        if now >= deadline:  # what the tool wrote by then is kept (its input may have taken it all)
-            while len(out) <= limits.max_output_bytes and select.select([fd], [], [], 0)[0]:
-                if not (
-                    chunk := os.read(fd, min(READ_CHUNK, limits.max_output_bytes + 1 - len(out)))
-                ):
-                    break
-                out += chunk
-            if len(out) > limits.max_output_bytes:
-                return bytes(out[: limits.max_output_bytes]), "output_limit"
-            return bytes(out), "timeout"
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        wait = min(deadline - now, 0.05 if exited_at is not None else 0.5)
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready or (exited_at is not None and now - exited_at > 0.2):
-            if exited_at is not None:
-                return bytes(out), "exit"  # children may hold the pipe open: stop here
-            continue
-        chunk = os.read(fd, min(READ_CHUNK, limits.max_output_bytes + 1 - len(out)))
-        if not chunk:  # a tool may close its output and go on running: the deadline holds
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                return bytes(out), "timeout"
-            return bytes(out), "exit"
-        out += chunk
-        if len(out) > limits.max_output_bytes:
-            return bytes(out[: limits.max_output_bytes]), "output_limit"
 
 
 def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> int:
@@ -292,8 +238,10 @@ def run_tool(
     cgroup = confine.new_pids_cgroup(limits.max_procs) if confine.proc_mode() == "cgroup" else None
     memcg = None  # one budget for all the call's processes and its work folder, where permitted
     if confine.memory_mode() == "cgroup":
-        memcg = confine.new_memory_cgroup(limits.memory_mb + limits.work_mb)
+        memcg = confine.new_memory_cgroup(limits.memory_mb + limits.work_mb, cgroup)
     cgroups = [c for c in (cgroup, memcg) if c is not None]
+    if memcg is not None and memcg == cgroup:  # cgroup v2: one cgroup holds both limits
+        cgroups, memcg = [cgroup], None
     nproc = None
     if strict:  # the tool never runs as root here: RLIMIT_NPROC holds (for its uid)
         uid = isolate.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
@@ -325,7 +273,7 @@ def run_tool(
         finally:
             os.close(status_w)
         try:
-            failed = _start_status(status_r, start + limits.wall_s)
+            failed = tool_io.start_status(status_r, start + limits.wall_s)
             if failed is None:
                 out, reason = b"", "timeout"
             elif failed:
@@ -335,8 +283,10 @@ def run_tool(
                 except subprocess.TimeoutExpired:
                     pass
             else:
-                _feed(proc, stdin, start + limits.wall_s)
-                out, reason = _read(proc, limits, start + limits.wall_s)
+                tool_io.feed(proc, stdin, start + limits.wall_s)
+                out, reason = tool_io.read_output(
+                    proc, limits.max_output_bytes, start + limits.wall_s
+                )
         finally:
             os.close(status_r)
             ooms = _kill_all(proc, cgroups)
@@ -357,30 +307,6 @@ def run_tool(
         text += f"\n[tool failed: {kind}, exit status {proc.returncode}]"
     elapsed = time.monotonic() - start
     return ToolResult(kind, text, proc.returncode, elapsed, kind == "output_limit")
-
-
-def _feed(proc: subprocess.Popen, stdin: bytes, deadline: float) -> None:
-    """Write ``stdin`` (small: tool arguments) and close it, giving up at ``deadline``; a tool
-    that does not read it may close its end first. The write does not block: a tool can shrink
-    its input pipe (``F_SETPIPE_SZ``, before the write) and never read it, and a blocking write
-    waited past the deadline for as long as the tool slept (the fourth probe)."""
-    fd = proc.stdin.fileno()
-    view = memoryview(bytes(stdin))
-    try:
-        os.set_blocking(fd, False)
-        while view and (left := deadline - time.monotonic()) > 0:
-            if not select.select([], [fd], [], left)[1]:
-                break
-            try:
-                view = view[os.write(fd, view) :]
-            except BlockingIOError:
-                continue
-    except OSError:  # BrokenPipeError: the tool closed its end
-        pass
-    try:
-        proc.stdin.close()
-    except OSError:
-        pass
 
 
 def call_tool(

@@ -569,3 +569,46 @@ def test_on_cgroup_v2_one_cgroup_holds_both_limits(tmp_path, monkeypatch):
     pids = confine.new_pids_cgroup(8)
     memory = confine.new_memory_cgroup(100, pids)
     assert memory is not None and memory.parent == v1["memory"] and pids.parent == v1["pids"]
+
+
+@pytest.mark.parametrize("mode", sandbox.MODES)
+def test_a_caller_with_more_than_1024_open_files_still_gets_a_result(mode):
+    """select() refuses a descriptor above 1023 (the fifth probe: run_tool raised ValueError
+    in such a caller); the pipes are waited on with poll()."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        r = run_tool([PY, "-S", "-c", "print(input())"], ToolLimits(wall_s=10), b"42\n", mode)
+        assert (r.kind, r.text) == ("ok", "42\n"), r.text
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_one_calls_fork_bomb_does_not_fail_a_call_beside_it():
+    """Strict tools share one uid, and RLIMIT_NPROC counts per uid: a bomb holding its
+    processes used up the allowance of a call started beside it (the fifth probe: the benign
+    call crashed with 'Cannot fork'). With a pids cgroup the call's own limit is the bound."""
+    if confine.proc_mode() != "cgroup" or confine.strict_refusal() is not None:
+        pytest.skip("needs the strict sandbox and a pids cgroup")
+    bomb = "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n"
+    bomb += "            time.sleep(30)\n    except OSError:\n        break\ntime.sleep(30)"
+    benign = ["sh", "-c", "sleep 0.6; echo a | cat; echo benign"]
+    limits = ToolLimits(wall_s=4, max_procs=16)
+    out: dict[str, object] = {}
+    threads = [
+        threading.Thread(target=lambda: out.update(bomb=run_tool([PY, "-S", "-c", bomb], limits))),
+        threading.Thread(target=lambda: out.update(benign=run_tool(benign, limits))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (out["benign"].kind, out["benign"].text) == ("ok", "a\nbenign\n"), out["benign"]
+    assert out["bomb"].kind == "timeout"

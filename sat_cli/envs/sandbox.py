@@ -243,7 +243,9 @@ def run_tool(
     if memcg is not None and memcg == cgroup:  # cgroup v2: one cgroup holds both limits
         cgroups, memcg = [cgroup], None
     nproc = None
-    if strict:  # the tool never runs as root here: RLIMIT_NPROC holds (for its uid)
+    if strict and cgroup is None:  # the tool never runs as root here: RLIMIT_NPROC holds
+        # (per uid, so calls at the same time share it; a pids cgroup, where there is one, is
+        # the call's own, and one call's fork bomb does not fail the calls beside it)
         uid = isolate.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
         nproc = confine.user_process_count(uid) + limits.max_procs
     elif cgroup is None and os.geteuid() != 0:

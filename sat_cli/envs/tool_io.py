@@ -12,12 +12,22 @@ import time
 READ_CHUNK = 65536
 
 
+def _ready(fd: int, event: int, timeout: float) -> bool:
+    """Whether ``fd`` is ready for ``event`` (``select.POLLIN`` / ``POLLOUT``; an error or hang-up
+    counts as ready: the next read or write says which) within ``timeout`` seconds. ``poll``,
+    not ``select``: ``select`` refuses a descriptor above 1023, which a caller with many open
+    files hands out (the fifth probe: run_tool raised ValueError there)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(timeout, 0.0) * 1000))
+
+
 def start_status(fd: int, deadline: float) -> str | None:
     """The launcher's failure message, '' once it has exec'd the tool (the pipe's end of file),
     or None when the deadline came first."""
     got = b""
     while (left := deadline - time.monotonic()) > 0:
-        if not select.select([fd], [], [], left)[0]:
+        if not _ready(fd, select.POLLIN, left):
             break
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -35,7 +45,7 @@ def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[byte
     while True:
         now = time.monotonic()
         if now >= deadline:  # what the tool wrote by then is kept (its input may have taken it all)
-            while len(out) <= cap and select.select([fd], [], [], 0)[0]:
+            while len(out) <= cap and _ready(fd, select.POLLIN, 0):
                 if not (chunk := os.read(fd, min(READ_CHUNK, cap + 1 - len(out)))):
                     break
                 out += chunk
@@ -45,7 +55,7 @@ def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[byte
         if exited_at is None and proc.poll() is not None:
             exited_at = now
         wait = min(deadline - now, 0.05 if exited_at is not None else 0.5)
-        ready, _, _ = select.select([fd], [], [], wait)
+        ready = _ready(fd, select.POLLIN, wait)
         if not ready or (exited_at is not None and now - exited_at > 0.2):
             if exited_at is not None:
                 return bytes(out), "exit"  # children may hold the pipe open: stop here
@@ -72,7 +82,7 @@ def feed(proc: subprocess.Popen, stdin: bytes, deadline: float) -> None:
     try:
         os.set_blocking(fd, False)
         while view and (left := deadline - time.monotonic()) > 0:
-            if not select.select([], [fd], [], left)[1]:
+            if not _ready(fd, select.POLLOUT, left):
                 break
             try:
                 view = view[os.write(fd, view) :]

@@ -116,6 +116,26 @@ def test_a_tool_cannot_write_outside_its_work_folder(runner, shared_dir):
             os.unlink(top)
 
 
+NESTED_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, flag in (('user', 0x10000000), ('uts', 0x04000000)):
+    ret = libc.unshare(flag)
+    print(name, 'MADE' if ret == 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_tool_makes_no_namespace_of_its_own(runner):
+    """A nested user namespace gave a tool capabilities there, and with them namespaces without
+    end, counted against the one host uid of every strict call (the sixth probe: the calls
+    beside it could not start). The tool's namespace allows no user namespace below it."""
+    kind, text = run_as(runner, [sandbox_python(), "-S", "-c", NESTED_PROBE])
+    assert kind == "ok", text
+    got = dict(line.split(" ", 1) for line in text.splitlines())
+    assert got["user"] == "No space left on device" and got["uts"] == "Operation not permitted"
+
+
 READ_PROBE = """
 import os, sys
 for path in sys.argv[1:]:

@@ -612,3 +612,22 @@ def test_one_calls_fork_bomb_does_not_fail_a_call_beside_it():
         t.join()
     assert (out["benign"].kind, out["benign"].text) == ("ok", "a\nbenign\n"), out["benign"]
     assert out["bomb"].kind == "timeout"
+
+
+def test_a_refused_strict_sandbox_is_probed_again_an_available_one_is_kept(monkeypatch):
+    """A refusal can pass (another uid-65534 process held every namespace its uid may make:
+    the sixth probe); kept for good, it left the process without strict tools."""
+    answers = iter(["isolate: unshare: No space left on device", None])
+    probes = []
+    monkeypatch.setattr(confine, "_strict_probe", lambda: probes.append(1) or next(answers))
+    monkeypatch.setattr(confine, "_strict_state", {})
+    clock = [100.0]
+    monkeypatch.setattr(confine.time, "monotonic", lambda: clock[0])
+    assert confine.strict_refusal() == "isolate: unshare: No space left on device"
+    clock[0] += confine.REFUSAL_RECHECK_S - 1
+    assert confine.strict_refusal() == "isolate: unshare: No space left on device"
+    assert len(probes) == 1  # within the recheck interval: not probed again
+    clock[0] += 2
+    assert confine.strict_refusal() is None and len(probes) == 2
+    clock[0] += 1000
+    assert confine.strict_refusal() is None and len(probes) == 2  # available: kept

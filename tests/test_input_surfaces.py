@@ -1186,7 +1186,7 @@ REMOTE_READS = {
     "paragraph)",
     "engines.sglang.server:ready": "the readiness answer's JSON status, not shown",
     "envs.confine:_probe_net": "the probe child's exit and marker, not shown",
-    "envs.confine:strict_refusal": "the probe child's one-line reason, shown through sat: error:",
+    "envs.confine:_strict_probe": "the probe child's one-line reason, shown through sat: error:",
     "rewards.http_client:_exchange": "escape_controls on the reason phrase and errors; the answer "
     "through rewards.combine (tests/test_remote_text.py::test_a_reward_servers_text_is_escaped)",
     "rewards.pool:_receive": "a reward worker's answer: JSON checked as [kind, index, payload], "

@@ -194,10 +194,8 @@ def isolation() -> dict[str, str]:
     return modes | {"strict": strict or "available"}
 
 
-@functools.cache
-def strict_refusal() -> str | None:
-    """None when the strict sandbox (``isolate.py``: every layer) starts a shell here; else the
-    step the kernel refused, one line (e.g. ``isolate: OSError: [Errno 1] unshare: …``)."""
+def _strict_probe() -> str | None:
+    """One probe: None when the strict sandbox starts a shell here, else why not."""
     spec = {"isolate": True, "work_mb": 1, "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}
     try:
         done = subprocess.run(
@@ -213,6 +211,26 @@ def strict_refusal() -> str | None:
         return None
     lines = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
     return lines[-1] if lines else f"the probe exited with status {done.returncode}"
+
+
+REFUSAL_RECHECK_S = 10.0  # a refusal is probed again after this long; an available sandbox is kept
+_strict_state: dict[str, object] = {}
+
+
+def strict_refusal() -> str | None:
+    """None when the strict sandbox (``isolate.py``: every layer) starts a shell here; else the
+    step the kernel refused, one line (e.g. ``isolate: OSError: [Errno 1] unshare: …``).
+    "Available" is kept for the process; a refusal only for ``REFUSAL_RECHECK_S``: it may be
+    passing (another uid-65534 process that held every namespace its uid may have, the sixth
+    probe), and kept for good it left the whole process without strict tools."""
+    now = time.monotonic()
+    if "ok" in _strict_state or now < float(_strict_state.get("until", 0.0)):
+        return _strict_state.get("why")  # type: ignore[return-value]
+    why = _strict_probe()
+    _strict_state.clear()
+    _strict_state.update({"ok": True} if why is None else {"why": why})
+    _strict_state["until"] = now + REFUSAL_RECHECK_S
+    return why
 
 
 def user_process_count(uid: int) -> int:

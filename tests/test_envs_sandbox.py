@@ -631,3 +631,13 @@ def test_a_refused_strict_sandbox_is_probed_again_an_available_one_is_kept(monke
     assert confine.strict_refusal() is None and len(probes) == 2
     clock[0] += 1000
     assert confine.strict_refusal() is None and len(probes) == 2  # available: kept
+
+
+@pytest.mark.parametrize("name", ["cpu_s", "memory_mb", "max_procs", "max_file_mb", "work_mb"])
+def test_a_fractional_integer_limit_is_refused_when_made(name):
+    """cpu_s=1.5 passed the bounds and every call then failed to start ('float' object cannot
+    be interpreted as an integer, in setrlimit): the sixth probe. Refused where it is made."""
+    value = 64.5 if name in ("memory_mb",) else 1.5  # inside the bounds: only the type is wrong
+    with pytest.raises(ValueError, match=f"tool limit {name}={value} must be an integer"):
+        ToolLimits(**{name: value})
+    assert ToolLimits(wall_s=1.5).wall_s == 1.5

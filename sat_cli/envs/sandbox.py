@@ -78,8 +78,10 @@ class ToolLimits:
         }
         for name, (lo, hi) in bounds.items():
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-                raise ValueError(f"tool limit {name}={v!r} must be a number in [{lo}, {hi}]")
+            kind = int | float if name == "wall_s" else int  # the rest are rlimits and sizes
+            if isinstance(v, bool) or not isinstance(v, kind) or not lo <= v <= hi:
+                what = "a number" if name == "wall_s" else "an integer"
+                raise ValueError(f"tool limit {name}={v!r} must be {what} in [{lo}, {hi}]")
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,9 @@ def run_as(
     visible: tuple[str, ...] = (),
     **limits,
 ):
-    """``run_tool(args, ToolLimits(**limits), mode=mode, visible=visible)`` called by ``runner``: this process's
-    user (``caller``; in this process unless ``env`` is given) or ``ORDINARY_UID``
-    (``ordinary_user``: needs root and ``setpriv``). With ``env``, the caller is a child process
+    """``run_tool(args, ToolLimits(**limits), mode=mode, visible=visible)`` called by
+    ``runner``: this process's user (``caller``; in this process unless ``env`` is given) or
+    ``ORDINARY_UID`` (``ordinary_user``: needs root and ``setpriv``). With ``env``, the caller is a child process
     started with ``env`` added to its environment (what ``/proc/<pid>/environ`` shows: a
     variable set later in this process is not there). Returns ``(kind, text)``."""
     if runner == "caller" and env is None:

@@ -26,8 +26,8 @@
    (the tool's only writable folder: working directory, ``HOME``, ``TMPDIR``) and sets the
    hostname ``sandbox``.
 5. ``C`` forks the tool ``T``: ``PR_SET_NO_NEW_PRIVS``, the capability bounding set and the
-   ambient set emptied, the seccomp filter of ``seccomp.py`` installed, then ``execvpe``. ``T``'s uid is not 0 in its namespace, so ``exec``
-   leaves it no capabilities; set-uid programs cannot raise them (``no_new_privs``, ``nosuid``).
+   ambient set emptied, the seccomp filter of ``seccomp.py`` installed, then ``execvpe``.
+   ``T``'s uid is not 0 in its namespace, so ``exec`` leaves it no capabilities; set-uid programs cannot raise them (``no_new_privs``, ``nosuid``).
 6. ``C`` reaps orphans until ``T`` exits and reports ``T``'s wait status to ``L``, which ends
    the same way (the same exit status, or killed by the same signal).
 
@@ -42,6 +42,7 @@ import ctypes.util
 import errno
 import os
 import signal
+import sys
 
 from sat_cli.envs import seccomp
 
@@ -172,8 +173,6 @@ def check_visible(path: object) -> str:
 
 def default_visible() -> list[str]:
     """The system folders and the prefixes of the Python running this (a tool may be ``python``)."""
-    import sys
-
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     return list(SYSTEM_PATHS) + sorted(p for p in prefixes if p and p != "/")
 

@@ -22,8 +22,9 @@ In that order: join the cgroups, set ``RLIMIT_CPU`` (hard = soft + 1 s), ``RLIMI
 ``RLIMIT_FSIZE``, ``RLIMIT_CORE`` 0 and ``RLIMIT_NPROC``, unshare the network, then ``execvpe``
 the tool (a ``PATH`` search in the tool's environment). With ``isolate`` (the strict sandbox,
 ``env.sandbox=strict``) the last two steps are ``isolate.run_isolated`` instead: another uid,
-all namespaces, a private ``/proc``, a read-only root, a ``tmpfs`` work folder, no capabilities. The status descriptor is close-on-exec:
-the parent reads it to end of file; nothing there means the tool is running, a line means a step
+all namespaces, a private ``/proc``, a read-only root of its own showing only the visible
+paths, a ``tmpfs`` work folder, no capabilities. The status descriptor is close-on-exec: the
+parent reads it to end of file; nothing there means the tool is running, a line means a step
 failed (``"<step>: <error>"``) and the launcher exited with status 127 without starting the tool.
 The launcher's own start-up (~30 ms of CPU) counts against the tool's CPU limit.
 """

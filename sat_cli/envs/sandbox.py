@@ -218,7 +218,8 @@ def run_tool(
     a ``ToolResult``, never raised. A ``strict`` sandbox the machine cannot make is a ``start``
     result: the call never runs less confined than asked. ``visible``: host paths (absolute)
     the strict sandbox shows the tool read-only besides the system folders, the Python that
-    runs ``sat`` and the program itself (``tool_inputs.visible_paths``); the rest of the host is absent."""
+    runs ``sat`` and the program itself (``tool_inputs.visible_paths``); the rest of the host
+    is absent."""
     limits = limits or ToolLimits()
     start = time.monotonic()
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):

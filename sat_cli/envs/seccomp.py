@@ -4,8 +4,8 @@ namespace does not confine is refused by system call.
 A Unix socket's path on the read-only root stays connectable by whoever may write it, and
 ``AF_VSOCK`` reaches a VM's host (its ports are shared by every network namespace); the kernel's
 keyrings are not namespaced, and the caller's session keyring is inherited; ``io_uring`` makes
-sockets without ``socket(2)``, and a datagram ``socketpair(2)`` is a Unix socket too; another ABI (i386 on x86_64, x32 numbers) would pass a filter
-written for the native numbers. ``seccomp_program`` is the filter as data (tested instruction by
+sockets without ``socket(2)``, and a datagram ``socketpair(2)`` is a Unix socket too; another
+ABI (i386 on x86_64, x32 numbers) would pass a filter written for the native numbers. ``seccomp_program`` is the filter as data (tested instruction by
 instruction in ``tests/test_envs_sandbox.py``), ``deny_sockets_and_keyrings`` installs it.
 """
 

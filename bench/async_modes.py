@@ -16,11 +16,12 @@ weights on the held-out toy set (avg@8, a fresh engine) and reports:
   use (``os.sched_getaffinity``) allow, so the fastest possible step is
   ``T_limit = max(T_gen, T_train, (c_gen + c_train) / C)``, measured before and again after
   the modes (a shared machine's speed drifts). Each mode's **fraction of the limit** =
-  ``T_limit / (its wall time / its steps)``, the mean over the two limits (and their range): a true upper bound, whatever the loop's
-  other serial work (scoring, collation, publishing: the limit leaves it out, so it is
-  optimistic). Goal for bounded in-flight: >= 0.95. (The earlier figure, ``(T_gen + T_train) /
-  max(T_gen, T_train)`` from the synchronous run's own phase times, was not a limit: both async
-  modes exceeded it, since the synchronous step also pays that serial work.)
+  ``T_limit / (its wall time / its steps)``, the mean over the two limits (and their range):
+  a true upper bound, whatever the loop's other serial work (scoring, collation, publishing:
+  the limit leaves it out, so it is optimistic). Goal for bounded in-flight: >= 0.95. (The
+  earlier figure, ``(T_gen + T_train) / max(T_gen, T_train)`` from the synchronous run's own
+  phase times, was not a limit: both async modes exceeded it, since the synchronous step also
+  pays that serial work.)
 * held-out avg@8 after the budget; realised staleness (mean per-token lag, mixed responses).
 
 Modes: lag 0 (synchronous), interval lag 1 (the paper's), bounded n = 2 with in-flight weight
